@@ -1,0 +1,70 @@
+package millrace
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// ErrPermanent marks a failure that retrying will not fix, such as a message
+// the broker rejects as too large. Wrap it with Permanent and test for it
+// with IsPermanent.
+var ErrPermanent = errors.New("permanent failure")
+
+type permanentError struct{ err error }
+
+func (e permanentError) Error() string        { return e.err.Error() }
+func (e permanentError) Unwrap() []error      { return []error{e.err, ErrPermanent} }
+func (e permanentError) Is(target error) bool { return target == ErrPermanent }
+
+// Permanent wraps err so that IsPermanent reports true for it. It returns nil
+// for a nil err.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return permanentError{err: err}
+}
+
+// IsPermanent reports whether err, or any error it wraps, is marked permanent.
+func IsPermanent(err error) bool { return errors.Is(err, ErrPermanent) }
+
+// MessageError is the failure of one message in a batch, named by the
+// message's Watermill UUID.
+type MessageError struct {
+	UUID string
+	Err  error
+}
+
+// BatchError is returned by publishers that can tell which messages of a
+// Publish call failed; the others were published. The outbox relay uses it
+// to retry or dead-letter only the failed messages.
+type BatchError struct {
+	Errors []MessageError
+}
+
+func (e *BatchError) Error() string {
+	if len(e.Errors) == 1 {
+		return fmt.Sprintf("publish failed for message %s: %v", e.Errors[0].UUID, e.Errors[0].Err)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "publish failed for %d messages", len(e.Errors))
+	for i, me := range e.Errors {
+		if i == 3 {
+			b.WriteString("; ...")
+			break
+		}
+		fmt.Fprintf(&b, "; %s: %v", me.UUID, me.Err)
+	}
+	return b.String()
+}
+
+// Unwrap returns the individual message errors, so errors.Is and errors.As
+// look through them.
+func (e *BatchError) Unwrap() []error {
+	errs := make([]error, len(e.Errors))
+	for i, me := range e.Errors {
+		errs[i] = me.Err
+	}
+	return errs
+}

@@ -1,0 +1,122 @@
+// Package pgtest gives each test an isolated PostgreSQL schema with
+// millrace's migrations applied, on the database named by DATABASE_URL
+// (default postgres://postgres@127.0.0.1:5432/test). The make targets set
+// DATABASE_URL to whatever scripts/pg-up.sh found or started.
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/millrace/millrace/internal/sqlident"
+	"github.com/millrace/millrace/migrations"
+)
+
+// DefaultURL is used when DATABASE_URL is not set.
+const DefaultURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+
+// URL returns DATABASE_URL, or DefaultURL.
+func URL() string {
+	if u := os.Getenv("DATABASE_URL"); u != "" {
+		return u
+	}
+	return DefaultURL
+}
+
+// DB is one test's isolated schema.
+type DB struct {
+	Pool   *pgxpool.Pool
+	Schema string
+}
+
+// Options tune New.
+type Options struct {
+	// MaxConns is the pool size. Defaults to 8.
+	MaxConns int32
+	// NoMigrate leaves the schema name reserved but not created.
+	NoMigrate bool
+}
+
+// New returns a pool and a fresh schema with every migration applied. The
+// schema is dropped and the pool closed when the test ends.
+func New(t testing.TB) *DB { return NewWith(t, Options{}) }
+
+// NewWith is New with options.
+func NewWith(t testing.TB, opts Options) *DB {
+	t.Helper()
+	pool := Pool(t, opts.MaxConns)
+	db := &DB{Pool: pool, Schema: RandomName("t")}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+sqlident.Quote(db.Schema)+` CASCADE`); err != nil {
+			t.Logf("pgtest: drop schema %s: %v", db.Schema, err)
+		}
+	})
+	if !opts.NoMigrate {
+		m, err := migrations.New(pool, migrations.Config{Schema: db.Schema})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.Up(context.Background()); err != nil {
+			t.Fatalf("pgtest: migrate %s: %v", db.Schema, err)
+		}
+	}
+	return db
+}
+
+// Pool returns a pool on URL() that is closed when the test ends. It fails
+// the test within seconds, naming the address, when PostgreSQL does not answer.
+func Pool(t testing.TB, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	pool, err := Connect(context.Background(), URL(), maxConns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// Connect opens a pool on url and checks it answers within five seconds.
+func Connect(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("pgtest: parse DATABASE_URL: %w", err)
+	}
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	}
+	if maxConns <= 0 {
+		maxConns = 8
+	}
+	cfg.MaxConns = maxConns
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("pgtest: connect to %s:%d: %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := pool.Ping(pctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("pgtest: PostgreSQL at %s:%d (database %q) does not answer: %w; run scripts/pg-up.sh or set DATABASE_URL",
+			cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database, err)
+	}
+	return pool, nil
+}
+
+// RandomName returns prefix_ followed by 12 random hex digits: a valid
+// schema, topic or consumer-group name that no other test uses.
+func RandomName(prefix string) string {
+	var b [6]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	return prefix + "_" + hex.EncodeToString(b[:])
+}

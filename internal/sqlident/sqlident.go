@@ -1,0 +1,44 @@
+// Package sqlident validates and quotes the SQL identifiers (schema names)
+// that millrace users configure, so that nothing a user passes is spliced
+// into SQL unquoted.
+package sqlident
+
+import (
+	"fmt"
+	"regexp"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// DefaultSchema is the schema millrace's tables live in unless configured.
+const DefaultSchema = "millrace"
+
+var valid = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+// ValidateSchema returns an error unless name is a plain lower-case
+// PostgreSQL identifier: a letter or underscore, then letters, digits or
+// underscores, at most 63 bytes. Names that would need quoting are refused
+// rather than quoted, so the same name works in psql without surprises.
+func ValidateSchema(name string) error {
+	if !valid.MatchString(name) {
+		return fmt.Errorf("millrace: invalid schema name %q: use 1-63 lower-case letters, digits or underscores, not starting with a digit", name)
+	}
+	return nil
+}
+
+// Schema returns name validated, or DefaultSchema when name is empty.
+func Schema(name string) (string, error) {
+	if name == "" {
+		return DefaultSchema, nil
+	}
+	if err := ValidateSchema(name); err != nil {
+		return "", err
+	}
+	return name, nil
+}
+
+// Quote returns name quoted as a PostgreSQL identifier.
+func Quote(name string) string { return pgx.Identifier{name}.Sanitize() }
+
+// Table returns schema.table, both quoted.
+func Table(schema, table string) string { return pgx.Identifier{schema, table}.Sanitize() }

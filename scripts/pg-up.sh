@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Finds or starts a PostgreSQL for millrace's tests and demo, and prints its
+# URL on stdout (what it did goes to stderr). Idempotent.
+#
+#   1. DATABASE_URL, if set and it answers;
+#   2. 127.0.0.1:5432 as user postgres, database test (created if missing);
+#   3. a throwaway cluster from the locally installed PostgreSQL binaries
+#      (initdb into .pg/ under the repository, on a free port), reused if running;
+#   4. as root, install Debian's postgresql package, then 3.
+set -euo pipefail
+say() { echo "pg-up: $*" >&2; }
+root=$(cd "$(dirname "$0")/.." && pwd)
+
+answers() { # url
+	if command -v psql >/dev/null 2>&1; then
+		PGCONNECT_TIMEOUT=3 psql "$1" -Atqc 'select 1' >/dev/null 2>&1
+	else
+		(cd "$root" && go run ./internal/pgtest/cmd/pgping "$1") >/dev/null 2>&1
+	fi
+}
+
+if [ -n "${DATABASE_URL:-}" ]; then
+	if answers "$DATABASE_URL"; then
+		say "using DATABASE_URL"
+		echo "$DATABASE_URL"
+		exit 0
+	fi
+	say "DATABASE_URL is set but does not answer; refusing to guess another database"
+	exit 1
+fi
+
+local_url="postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+if answers "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"; then
+	if ! answers "$local_url"; then
+		say "creating database test on 127.0.0.1:5432"
+		psql "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable" -qc 'CREATE DATABASE test' >&2 || true
+	fi
+	if answers "$local_url"; then
+		say "using PostgreSQL at 127.0.0.1:5432 (user postgres, database test)"
+		echo "$local_url"
+		exit 0
+	fi
+fi
+
+find_bindir() {
+	local d
+	for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r) "$(dirname "$(command -v initdb 2>/dev/null || echo /nonexistent/x)")"; do
+		[ -x "$d/initdb" ] && [ -x "$d/pg_ctl" ] && { echo "$d"; return 0; }
+	done
+	return 1
+}
+
+bindir=$(find_bindir || true)
+if [ -z "$bindir" ]; then
+	if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+		say "no PostgreSQL binaries found; installing Debian's postgresql"
+		apt-get update -qq >&2
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >&2
+		bindir=$(find_bindir)
+	else
+		say "no PostgreSQL answers at 127.0.0.1:5432, none is installed, and I am not root to install one; set DATABASE_URL"
+		exit 1
+	fi
+fi
+
+data="$root/.pg/data"
+portfile="$root/.pg/port"
+run_as=()
+if [ "$(id -u)" = 0 ]; then
+	# initdb refuses to run as root: use the postgres user when there is one.
+	id postgres >/dev/null 2>&1 || useradd -r -m postgres
+	run_as=(runuser -u postgres --)
+fi
+if [ -f "$portfile" ] && answers "postgres://postgres@127.0.0.1:$(cat "$portfile")/postgres?sslmode=disable"; then
+	port=$(cat "$portfile")
+	say "reusing the throwaway cluster in $data on port $port"
+else
+	mkdir -p "$root/.pg"
+	[ "$(id -u)" = 0 ] && chown postgres "$root/.pg"
+	if [ ! -f "$data/PG_VERSION" ]; then
+		say "initdb into $data ($bindir)"
+		"${run_as[@]}" "$bindir/initdb" -D "$data" -U postgres -A trust >/dev/null
+	fi
+	port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null || echo 54329)
+	echo "$port" >"$portfile"
+	say "starting a throwaway cluster on 127.0.0.1:$port"
+	"${run_as[@]}" "$bindir/pg_ctl" -D "$data" -l "$root/.pg/log" -w -o "-p $port -k /tmp -c listen_addresses=127.0.0.1 -c max_connections=200 -c fsync=on" start >&2
+fi
+url="postgres://postgres@127.0.0.1:$port/test?sslmode=disable"
+if ! answers "$url"; then
+	"$bindir/psql" "postgres://postgres@127.0.0.1:$port/postgres?sslmode=disable" -qc 'CREATE DATABASE test' >&2 2>/dev/null \
+		|| (cd "$root" && go run ./internal/pgtest/cmd/pgping -create test "postgres://postgres@127.0.0.1:$port/postgres?sslmode=disable") >&2
+fi
+echo "$url"
