@@ -1,0 +1,502 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/internal/backoff"
+	"github.com/millrace/millrace/internal/sqlident"
+)
+
+// RelayConfig configures a Relay.
+type RelayConfig struct {
+	// Schema holds millrace's tables. Defaults to "millrace".
+	Schema string
+	// Publisher receives the events. Required. Any Watermill publisher
+	// works; millrace's kafka.Publisher sends each batch in one produce call
+	// and says which messages failed. A publisher that returns a
+	// *millrace.BatchError is told apart from one that fails a whole call;
+	// for the latter the relay retries a failed call one message at a time
+	// to find the message at fault.
+	Publisher message.Publisher
+	// BatchSize is the most events claimed and published at once.
+	// Defaults to 1000.
+	BatchSize int
+	// Workers is the number of batches in flight at once in this relay,
+	// each on its own lanes. Defaults to 1.
+	Workers int
+	// PollInterval is how often the relay looks for events when it has no
+	// hint of new ones. Defaults to 500ms. After finding work it looks
+	// again sooner (from 1ms, doubling up to PollInterval), so the tail of
+	// a burst is not left waiting for the next poll.
+	PollInterval time.Duration
+	// PollOnly turns off LISTEN/NOTIFY: the relay only polls. Use it behind
+	// a connection pooler in transaction mode, where LISTEN does not work,
+	// and give the Writer a negative NotifyInterval. Defaults to false.
+	PollOnly bool
+	// MaxAttempts is how many times an event is tried before it is
+	// dead-lettered. Defaults to 10.
+	MaxAttempts int
+	// RetryMin and RetryMax bound the capped exponential backoff between
+	// attempts of a failing event. Default to 1s and 5m.
+	RetryMin, RetryMax time.Duration
+	// OutageBackoffMax caps the wait between tries while every publish
+	// fails with a temporary error (the broker is down). Such failures count
+	// no attempts: an outage must not dead-letter the backlog. Defaults to 10s.
+	OutageBackoffMax time.Duration
+	// SkipDeadLetteredKeys lets later events of a key flow past a
+	// dead-lettered event of that key. Defaults to false: they wait, so
+	// per-key order holds, until the dead letter is requeued or discarded.
+	SkipDeadLetteredKeys bool
+	// LanesPerBatch is the most lanes one batch takes. Lower it to spread
+	// work over many relays more evenly. Defaults to Lanes (all).
+	LanesPerBatch int
+	// Metrics, if set, counts what the relay does.
+	Metrics *Metrics
+	// Logger receives the relay's logs. Defaults to watermill.NopLogger.
+	Logger watermill.LoggerAdapter
+}
+
+func (c *RelayConfig) setDefaults() {
+	if c.BatchSize == 0 {
+		c.BatchSize = 1000
+	}
+	if c.Workers == 0 {
+		c.Workers = 1
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = 500 * time.Millisecond
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = 10
+	}
+	if c.RetryMin == 0 {
+		c.RetryMin = time.Second
+	}
+	if c.RetryMax == 0 {
+		c.RetryMax = 5 * time.Minute
+	}
+	if c.OutageBackoffMax == 0 {
+		c.OutageBackoffMax = 10 * time.Second
+	}
+	if c.LanesPerBatch == 0 {
+		c.LanesPerBatch = Lanes
+	}
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
+}
+
+func (c *RelayConfig) validate() error {
+	switch {
+	case c.Publisher == nil:
+		return errors.New("outbox: RelayConfig.Publisher is required")
+	case c.BatchSize < 1:
+		return fmt.Errorf("outbox: RelayConfig.BatchSize must be positive, got %d", c.BatchSize)
+	case c.Workers < 1:
+		return fmt.Errorf("outbox: RelayConfig.Workers must be positive, got %d", c.Workers)
+	case c.PollInterval < 0 || c.RetryMin < 0 || c.RetryMax < c.RetryMin || c.OutageBackoffMax < 0:
+		return errors.New("outbox: RelayConfig intervals must be positive and RetryMax >= RetryMin")
+	case c.MaxAttempts < 1:
+		return fmt.Errorf("outbox: RelayConfig.MaxAttempts must be positive, got %d", c.MaxAttempts)
+	case c.LanesPerBatch < 1 || c.LanesPerBatch > Lanes:
+		return fmt.Errorf("outbox: RelayConfig.LanesPerBatch must be in 1..%d, got %d", Lanes, c.LanesPerBatch)
+	}
+	return nil
+}
+
+// Relay ships events from the outbox to a Watermill publisher. Run any
+// number of relays, in one process or many: each batch locks the lanes it
+// works on (SELECT ... FOR NO KEY UPDATE SKIP LOCKED on outbox_lane) for as
+// long as it takes to claim, publish and mark it, so a key's events are in
+// flight from one relay at a time and leave in id order. Claims go by state
+// (what is in outbox_pending), never by a cursor, so a transaction that
+// commits late with a lower id is still published.
+//
+// Delivery is at least once: a relay that dies after publishing and before
+// its mark commits leaves the batch pending, and it is published again.
+type Relay struct {
+	cfg    RelayConfig
+	pool   *pgxpool.Pool
+	schema string
+	log    watermill.LoggerAdapter
+
+	lockLanes, claim, markPublished, markFailed string
+	channel                                     string
+
+	wake chan struct{}
+}
+
+// NewRelay returns a Relay. It does not touch the database or the broker
+// until Run.
+func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
+	if pool == nil {
+		return nil, errors.New("outbox: NewRelay needs a pool")
+	}
+	schema, err := sqlident.Schema(cfg.Schema)
+	if err != nil {
+		return nil, err
+	}
+	cfg.setDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	pending, events, lanes := sqlident.Table(schema, "outbox_pending"), sqlident.Table(schema, "outbox_event"), sqlident.Table(schema, "outbox_lane")
+	r := &Relay{
+		cfg:     cfg,
+		pool:    pool,
+		schema:  schema,
+		log:     cfg.Logger.With(watermill.LogFields{"component": "outbox.Relay", "schema": schema}),
+		channel: notifyChannel(schema),
+		wake:    make(chan struct{}, 1),
+	}
+	// Lanes are taken from a rotating start so that relays and workers do
+	// not all queue on lane 0. Index: outbox_lane's primary key.
+	r.lockLanes = fmt.Sprintf(`SELECT lane FROM %s ORDER BY (lane + $1) %% %d LIMIT $2 FOR NO KEY UPDATE SKIP LOCKED`, lanes, Lanes)
+	// The claim walks outbox_pending's primary key in id order. A key with
+	// a failing (or, unless skipped, dead) event waits behind it; that
+	// probe uses outbox_pending_blocked_idx, which is empty while all flows.
+	r.claim = fmt.Sprintf(`SELECT q.id, e.event_id::text, e.topic, e.partition_key, e.aggregate_type, e.aggregate_id, e.event_type,
+       e.payload, e.payload_bytes, e.headers, e.attempts
+  FROM %[1]s q JOIN %[2]s e ON e.id = q.id
+ WHERE q.lane = ANY($1) AND NOT q.dead
+   AND (NOT q.blocked OR q.next_attempt_at <= now())
+   AND NOT EXISTS (SELECT 1 FROM %[1]s b
+                    WHERE b.blocked AND b.partition_key = q.partition_key AND b.id < q.id
+                      AND (NOT b.dead OR $3))
+ ORDER BY q.id
+ LIMIT $2`, pending, events)
+	r.markPublished = fmt.Sprintf(`WITH done AS (DELETE FROM %s WHERE id = ANY($1))
+UPDATE %s SET published_at = now() WHERE id = ANY($1)`, pending, events)
+	r.markFailed = fmt.Sprintf(`WITH f AS (
+    SELECT * FROM unnest($1::int8[], $2::text[], $3::timestamptz[], $4::bool[]) AS f(id, err, next_at, dead)
+), q AS (
+    UPDATE %s q SET blocked = true, next_attempt_at = f.next_at, dead = f.dead FROM f WHERE q.id = f.id
+)
+UPDATE %s e SET attempts = e.attempts + 1, last_error = f.err, next_attempt_at = f.next_at,
+       dead_at = CASE WHEN f.dead THEN now() END
+  FROM f WHERE e.id = f.id`, pending, events)
+	return r, nil
+}
+
+// Run ships events until ctx ends, then finishes the batches in flight and
+// returns nil. It returns an error only for a misconfiguration it cannot
+// recover from; database and broker failures are logged and retried.
+func (r *Relay) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	if !r.cfg.PollOnly {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.listen(ctx) }()
+	}
+	for i := range r.cfg.Workers {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.work(ctx, i) }()
+	}
+	wg.Wait()
+	return nil
+}
+
+// errOutage is returned by a batch when every publish failed with a
+// temporary error: the broker (or the database) is unavailable.
+var errOutage = errors.New("outbox: publish unavailable")
+
+func (r *Relay) work(ctx context.Context, worker int) {
+	offset := rand.IntN(Lanes)
+	idle := r.cfg.PollInterval
+	outages := 0
+	for ctx.Err() == nil {
+		offset = (offset + 1) % Lanes
+		n, err := r.runBatch(ctx, offset)
+		switch {
+		case err != nil:
+			outages++
+			wait := backoff.Exponential(outages, 50*time.Millisecond, r.cfg.OutageBackoffMax)
+			r.log.Error("Relay batch failed; retrying", err, watermill.LogFields{"worker": worker, "retry_in": wait.String()})
+			r.cfg.Metrics.outage()
+			backoff.Sleep(ctx, wait)
+			continue
+		case n > 0:
+			outages = 0
+			idle = time.Millisecond
+			continue
+		}
+		outages = 0
+		t := time.NewTimer(idle)
+		select {
+		case <-ctx.Done():
+		case <-r.wake:
+		case <-t.C:
+		}
+		t.Stop()
+		idle = min(idle*2, r.cfg.PollInterval)
+	}
+}
+
+// listen turns NOTIFY hints into wake-ups on a connection of its own,
+// reconnecting with backoff when it breaks.
+func (r *Relay) listen(ctx context.Context) {
+	failures := 0
+	for ctx.Err() == nil {
+		err := r.listenOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		failures++
+		wait := backoff.Exponential(failures, 100*time.Millisecond, 10*time.Second)
+		r.log.Error("Relay LISTEN connection lost; polling until it is back", err, watermill.LogFields{"retry_in": wait.String()})
+		backoff.Sleep(ctx, wait)
+	}
+}
+
+func (r *Relay) listenOnce(ctx context.Context) error {
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	// The connection leaves the pool for good: it is in LISTEN state.
+	pc := conn.Hijack()
+	defer pc.Close(context.WithoutCancel(ctx))
+	if _, err := pc.Exec(ctx, "LISTEN "+sqlident.Quote(r.channel)); err != nil {
+		return err
+	}
+	r.signal() // catch up on anything written before LISTEN took effect
+	for {
+		if _, err := pc.WaitForNotification(ctx); err != nil {
+			return err
+		}
+		r.signal()
+	}
+}
+
+func (r *Relay) signal() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+type pendingRow struct {
+	id                                  int64
+	eventID, topic, key, aggType, aggID string
+	eventType                           string
+	payload, payloadBytes, headers      []byte
+	attempts                            int
+}
+
+// runBatch claims, publishes and marks one batch in one transaction, and
+// returns how many events it handled. The batch outlives ctx: once claimed,
+// it is published and marked even while Run is stopping, so a graceful stop
+// adds no duplicates.
+func (r *Relay) runBatch(ctx context.Context, offset int) (int, error) {
+	if ctx.Err() != nil {
+		return 0, nil
+	}
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
+	defer cancel()
+	tx, err := r.pool.Begin(bctx)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: begin: %w", err)
+	}
+	defer tx.Rollback(bctx) //nolint:errcheck // after Commit this is a no-op
+
+	lanes, err := r.takeLanes(bctx, tx, offset)
+	if err != nil || len(lanes) == 0 {
+		return 0, err
+	}
+	rows, err := r.claimRows(bctx, tx, lanes)
+	if err != nil || len(rows) == 0 {
+		return 0, err
+	}
+
+	failed := r.publish(rows)
+	if len(failed) == len(rows) && !anyPermanent(failed) {
+		// Nothing went out and nothing says the events are at fault: the
+		// broker is unavailable. Count no attempts; back off.
+		var first error
+		for _, err := range failed {
+			first = err
+			break
+		}
+		return 0, fmt.Errorf("%w: %d events: %v", errOutage, len(rows), first)
+	}
+
+	ok := make([]int64, 0, len(rows)-len(failed))
+	var fIDs []int64
+	var fErrs []string
+	var fNext []time.Time
+	var fDead []bool
+	now := time.Now()
+	for _, row := range rows {
+		err, bad := failed[row.id]
+		if !bad {
+			ok = append(ok, row.id)
+			continue
+		}
+		attempt := row.attempts + 1
+		dead := attempt >= r.cfg.MaxAttempts
+		fIDs = append(fIDs, row.id)
+		fErrs = append(fErrs, err.Error())
+		fNext = append(fNext, now.Add(backoff.Exponential(attempt, r.cfg.RetryMin, r.cfg.RetryMax)))
+		fDead = append(fDead, dead)
+		fields := watermill.LogFields{"event_id": row.eventID, "topic": row.topic, "attempt": attempt}
+		if dead {
+			r.log.Error("Outbox event dead-lettered", err, fields)
+		} else {
+			r.log.Info("Outbox event failed; will retry: "+err.Error(), fields)
+		}
+	}
+	if len(ok) > 0 {
+		if _, err := tx.Exec(bctx, r.markPublished, ok); err != nil {
+			return 0, fmt.Errorf("outbox: mark %d events published: %w", len(ok), err)
+		}
+	}
+	if len(fIDs) > 0 {
+		if _, err := tx.Exec(bctx, r.markFailed, fIDs, fErrs, fNext, fDead); err != nil {
+			return 0, fmt.Errorf("outbox: record %d failed events: %w", len(fIDs), err)
+		}
+	}
+	if err := tx.Commit(bctx); err != nil {
+		return 0, fmt.Errorf("outbox: commit batch of %d: %w", len(rows), err)
+	}
+	deadCount := 0
+	for _, d := range fDead {
+		if d {
+			deadCount++
+		}
+	}
+	r.cfg.Metrics.batch(len(ok), len(fIDs), deadCount)
+	return len(rows), nil
+}
+
+func (r *Relay) takeLanes(ctx context.Context, tx pgx.Tx, offset int) ([]int16, error) {
+	rows, err := tx.Query(ctx, r.lockLanes, offset, r.cfg.LanesPerBatch)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: lock lanes: %w", err)
+	}
+	lanes, err := pgx.CollectRows(rows, pgx.RowTo[int16])
+	if err != nil {
+		return nil, fmt.Errorf("outbox: lock lanes: %w", err)
+	}
+	return lanes, nil
+}
+
+func (r *Relay) claimRows(ctx context.Context, tx pgx.Tx, lanes []int16) ([]pendingRow, error) {
+	rows, err := tx.Query(ctx, r.claim, lanes, r.cfg.BatchSize, !r.cfg.SkipDeadLetteredKeys)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: claim: %w", err)
+	}
+	defer rows.Close()
+	out := make([]pendingRow, 0, r.cfg.BatchSize)
+	for rows.Next() {
+		var p pendingRow
+		if err := rows.Scan(&p.id, &p.eventID, &p.topic, &p.key, &p.aggType, &p.aggID, &p.eventType,
+			&p.payload, &p.payloadBytes, &p.headers, &p.attempts); err != nil {
+			return nil, fmt.Errorf("outbox: claim: %w", err)
+		}
+		out = append(out, p)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("outbox: claim: %w", err)
+	}
+	return out, nil
+}
+
+// message builds the Watermill message of a pending row: the event id is
+// the message UUID, and the row's headers plus millrace's metadata keys are
+// its metadata.
+func (p *pendingRow) message() *message.Message {
+	payload, contentType := p.payload, millrace.ContentTypeJSON
+	if p.payloadBytes != nil {
+		payload, contentType = p.payloadBytes, millrace.ContentTypeBinary
+	}
+	msg := message.NewMessage(p.eventID, payload)
+	if len(p.headers) > 2 { // "{}" is the common case; skip decoding it
+		var md map[string]string
+		if err := json.Unmarshal(p.headers, &md); err == nil {
+			msg.Metadata = md
+		}
+	}
+	msg.Metadata.Set(millrace.MetadataEventID, p.eventID)
+	msg.Metadata.Set(millrace.MetadataPartitionKey, p.key)
+	msg.Metadata.Set(millrace.MetadataContentType, contentType)
+	if p.eventType != "" {
+		msg.Metadata.Set(millrace.MetadataEventType, p.eventType)
+	}
+	if p.aggType != "" {
+		msg.Metadata.Set(millrace.MetadataAggregateType, p.aggType)
+	}
+	if p.aggID != "" {
+		msg.Metadata.Set(millrace.MetadataAggregateID, p.aggID)
+	}
+	return msg
+}
+
+// publish sends rows, one Publish call per run of the same topic, in id
+// order, and returns the failures by row id.
+func (r *Relay) publish(rows []pendingRow) map[int64]error {
+	failed := map[int64]error{}
+	for start := 0; start < len(rows); {
+		end := start + 1
+		for end < len(rows) && rows[end].topic == rows[start].topic {
+			end++
+		}
+		r.publishRun(rows[start:end], failed)
+		start = end
+	}
+	return failed
+}
+
+func (r *Relay) publishRun(rows []pendingRow, failed map[int64]error) {
+	msgs := make([]*message.Message, len(rows))
+	for i := range rows {
+		msgs[i] = rows[i].message()
+	}
+	err := r.cfg.Publisher.Publish(rows[0].topic, msgs...)
+	if err == nil {
+		return
+	}
+	var be *millrace.BatchError
+	if errors.As(err, &be) {
+		byUUID := make(map[string]int64, len(rows))
+		for i := range rows {
+			byUUID[rows[i].eventID] = rows[i].id
+		}
+		for _, me := range be.Errors {
+			if id, ok := byUUID[me.UUID]; ok {
+				failed[id] = me.Err
+			}
+		}
+		return
+	}
+	if len(rows) == 1 {
+		failed[rows[0].id] = err
+		return
+	}
+	// The publisher failed the call as a whole: find the messages at fault
+	// by sending one at a time, in order.
+	for i := range rows {
+		if err := r.cfg.Publisher.Publish(rows[i].topic, rows[i].message()); err != nil {
+			failed[rows[i].id] = err
+		}
+	}
+}
+
+func anyPermanent(failed map[int64]error) bool {
+	for _, err := range failed {
+		if millrace.IsPermanent(err) {
+			return true
+		}
+	}
+	return false
+}
