@@ -39,6 +39,10 @@ type MessageError struct {
 // BatchError is returned by publishers that can tell which messages of a
 // Publish call failed; the others were published. The outbox relay uses it
 // to retry or dead-letter only the failed messages.
+//
+// A publisher that returns it keeps per-key order: once a message fails, it
+// does not publish a later message of the same partition key from the same
+// call, but reports it failed too (millrace's Kafka publisher does so).
 type BatchError struct {
 	Errors []MessageError
 }

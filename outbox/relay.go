@@ -337,12 +337,27 @@ func (r *Relay) runBatch(ctx context.Context, offset int) (int, error) {
 	var fNext []time.Time
 	var fDead []bool
 	now := time.Now()
+	var failedKeys map[string]bool
 	for _, row := range rows {
 		err, bad := failed[row.id]
+		if failedKeys[row.key] {
+			// An earlier event of this key failed in this batch. If this one
+			// failed too it was held behind it: leave it pending, charged
+			// nothing; the blocked event ahead of it keeps it waiting.
+			if !bad {
+				ok = append(ok, row.id)
+				r.log.Info("Outbox event published ahead of a failed event of its key", watermill.LogFields{"event_id": row.eventID, "partition_key": row.key})
+			}
+			continue
+		}
 		if !bad {
 			ok = append(ok, row.id)
 			continue
 		}
+		if failedKeys == nil {
+			failedKeys = map[string]bool{}
+		}
+		failedKeys[row.key] = true
 		attempt := row.attempts + 1
 		dead := attempt >= r.cfg.MaxAttempts
 		fIDs = append(fIDs, row.id)
@@ -484,10 +499,17 @@ func (r *Relay) publishRun(rows []pendingRow, failed map[int64]error) {
 		return
 	}
 	// The publisher failed the call as a whole: find the messages at fault
-	// by sending one at a time, in order.
+	// by sending one at a time, in order, holding back the rest of a key
+	// once one of its messages fails.
+	held := map[string]error{}
 	for i := range rows {
+		if err, ok := held[rows[i].key]; ok {
+			failed[rows[i].id] = err
+			continue
+		}
 		if err := r.cfg.Publisher.Publish(rows[i].topic, rows[i].message()); err != nil {
 			failed[rows[i].id] = err
+			held[rows[i].key] = fmt.Errorf("held behind a failed event of its key: %w", err)
 		}
 	}
 }
