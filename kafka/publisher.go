@@ -1,0 +1,251 @@
+package kafka
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/millrace/millrace"
+)
+
+// Errors returned by NewPublisher and Publish. Test for them with errors.Is.
+var (
+	// ErrInvalidConfig is returned by NewPublisher for a configuration it
+	// cannot work with.
+	ErrInvalidConfig = errors.New("kafka: invalid publisher config")
+	// ErrClosed is the error of every message published after Close.
+	ErrClosed = errors.New("kafka: publisher closed")
+	// ErrMarshal is the error of a message the Marshaler refused (for
+	// example one whose metadata uses watermill-kafka's reserved UUID key).
+	// Such a message was not sent; the error is permanent.
+	ErrMarshal = errors.New("kafka: cannot marshal message")
+	// ErrMessageTooLarge is the error of a message larger than the
+	// producer's Producer.MaxMessageBytes or than the broker accepts. It
+	// is permanent.
+	ErrMessageTooLarge = errors.New("kafka: message too large")
+)
+
+// PublisherConfig configures a Publisher.
+type PublisherConfig struct {
+	// Brokers are the host:port addresses of the cluster's bootstrap
+	// brokers. Required.
+	Brokers []string
+
+	// Sarama is the producer configuration. Producer.Return.Successes and
+	// Producer.Return.Errors must be true (a sarama SyncProducer needs both)
+	// and Version at least 0.11 (records carry headers). NewPublisher does
+	// not modify it. Defaults to DefaultSaramaConfig().
+	Sarama *sarama.Config
+
+	// Marshaler turns a Watermill message into a Kafka record. Whatever it
+	// puts in ProducerMessage.Metadata is overwritten. Defaults to
+	// watermill-kafka's partitioning marshaler keyed by the message metadata
+	// millrace.MetadataPartitionKey: the record carries the message UUID in
+	// the "_watermill_message_uuid" header, the metadata as headers, the
+	// payload as value and the partition key as key (an empty key when the
+	// metadata is missing), so watermill-kafka's Subscriber reads it as
+	// usual.
+	Marshaler wkafka.Marshaler
+}
+
+// DefaultMarshaler returns the marshaler a Publisher uses when
+// PublisherConfig.Marshaler is nil: watermill-kafka's partitioning marshaler
+// with the record key taken from millrace.MetadataPartitionKey. It also
+// unmarshals, for a watermill-kafka Subscriber.
+func DefaultMarshaler() wkafka.MarshalerUnmarshaler {
+	return wkafka.NewWithPartitioningMarshaler(partitionKeyFromMetadata)
+}
+
+func partitionKeyFromMetadata(_ string, msg *message.Message) (string, error) {
+	return msg.Metadata.Get(millrace.MetadataPartitionKey), nil
+}
+
+// Publisher is a Watermill message.Publisher that sends all the messages of
+// one Publish call to Kafka as one batch through a sarama SyncProducer and
+// waits for the brokers' acknowledgement of each. It is safe for concurrent
+// use: Publish may be called from several goroutines, and Close waits for the
+// Publish calls in progress.
+//
+// When some messages of a batch fail, Publish returns a *millrace.BatchError
+// naming each failed message by its UUID; the others were delivered. Errors
+// that retrying will not fix are marked with millrace.Permanent (the list is
+// in the package documentation).
+type Publisher struct {
+	brokers   []string
+	marshaler wkafka.Marshaler
+	logger    watermill.LoggerAdapter
+
+	mu       sync.RWMutex // held for reading by Publish, for writing by Close
+	closed   bool
+	producer sarama.SyncProducer
+
+	batches sync.Pool // of *[]*sarama.ProducerMessage
+}
+
+// NewPublisher connects to the brokers and returns a Publisher. It fails,
+// naming the brokers it tried, when none of them answers within the sarama
+// configuration's dial timeout and metadata retries. A nil logger logs
+// nothing.
+func NewPublisher(cfg PublisherConfig, logger watermill.LoggerAdapter) (*Publisher, error) {
+	if len(cfg.Brokers) == 0 {
+		return nil, fmt.Errorf("%w: no brokers", ErrInvalidConfig)
+	}
+	for _, b := range cfg.Brokers {
+		if strings.TrimSpace(b) == "" {
+			return nil, fmt.Errorf("%w: empty broker address in %q", ErrInvalidConfig, cfg.Brokers)
+		}
+	}
+	sc := cfg.Sarama
+	if sc == nil {
+		sc = DefaultSaramaConfig()
+	}
+	if !sc.Producer.Return.Successes {
+		return nil, fmt.Errorf("%w: Sarama.Producer.Return.Successes must be true (a sync producer waits for each acknowledgement)", ErrInvalidConfig)
+	}
+	if !sc.Producer.Return.Errors {
+		return nil, fmt.Errorf("%w: Sarama.Producer.Return.Errors must be true (a sync producer reports each failure)", ErrInvalidConfig)
+	}
+	if !sc.Version.IsAtLeast(sarama.V0_11_0_0) {
+		return nil, fmt.Errorf("%w: Sarama.Version %s is older than 0.11, which cannot carry record headers", ErrInvalidConfig, sc.Version)
+	}
+	if err := sc.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	marshaler := cfg.Marshaler
+	if marshaler == nil {
+		marshaler = DefaultMarshaler()
+	}
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+
+	producer, err := sarama.NewSyncProducer(cfg.Brokers, sc)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: connect to brokers %s: %w", strings.Join(cfg.Brokers, ","), err)
+	}
+	return &Publisher{
+		brokers:   append([]string(nil), cfg.Brokers...),
+		marshaler: marshaler,
+		logger:    logger,
+		producer:  producer,
+	}, nil
+}
+
+// Publish sends msgs to topic as one batch and returns when every message is
+// acknowledged or has failed. Records of one partition key keep the order of
+// msgs. It returns nil when all were delivered, else a *millrace.BatchError
+// listing every failed message by UUID (the others were delivered), each
+// error marked permanent when retrying will not fix it. After Close, every
+// message fails with ErrClosed.
+func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.closed {
+		return failAll(msgs, ErrClosed)
+	}
+
+	bp := p.getBatch(len(msgs))
+	defer p.putBatch(bp)
+	batch := *bp
+	var failed []millrace.MessageError
+	for _, msg := range msgs {
+		pm, err := p.marshaler.Marshal(topic, msg)
+		if err != nil {
+			failed = append(failed, millrace.MessageError{
+				UUID: msg.UUID,
+				Err:  millrace.Permanent(fmt.Errorf("%w %s: %w", ErrMarshal, msg.UUID, err)),
+			})
+			continue
+		}
+		// The failure of a record comes back with the record: Metadata
+		// names the message it came from (a pointer: no allocation).
+		pm.Metadata = msg
+		batch = append(batch, pm)
+	}
+	*bp = batch
+
+	if len(batch) > 0 {
+		if err := p.producer.SendMessages(batch); err != nil {
+			failed = appendSendErrors(failed, batch, err)
+		}
+	}
+	if len(failed) == 0 {
+		return nil
+	}
+	p.logger.Debug("Kafka batch partly failed", watermill.LogFields{
+		"topic": topic, "messages": len(msgs), "failed": len(failed),
+	})
+	return &millrace.BatchError{Errors: failed}
+}
+
+// appendSendErrors turns the error of SendMessages into one MessageError per
+// failed record.
+func appendSendErrors(failed []millrace.MessageError, batch []*sarama.ProducerMessage, err error) []millrace.MessageError {
+	var perrs sarama.ProducerErrors
+	if !errors.As(err, &perrs) {
+		// Not per-record: every record counts as failed, retryable.
+		for _, pm := range batch {
+			failed = append(failed, millrace.MessageError{UUID: pm.Metadata.(*message.Message).UUID, Err: err})
+		}
+		return failed
+	}
+	for _, pe := range perrs {
+		uuid := ""
+		if m, ok := pe.Msg.Metadata.(*message.Message); ok {
+			uuid = m.UUID
+		}
+		failed = append(failed, millrace.MessageError{UUID: uuid, Err: classify(pe.Err)})
+	}
+	return failed
+}
+
+// Close closes the producer, after waiting for the Publish calls in
+// progress. Publish after Close fails with ErrClosed. Closing twice is a
+// no-op.
+func (p *Publisher) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	p.closed = true
+	if err := p.producer.Close(); err != nil {
+		return fmt.Errorf("kafka: close producer for %s: %w", strings.Join(p.brokers, ","), err)
+	}
+	return nil
+}
+
+func (p *Publisher) getBatch(n int) *[]*sarama.ProducerMessage {
+	if v := p.batches.Get(); v != nil {
+		bp := v.(*[]*sarama.ProducerMessage)
+		if cap(*bp) >= n {
+			return bp
+		}
+	}
+	s := make([]*sarama.ProducerMessage, 0, n)
+	return &s
+}
+
+func (p *Publisher) putBatch(bp *[]*sarama.ProducerMessage) {
+	b := *bp
+	clear(b) // drop the records so they can be collected
+	*bp = b[:0]
+	p.batches.Put(bp)
+}
+
+func failAll(msgs []*message.Message, err error) error {
+	failed := make([]millrace.MessageError, len(msgs))
+	for i, m := range msgs {
+		failed[i] = millrace.MessageError{UUID: m.UUID, Err: err}
+	}
+	return &millrace.BatchError{Errors: failed}
+}

@@ -1,0 +1,481 @@
+package kafka_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/internal/devkafka"
+	"github.com/millrace/millrace/internal/kafkatest"
+	"github.com/millrace/millrace/internal/leaktest"
+	"github.com/millrace/millrace/kafka"
+)
+
+func TestMain(m *testing.M) { leaktest.VerifyTestMain(m) }
+
+func newPublisher(t testing.TB, brokers []string, sc *sarama.Config) *kafka.Publisher {
+	t.Helper()
+	p, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers, Sarama: sc}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := p.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return p
+}
+
+// received is one message read back, with the record key.
+type received struct {
+	msg *message.Message
+	key string
+}
+
+// readBack subscribes to topic with a fresh consumer group through
+// watermill-kafka's Subscriber and returns the first n messages, acking each.
+func readBack(t *testing.T, brokers []string, topic string, n int) []received {
+	t.Helper()
+	sub, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{
+		Brokers:               brokers,
+		Unmarshaler:           kafka.DefaultMarshaler(),
+		OverwriteSaramaConfig: kafka.DefaultSaramaSubscriberConfig(),
+		ConsumerGroup:         kafkatest.Group(),
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := sub.Close(); err != nil {
+			t.Error(err)
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ch, err := sub.Subscribe(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]received, 0, n)
+	for len(out) < n {
+		select {
+		case m, ok := <-ch:
+			if !ok {
+				t.Fatalf("subscription closed after %d of %d messages", len(out), n)
+			}
+			key, _ := wkafka.MessageKeyFromCtx(m.Context())
+			out = append(out, received{msg: m, key: string(key)})
+			m.Ack()
+		case <-ctx.Done():
+			t.Fatalf("read %d of %d messages before the deadline", len(out), n)
+		}
+	}
+	return out
+}
+
+// recordCount is the number of records in topic (sum of high-water marks).
+func recordCount(t *testing.T, brokers []string, topic string) int64 {
+	t.Helper()
+	c, err := sarama.NewClient(brokers, kafka.DefaultSaramaSubscriberConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	parts, err := c.Partitions(topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, p := range parts {
+		off, err := c.GetOffset(topic, p, sarama.OffsetNewest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n += off
+	}
+	return n
+}
+
+func newMessage(i int, key string) *message.Message {
+	m := message.NewMessage(fmt.Sprintf("00000000-0000-4000-8000-%012d", i), []byte(`{"n":`+strconv.Itoa(i)+`}`))
+	m.Metadata.Set(millrace.MetadataPartitionKey, key)
+	m.Metadata.Set(millrace.MetadataEventType, "Numbered")
+	m.Metadata.Set("seq", strconv.Itoa(i))
+	return m
+}
+
+func TestPublishBatchReadBack(t *testing.T) {
+	t.Parallel()
+	brokers := kafkatest.Brokers(t)
+	topic := kafkatest.Topic()
+	p := newPublisher(t, brokers, nil)
+
+	const total, keys, perCall = 5000, 50, 2500
+	sent := make(map[string]*message.Message, total)
+	var msgs []*message.Message
+	for i := range total {
+		m := newMessage(i, "key-"+strconv.Itoa(i%keys))
+		sent[m.UUID] = m
+		msgs = append(msgs, m)
+	}
+	for i := 0; i < total; i += perCall {
+		if err := p.Publish(topic, msgs[i:i+perCall]...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := recordCount(t, brokers, topic); n != total {
+		t.Fatalf("topic holds %d records, want %d", n, total)
+	}
+
+	got := readBack(t, brokers, topic, total)
+	lastSeq := map[string]int{}
+	seen := map[string]bool{}
+	for _, r := range got {
+		want, ok := sent[r.msg.UUID]
+		if !ok {
+			t.Fatalf("unexpected message %q", r.msg.UUID)
+		}
+		if seen[r.msg.UUID] {
+			t.Fatalf("message %s read twice", r.msg.UUID)
+		}
+		seen[r.msg.UUID] = true
+		if string(r.msg.Payload) != string(want.Payload) {
+			t.Fatalf("message %s: payload %q, want %q", r.msg.UUID, r.msg.Payload, want.Payload)
+		}
+		if len(r.msg.Metadata) != len(want.Metadata) {
+			t.Fatalf("message %s: metadata %v, want %v", r.msg.UUID, r.msg.Metadata, want.Metadata)
+		}
+		for k, v := range want.Metadata {
+			if r.msg.Metadata.Get(k) != v {
+				t.Fatalf("message %s: metadata %s=%q, want %q", r.msg.UUID, k, r.msg.Metadata.Get(k), v)
+			}
+		}
+		key := want.Metadata.Get(millrace.MetadataPartitionKey)
+		if r.key != key {
+			t.Fatalf("message %s: record key %q, want %q", r.msg.UUID, r.key, key)
+		}
+		seq, _ := strconv.Atoi(r.msg.Metadata.Get("seq"))
+		if last, ok := lastSeq[key]; ok && seq <= last {
+			t.Fatalf("key %s: message %d arrived after %d", key, seq, last)
+		}
+		lastSeq[key] = seq
+	}
+	if len(lastSeq) != keys {
+		t.Fatalf("read %d keys, want %d", len(lastSeq), keys)
+	}
+}
+
+func TestPublishTooLargeMessageFailsAlone(t *testing.T) {
+	t.Parallel()
+	brokers := kafkatest.Brokers(t)
+	topic := kafkatest.Topic()
+	sc := kafka.DefaultSaramaConfig()
+	sc.Producer.MaxMessageBytes = 10_000
+	p := newPublisher(t, brokers, sc)
+
+	var msgs []*message.Message
+	for i := range 11 {
+		msgs = append(msgs, newMessage(i, "k"+strconv.Itoa(i%3)))
+	}
+	big := msgs[5]
+	big.Payload = make([]byte, 20_000)
+
+	err := p.Publish(topic, msgs...)
+	var be *millrace.BatchError
+	if !errors.As(err, &be) {
+		t.Fatalf("Publish: %v, want a *millrace.BatchError", err)
+	}
+	if len(be.Errors) != 1 || be.Errors[0].UUID != big.UUID {
+		t.Fatalf("failed messages %+v, want only %s", be.Errors, big.UUID)
+	}
+	if !millrace.IsPermanent(be.Errors[0].Err) || !millrace.IsPermanent(err) {
+		t.Fatalf("error %v is not permanent", be.Errors[0].Err)
+	}
+	if !errors.Is(err, kafka.ErrMessageTooLarge) {
+		t.Fatalf("error %v does not match ErrMessageTooLarge", err)
+	}
+
+	got := readBack(t, brokers, topic, 10)
+	for _, r := range got {
+		if r.msg.UUID == big.UUID {
+			t.Fatal("the too-large message arrived")
+		}
+	}
+	if n := recordCount(t, brokers, topic); n != 10 {
+		t.Fatalf("topic holds %d records, want 10", n)
+	}
+}
+
+func TestPublishMarshalErrorFailsAlone(t *testing.T) {
+	t.Parallel()
+	brokers := kafkatest.Brokers(t)
+	topic := kafkatest.Topic()
+	p := newPublisher(t, brokers, nil)
+
+	msgs := []*message.Message{newMessage(1, "a"), newMessage(2, "a"), newMessage(3, "a")}
+	msgs[1].Metadata.Set(wkafka.UUIDHeaderKey, "reserved")
+	err := p.Publish(topic, msgs...)
+	var be *millrace.BatchError
+	if !errors.As(err, &be) || len(be.Errors) != 1 || be.Errors[0].UUID != msgs[1].UUID {
+		t.Fatalf("Publish: %v, want a BatchError naming only %s", err, msgs[1].UUID)
+	}
+	if !errors.Is(err, kafka.ErrMarshal) || !millrace.IsPermanent(err) {
+		t.Fatalf("error %v: want a permanent ErrMarshal", err)
+	}
+	got := readBack(t, brokers, topic, 2)
+	if got[0].msg.UUID != msgs[0].UUID || got[1].msg.UUID != msgs[2].UUID {
+		t.Fatalf("read %s, %s; want %s, %s", got[0].msg.UUID, got[1].msg.UUID, msgs[0].UUID, msgs[2].UUID)
+	}
+}
+
+// shortTimeouts gives up on an unreachable broker within a few seconds.
+func shortTimeouts() *sarama.Config {
+	sc := kafka.DefaultSaramaConfig()
+	sc.Net.DialTimeout = 500 * time.Millisecond
+	sc.Net.ReadTimeout = time.Second
+	sc.Net.WriteTimeout = time.Second
+	sc.Metadata.Retry.Max = 1
+	sc.Metadata.Retry.Backoff = 50 * time.Millisecond
+	sc.Producer.Retry.Max = 2
+	sc.Producer.Retry.Backoff = 50 * time.Millisecond
+	sc.Producer.Timeout = time.Second
+	return sc
+}
+
+// publishWithin runs Publish and fails the test if it takes longer than d.
+func publishWithin(t *testing.T, d time.Duration, p *kafka.Publisher, topic string, msgs ...*message.Message) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- p.Publish(topic, msgs...) }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(d):
+		t.Fatalf("Publish did not return within %s", d)
+		return nil
+	}
+}
+
+func TestPublishBrokerDownFailsEveryMessageRetryably(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	b := kafkatest.Embedded(t, devkafka.Config{DataDir: dir})
+	port := b.Port()
+	topic := kafkatest.Topic()
+	p := newPublisher(t, b.Addrs(), shortTimeouts())
+
+	if err := p.Publish(topic, newMessage(0, "a"), newMessage(1, "b")); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+
+	var msgs []*message.Message
+	for i := range 20 {
+		msgs = append(msgs, newMessage(100+i, "k"+strconv.Itoa(i%4)))
+	}
+	start := time.Now()
+	err := publishWithin(t, 30*time.Second, p, topic, msgs...)
+	t.Logf("Publish with the broker down returned after %s: %v", time.Since(start).Round(time.Millisecond), err)
+	var be *millrace.BatchError
+	if !errors.As(err, &be) {
+		t.Fatalf("Publish: %v, want a *millrace.BatchError", err)
+	}
+	if millrace.IsPermanent(err) {
+		t.Fatalf("error %v is permanent; a broker outage is not", err)
+	}
+	failed := map[string]bool{}
+	for _, me := range be.Errors {
+		failed[me.UUID] = true
+	}
+	for _, m := range msgs {
+		if !failed[m.UUID] {
+			t.Fatalf("message %s missing from the BatchError %v", m.UUID, err)
+		}
+	}
+	if len(be.Errors) != len(msgs) {
+		t.Fatalf("BatchError lists %d messages, want %d", len(be.Errors), len(msgs))
+	}
+
+	// The broker comes back: the same publisher delivers again. Sarama's
+	// per-topic circuit breaker (3 failures open it for 10 s, not
+	// configurable) may refuse records for a while first; those errors are
+	// retryable too. Only the messages a BatchError names are sent again, so
+	// the topic must end up with each message exactly once.
+	b2, err := devkafka.Start(devkafka.Config{Port: port, DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b2.Close)
+	start = time.Now()
+	pending := msgs
+	for attempt := 1; len(pending) > 0; attempt++ {
+		err = publishWithin(t, 30*time.Second, p, topic, pending...)
+		if err == nil {
+			t.Logf("all delivered %s after the restart, in %d attempts", time.Since(start).Round(time.Millisecond), attempt)
+			break
+		}
+		if !errors.As(err, &be) || millrace.IsPermanent(err) {
+			t.Fatalf("Publish after the restart: %v, want a retryable BatchError", err)
+		}
+		if time.Since(start) > 30*time.Second {
+			t.Fatalf("Publish after the restart still fails: %v", err)
+		}
+		failed := map[string]bool{}
+		for _, me := range be.Errors {
+			failed[me.UUID] = true
+		}
+		var next []*message.Message
+		for _, m := range pending {
+			if failed[m.UUID] {
+				next = append(next, m)
+			}
+		}
+		pending = next
+		time.Sleep(100 * time.Millisecond) // retry pace, as a relay would back off
+	}
+	if n := recordCount(t, b2.Addrs(), topic); n != 22 {
+		t.Fatalf("topic holds %d records after recovery, want 22", n)
+	}
+}
+
+func TestNewPublisherUnreachableBrokerFailsFast(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+
+	start := time.Now()
+	p, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: []string{addr}}, nil)
+	elapsed := time.Since(start)
+	if err == nil {
+		p.Close()
+		t.Fatal("NewPublisher succeeded against a closed port")
+	}
+	if !strings.Contains(err.Error(), addr) {
+		t.Fatalf("error %q does not name the broker %s", err, addr)
+	}
+	if elapsed > 10*time.Second {
+		t.Fatalf("NewPublisher took %s to fail", elapsed)
+	}
+	t.Logf("failed after %s: %v", elapsed.Round(time.Millisecond), err)
+}
+
+func TestNewPublisherValidates(t *testing.T) {
+	t.Parallel()
+	noSuccesses := kafka.DefaultSaramaConfig()
+	noSuccesses.Producer.Return.Successes = false
+	noErrors := kafka.DefaultSaramaConfig()
+	noErrors.Producer.Return.Errors = false
+	old := kafka.DefaultSaramaConfig()
+	old.Version = sarama.V0_10_2_0
+	old.Producer.Idempotent = false
+	badIdempotent := kafka.DefaultSaramaConfig()
+	badIdempotent.Net.MaxOpenRequests = 5
+	for name, cfg := range map[string]kafka.PublisherConfig{
+		"no brokers":              {},
+		"empty broker":            {Brokers: []string{" "}},
+		"no Return.Successes":     {Brokers: []string{"127.0.0.1:1"}, Sarama: noSuccesses},
+		"no Return.Errors":        {Brokers: []string{"127.0.0.1:1"}, Sarama: noErrors},
+		"version without header":  {Brokers: []string{"127.0.0.1:1"}, Sarama: old},
+		"idempotent, 5 in flight": {Brokers: []string{"127.0.0.1:1"}, Sarama: badIdempotent},
+	} {
+		_, err := kafka.NewPublisher(cfg, nil)
+		if !errors.Is(err, kafka.ErrInvalidConfig) {
+			t.Errorf("%s: NewPublisher error %v, want ErrInvalidConfig", name, err)
+		}
+	}
+}
+
+func TestPublishAfterClose(t *testing.T) {
+	t.Parallel()
+	p, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: kafkatest.Brokers(t)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	m := newMessage(1, "a")
+	err = p.Publish(kafkatest.Topic(), m)
+	var be *millrace.BatchError
+	if !errors.As(err, &be) || len(be.Errors) != 1 || be.Errors[0].UUID != m.UUID {
+		t.Fatalf("Publish after Close: %v, want a BatchError naming %s", err, m.UUID)
+	}
+	if !errors.Is(err, kafka.ErrClosed) || millrace.IsPermanent(err) {
+		t.Fatalf("Publish after Close: %v, want a non-permanent ErrClosed", err)
+	}
+}
+
+func TestPublishConcurrently(t *testing.T) {
+	t.Parallel()
+	brokers := kafkatest.Brokers(t)
+	topic := kafkatest.Topic()
+	p := newPublisher(t, brokers, nil)
+
+	const goroutines, batches, size = 4, 5, 100
+	var wg sync.WaitGroup
+	errs := make(chan error, goroutines*batches)
+	for g := range goroutines {
+		wg.Go(func() {
+			for b := range batches {
+				var msgs []*message.Message
+				for i := range size {
+					n := (g*batches+b)*size + i
+					msgs = append(msgs, newMessage(n, "g"+strconv.Itoa(g)))
+				}
+				errs <- p.Publish(topic, msgs...)
+			}
+		})
+	}
+	// Close waits for the Publish calls in progress; those after it fail.
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := recordCount(t, brokers, topic); n != goroutines*batches*size {
+		t.Fatalf("topic holds %d records, want %d", n, goroutines*batches*size)
+	}
+}
+
+func BenchmarkPublish(b *testing.B) {
+	broker := kafkatest.Embedded(b, devkafka.Config{})
+	p := newPublisher(b, broker.Addrs(), nil)
+	topic := kafkatest.Topic()
+	const batch = 1000
+	msgs := make([]*message.Message, batch)
+	for i := range msgs {
+		msgs[i] = newMessage(i, "key-"+strconv.Itoa(i%100))
+	}
+	if err := p.Publish(topic, msgs...); err != nil { // topic creation, metadata
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		if err := p.Publish(topic, msgs...); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "msgs/s")
+}
