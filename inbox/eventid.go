@@ -1,0 +1,66 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/millrace/millrace"
+)
+
+// ErrNoEventID is returned for a message that carries no usable event id:
+// the id function failed or gave something that is not a UUID. It always
+// comes wrapped as millrace.Permanent, naming the message's UUID, so that
+// retrying is skipped (see ShouldRetry) and Watermill's PoisonQueue
+// middleware dead-letters the message with the reason in its metadata.
+var ErrNoEventID = errors.New("inbox: message has no usable event id")
+
+// ErrConfig is wrapped by the constructors' errors for an invalid Config.
+var ErrConfig = errors.New("inbox: invalid config")
+
+// EventIDFunc returns the event id of a message, which must be a UUID.
+type EventIDFunc func(msg *message.Message) (string, error)
+
+// DefaultEventID takes the id from metadata millrace.MetadataEventID
+// ("event_id", set by the outbox relay), falling back to the Watermill
+// message UUID when that metadata is absent.
+func DefaultEventID(msg *message.Message) (string, error) {
+	if id := msg.Metadata.Get(millrace.MetadataEventID); id != "" {
+		return id, nil
+	}
+	return msg.UUID, nil
+}
+
+// eventID applies fn and checks the result is a UUID. The error wraps
+// ErrNoEventID and is permanent.
+func eventID(fn EventIDFunc, msg *message.Message) (uuid.UUID, error) {
+	s, err := fn(msg)
+	if err != nil {
+		return uuid.UUID{}, millrace.Permanent(fmt.Errorf("%w: message %q: %v", ErrNoEventID, msg.UUID, err))
+	}
+	if s == "" {
+		return uuid.UUID{}, millrace.Permanent(fmt.Errorf("%w: message %q has neither %s metadata nor a UUID", ErrNoEventID, msg.UUID, millrace.MetadataEventID))
+	}
+	id, err := uuid.Parse(s)
+	if err != nil {
+		return uuid.UUID{}, millrace.Permanent(fmt.Errorf("%w: message %q: event id %q is not a UUID", ErrNoEventID, msg.UUID, s))
+	}
+	return id, nil
+}
+
+// ShouldRetry is a ready-made middleware.Retry ShouldRetry: it stops
+// retrying permanent errors (millrace.IsPermanent), such as ErrNoEventID,
+// so they reach the PoisonQueue middleware at once.
+func ShouldRetry(p middleware.RetryParams) bool { return !millrace.IsPermanent(p.Err) }
+
+// TxFromContext returns the transaction that the Deduplicator's middleware
+// or the Processor put in a message's context (msg.Context()). A handler
+// writes its effects with it, and emits events with outbox.Writer.WriteTx
+// or the outbox's ContextPublisher, so that everything commits with the
+// dedup mark.
+func TxFromContext(ctx context.Context) (pgx.Tx, bool) { return millrace.TxFromContext(ctx) }

@@ -1,0 +1,332 @@
+package inbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/internal/sqlident"
+)
+
+// HandlerFunc applies one inbox message. It runs inside tx, which also
+// marks the message processed: write the effects with tx (it is also in
+// msg.Context(), for the outbox's ContextPublisher). An error rolls back
+// what the handler wrote and schedules a retry; an error wrapped with
+// millrace.Permanent dead-letters the message at once.
+type HandlerFunc func(ctx context.Context, tx pgx.Tx, msg *message.Message) error
+
+// ProcessorConfig configures a Processor.
+type ProcessorConfig struct {
+	// Schema holds millrace's tables. Defaults to "millrace".
+	Schema string
+	// Consumer names the inbox, as given to the Receiver. Required.
+	Consumer string
+	// Handler applies one message. Required.
+	Handler HandlerFunc
+	// BatchSize is the number of rows claimed per transaction.
+	// Defaults to 100.
+	BatchSize int
+	// PollInterval is how long Run waits after a batch that was not full
+	// before it looks again. Defaults to 100ms.
+	PollInterval time.Duration
+	// Workers is the number of claim loops Run runs at once. Defaults to 1.
+	Workers int
+	// MaxAttempts is the number of failed attempts after which a message is
+	// dead-lettered. Defaults to 10.
+	MaxAttempts int
+	// MinBackoff is the wait after the first failure; it doubles with each
+	// further failure up to MaxBackoff. Defaults to 1s.
+	MinBackoff time.Duration
+	// MaxBackoff caps the wait between attempts. Defaults to 5 minutes.
+	MaxBackoff time.Duration
+	// OrderByKey processes rows with the same non-empty partition key in
+	// arrival order, also with several processors: a key whose earlier row
+	// waits (failed and backing off, dead, or in another processor's batch)
+	// holds its later rows. Defaults to false (any order).
+	OrderByKey bool
+	// OnError, when set, is called for every handler failure (for logs
+	// and metrics). Defaults to nil.
+	OnError func(msg *message.Message, attempt int, err error)
+}
+
+// Processor applies the messages a Receiver stored, at its own pace. Each
+// batch is one transaction: it claims up to BatchSize unprocessed rows with
+// FOR UPDATE SKIP LOCKED (so several processors, in one process or many,
+// never apply a row twice), runs the handler for each row under a
+// savepoint, and marks the rows processed or failed, then commits once.
+//
+// Why a savepoint per row rather than a transaction per row: a failing row
+// rolls back only its own writes, while the batch pays one commit (one WAL
+// flush) instead of one per row; the savepoint costs one round trip, merged
+// with the release of the previous one. A crash mid-batch rolls the whole
+// batch back and it is claimed again: nothing is applied twice.
+//
+// It is safe for concurrent use.
+type Processor struct {
+	pool *pgxpool.Pool
+	cfg  ProcessorConfig
+	dead *DeadLetters
+
+	claim, markDone, markFailed string
+}
+
+// NewProcessor returns a Processor. It does not touch the database.
+func NewProcessor(pool *pgxpool.Pool, cfg ProcessorConfig) (*Processor, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%w: nil pool", ErrConfig)
+	}
+	schema, err := sqlident.Schema(cfg.Schema)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case cfg.Consumer == "":
+		return nil, fmt.Errorf("%w: ProcessorConfig.Consumer is required", ErrConfig)
+	case cfg.Handler == nil:
+		return nil, fmt.Errorf("%w: ProcessorConfig.Handler is required", ErrConfig)
+	case cfg.BatchSize < 0 || cfg.Workers < 0 || cfg.MaxAttempts < 0 || cfg.PollInterval < 0 || cfg.MinBackoff < 0 || cfg.MaxBackoff < 0:
+		return nil, fmt.Errorf("%w: negative ProcessorConfig value", ErrConfig)
+	}
+	if cfg.BatchSize == 0 {
+		cfg.BatchSize = 100
+	}
+	if cfg.PollInterval == 0 {
+		cfg.PollInterval = 100 * time.Millisecond
+	}
+	if cfg.Workers == 0 {
+		cfg.Workers = 1
+	}
+	if cfg.MaxAttempts == 0 {
+		cfg.MaxAttempts = 10
+	}
+	if cfg.MinBackoff == 0 {
+		cfg.MinBackoff = time.Second
+	}
+	if cfg.MaxBackoff == 0 {
+		cfg.MaxBackoff = 5 * time.Minute
+	}
+	if cfg.MaxBackoff < cfg.MinBackoff {
+		return nil, fmt.Errorf("%w: MaxBackoff %v < MinBackoff %v", ErrConfig, cfg.MaxBackoff, cfg.MinBackoff)
+	}
+	table := sqlident.Table(schema, "inbox_event")
+	dead, err := NewDeadLetters(pool, DeadLetterConfig{Schema: schema, Consumer: cfg.Consumer})
+	if err != nil {
+		return nil, err
+	}
+	p := &Processor{pool: pool, cfg: cfg, dead: dead}
+	// The claim walks inbox_event_unprocessed_idx (consumer, id).
+	p.claim = fmt.Sprintf(`SELECT id, event_id::text, topic, partition_key, payload, metadata::text, attempts
+  FROM %s
+ WHERE consumer = $1 AND NOT processed AND dead_at IS NULL
+   AND (next_attempt_at IS NULL OR next_attempt_at <= now())
+ ORDER BY id
+ LIMIT $2
+   FOR UPDATE SKIP LOCKED`, table)
+	if cfg.OrderByKey {
+		// A claimed row is held when an earlier unprocessed row of its key
+		// is not in this batch: it is backing off, dead, or in another
+		// processor's batch (locked rows are unprocessed until that batch
+		// commits). Uses inbox_event_unprocessed_key_idx.
+		p.claim = fmt.Sprintf(`WITH claimed AS (%s)
+SELECT c.* FROM claimed c
+ WHERE c.partition_key = ''
+    OR NOT EXISTS (
+        SELECT 1 FROM %s e
+         WHERE e.consumer = $1 AND e.partition_key = c.partition_key AND NOT e.processed
+           AND e.partition_key <> '' AND e.id < c.id
+           AND e.id NOT IN (SELECT id FROM claimed))
+ ORDER BY c.id`, p.claim, table)
+	}
+	p.markDone = fmt.Sprintf(`UPDATE %s SET processed = true, processed_at = now(), next_attempt_at = NULL
+ WHERE id = ANY($1)`, table)
+	p.markFailed = fmt.Sprintf(`UPDATE %s AS e SET attempts = f.attempts, last_error = f.err,
+       next_attempt_at = now() + f.backoff_ms * interval '1 millisecond',
+       dead_at = CASE WHEN f.dead THEN now() END
+  FROM unnest($1::bigint[], $2::int[], $3::text[], $4::bigint[], $5::bool[]) AS f(id, attempts, err, backoff_ms, dead)
+ WHERE e.id = f.id`, table)
+	return p, nil
+}
+
+// DeadLetters returns the dead-letter API for this Processor's consumer.
+func (p *Processor) DeadLetters() *DeadLetters { return p.dead }
+
+// Run processes batches until ctx ends, then returns nil. A database error
+// is retried after PollInterval; Run never gives up on its own.
+func (p *Processor) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	for range p.cfg.Workers {
+		wg.Go(func() { p.loop(ctx) })
+	}
+	wg.Wait()
+	return nil
+}
+
+func (p *Processor) loop(ctx context.Context) {
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		}
+		n, err := p.ProcessOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil && n >= p.cfg.BatchSize {
+			timer.Reset(0) // more is waiting
+		} else {
+			timer.Reset(p.cfg.PollInterval)
+		}
+	}
+}
+
+type row struct {
+	id             int64
+	eventID, topic string
+	key            string
+	payload        []byte
+	metadata       string
+	attempts       int
+}
+
+// ProcessOnce claims and applies one batch, and returns the number of rows
+// it claimed (processed, failed or held back). Run calls it in a loop; call
+// it yourself to drive the processor from your own scheduler.
+func (p *Processor) ProcessOnce(ctx context.Context) (int, error) {
+	tx, err := p.pool.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("inbox: processor %s: begin: %w", p.cfg.Consumer, err)
+	}
+	defer rollback(ctx, tx)
+	rows, err := tx.Query(ctx, p.claim, p.cfg.Consumer, p.cfg.BatchSize)
+	if err != nil {
+		return 0, fmt.Errorf("inbox: processor %s: claim: %w", p.cfg.Consumer, err)
+	}
+	var batch []row
+	for rows.Next() {
+		var r row
+		if err := rows.Scan(&r.id, &r.eventID, &r.topic, &r.key, &r.payload, &r.metadata, &r.attempts); err != nil {
+			rows.Close()
+			return 0, fmt.Errorf("inbox: processor %s: claim: %w", p.cfg.Consumer, err)
+		}
+		batch = append(batch, r)
+	}
+	if err := rows.Err(); err != nil {
+		return 0, fmt.Errorf("inbox: processor %s: claim: %w", p.cfg.Consumer, err)
+	}
+	if len(batch) == 0 {
+		return 0, nil
+	}
+
+	var (
+		done                  []int64
+		failIDs, failAttempts []int64
+		failErrs              []string
+		failBackoff           []int64
+		failDead              []bool
+		failedKeys            map[string]bool
+		open                  bool // a savepoint is open
+	)
+	for _, r := range batch {
+		if p.cfg.OrderByKey && r.key != "" && failedKeys[r.key] {
+			continue // an earlier row of its key failed in this batch: wait
+		}
+		sp := "SAVEPOINT millrace_inbox_row"
+		if open {
+			sp = "RELEASE SAVEPOINT millrace_inbox_row; " + sp
+		}
+		if _, err := tx.Exec(ctx, sp); err != nil {
+			return 0, fmt.Errorf("inbox: processor %s: savepoint: %w", p.cfg.Consumer, err)
+		}
+		open = true
+		msg, err := r.message(ctx, tx)
+		if err == nil {
+			err = p.call(ctx, tx, msg)
+		}
+		if err == nil {
+			done = append(done, r.id)
+			continue
+		}
+		if ctx.Err() != nil {
+			return 0, ctx.Err() // stopping: the batch rolls back, nothing is lost
+		}
+		if _, rerr := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT millrace_inbox_row"); rerr != nil {
+			return 0, fmt.Errorf("inbox: processor %s: rollback to savepoint after %v: %w", p.cfg.Consumer, err, rerr)
+		}
+		attempt := r.attempts + 1
+		if p.cfg.OnError != nil && msg != nil {
+			p.cfg.OnError(msg, attempt, err)
+		}
+		dead := attempt >= p.cfg.MaxAttempts || millrace.IsPermanent(err)
+		failIDs = append(failIDs, r.id)
+		failAttempts = append(failAttempts, int64(attempt))
+		failErrs = append(failErrs, err.Error())
+		failBackoff = append(failBackoff, p.backoff(attempt).Milliseconds())
+		failDead = append(failDead, dead)
+		if r.key != "" {
+			if failedKeys == nil {
+				failedKeys = map[string]bool{}
+			}
+			failedKeys[r.key] = true
+		}
+	}
+	if len(done) > 0 {
+		if _, err := tx.Exec(ctx, p.markDone, done); err != nil {
+			return 0, fmt.Errorf("inbox: processor %s: mark processed: %w", p.cfg.Consumer, err)
+		}
+	}
+	if len(failIDs) > 0 {
+		attempts := make([]int32, len(failAttempts))
+		for i, a := range failAttempts {
+			attempts[i] = int32(a)
+		}
+		if _, err := tx.Exec(ctx, p.markFailed, failIDs, attempts, failErrs, failBackoff, failDead); err != nil {
+			return 0, fmt.Errorf("inbox: processor %s: mark failed: %w", p.cfg.Consumer, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, fmt.Errorf("inbox: processor %s: commit: %w", p.cfg.Consumer, err)
+	}
+	return len(batch), nil
+}
+
+// call runs the handler, turning a panic into an error.
+func (p *Processor) call(ctx context.Context, tx pgx.Tx, msg *message.Message) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("inbox: handler panicked: %v", r)
+		}
+	}()
+	return p.cfg.Handler(msg.Context(), tx, msg)
+}
+
+// backoff is the wait after the attempt-th failure: MinBackoff doubled per
+// further failure, capped at MaxBackoff.
+func (p *Processor) backoff(attempt int) time.Duration {
+	d := p.cfg.MinBackoff
+	for i := 1; i < attempt && d < p.cfg.MaxBackoff; i++ {
+		d *= 2
+	}
+	return min(d, p.cfg.MaxBackoff)
+}
+
+// message rebuilds the Watermill message of a row. Its UUID is the event id.
+func (r row) message(ctx context.Context, tx pgx.Tx) (*message.Message, error) {
+	msg := message.NewMessage(r.eventID, r.payload)
+	if r.metadata != "" && r.metadata != "{}" {
+		if err := json.Unmarshal([]byte(r.metadata), &msg.Metadata); err != nil {
+			return nil, millrace.Permanent(fmt.Errorf("inbox: event %s: metadata: %w", r.eventID, err))
+		}
+	}
+	msg.SetContext(millrace.ContextWithTx(ctx, tx))
+	return msg, nil
+}
