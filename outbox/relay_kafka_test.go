@@ -1,0 +1,331 @@
+package outbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+
+	"github.com/millrace/millrace/internal/devkafka"
+	"github.com/millrace/millrace/internal/kafkatest"
+	"github.com/millrace/millrace/internal/pgtest"
+	"github.com/millrace/millrace/kafka"
+	"github.com/millrace/millrace/outbox"
+)
+
+func newKafkaPublisher(t *testing.T, brokers []string) *kafka.Publisher {
+	t.Helper()
+	p, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+// received is one message as a separate consumer group saw it.
+type received struct {
+	id, key string
+	seq     int
+}
+
+// consumer reads a topic with a fresh watermill-kafka consumer group and
+// keeps what arrives, in arrival order.
+type consumer struct {
+	mu   sync.Mutex
+	msgs []received
+	seen map[string]int
+}
+
+func consume(t *testing.T, brokers []string, topic string) *consumer {
+	t.Helper()
+	sub, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{
+		Brokers:               brokers,
+		Unmarshaler:           kafka.DefaultMarshaler(),
+		OverwriteSaramaConfig: kafka.DefaultSaramaSubscriberConfig(),
+		ConsumerGroup:         kafkatest.Group(),
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ch, err := sub.Subscribe(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &consumer{seen: map[string]int{}}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for m := range ch {
+			var body struct{ Seq int }
+			_ = json.Unmarshal(m.Payload, &body)
+			key, _ := wkafka.MessageKeyFromCtx(m.Context())
+			c.mu.Lock()
+			c.msgs = append(c.msgs, received{id: m.UUID, key: string(key), seq: body.Seq})
+			c.seen[m.UUID]++
+			c.mu.Unlock()
+			m.Ack()
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		sub.Close()
+		<-done
+	})
+	return c
+}
+
+func (c *consumer) unique() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.seen)
+}
+
+func (c *consumer) count(id string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.seen[id]
+}
+
+// checkKeyOrder fails the test unless, ignoring redeliveries, every key's
+// messages arrived in increasing seq order.
+func (c *consumer) checkKeyOrder(t *testing.T) {
+	t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	last := map[string]int{}
+	first := map[string]bool{}
+	for _, m := range c.msgs {
+		if first[m.id] {
+			continue // a duplicate of something already seen
+		}
+		first[m.id] = true
+		if prev, ok := last[m.key]; ok && m.seq <= prev {
+			t.Fatalf("key %s: seq %d arrived after seq %d", m.key, m.seq, prev)
+		}
+		last[m.key] = m.seq
+	}
+}
+
+// Four relays over 50,000 events on 1,000 keys, written while the relays
+// run: every event arrives, each key's events in commit order, as a
+// separate consumer group sees them.
+func TestFourRelaysKeepPerKeyOrder(t *testing.T) {
+	t.Parallel()
+	const events, keys, writers = 50_000, 1_000, 8
+	brokers := kafkatest.Brokers(t)
+	db := pgtest.NewWith(t, pgtest.Options{MaxConns: 16})
+	w := newWriter(t, db)
+	topic := kafkatest.Topic()
+	for i := 0; i < 4; i++ {
+		// Each relay has its own pool and producer, as separate processes would.
+		pool := pgtest.Pool(t, 4)
+		cfg := outbox.RelayConfig{Schema: db.Schema, Publisher: newKafkaPublisher(t, brokers), BatchSize: 500, LanesPerBatch: outbox.Lanes / 4}
+		r, err := outbox.NewRelay(pool, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); r.Run(ctx) }() //nolint:errcheck
+		t.Cleanup(func() { cancel(); <-done })
+	}
+	c := consume(t, brokers, topic)
+
+	// Each writer owns keys k ≡ w (mod writers) and writes their events in
+	// seq order, a few per transaction, so commit order per key is seq order.
+	var wg sync.WaitGroup
+	var failed atomic.Value
+	for wr := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx := context.Background()
+			var batch []outbox.Event
+			for seq := wr; seq < events; seq += writers {
+				batch = append(batch, outbox.Event{Topic: topic, PartitionKey: fmt.Sprintf("key-%d", seq%keys), Payload: fmt.Appendf(nil, `{"seq":%d}`, seq)})
+				if len(batch) == 25 || seq+writers >= events {
+					if _, err := w.Write(ctx, batch...); err != nil {
+						failed.Store(err)
+						return
+					}
+					batch = batch[:0]
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err, _ := failed.Load().(error); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 3*time.Minute, "all 50,000 events consumed", func() bool { return c.unique() == events })
+	c.checkKeyOrder(t)
+	if n := countRows(t, db, "outbox_pending", ""); n != 0 {
+		t.Fatalf("%d events still pending", n)
+	}
+}
+
+// A relay that dies after the broker acknowledged a batch but before its
+// mark committed publishes the batch again: a duplicate, never a loss.
+func TestCrashBetweenProduceAndMarkDuplicatesNeverLoses(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	brokers := kafkatest.Brokers(t)
+	db := pgtest.New(t)
+	w := newWriter(t, db)
+	topic := kafkatest.Topic()
+	ids := writeN(t, w, topic, 300, 10)
+
+	// The relay's pool is told apart by application_name, so the crash can
+	// kill exactly its connections.
+	app := pgtest.RandomName("relay")
+	relayPool, err := pgtest.Connect(ctx, pgtest.URL()+"&application_name="+app, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(relayPool.Close)
+	var crashed atomic.Bool
+	crashing := &afterPublish{Publisher: newKafkaPublisher(t, brokers), after: func() {
+		if crashed.CompareAndSwap(false, true) {
+			// The batch is in Kafka; its transaction dies before the mark.
+			if _, err := db.Pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, app); err != nil {
+				t.Error(err)
+			}
+		}
+	}}
+	r, err := outbox.NewRelay(relayPool, outbox.RelayConfig{Schema: db.Schema, Publisher: crashing, BatchSize: 100, OutageBackoffMax: 50 * time.Millisecond, PollOnly: true, PollInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); r.Run(rctx) }() //nolint:errcheck
+	t.Cleanup(func() { cancel(); <-done })
+
+	c := consume(t, brokers, topic)
+	eventually(t, time.Minute, "every event consumed", func() bool { return c.unique() == len(ids) })
+	eventually(t, 30*time.Second, "every event marked published", func() bool {
+		return countRows(t, db, "outbox_event", "published_at IS NOT NULL") == len(ids)
+	})
+	if !crashed.Load() {
+		t.Fatal("the crash never happened")
+	}
+	dups := 0
+	for _, id := range ids {
+		if c.count(id) > 1 {
+			dups++
+		}
+	}
+	if dups == 0 {
+		t.Fatal("no duplicates: the crash did not land between produce and mark")
+	}
+	c.checkKeyOrder(t)
+	t.Logf("%d of %d events delivered twice after the crash", dups, len(ids))
+}
+
+type afterPublish struct {
+	message.Publisher
+	after func()
+}
+
+func (p *afterPublish) Publish(topic string, msgs ...*message.Message) error {
+	err := p.Publisher.Publish(topic, msgs...)
+	if err == nil {
+		p.after()
+	}
+	return err
+}
+
+// The broker stopped for several seconds mid-run: the backlog grows, and
+// everything arrives after it returns.
+func TestBrokerOutageMidRun(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	broker, err := devkafka.Start(devkafka.Config{DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := broker.Port()
+	brokers := broker.Addrs()
+	db := pgtest.New(t)
+	w := newWriter(t, db)
+	topic := kafkatest.Topic()
+	cfg := kafka.DefaultSaramaConfig()
+	cfg.Producer.Retry.Max = 2
+	cfg.Net.DialTimeout = time.Second
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers, Sarama: cfg}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pub.Close() })
+	startRelay(t, db, outbox.RelayConfig{Publisher: pub, OutageBackoffMax: 200 * time.Millisecond, BatchSize: 200})
+
+	first := writeN(t, w, topic, 1000, 20)
+	eventually(t, 30*time.Second, "first half published", func() bool {
+		return countRows(t, db, "outbox_event", "published_at IS NOT NULL") == len(first)
+	})
+	broker.Close()
+	second := writeN(t, w, topic, 1000, 20)
+	// Several seconds down: nothing can be published, nothing is charged.
+	time.Sleep(3 * time.Second)
+	if n := countRows(t, db, "outbox_pending", ""); n != len(second) {
+		t.Fatalf("%d pending during the outage, want %d", n, len(second))
+	}
+	if n := countRows(t, db, "outbox_event", "attempts > 0"); n != 0 {
+		t.Fatalf("%d events charged attempts during the outage", n)
+	}
+	broker, err = devkafka.Start(devkafka.Config{Port: port, DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(broker.Close)
+	eventually(t, time.Minute, "backlog drained after the outage", func() bool { return countRows(t, db, "outbox_pending", "") == 0 })
+	c := consume(t, brokers, topic)
+	eventually(t, time.Minute, "all 2,000 events consumed", func() bool { return c.unique() == len(first)+len(second) })
+	for _, id := range append(first, second...) {
+		if c.count(id) == 0 {
+			t.Fatalf("event %s lost", id)
+		}
+	}
+}
+
+// A message the broker side rejects for good is dead-lettered with its
+// reason after MaxAttempts, while everything else keeps flowing.
+func TestPoisonMessageDeadLetteredOthersFlow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	brokers := kafkatest.Brokers(t)
+	db := pgtest.New(t)
+	w := newWriter(t, db)
+	topic := kafkatest.Topic()
+	huge := `{"blob":"` + strings.Repeat("x", 2<<20) + `"}` // over the producer's 1 MB limit
+	poison, err := w.Write(ctx, outbox.Event{Topic: topic, PartitionKey: "poison", Payload: []byte(huge)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := writeN(t, w, topic, 500, 10)
+	startRelay(t, db, outbox.RelayConfig{Publisher: newKafkaPublisher(t, brokers), MaxAttempts: 3, RetryMin: time.Millisecond, RetryMax: 10 * time.Millisecond, PollInterval: 10 * time.Millisecond})
+	c := consume(t, brokers, topic)
+	eventually(t, time.Minute, "other events consumed", func() bool { return c.unique() == len(ids) })
+	eventually(t, 30*time.Second, "poison dead-lettered", func() bool {
+		return countRows(t, db, "outbox_event", "dead_at IS NOT NULL AND attempts = 3") == 1
+	})
+	var reason string
+	if err := db.Pool.QueryRow(ctx, `SELECT last_error FROM "`+db.Schema+`".outbox_event WHERE event_id = $1`, poison[0]).Scan(&reason); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(strings.ToLower(reason), "too large") {
+		t.Fatalf("dead letter reason %q does not say why", reason)
+	}
+	if c.count(poison[0]) != 0 {
+		t.Fatal("poison message reached the broker")
+	}
+}
