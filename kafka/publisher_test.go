@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -445,7 +447,6 @@ func TestPublishConcurrently(t *testing.T) {
 			}
 		})
 	}
-	// Close waits for the Publish calls in progress; those after it fail.
 	wg.Wait()
 	close(errs)
 	for err := range errs {
@@ -455,6 +456,70 @@ func TestPublishConcurrently(t *testing.T) {
 	}
 	if n := recordCount(t, brokers, topic); n != goroutines*batches*size {
 		t.Fatalf("topic holds %d records, want %d", n, goroutines*batches*size)
+	}
+}
+
+// TestCloseWhilePublishing closes the publisher under concurrent Publish
+// calls: each call either delivers its whole batch or fails every message
+// with ErrClosed, and nothing panics (sarama's input channel is closed by
+// then).
+func TestCloseWhilePublishing(t *testing.T) {
+	t.Parallel()
+	brokers := kafkatest.Brokers(t)
+	topic := kafkatest.Topic()
+	p, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	const goroutines, size = 4, 50
+	var delivered atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, goroutines)
+	for g := range goroutines {
+		wg.Go(func() {
+			for b := 0; ; b++ {
+				var msgs []*message.Message
+				for i := range size {
+					msgs = append(msgs, newMessage((g*1000+b)*size+i, "g"+strconv.Itoa(g)))
+				}
+				err := p.Publish(topic, msgs...)
+				if err == nil {
+					delivered.Add(size)
+					continue
+				}
+				var be *millrace.BatchError
+				if !errors.As(err, &be) || len(be.Errors) != size {
+					errs <- fmt.Errorf("Publish: %v, want nil or a BatchError naming all %d messages", err, size)
+					return
+				}
+				for _, me := range be.Errors {
+					if !errors.Is(me.Err, kafka.ErrClosed) {
+						errs <- fmt.Errorf("message %s: %v, want ErrClosed", me.UUID, me.Err)
+						return
+					}
+				}
+				return
+			}
+		})
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for delivered.Load() < goroutines*size*3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d messages delivered before the deadline", delivered.Load())
+		}
+		runtime.Gosched()
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if n := recordCount(t, brokers, topic); n != delivered.Load() {
+		t.Fatalf("topic holds %d records, %d were reported delivered", n, delivered.Load())
 	}
 }
 
