@@ -58,10 +58,14 @@
 // Everything else is retryable: brokers down or unreachable, timeouts,
 // leadership changes, unknown topics, cluster-wide authorization or
 // configuration faults (marking those permanent would dead-letter every
-// message), and ErrClosed after Close. After an outage, sarama's per-topic
-// circuit breaker, which is not configurable, may fail records with "circuit
-// breaker is open" for up to 10 seconds after the brokers are back; retry
-// them.
+// message), and ErrClosed after Close.
+//
+// During an outage sarama's producer opens a per-topic circuit breaker (not
+// configurable) that would refuse records with "circuit breaker is open" for
+// 10 seconds even after the brokers are back. When a Publish meets an open
+// breaker, the Publisher replaces its producer with a new one as soon as the
+// brokers answer (trying at most once a second), so delivery resumes about a
+// second after they return; retry the failed messages meanwhile.
 //
 // When a message fails, later messages of the same partition key in the same
 // call may still have been delivered. A caller that must keep the order per

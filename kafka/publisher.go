@@ -5,11 +5,14 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/eapache/go-resiliency/breaker"
 
 	"github.com/millrace/millrace"
 )
@@ -78,8 +81,10 @@ func partitionKeyFromMetadata(_ string, msg *message.Message) (string, error) {
 // in the package documentation).
 type Publisher struct {
 	brokers   []string
+	sarama    *sarama.Config
 	marshaler wkafka.Marshaler
 	logger    watermill.LoggerAdapter
+	lastRenew atomic.Int64 // unix nanoseconds of the last renewProducer attempt
 
 	mu       sync.RWMutex // held for reading by Publish, for writing by Close
 	closed   bool
@@ -131,6 +136,7 @@ func NewPublisher(cfg PublisherConfig, logger watermill.LoggerAdapter) (*Publish
 	}
 	return &Publisher{
 		brokers:   append([]string(nil), cfg.Brokers...),
+		sarama:    sc,
 		marshaler: marshaler,
 		logger:    logger,
 		producer:  producer,
@@ -147,10 +153,57 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
+	breakerOpen, err := p.publish(topic, msgs)
+	if breakerOpen {
+		p.renewProducer()
+	}
+	return err
+}
+
+// renewInterval is the least time between two attempts to replace a producer
+// whose circuit breaker is open.
+const renewInterval = time.Second
+
+// renewProducer replaces the producer with a new one when the brokers answer
+// again. Sarama's producer keeps a circuit breaker per topic that opens after
+// three failures to look up the topic's partitions (brokers down) and then
+// refuses every record for 10 seconds, even once the brokers are back; a
+// new producer has closed breakers. It tries at most once per
+// renewInterval and keeps the old producer while the brokers stay away.
+func (p *Publisher) renewProducer() {
+	now := time.Now().UnixNano()
+	last := p.lastRenew.Load()
+	if now-last < int64(renewInterval) || !p.lastRenew.CompareAndSwap(last, now) {
+		return
+	}
+	np, err := sarama.NewSyncProducer(p.brokers, p.sarama)
+	if err != nil {
+		p.logger.Debug("Kafka producer not renewed: brokers still unreachable", watermill.LogFields{"err": err})
+		return
+	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		np.Close()
+		return
+	}
+	old := p.producer
+	p.producer = np
+	p.mu.Unlock()
+	// No Publish uses old any more: they all held the read lock.
+	if err := old.Close(); err != nil {
+		p.logger.Debug("Closing the replaced Kafka producer", watermill.LogFields{"err": err})
+	}
+	p.logger.Info("Kafka producer renewed after its circuit breaker opened", nil)
+}
+
+// publish is Publish under the read lock. breakerOpen reports that some
+// record failed on the producer's open circuit breaker.
+func (p *Publisher) publish(topic string, msgs []*message.Message) (breakerOpen bool, err error) {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	if p.closed {
-		return failAll(msgs, ErrClosed)
+		return false, failAll(msgs, ErrClosed)
 	}
 
 	bp := p.getBatch(len(msgs))
@@ -179,12 +232,18 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 		}
 	}
 	if len(failed) == 0 {
-		return nil
+		return false, nil
 	}
 	p.logger.Debug("Kafka batch partly failed", watermill.LogFields{
 		"topic": topic, "messages": len(msgs), "failed": len(failed),
 	})
-	return &millrace.BatchError{Errors: failed}
+	for _, me := range failed {
+		if errors.Is(me.Err, breaker.ErrBreakerOpen) {
+			breakerOpen = true
+			break
+		}
+	}
+	return breakerOpen, &millrace.BatchError{Errors: failed}
 }
 
 // appendSendErrors turns the error of SendMessages into one MessageError per
