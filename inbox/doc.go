@@ -1,0 +1,85 @@
+// Package inbox gives Watermill consumers exactly-once effects on
+// PostgreSQL (rule R-DIST-OBX-2), in two ways.
+//
+// # Dedup middleware (the default)
+//
+// A Deduplicator's Middleware runs each message's handler in a PostgreSQL
+// transaction that also inserts (consumer, event id) into processed_event
+// with ON CONFLICT DO NOTHING. The handler finds the transaction with
+// TxFromContext(msg.Context()) and writes its effects with it; events it
+// emits through the outbox (outbox.Writer.WriteTx, or the Writer's
+// ContextPublisher, which picks the transaction from the message context)
+// commit in the same transaction. So the effects, the dedup mark and the
+// outgoing events commit together or not at all:
+//
+//   - a duplicate delivery finds the mark and is acknowledged without
+//     running the handler;
+//   - a handler error rolls everything back, the mark too, and the error
+//     goes back to Watermill, so Retry or the broker's redelivery runs the
+//     handler again (Watermill's in-memory Deduplicator marks before
+//     handling and would lose such a message);
+//   - a crash mid-handler leaves nothing: the transaction dies with the
+//     connection.
+//
+//	dedup, _ := inbox.NewDeduplicator(pool, inbox.DedupConfig{Consumer: "billing"})
+//	poison, _ := middleware.PoisonQueue(publisher, "billing.poison")
+//	retry := middleware.Retry{MaxRetries: 5, InitialInterval: 100 * time.Millisecond, ShouldRetry: inbox.ShouldRetry}
+//	h := router.AddConsumerHandler("billing", "orders", subscriber, handle)
+//	h.AddMiddleware(poison, retry.Middleware, dedup.Middleware) // this order
+//
+// Order the middleware as above: PoisonQueue outermost, then Retry, then
+// the dedup innermost, so that every retry is a fresh transaction.
+//
+// # Event ids
+//
+// The event id comes from metadata "event_id" (millrace.MetadataEventID,
+// set by the outbox relay), else the Watermill message UUID; set
+// DedupConfig.EventID to choose otherwise. It must be a UUID. A message
+// without a usable id fails with an error wrapping ErrNoEventID that names
+// the message and is millrace.Permanent; it is never passed silently.
+// inbox.ShouldRetry skips retrying it, and PoisonQueue publishes it to the
+// poison topic with the reason in metadata "reason_poisoned". With plain
+// PoisonQueue every error that outlives Retry is poisoned; with
+// PoisonQueueWithFilter(pub, topic, millrace.IsPermanent) only permanent
+// ones are, and the others are nacked for redelivery.
+//
+// A retry topic and a dead-letter topic chain the same way: the main
+// handler's PoisonQueue publishes to the retry topic, and a handler on the
+// retry topic, with the same Deduplicator (same consumer name) and a
+// PoisonQueue to the dead-letter topic, applies each event at most once
+// whichever copy arrives first.
+//
+// # Store-then-process inbox
+//
+// For bursts and critical flows, a Receiver stores each message in
+// inbox_event (ON CONFLICT DO NOTHING: redeliveries are ignored) and returns,
+// so the broker is acknowledged at once; Receiver.Handle is a Watermill
+// NoPublishHandlerFunc, and Receive/ReceiveTx store many messages in one
+// statement. A Processor applies the stored messages at its own pace: each
+// batch claims unprocessed rows with FOR UPDATE SKIP LOCKED (any number of
+// processors share the work and never apply a row twice), runs the handler
+// for each row under a savepoint in the batch's transaction, and marks the
+// row processed in that transaction. A failure rolls back that row's writes
+// and records attempts, last_error and next_attempt_at (capped exponential
+// backoff); after MaxAttempts, or at once for a millrace.Permanent error,
+// the row is dead-lettered. DeadLetters lists, requeues and discards them.
+// With OrderByKey, rows with the same partition key are applied in arrival
+// order, and a key whose row is waiting (backing off, dead, or in another
+// processor's batch) holds its later rows. Several processors with
+// OrderByKey stay correct but contend for the same keys; one Processor
+// (with a larger BatchSize) drains an ordered inbox as fast.
+//
+// # Retention
+//
+// A Cleaner deletes processed_event marks and processed inbox rows older
+// than its Retention window (default 7 days), in small batches. The window
+// must outlast the longest redelivery or replay horizon (broker retention
+// you may rewind over, replays from the outbox, the longest outage after
+// which old messages may still arrive): a duplicate that arrives after its
+// mark was deleted is applied again.
+//
+// # Tables
+//
+// Migration 002_inbox (package migrations) creates processed_event and
+// inbox_event in millrace's schema; every Config takes the schema name.
+package inbox
