@@ -14,20 +14,20 @@
 //
 //   - a duplicate delivery finds the mark and is acknowledged without
 //     running the handler;
-//
 //   - a handler error rolls everything back, the mark too, and the error
 //     goes back to Watermill, so Retry or the broker's redelivery runs the
 //     handler again (Watermill's in-memory Deduplicator marks before
 //     handling and would lose such a message);
-//
 //   - a crash mid-handler leaves nothing: the transaction dies with the
 //     connection.
 //
-//     dedup, _ := inbox.NewDeduplicator(pool, inbox.DedupConfig{Consumer: "billing"})
-//     poison, _ := middleware.PoisonQueue(publisher, "billing.poison")
-//     retry := middleware.Retry{MaxRetries: 5, InitialInterval: 100 * time.Millisecond, ShouldRetry: inbox.ShouldRetry}
-//     h := router.AddConsumerHandler("billing", "orders", subscriber, handle)
-//     h.AddMiddleware(poison, retry.Middleware, dedup.Middleware) // this order
+// Wire it into a Router like this:
+//
+//	dedup, _ := inbox.NewDeduplicator(pool, inbox.DedupConfig{Consumer: "billing"})
+//	poison, _ := middleware.PoisonQueue(publisher, "billing.poison")
+//	retry := middleware.Retry{MaxRetries: 5, InitialInterval: 100 * time.Millisecond, ShouldRetry: inbox.ShouldRetry}
+//	h := router.AddConsumerHandler("billing", "orders", subscriber, handle)
+//	h.AddMiddleware(poison, retry.Middleware, dedup.Middleware) // this order
 //
 // Order the middleware as above: PoisonQueue outermost, then Retry, then
 // the dedup innermost, so that every retry is a fresh transaction.
