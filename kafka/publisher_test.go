@@ -533,9 +533,31 @@ func TestCloseWhilePublishing(t *testing.T) {
 	}
 }
 
+// BenchmarkPublish publishes batches of 1000 messages on 100 keys (an op is
+// one batch) to the embedded broker, in this process, or to the cluster in
+// KAFKA_BROKERS (for example a millrace-kafka process).
 func BenchmarkPublish(b *testing.B) {
-	broker := kafkatest.Embedded(b, devkafka.Config{})
-	p := newPublisher(b, broker.Addrs(), nil)
+	p := newPublisher(b, kafkatest.Brokers(b), nil)
+	benchmarkPublisher(b, p)
+}
+
+// BenchmarkPublishWatermillKafka is the baseline: watermill-kafka v3's
+// Publisher, which sends one message at a time, with the same producer
+// settings and messages.
+func BenchmarkPublishWatermillKafka(b *testing.B) {
+	p, err := wkafka.NewPublisher(wkafka.PublisherConfig{
+		Brokers:               kafkatest.Brokers(b),
+		Marshaler:             kafka.DefaultMarshaler(),
+		OverwriteSaramaConfig: kafka.DefaultSaramaConfig(),
+	}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close()
+	benchmarkPublisher(b, p)
+}
+
+func benchmarkPublisher(b *testing.B, p message.Publisher) {
 	topic := kafkatest.Topic()
 	const batch = 1000
 	msgs := make([]*message.Message, batch)
