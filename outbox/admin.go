@@ -1,0 +1,451 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/millrace/millrace/internal/sqlident"
+)
+
+// Errors of the operator API.
+var (
+	// ErrEmptyReplayFilter is returned by Replay for a filter that selects
+	// nothing in particular: set at least one field, or All to replay every
+	// published event retention kept.
+	ErrEmptyReplayFilter = errors.New("outbox: replay filter is empty (set a field, or All: true to replay the whole log)")
+	// ErrInvalidReplayFilter is returned by Replay for a filter whose ranges
+	// make no sense (To before From, ToID below FromID, negative ids).
+	ErrInvalidReplayFilter = errors.New("outbox: invalid replay filter")
+)
+
+// AdminConfig configures an Admin.
+type AdminConfig struct {
+	// Schema holds millrace's tables. Defaults to "millrace".
+	Schema string
+	// StatsCountLimit is the most pending rows Stats counts exactly; above
+	// it Stats.Pending is the planner's estimate of the table size
+	// (pg_class.reltuples, fresh after autovacuum or ANALYZE) and
+	// Stats.PendingEstimated is set. Defaults to 100,000.
+	StatsCountLimit int
+	// ReplayChunk is how many log rows one statement of Replay puts back
+	// into the pending set. Defaults to 10,000.
+	ReplayChunk int
+}
+
+// Admin is the operator API of the outbox: it lists, requeues and discards
+// dead letters, replays published events, and reports the size of the
+// backlog. It is safe for concurrent use, also with running relays.
+type Admin struct {
+	pool        *pgxpool.Pool
+	countLimit  int
+	replayChunk int
+	pendingRel  string
+	channel     string
+
+	listDead  string
+	requeue   string
+	discard   string
+	replay    string
+	stats     string
+	notifySQL string
+}
+
+// NewAdmin returns an Admin on pool.
+func NewAdmin(pool *pgxpool.Pool, cfg AdminConfig) (*Admin, error) {
+	if pool == nil {
+		return nil, errors.New("outbox: NewAdmin needs a pool")
+	}
+	schema, err := sqlident.Schema(cfg.Schema)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.StatsCountLimit < 0 || cfg.ReplayChunk < 0 {
+		return nil, fmt.Errorf("outbox: AdminConfig: StatsCountLimit and ReplayChunk must not be negative")
+	}
+	if cfg.StatsCountLimit == 0 {
+		cfg.StatsCountLimit = 100_000
+	}
+	if cfg.ReplayChunk == 0 {
+		cfg.ReplayChunk = 10_000
+	}
+	event := sqlident.Table(schema, "outbox_event")
+	pending := sqlident.Table(schema, "outbox_pending")
+	a := &Admin{
+		pool:        pool,
+		countLimit:  cfg.StatsCountLimit,
+		replayChunk: cfg.ReplayChunk,
+		pendingRel:  pending,
+		channel:     notifyChannel(schema),
+		notifySQL:   `SELECT pg_notify($1, '')`,
+	}
+
+	// Dead rows are always blocked too, so "p.blocked" lets the planner use
+	// the small partial index outbox_pending_blocked_idx instead of
+	// scanning the whole pending set.
+	a.listDead = fmt.Sprintf(`SELECT e.id, e.event_id::text, e.topic, e.partition_key, e.aggregate_type, e.aggregate_id,
+       e.event_type, e.attempts, coalesce(e.last_error, ''), e.created_at, e.dead_at,
+       coalesce(convert_to(e.payload::text, 'UTF8'), e.payload_bytes), e.payload IS NULL, e.headers
+  FROM %[1]s p JOIN %[2]s e ON e.id = p.id
+ WHERE p.blocked AND p.dead AND p.id > $1
+   AND ($2 = '' OR e.topic = $2)
+   AND ($3 = '' OR p.partition_key = $3)
+ ORDER BY p.id
+ LIMIT $4`, pending, event)
+
+	// Requeue and discard find the rows by event_id (its unique index),
+	// then the pending row by primary key. The "p.dead" condition is
+	// rechecked on the locked row, so a dead letter requeued and discarded
+	// at the same time ends up in exactly one of the two.
+	a.requeue = fmt.Sprintf(`WITH pend AS (
+    UPDATE %[1]s p SET dead = false, blocked = false, next_attempt_at = NULL
+      FROM %[2]s e
+     WHERE e.event_id = ANY($1::uuid[]) AND p.id = e.id AND p.dead
+    RETURNING p.id
+)
+UPDATE %[2]s e SET dead_at = NULL, attempts = 0, next_attempt_at = NULL
+  FROM pend WHERE e.id = pend.id`, pending, event)
+
+	a.discard = fmt.Sprintf(`WITH pend AS (
+    DELETE FROM %[1]s p
+     USING %[2]s e
+     WHERE e.event_id = ANY($1::uuid[]) AND p.id = e.id AND p.dead
+    RETURNING p.id
+)
+UPDATE %[2]s e SET discarded_at = now()
+  FROM pend WHERE e.id = pend.id`, pending, event)
+
+	// Replay walks the log in id order (primary key), a chunk at a time.
+	// FOR KEY SHARE keeps a Cleaner from deleting a selected row before the
+	// pending row that points to it commits (it does not block the relay's
+	// mark, a non-key update).
+	// The filter's fields are parameters; an unset one ($n IS NULL or '')
+	// matches everything. A time range alone is served by
+	// outbox_event_created_at_idx when the planner finds it selective.
+	a.replay = fmt.Sprintf(`WITH sel AS (
+    SELECT id, lane, partition_key
+      FROM %[2]s
+     WHERE id > $1 AND id <= $2
+       AND published_at IS NOT NULL
+       AND ($3::timestamptz IS NULL OR created_at >= $3)
+       AND ($4::timestamptz IS NULL OR created_at < $4)
+       AND ($5 = '' OR aggregate_type = $5)
+       AND ($6 = '' OR aggregate_id = $6)
+       AND ($7 = '' OR event_type = $7)
+       AND ($8 = '' OR topic = $8)
+     ORDER BY id
+     LIMIT $9
+       FOR KEY SHARE
+), ins AS (
+    INSERT INTO %[1]s (id, lane, partition_key)
+    SELECT id, lane, partition_key FROM sel
+    ON CONFLICT (id) DO NOTHING
+    RETURNING 1
+)
+SELECT (SELECT max(id) FROM sel), (SELECT count(*) FROM sel), (SELECT count(*) FROM ins)`, pending, event)
+
+	// One round trip. The exact count stops at the limit; the oldest
+	// pending event is the first not-dead entry of the pending primary key
+	// and then a primary-key lookup in the log.
+	a.stats = fmt.Sprintf(`SELECT
+    (SELECT count(*) FROM (SELECT 1 FROM %[1]s WHERE NOT dead LIMIT $1) s),
+    (SELECT count(*) FROM %[1]s WHERE blocked AND dead),
+    (SELECT count(*) FROM %[1]s WHERE blocked AND NOT dead),
+    (SELECT reltuples::bigint FROM pg_class WHERE oid = $2::text::regclass),
+    (SELECT extract(epoch FROM now() - e.created_at)::float8 FROM %[2]s e
+      WHERE e.id = (SELECT id FROM %[1]s WHERE NOT dead ORDER BY id LIMIT 1))`, pending, event)
+	return a, nil
+}
+
+// dbtx is what the Admin needs of a pool or a transaction.
+type dbtx interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// DeadLetter is an event the relay gave up on after its last attempt. It
+// stays in the pending set, and by default holds back the later events of
+// its partition key, until an operator requeues or discards it.
+type DeadLetter struct {
+	ID            int64 // row id in outbox_event; order and paging key
+	EventID       string
+	Topic         string
+	PartitionKey  string
+	AggregateType string
+	AggregateID   string
+	EventType     string
+	Attempts      int
+	LastError     string // why the last attempt failed
+	CreatedAt     time.Time
+	DeadAt        time.Time
+	Payload       []byte
+	Binary        bool
+	Metadata      map[string]string
+}
+
+// ListParams selects dead letters.
+type ListParams struct {
+	// Limit is the most dead letters returned. Defaults to 100.
+	Limit int
+	// AfterID returns only dead letters with a row id above it: pass the
+	// last ID of one page to get the next. Defaults to 0 (from the first).
+	AfterID int64
+	// Topic keeps only dead letters of this topic. Defaults to any.
+	Topic string
+	// PartitionKey keeps only dead letters of this key. Defaults to any.
+	PartitionKey string
+}
+
+// ListDeadLetters returns dead letters in row id order.
+func (a *Admin) ListDeadLetters(ctx context.Context, p ListParams) ([]DeadLetter, error) {
+	if p.Limit < 0 || p.AfterID < 0 {
+		return nil, fmt.Errorf("outbox: list dead letters: Limit and AfterID must not be negative")
+	}
+	if p.Limit == 0 {
+		p.Limit = 100
+	}
+	rows, err := a.pool.Query(ctx, a.listDead, p.AfterID, p.Topic, p.PartitionKey, p.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: list dead letters: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (DeadLetter, error) {
+		var (
+			d      DeadLetter
+			deadAt *time.Time
+		)
+		err := row.Scan(&d.ID, &d.EventID, &d.Topic, &d.PartitionKey, &d.AggregateType, &d.AggregateID,
+			&d.EventType, &d.Attempts, &d.LastError, &d.CreatedAt, &deadAt,
+			&d.Payload, &d.Binary, &d.Metadata)
+		if deadAt != nil {
+			d.DeadAt = *deadAt
+		}
+		return d, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: list dead letters: %w", err)
+	}
+	return out, nil
+}
+
+// Requeue makes dead letters pending again, in a transaction of its own:
+// the relay retries them from the first attempt (their last error is kept
+// for history). Ids that are not dead letters are ignored; the count says
+// how many were requeued. An id that is not a UUID fails the whole call
+// with an error wrapping ErrInvalidEventID.
+func (a *Admin) Requeue(ctx context.Context, eventIDs ...string) (int, error) {
+	return a.requeueOn(ctx, a.pool, eventIDs)
+}
+
+// RequeueTx is Requeue in the caller's transaction.
+func (a *Admin) RequeueTx(ctx context.Context, tx pgx.Tx, eventIDs ...string) (int, error) {
+	return a.requeueOn(ctx, tx, eventIDs)
+}
+
+func (a *Admin) requeueOn(ctx context.Context, db dbtx, eventIDs []string) (int, error) {
+	return a.deadLetterOp(ctx, db, "requeue", a.requeue, eventIDs)
+}
+
+// Discard drops dead letters for good, in a transaction of its own: they
+// leave the pending set, their log rows are marked discarded (and removed
+// by the Cleaner after the retention period), and the later events of
+// their keys flow again. Ids that are not dead letters are ignored; the
+// count says how many were discarded. An id that is not a UUID fails the
+// whole call with an error wrapping ErrInvalidEventID.
+func (a *Admin) Discard(ctx context.Context, eventIDs ...string) (int, error) {
+	return a.deadLetterOp(ctx, a.pool, "discard", a.discard, eventIDs)
+}
+
+// DiscardTx is Discard in the caller's transaction.
+func (a *Admin) DiscardTx(ctx context.Context, tx pgx.Tx, eventIDs ...string) (int, error) {
+	return a.deadLetterOp(ctx, tx, "discard", a.discard, eventIDs)
+}
+
+func (a *Admin) deadLetterOp(ctx context.Context, db dbtx, op, sql string, eventIDs []string) (int, error) {
+	ids, err := parseEventIDs(op, eventIDs)
+	if err != nil || len(ids) == 0 {
+		return 0, err
+	}
+	tag, err := db.Exec(ctx, sql, ids)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: %s: %w", op, err)
+	}
+	n := int(tag.RowsAffected())
+	if n > 0 {
+		// Wake the relays: requeued events are due now, and a discarded
+		// dead letter unblocks the events behind it.
+		if _, err := db.Exec(ctx, a.notifySQL, a.channel); err != nil {
+			return 0, fmt.Errorf("outbox: %s: wake relays: %w", op, err)
+		}
+	}
+	return n, nil
+}
+
+func parseEventIDs(op string, eventIDs []string) ([]uuid.UUID, error) {
+	ids := make([]uuid.UUID, 0, len(eventIDs))
+	for _, s := range eventIDs {
+		id, err := uuid.Parse(s)
+		if err != nil {
+			return nil, fmt.Errorf("outbox: %s: event id %q: %w: %v", op, s, ErrInvalidEventID, err)
+		}
+		ids = append(ids, id)
+	}
+	return ids, nil
+}
+
+// ReplayFilter selects published events to publish again. Fields are
+// combined with AND; a zero field does not filter.
+type ReplayFilter struct {
+	// From and To bound created_at: From <= created_at < To.
+	From, To time.Time
+	// FromID and ToID bound the log's row id (as in DeadLetter.ID; ids
+	// follow the order events were written in): FromID <= id <= ToID.
+	FromID, ToID int64
+	// AggregateType, AggregateID, EventType and Topic must match exactly.
+	AggregateType string
+	AggregateID   string
+	EventType     string
+	Topic         string
+	// All must be set to replay with an otherwise empty filter, that is
+	// every published event retention kept.
+	All bool
+}
+
+func (f ReplayFilter) empty() bool {
+	return f.From.IsZero() && f.To.IsZero() && f.FromID == 0 && f.ToID == 0 &&
+		f.AggregateType == "" && f.AggregateID == "" && f.EventType == "" && f.Topic == ""
+}
+
+func (f ReplayFilter) validate() error {
+	if f.empty() && !f.All {
+		return ErrEmptyReplayFilter
+	}
+	if f.FromID < 0 || f.ToID < 0 {
+		return fmt.Errorf("%w: negative id", ErrInvalidReplayFilter)
+	}
+	if f.ToID != 0 && f.ToID < f.FromID {
+		return fmt.Errorf("%w: ToID %d is below FromID %d", ErrInvalidReplayFilter, f.ToID, f.FromID)
+	}
+	if !f.From.IsZero() && !f.To.IsZero() && !f.From.Before(f.To) {
+		return fmt.Errorf("%w: To %s is not after From %s", ErrInvalidReplayFilter, f.To, f.From)
+	}
+	return nil
+}
+
+// Replay publishes again the published events that filter selects, with
+// their original event ids (R-DIST-OBX-3: rebuilding a read model from the
+// log). It puts them back into the pending set and the relays publish them
+// again, in id order per partition key. It works in chunks of
+// AdminConfig.ReplayChunk rows, each a statement and transaction of its
+// own, so a large replay holds no long locks; if it fails midway, the
+// chunks before stay replayed and running it again is safe. It returns how
+// many events it queued.
+//
+// Only what the Cleaner kept can be replayed: events older than the
+// retention period are gone. Events not yet published (pending, dead or
+// discarded) are never selected, and an event already queued for replay
+// is not queued twice. Consumers that deduplicate on the event id (the
+// inbox) skip replayed events they have seen: rebuild a read model under a
+// new consumer name, or clear its processed marks first.
+func (a *Admin) Replay(ctx context.Context, filter ReplayFilter) (int64, error) {
+	return a.replayOn(ctx, a.pool, filter)
+}
+
+// ReplayTx is Replay in the caller's transaction: the events are queued
+// when tx commits, all or none. Prefer Replay for large selections: here
+// every queued row stays locked until tx ends.
+func (a *Admin) ReplayTx(ctx context.Context, tx pgx.Tx, filter ReplayFilter) (int64, error) {
+	return a.replayOn(ctx, tx, filter)
+}
+
+func (a *Admin) replayOn(ctx context.Context, db dbtx, f ReplayFilter) (int64, error) {
+	if err := f.validate(); err != nil {
+		return 0, err
+	}
+	var from, to *time.Time
+	if !f.From.IsZero() {
+		from = &f.From
+	}
+	if !f.To.IsZero() {
+		to = &f.To
+	}
+	cursor := int64(0)
+	if f.FromID > 0 {
+		cursor = f.FromID - 1
+	}
+	upper := int64(1<<63 - 1)
+	if f.ToID > 0 {
+		upper = f.ToID
+	}
+	var total int64
+	for {
+		var (
+			last        *int64
+			selected, n int64
+		)
+		err := db.QueryRow(ctx, a.replay, cursor, upper, from, to,
+			f.AggregateType, f.AggregateID, f.EventType, f.Topic, a.replayChunk).Scan(&last, &selected, &n)
+		if err != nil {
+			return total, fmt.Errorf("outbox: replay after id %d: %w", cursor, err)
+		}
+		total += n
+		if n > 0 {
+			if _, err := db.Exec(ctx, a.notifySQL, a.channel); err != nil {
+				return total, fmt.Errorf("outbox: replay: wake relays: %w", err)
+			}
+		}
+		if last == nil || selected < int64(a.replayChunk) {
+			return total, nil
+		}
+		cursor = *last
+	}
+}
+
+// Stats is a snapshot of the outbox backlog.
+type Stats struct {
+	// Pending counts events waiting to be published, including those
+	// waiting for a retry, not dead letters.
+	Pending int64
+	// PendingEstimated is set when Pending is above
+	// AdminConfig.StatsCountLimit and so an estimate.
+	PendingEstimated bool
+	// Dead counts dead letters.
+	Dead int64
+	// Blocked counts events that failed and wait for a retry (not dead).
+	Blocked int64
+	// OldestPendingAge is how long ago the oldest pending event (lowest
+	// id, not dead) was written; zero when nothing is pending.
+	OldestPendingAge time.Duration
+}
+
+// Stats reports the size of the backlog in one round trip. It is cheap
+// enough for a metrics scrape: the pending count stops at
+// AdminConfig.StatsCountLimit rows, dead and blocked rows are counted on a
+// small partial index, and the oldest pending event is found by primary key.
+func (a *Admin) Stats(ctx context.Context) (Stats, error) {
+	var (
+		s         Stats
+		reltuples *int64
+		age       *float64
+	)
+	err := a.pool.QueryRow(ctx, a.stats, a.countLimit+1, a.pendingRel).
+		Scan(&s.Pending, &s.Dead, &s.Blocked, &reltuples, &age)
+	if err != nil {
+		return Stats{}, fmt.Errorf("outbox: stats: %w", err)
+	}
+	if s.Pending > int64(a.countLimit) {
+		s.PendingEstimated = true
+		if reltuples != nil && *reltuples-s.Dead > s.Pending {
+			s.Pending = *reltuples - s.Dead
+		}
+	}
+	if age != nil && *age > 0 {
+		s.OldestPendingAge = time.Duration(*age * float64(time.Second))
+	}
+	return s, nil
+}
