@@ -34,7 +34,8 @@ type RelayConfig struct {
 	// Defaults to 1000.
 	BatchSize int
 	// Workers is the number of batches in flight at once in this relay,
-	// each on its own lanes. Defaults to 1.
+	// each on its own lanes, so that one batch is published while another
+	// is claimed or marked. Defaults to 2.
 	Workers int
 	// PollInterval is how often the relay looks for events when it has no
 	// hint of new ones. Defaults to 500ms. After finding work it looks
@@ -60,7 +61,7 @@ type RelayConfig struct {
 	// per-key order holds, until the dead letter is requeued or discarded.
 	SkipDeadLetteredKeys bool
 	// LanesPerBatch is the most lanes one batch takes. Lower it to spread
-	// work over many relays more evenly. Defaults to Lanes (all).
+	// work over many relays more evenly. Defaults to Lanes/Workers.
 	LanesPerBatch int
 	// Metrics, if set, counts what the relay does.
 	Metrics *Metrics
@@ -73,7 +74,7 @@ func (c *RelayConfig) setDefaults() {
 		c.BatchSize = 1000
 	}
 	if c.Workers == 0 {
-		c.Workers = 1
+		c.Workers = 2
 	}
 	if c.PollInterval == 0 {
 		c.PollInterval = 500 * time.Millisecond
@@ -91,7 +92,7 @@ func (c *RelayConfig) setDefaults() {
 		c.OutageBackoffMax = 10 * time.Second
 	}
 	if c.LanesPerBatch == 0 {
-		c.LanesPerBatch = Lanes
+		c.LanesPerBatch = max(1, Lanes/c.Workers)
 	}
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
@@ -132,8 +133,8 @@ type Relay struct {
 	schema string
 	log    watermill.LoggerAdapter
 
-	lockLanes, claim, markPublished, markFailed string
-	channel                                     string
+	claim, markPublished, markFailed string
+	channel                          string
 
 	wake chan struct{}
 }
@@ -161,22 +162,25 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 		channel: notifyChannel(schema),
 		wake:    make(chan struct{}, 1),
 	}
-	// Lanes are taken from a rotating start so that relays and workers do
-	// not all queue on lane 0. Index: outbox_lane's primary key.
-	r.lockLanes = fmt.Sprintf(`SELECT lane FROM %s ORDER BY (lane + $1) %% %d LIMIT $2 FOR NO KEY UPDATE SKIP LOCKED`, lanes, Lanes)
-	// The claim walks outbox_pending's primary key in id order. A key with
-	// a failing (or, unless skipped, dead) event waits behind it; that
-	// probe uses outbox_pending_blocked_idx, which is empty while all flows.
-	r.claim = fmt.Sprintf(`SELECT q.id, e.event_id::text, e.topic, e.partition_key, e.aggregate_type, e.aggregate_id, e.event_type,
+	// One statement locks the lanes of the batch and claims from them. Lanes
+	// are taken from a rotating start so that relays and workers do not all
+	// queue on lane 0 (index: outbox_lane's primary key). The claim walks
+	// outbox_pending's primary key in id order; a key with a failing (or,
+	// unless skipped, dead) event waits behind it, a probe that uses
+	// outbox_pending_blocked_idx, empty while everything flows.
+	r.claim = fmt.Sprintf(`WITH lanes AS (
+    SELECT lane FROM %[3]s ORDER BY (lane + $1) %% %[4]d LIMIT $2 FOR NO KEY UPDATE SKIP LOCKED
+)
+SELECT q.id, e.event_id::text, e.topic, e.partition_key, e.aggregate_type, e.aggregate_id, e.event_type,
        e.payload, e.payload_bytes, e.headers, e.attempts
   FROM %[1]s q JOIN %[2]s e ON e.id = q.id
- WHERE q.lane = ANY($1) AND NOT q.dead
+ WHERE q.lane = ANY(ARRAY(SELECT lane FROM lanes)) AND NOT q.dead
    AND (NOT q.blocked OR q.next_attempt_at <= now())
    AND NOT EXISTS (SELECT 1 FROM %[1]s b
                     WHERE b.blocked AND b.partition_key = q.partition_key AND b.id < q.id
-                      AND (NOT b.dead OR $3))
+                      AND (NOT b.dead OR $4))
  ORDER BY q.id
- LIMIT $2`, pending, events)
+ LIMIT $3`, pending, events, lanes, Lanes)
 	r.markPublished = fmt.Sprintf(`WITH done AS (DELETE FROM %s WHERE id = ANY($1))
 UPDATE %s SET published_at = now() WHERE id = ANY($1)`, pending, events)
 	r.markFailed = fmt.Sprintf(`WITH f AS (
@@ -310,11 +314,7 @@ func (r *Relay) runBatch(ctx context.Context, offset int) (int, error) {
 	}
 	defer tx.Rollback(bctx) //nolint:errcheck // after Commit this is a no-op
 
-	lanes, err := r.takeLanes(bctx, tx, offset)
-	if err != nil || len(lanes) == 0 {
-		return 0, err
-	}
-	rows, err := r.claimRows(bctx, tx, lanes)
+	rows, err := r.claimRows(bctx, tx, offset)
 	if err != nil || len(rows) == 0 {
 		return 0, err
 	}
@@ -394,20 +394,8 @@ func (r *Relay) runBatch(ctx context.Context, offset int) (int, error) {
 	return len(rows), nil
 }
 
-func (r *Relay) takeLanes(ctx context.Context, tx pgx.Tx, offset int) ([]int16, error) {
-	rows, err := tx.Query(ctx, r.lockLanes, offset, r.cfg.LanesPerBatch)
-	if err != nil {
-		return nil, fmt.Errorf("outbox: lock lanes: %w", err)
-	}
-	lanes, err := pgx.CollectRows(rows, pgx.RowTo[int16])
-	if err != nil {
-		return nil, fmt.Errorf("outbox: lock lanes: %w", err)
-	}
-	return lanes, nil
-}
-
-func (r *Relay) claimRows(ctx context.Context, tx pgx.Tx, lanes []int16) ([]pendingRow, error) {
-	rows, err := tx.Query(ctx, r.claim, lanes, r.cfg.BatchSize, !r.cfg.SkipDeadLetteredKeys)
+func (r *Relay) claimRows(ctx context.Context, tx pgx.Tx, offset int) ([]pendingRow, error) {
+	rows, err := tx.Query(ctx, r.claim, offset, r.cfg.LanesPerBatch, r.cfg.BatchSize, !r.cfg.SkipDeadLetteredKeys)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: claim: %w", err)
 	}

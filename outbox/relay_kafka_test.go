@@ -22,6 +22,11 @@ import (
 
 func newKafkaPublisher(t *testing.T, brokers []string) *kafka.Publisher {
 	t.Helper()
+	return newKafkaPublisherB(t, brokers)
+}
+
+func newKafkaPublisherB(t testing.TB, brokers []string) *kafka.Publisher {
+	t.Helper()
 	p, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers}, nil)
 	if err != nil {
 		t.Fatal(err)
