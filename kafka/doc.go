@@ -67,8 +67,11 @@
 // brokers answer (trying at most once a second), so delivery resumes about a
 // second after they return; retry the failed messages meanwhile.
 //
-// When a message fails, later messages of the same partition key in the same
-// call may still have been delivered. A caller that must keep the order per
-// key (the outbox relay does) holds a key back after its first failure rather
-// than sending later messages of it in the next call.
+// Order per key when a message fails: a message refused before sending (too
+// large for Producer.MaxMessageBytes, or not marshalable) holds back the later
+// messages of its key in the same call, which fail with the temporary
+// ErrHeldBack instead of overtaking it. A broker rejects a partition's
+// records of one request together, so they fail together. A caller that must
+// keep the order per key (the outbox relay does) also holds a key back after
+// its first failure rather than sending later messages of it in the next call.
 package kafka

@@ -32,6 +32,11 @@ var (
 	// producer's Producer.MaxMessageBytes or than the broker accepts. It
 	// is permanent.
 	ErrMessageTooLarge = errors.New("kafka: message too large")
+	// ErrHeldBack is the error of a message not sent because an earlier
+	// message of the same partition key in the same Publish call was
+	// refused; sending it would have put it ahead of that message. It is
+	// temporary: it goes out once the refused message is dealt with.
+	ErrHeldBack = errors.New("kafka: held back behind a refused message of the same key")
 )
 
 // PublisherConfig configures a Publisher.
@@ -210,13 +215,33 @@ func (p *Publisher) publish(topic string, msgs []*message.Message) (breakerOpen 
 	defer p.putBatch(bp)
 	batch := *bp
 	var failed []millrace.MessageError
+	// A key whose message is refused here keeps its later messages of this
+	// call back, so they cannot overtake it (millrace.BatchError's contract).
+	var refusedKeys map[string]bool
+	refuse := func(msg *message.Message, key []byte, err error) {
+		failed = append(failed, millrace.MessageError{UUID: msg.UUID, Err: err})
+		if refusedKeys == nil {
+			refusedKeys = map[string]bool{}
+		}
+		refusedKeys[string(key)] = true
+	}
 	for _, msg := range msgs {
 		pm, err := p.marshaler.Marshal(topic, msg)
 		if err != nil {
-			failed = append(failed, millrace.MessageError{
-				UUID: msg.UUID,
-				Err:  millrace.Permanent(fmt.Errorf("%w %s: %w", ErrMarshal, msg.UUID, err)),
-			})
+			refuse(msg, []byte(msg.Metadata.Get(millrace.MetadataPartitionKey)),
+				millrace.Permanent(fmt.Errorf("%w %s: %w", ErrMarshal, msg.UUID, err)))
+			continue
+		}
+		key, _ := keyBytes(pm)
+		if refusedKeys[string(key)] {
+			refuse(msg, key, fmt.Errorf("%w: message %s", ErrHeldBack, msg.UUID))
+			continue
+		}
+		// The size check sarama would make after accepting the batch, made
+		// here so the key's later messages can be held back.
+		if size := pm.ByteSize(2); size > p.sarama.Producer.MaxMessageBytes {
+			refuse(msg, key, millrace.Permanent(fmt.Errorf("%w: message %s is %d bytes, Producer.MaxMessageBytes is %d",
+				ErrMessageTooLarge, msg.UUID, size, p.sarama.Producer.MaxMessageBytes)))
 			continue
 		}
 		// The failure of a record comes back with the record: Metadata
@@ -307,4 +332,12 @@ func failAll(msgs []*message.Message, err error) error {
 		failed[i] = millrace.MessageError{UUID: m.UUID, Err: err}
 	}
 	return &millrace.BatchError{Errors: failed}
+}
+
+// keyBytes returns the record key of pm, nil when it has none.
+func keyBytes(pm *sarama.ProducerMessage) ([]byte, error) {
+	if pm.Key == nil {
+		return nil, nil
+	}
+	return pm.Key.Encode()
 }

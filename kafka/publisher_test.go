@@ -189,7 +189,9 @@ func TestPublishBatchReadBack(t *testing.T) {
 	}
 }
 
-func TestPublishTooLargeMessageFailsAlone(t *testing.T) {
+// A too-large message fails alone among other keys; the later message of
+// its own key is held back (not sent, not permanent) so it cannot overtake it.
+func TestPublishTooLargeMessageFailsAndHoldsItsKey(t *testing.T) {
 	t.Parallel()
 	brokers := kafkatest.Brokers(t)
 	topic := kafkatest.Topic()
@@ -209,24 +211,28 @@ func TestPublishTooLargeMessageFailsAlone(t *testing.T) {
 	if !errors.As(err, &be) {
 		t.Fatalf("Publish: %v, want a *millrace.BatchError", err)
 	}
-	if len(be.Errors) != 1 || be.Errors[0].UUID != big.UUID {
-		t.Fatalf("failed messages %+v, want only %s", be.Errors, big.UUID)
+	held := msgs[8] // the next message of big's key, k2
+	if len(be.Errors) != 2 || be.Errors[0].UUID != big.UUID || be.Errors[1].UUID != held.UUID {
+		t.Fatalf("failed messages %+v, want %s then %s", be.Errors, big.UUID, held.UUID)
 	}
 	if !millrace.IsPermanent(be.Errors[0].Err) || !millrace.IsPermanent(err) {
 		t.Fatalf("error %v is not permanent", be.Errors[0].Err)
 	}
-	if !errors.Is(err, kafka.ErrMessageTooLarge) {
+	if !errors.Is(be.Errors[0].Err, kafka.ErrMessageTooLarge) {
 		t.Fatalf("error %v does not match ErrMessageTooLarge", err)
 	}
+	if !errors.Is(be.Errors[1].Err, kafka.ErrHeldBack) || millrace.IsPermanent(be.Errors[1].Err) {
+		t.Fatalf("held message error %v: want a temporary ErrHeldBack", be.Errors[1].Err)
+	}
 
-	got := readBack(t, brokers, topic, 10)
+	got := readBack(t, brokers, topic, 9)
 	for _, r := range got {
-		if r.msg.UUID == big.UUID {
-			t.Fatal("the too-large message arrived")
+		if r.msg.UUID == big.UUID || r.msg.UUID == held.UUID {
+			t.Fatalf("message %s arrived", r.msg.UUID)
 		}
 	}
-	if n := recordCount(t, brokers, topic); n != 10 {
-		t.Fatalf("topic holds %d records, want 10", n)
+	if n := recordCount(t, brokers, topic); n != 9 {
+		t.Fatalf("topic holds %d records, want 9", n)
 	}
 }
 
@@ -236,19 +242,22 @@ func TestPublishMarshalErrorFailsAlone(t *testing.T) {
 	topic := kafkatest.Topic()
 	p := newPublisher(t, brokers, nil)
 
-	msgs := []*message.Message{newMessage(1, "a"), newMessage(2, "a"), newMessage(3, "a")}
+	msgs := []*message.Message{newMessage(1, "a"), newMessage(2, "a"), newMessage(3, "a"), newMessage(4, "b")}
 	msgs[1].Metadata.Set(wkafka.UUIDHeaderKey, "reserved")
 	err := p.Publish(topic, msgs...)
 	var be *millrace.BatchError
-	if !errors.As(err, &be) || len(be.Errors) != 1 || be.Errors[0].UUID != msgs[1].UUID {
-		t.Fatalf("Publish: %v, want a BatchError naming only %s", err, msgs[1].UUID)
+	if !errors.As(err, &be) || len(be.Errors) != 2 || be.Errors[0].UUID != msgs[1].UUID || be.Errors[1].UUID != msgs[2].UUID {
+		t.Fatalf("Publish: %v, want a BatchError naming %s and the message held behind it, %s", err, msgs[1].UUID, msgs[2].UUID)
 	}
-	if !errors.Is(err, kafka.ErrMarshal) || !millrace.IsPermanent(err) {
-		t.Fatalf("error %v: want a permanent ErrMarshal", err)
+	if !errors.Is(be.Errors[0].Err, kafka.ErrMarshal) || !millrace.IsPermanent(be.Errors[0].Err) {
+		t.Fatalf("error %v: want a permanent ErrMarshal", be.Errors[0].Err)
+	}
+	if !errors.Is(be.Errors[1].Err, kafka.ErrHeldBack) {
+		t.Fatalf("error %v: want ErrHeldBack", be.Errors[1].Err)
 	}
 	got := readBack(t, brokers, topic, 2)
-	if got[0].msg.UUID != msgs[0].UUID || got[1].msg.UUID != msgs[2].UUID {
-		t.Fatalf("read %s, %s; want %s, %s", got[0].msg.UUID, got[1].msg.UUID, msgs[0].UUID, msgs[2].UUID)
+	if got[0].msg.UUID != msgs[0].UUID && got[1].msg.UUID != msgs[0].UUID {
+		t.Fatalf("read %s, %s; want %s and %s", got[0].msg.UUID, got[1].msg.UUID, msgs[0].UUID, msgs[3].UUID)
 	}
 }
 
