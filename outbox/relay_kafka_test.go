@@ -334,3 +334,102 @@ func TestPoisonMessageDeadLetteredOthersFlow(t *testing.T) {
 		t.Fatal("poison message reached the broker")
 	}
 }
+
+// A dead letter holds the later events of its key; once the cause is fixed
+// (here: the producer's size limit is raised) and an operator requeues it,
+// it is published, then the events behind it, in order.
+func TestRequeuedDeadLetterIsPublishedThroughKafka(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	brokers := kafkatest.Brokers(t)
+	db := pgtest.New(t)
+	w := newWriter(t, db)
+	admin, err := outbox.NewAdmin(db.Pool, outbox.AdminConfig{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	topic := kafkatest.Topic()
+	big := fmt.Appendf(nil, `{"seq":0,"blob":%q}`, strings.Repeat("x", 20_000))
+	first, _ := w.Write(ctx, outbox.Event{Topic: topic, PartitionKey: "k", Payload: big})
+	behind, _ := w.Write(ctx, outbox.Event{Topic: topic, PartitionKey: "k", Payload: []byte(`{"seq":1}`)})
+	others := writeN(t, w, topic, 100, 5)
+
+	small := kafka.DefaultSaramaConfig()
+	small.Producer.MaxMessageBytes = 10_000
+	strict, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers, Sarama: small}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { strict.Close() })
+	stop := startRelay(t, db, outbox.RelayConfig{Publisher: strict, MaxAttempts: 2, RetryMin: time.Millisecond, RetryMax: time.Millisecond, PollInterval: 10 * time.Millisecond})
+	c := consume(t, brokers, topic)
+	eventually(t, time.Minute, "others consumed", func() bool { return c.unique() == len(others) })
+	eventually(t, 30*time.Second, "dead letter listed", func() bool {
+		dl, err := admin.ListDeadLetters(ctx, outbox.ListParams{})
+		return err == nil && len(dl) == 1 && dl[0].EventID == first[0] && strings.Contains(dl[0].LastError, "too large")
+	})
+	if c.count(first[0]) != 0 || c.count(behind[0]) != 0 {
+		t.Fatal("the dead letter or the event behind it reached Kafka")
+	}
+	stop()
+
+	startRelay(t, db, outbox.RelayConfig{Publisher: newKafkaPublisher(t, brokers), PollInterval: 10 * time.Millisecond})
+	if n, err := admin.Requeue(ctx, first[0]); err != nil || n != 1 {
+		t.Fatalf("Requeue = %d, %v", n, err)
+	}
+	eventually(t, 30*time.Second, "requeued event and the one behind it consumed", func() bool {
+		return c.count(first[0]) == 1 && c.count(behind[0]) == 1
+	})
+	c.checkKeyOrder(t)
+}
+
+// Replay (R-DIST-OBX-3) publishes a selection again with the original event
+// ids, so idempotent consumers can skip what they applied.
+func TestReplayRepublishesWithSameEventIDs(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	brokers := kafkatest.Brokers(t)
+	db := pgtest.New(t)
+	w := newWriter(t, db)
+	admin, err := outbox.NewAdmin(db.Pool, outbox.AdminConfig{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	topic := kafkatest.Topic()
+	var replayed, kept []string
+	for i := range 40 {
+		agg := "order-1"
+		if i%2 == 1 {
+			agg = "order-2"
+		}
+		ids, err := w.Write(ctx, outbox.Event{Topic: topic, PartitionKey: agg, AggregateType: "Order", AggregateID: agg, Payload: fmt.Appendf(nil, `{"seq":%d}`, i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if agg == "order-1" {
+			replayed = append(replayed, ids[0])
+		} else {
+			kept = append(kept, ids[0])
+		}
+	}
+	startRelay(t, db, outbox.RelayConfig{Publisher: newKafkaPublisher(t, brokers), PollInterval: 10 * time.Millisecond})
+	c := consume(t, brokers, topic)
+	eventually(t, 30*time.Second, "first delivery", func() bool { return c.unique() == 40 })
+	n, err := admin.Replay(ctx, outbox.ReplayFilter{AggregateType: "Order", AggregateID: "order-1"})
+	if err != nil || n != int64(len(replayed)) {
+		t.Fatalf("Replay = %d, %v; want %d", n, err, len(replayed))
+	}
+	eventually(t, 30*time.Second, "replayed events delivered again", func() bool {
+		for _, id := range replayed {
+			if c.count(id) != 2 {
+				return false
+			}
+		}
+		return true
+	})
+	for _, id := range kept {
+		if c.count(id) != 1 {
+			t.Fatalf("event %s outside the replay filter delivered %d times", id, c.count(id))
+		}
+	}
+}
