@@ -1,0 +1,97 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/internal/pgtest"
+	"github.com/millrace/millrace/outbox"
+)
+
+func TestMetrics(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	w := newWriter(t, db)
+	admin, err := outbox.NewAdmin(db.Pool, outbox.AdminConfig{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := outbox.NewMetrics(admin, prometheus.Labels{"service": "test"})
+	reg := prometheus.NewPedanticRegistry()
+	if err := reg.Register(m); err != nil {
+		t.Fatal(err)
+	}
+	poison, _ := w.Write(ctx, outbox.Event{Topic: "t", PartitionKey: "bad", Payload: []byte(`{}`)})
+	writeN(t, w, "t", 30, 3)
+
+	gauge := func(name string) float64 {
+		t.Helper()
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == name {
+				return mf.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		t.Fatalf("no %s", name)
+		return 0
+	}
+	if got := gauge("millrace_outbox_pending"); got != 31 {
+		t.Fatalf("pending = %v, want 31", got)
+	}
+	time.Sleep(20 * time.Millisecond) // let the oldest event age measurably
+	if got := gauge("millrace_outbox_oldest_pending_age_seconds"); got <= 0 {
+		t.Fatalf("oldest age = %v, want > 0", got)
+	}
+
+	rec := &recorder{batchErrors: true}
+	rec.setFail(func(msg *message.Message) error {
+		if msg.UUID == poison[0] {
+			return millrace.Permanent(errors.New("rejected"))
+		}
+		return nil
+	})
+	startRelay(t, db, outbox.RelayConfig{Publisher: rec, Metrics: m, MaxAttempts: 1, PollInterval: 10 * time.Millisecond})
+	eventually(t, 10*time.Second, "30 published, 1 dead", func() bool {
+		return testutil.ToFloat64(counterOf(m, "published_total")) == 30 && gauge("millrace_outbox_dead_letters") == 1
+	})
+	if got := gauge("millrace_outbox_pending"); got != 0 {
+		t.Fatalf("pending after drain = %v, want 0", got)
+	}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP millrace_outbox_dead_lettered_total Outbox events moved to the dead-letter state.
+# TYPE millrace_outbox_dead_lettered_total counter
+millrace_outbox_dead_lettered_total{service="test"} 1
+`), "millrace_outbox_dead_lettered_total"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// counterOf picks one counter out of m by name suffix.
+func counterOf(m *outbox.Metrics, suffix string) prometheus.Collector {
+	ch := make(chan prometheus.Metric, 16)
+	go func() { m.Collect(ch); close(ch) }()
+	var found prometheus.Metric
+	for metric := range ch {
+		if strings.Contains(metric.Desc().String(), suffix) {
+			found = metric
+		}
+	}
+	return metricCollector{found}
+}
+
+type metricCollector struct{ m prometheus.Metric }
+
+func (c metricCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.m.Desc() }
+func (c metricCollector) Collect(ch chan<- prometheus.Metric)  { ch <- c.m }
