@@ -94,4 +94,4 @@ func counterOf(m *outbox.Metrics, suffix string) prometheus.Collector {
 type metricCollector struct{ m prometheus.Metric }
 
 func (c metricCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.m.Desc() }
-func (c metricCollector) Collect(ch chan<- prometheus.Metric)  { ch <- c.m }
+func (c metricCollector) Collect(ch chan<- prometheus.Metric) { ch <- c.m }
