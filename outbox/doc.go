@@ -1,0 +1,81 @@
+// Package outbox writes events in the business transaction and ships them
+// to Kafka (or any Watermill publisher): the transactional outbox.
+//
+// # Writing
+//
+// A Writer inserts events in the caller's pgx transaction, so the domain
+// change and its events commit together or not at all:
+//
+//	w, _ := outbox.NewWriter(pool, outbox.WriterConfig{})
+//	tx, _ := pool.Begin(ctx)
+//	tx.Exec(ctx, `UPDATE orders SET status = 'placed' WHERE id = $1`, id)
+//	w.WriteTx(ctx, tx, outbox.Event{
+//		Topic:        "orders",
+//		PartitionKey: customerID, // events of one key are published in commit order
+//		EventType:    "OrderPlaced",
+//		Payload:      payload,    // JSON, stored as jsonb; set Binary for opaque bytes
+//	})
+//	tx.Commit(ctx)
+//
+// Many events go in one round trip. Bad input (no topic, an empty partition
+// key, an id that is not a UUID, a payload that is not JSON) is an
+// *EventError reported before anything is sent.
+//
+// Code written against Watermill writes to the outbox unchanged through
+// Writer.TxPublisher (bound to one transaction) or Writer.ContextPublisher
+// (the transaction travels in the message context, see
+// millrace.ContextWithTx; the inbox middleware puts its transaction there),
+// including Watermill's CQRS event bus.
+//
+// # The relay
+//
+// A Relay claims pending events, publishes them in batches and marks them
+// published, in one transaction per batch:
+//
+//	pub, _ := kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers}, logger)
+//	relay, _ := outbox.NewRelay(pool, outbox.RelayConfig{Publisher: pub})
+//	go relay.Run(ctx) // returns when ctx ends, after finishing the batch in flight
+//
+// Run as many relays as you like, in one process or many. Partition keys
+// hash into 128 lanes; a batch locks the lanes it works on with SELECT ...
+// FOR NO KEY UPDATE SKIP LOCKED (R-DIST-OBX-1) for as long as it takes to
+// claim, publish and mark it, so a key's events are in flight from one relay
+// at a time, and a relay that dies drops its locks with its connection.
+// Claims go by state, never by a cursor over ids: a transaction that commits
+// late with a lower id is still published.
+//
+// Delivery is at least once. A relay that dies after the broker acknowledged
+// a batch and before its mark committed publishes the batch again; consumers
+// deduplicate on the event id (package inbox does).
+//
+// Wake-ups: writers send a coalesced NOTIFY hint (at most one per
+// WriterConfig.NotifyInterval per Writer, never one per transaction: a
+// NOTIFY takes a global lock at commit), relays LISTEN for it and poll as a
+// fallback. Behind a connection pooler in transaction mode, set
+// RelayConfig.PollOnly and a negative WriterConfig.NotifyInterval.
+//
+// # Failures
+//
+// When the broker is down every publish fails: the relay backs off (capped
+// at RelayConfig.OutageBackoffMax), charges no attempts, and the backlog
+// waits in PostgreSQL, bounded in the relay's memory by BatchSize. An event
+// the broker rejects (too large, invalid) is charged an attempt, retried with
+// capped exponential backoff, and after RelayConfig.MaxAttempts moved to the
+// dead-letter state with its last error, while everything else keeps
+// flowing. Later events of its key wait behind it, so per-key order holds,
+// unless RelayConfig.SkipDeadLetteredKeys is set.
+//
+// An Admin lists, requeues and discards dead letters, replays published
+// events with their original ids (R-DIST-OBX-3, to rebuild a read model) and
+// reports the backlog; a Cleaner deletes published events older than the
+// retention window in small batches; Metrics exposes it all to Prometheus.
+//
+// # Tables
+//
+// outbox_event is the log: every event, kept after publication for audit
+// and replay until the Cleaner removes it. outbox_pending is the unpublished
+// set, one narrow row per event; it plays the part of the partial index
+// "WHERE published_at IS NULL" and is far cheaper to claim from and delete
+// from than updating an indexed column of the log. outbox_lane holds one row
+// per lane. See migrations/sql/001_outbox.up.sql.
+package outbox
