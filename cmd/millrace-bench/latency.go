@@ -1,0 +1,213 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/kafka"
+	"github.com/millrace/millrace/outbox"
+)
+
+// latencyRate is the writers' pace: one event per transaction.
+const latencyRate = 1000 // events per second
+
+// benchLatency measures latency_p50_ms and latency_p99_ms with a relay in
+// its default configuration (LISTEN/NOTIFY hints, writer hints coalesced),
+// then the baseline with a poll-only relay polling every 500ms.
+func (b *bench) benchLatency(ctx context.Context) error {
+	p50, p99, err := b.latency(ctx, "latency", false)
+	if err != nil {
+		return err
+	}
+	b.results["latency_p50_ms"], b.results["latency_p99_ms"] = ms(p50), ms(p99)
+	p50, p99, err = b.latency(ctx, "baseline (poll-only, 500ms)", true)
+	if err != nil {
+		return err
+	}
+	b.results["baseline_poll_latency_p50_ms"], b.results["baseline_poll_latency_p99_ms"] = ms(p50), ms(p99)
+	return nil
+}
+
+// ackRecorder notes when the broker acknowledged each message, by UUID.
+type ackRecorder struct {
+	message.Publisher
+	mu   sync.Mutex
+	acks map[string]time.Time
+}
+
+func (p *ackRecorder) Publish(topic string, msgs ...*message.Message) error {
+	err := p.Publisher.Publish(topic, msgs...)
+	now := time.Now()
+	failed := map[string]bool{}
+	if err != nil {
+		var be *millrace.BatchError
+		if !errors.As(err, &be) {
+			return err // nothing acknowledged
+		}
+		for _, me := range be.Errors {
+			failed[me.UUID] = true
+		}
+	}
+	p.mu.Lock()
+	for _, m := range msgs {
+		if !failed[m.UUID] {
+			if _, seen := p.acks[m.UUID]; !seen {
+				p.acks[m.UUID] = now
+			}
+		}
+	}
+	p.mu.Unlock()
+	return err
+}
+
+func (p *ackRecorder) count() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.acks)
+}
+
+// latency runs one relay and paced writers for the phase duration and
+// returns the p50 and p99 of commit-to-acknowledgement.
+func (b *bench) latency(ctx context.Context, name string, pollOnly bool) (p50, p99 time.Duration, err error) {
+	pool, err := b.connect(ctx, 12)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer pool.Close()
+	schema, drop, err := b.freshSchema(ctx, pool)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer drop()
+	topic := newTopic("latency")
+
+	kp, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: b.brokers}, nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer kp.Close()
+	rec := &ackRecorder{Publisher: kp, acks: map[string]time.Time{}}
+	rcfg := outbox.RelayConfig{Schema: schema, Publisher: rec}
+	wcfg := outbox.WriterConfig{Schema: schema}
+	if pollOnly {
+		rcfg.PollOnly, rcfg.PollInterval = true, 500*time.Millisecond
+		wcfg.NotifyInterval = -1
+	}
+	relay, err := outbox.NewRelay(pool, rcfg)
+	if err != nil {
+		return 0, 0, err
+	}
+	w, err := outbox.NewWriter(pool, wcfg)
+	if err != nil {
+		return 0, 0, err
+	}
+	rctx, stop := context.WithCancel(ctx)
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		_ = relay.Run(rctx)
+	}()
+	defer func() { stop(); <-finished }()
+
+	// Warm up (topic creation, metadata, connections): not measured.
+	for i := range 20 {
+		if _, err := w.Write(ctx, eventOf(topic, i)); err != nil {
+			return 0, 0, err
+		}
+	}
+	if err := waitFor(ctx, 30*time.Second, func() bool { return rec.count() >= 20 }); err != nil {
+		return 0, 0, fmt.Errorf("warm-up events not acknowledged: %w", err)
+	}
+
+	// Paced writers: a ticker hands out one event per millisecond to a few
+	// goroutines, each committing one event per transaction.
+	total := int(b.opts.duration.Seconds() * latencyRate)
+	commits := make([]struct {
+		id string
+		at time.Time
+	}, total)
+	jobs := make(chan int, total)
+	wctx, cancelWriters := context.WithCancelCause(ctx)
+	defer cancelWriters(nil)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for i := range jobs {
+				if wctx.Err() != nil {
+					return
+				}
+				ids, err := w.Write(wctx, eventOf(topic, i))
+				if err != nil {
+					cancelWriters(err)
+					return
+				}
+				commits[i].id, commits[i].at = ids[0], time.Now()
+			}
+		})
+	}
+	b.progress("%s: %d events, one per transaction, at %d/s", name, total, latencyRate)
+	started := time.Now()
+	interval := time.Second / latencyRate
+	for i := range total {
+		if d := time.Until(started.Add(time.Duration(i) * interval)); d > 0 {
+			time.Sleep(d) // pacing, not waiting for a result
+		}
+		if wctx.Err() != nil {
+			break
+		}
+		jobs <- i
+	}
+	close(jobs)
+	wg.Wait()
+	written := time.Since(started)
+	if err := context.Cause(wctx); err != nil {
+		return 0, 0, err
+	}
+	if err := waitFor(ctx, 60*time.Second, func() bool { return rec.count() >= total+20 }); err != nil {
+		return 0, 0, fmt.Errorf("%d of %d events acknowledged: %w", rec.count()-20, total, err)
+	}
+
+	lat := make([]time.Duration, 0, total)
+	rec.mu.Lock()
+	for _, c := range commits {
+		// A commit returns to the writer a moment after the row is visible;
+		// a relay may beat it. Count such an event as 0.
+		lat = append(lat, max(rec.acks[c.id].Sub(c.at), 0))
+	}
+	rec.mu.Unlock()
+	slices.Sort(lat)
+	p50, p99 = percentile(lat, 0.50), percentile(lat, 0.99)
+	rate := float64(total) / written.Seconds()
+	key := "latency_rate_per_s"
+	if pollOnly {
+		key = "baseline_poll_rate_per_s"
+	}
+	b.config[key] = round(rate, 0)
+	b.progress("%s: %d events at %.0f/s: p50 %s, p99 %s, max %s", name, total, rate, p50, p99, lat[len(lat)-1])
+	return p50, p99, nil
+}
+
+// waitFor polls cond every 10ms until it holds or timeout passes.
+func waitFor(ctx context.Context, timeout time.Duration, cond func() bool) error {
+	deadline := time.Now().Add(timeout)
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not done within %s", timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	return nil
+}

@@ -1,0 +1,196 @@
+// Command millrace-bench measures millrace on this machine, side by side in
+// one run: the relay against watermill-sql's Forwarder and against raw
+// batched produce, commit-to-ack latency against a 0.5 s poller, the cost of
+// writing an event in the business transaction, and the inbox. It prints a
+// table and writes the figures as JSON (bench/results.json from make bench).
+// bench/README.md explains each figure.
+//
+//	millrace-bench -out bench/results.json            # full sizes
+//	BENCH_QUICK=1 millrace-bench -out results.json     # smaller, under 3 minutes
+//	millrace-bench -only relay,raw -n 50000            # some groups only
+//
+// PostgreSQL comes from DATABASE_URL; Kafka from KAFKA_BROKERS, else an
+// embedded broker started in a child process (this binary, re-executed), so
+// that the broker's CPU is not counted in the relay's process. The relay
+// that drains the backlog runs in a child process too, so that its peak
+// memory can be read. Every measurement gets a fresh schema and fresh
+// topics, dropped afterwards (topics live as long as the embedded broker).
+//
+// A missed target is reported, not an error: the exit status is non-zero
+// only when something failed.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// groups are the figure groups, in the order they run.
+var groups = []string{"relay", "forwarder", "raw", "latency", "write", "dedup", "inbox"}
+
+// childEnv marks a process started by the bench itself (the broker or the
+// relay). The test binary checks it in TestMain to run main instead of the
+// tests.
+const childEnv = "MILLRACE_BENCH_CHILD"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "millrace-bench:", err)
+		os.Exit(1)
+	}
+}
+
+// options are the command line.
+type options struct {
+	out      string
+	only     []string
+	n        int
+	quick    bool
+	duration time.Duration
+
+	cpuprofile   string
+	relayWorkers int
+	relayBatch   int
+
+	// Hidden: the roles of child processes.
+	serveBroker bool
+	runRelay    bool
+	schema      string
+	brokers     string
+}
+
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("millrace-bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var only string
+	fs.StringVar(&o.out, "out", "bench/results.json", "write the figures as JSON to this file")
+	fs.StringVar(&only, "only", "", "comma-separated figure groups to run: "+strings.Join(groups, ","))
+	fs.IntVar(&o.n, "n", 0, "backlog size for relay, forwarder and raw (default 200000; 20000 with BENCH_QUICK=1)")
+	fs.DurationVar(&o.duration, "duration", 0, "length of each timed phase of latency, write, dedup and inbox (default 10s; 3s with BENCH_QUICK=1)")
+	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the relay child while it drains the backlog")
+	fs.IntVar(&o.relayWorkers, "relay-workers", 0, "RelayConfig.Workers for the draining relay (0: the relay's default)")
+	fs.IntVar(&o.relayBatch, "relay-batch", 0, "RelayConfig.BatchSize for the draining relay (0: the relay's default)")
+	hidden := map[string]bool{"serve-broker": true, "run-relay": true, "schema": true, "brokers": true}
+	fs.BoolVar(&o.serveBroker, "serve-broker", false, "child role: run the embedded broker, print its address, stop at EOF on stdin")
+	fs.BoolVar(&o.runRelay, "run-relay", false, "child role: drain the backlog in -schema to -brokers and report on stdout")
+	fs.StringVar(&o.schema, "schema", "", "child: schema holding the backlog")
+	fs.StringVar(&o.brokers, "brokers", "", "child: comma-separated broker addresses")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: millrace-bench [flags]\n\nEnvironment: DATABASE_URL, KAFKA_BROKERS, BENCH_QUICK=1.\n\nFlags:\n")
+		fs.VisitAll(func(f *flag.Flag) {
+			if !hidden[f.Name] {
+				fmt.Fprintf(fs.Output(), "  -%s\t%s\n", f.Name, f.Usage)
+			}
+		})
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	o.quick = os.Getenv("BENCH_QUICK") != "" && os.Getenv("BENCH_QUICK") != "0"
+	if o.n == 0 {
+		o.n = 200_000
+		if o.quick {
+			o.n = 20_000
+		}
+	}
+	if o.duration == 0 {
+		o.duration = 10 * time.Second
+		if o.quick {
+			o.duration = 3 * time.Second
+		}
+	}
+	if o.n < 1 || o.duration <= 0 {
+		return nil, errors.New("-n and -duration must be positive")
+	}
+	o.only = groups
+	if only != "" {
+		o.only = nil
+		for _, g := range strings.Split(only, ",") {
+			g = strings.TrimSpace(g)
+			if !slices.Contains(groups, g) {
+				return nil, fmt.Errorf("-only: unknown group %q (known: %s)", g, strings.Join(groups, ","))
+			}
+			o.only = append(o.only, g)
+		}
+	}
+	return o, nil
+}
+
+// run is the whole program; main_test.go calls it too.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o, err := parseFlags(args, stderr)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	switch {
+	case o.serveBroker:
+		return serveBroker(ctx, os.Stdin, stdout)
+	case o.runRelay:
+		return runRelayChild(ctx, o, stdout)
+	}
+	b, err := newBench(ctx, o, stderr)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+	started := time.Now()
+	for _, g := range groups {
+		if !slices.Contains(o.only, g) {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		b.progress("== %s", g)
+		if err := b.runGroup(ctx, g); err != nil {
+			return fmt.Errorf("%s: %w", g, err)
+		}
+	}
+	b.ratios()
+	b.config["wall_s"] = round(time.Since(started).Seconds(), 1)
+	printTable(stdout, b)
+	if err := b.writeJSON(o.out); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "\nwrote %s (wall time %s)\n", o.out, time.Since(started).Round(time.Second))
+	return nil
+}
+
+func (b *bench) runGroup(ctx context.Context, g string) error {
+	switch g {
+	case "relay":
+		return b.benchRelay(ctx)
+	case "forwarder":
+		return b.benchForwarder(ctx)
+	case "raw":
+		return b.benchRaw(ctx)
+	case "latency":
+		return b.benchLatency(ctx)
+	case "write":
+		return b.benchWrite(ctx)
+	case "dedup":
+		return b.benchDedup(ctx)
+	case "inbox":
+		return b.benchInbox(ctx)
+	}
+	return fmt.Errorf("unknown group %q", g)
+}

@@ -1,0 +1,90 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/millrace/millrace/internal/leaktest"
+)
+
+// TestMain runs main instead of the tests when the bench re-executes this
+// binary as its broker or relay child.
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) != "" {
+		main()
+		os.Exit(0)
+	}
+	leaktest.VerifyTestMain(m)
+}
+
+// TestQuickRun runs the whole program in quick mode with a tiny backlog and
+// one-second phases, against the real database and an embedded broker in a
+// child process, and checks that results.json holds every figure. It does
+// not call t.Parallel: it sets BENCH_QUICK, and it is the package's only test.
+func TestQuickRun(t *testing.T) {
+	t.Setenv("BENCH_QUICK", "1")
+	t.Setenv("KAFKA_BROKERS", "") // the embedded broker child is part of what is tested
+	out := filepath.Join(t.TempDir(), "results.json")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	err := run(ctx, []string{"-n", "2000", "-duration", "1s", "-out", out}, &stdout, &stderr)
+	t.Logf("stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	data, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res map[string]any
+	if err := json.Unmarshal(data, &res); err != nil {
+		t.Fatalf("results.json: %v\n%s", err, data)
+	}
+	for _, name := range figureOrder {
+		v, ok := res[name].(float64)
+		if !ok || !(v > 0) {
+			t.Errorf("figure %s = %v, want a number > 0", name, res[name])
+		}
+	}
+	if q, _ := res["quick"].(bool); !q {
+		t.Errorf("quick = %v, want true", res["quick"])
+	}
+	cfg, _ := res["config"].(map[string]any)
+	if n, _ := cfg["n"].(float64); n != 2000 {
+		t.Errorf("config.n = %v, want 2000", cfg["n"])
+	}
+	for _, k := range []string{"go", "time"} {
+		if s, _ := res[k].(string); s == "" {
+			t.Errorf("%s missing", k)
+		}
+	}
+	if !bytes.Contains(stdout.Bytes(), []byte("relay_vs_forwarder")) {
+		t.Errorf("the table on stdout has no relay_vs_forwarder row")
+	}
+}
+
+// TestFlags checks the command line: -only, defaults and quick sizes.
+func TestFlags(t *testing.T) {
+	t.Parallel()
+	var stderr bytes.Buffer
+	o, err := parseFlags([]string{"-only", "relay, raw", "-n", "5"}, &stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(o.only) != 2 || o.only[0] != "relay" || o.only[1] != "raw" || o.n != 5 {
+		t.Fatalf("parsed %+v", o)
+	}
+	if _, err := parseFlags([]string{"-only", "nope"}, &stderr); err == nil {
+		t.Fatal("unknown group accepted")
+	}
+	if p := payloadOf(123456); len(p) != payloadSize || !json.Valid(p) {
+		t.Fatalf("payload %q: %d bytes, valid JSON %v", p, len(p), json.Valid(p))
+	}
+}

@@ -1,0 +1,130 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"text/tabwriter"
+	"time"
+)
+
+// target is what DESIGN.md asks of a figure.
+type target struct {
+	atLeast bool // true: value >= limit; false: value <= limit
+	limit   float64
+}
+
+var targets = map[string]target{
+	"relay_vs_forwarder": {true, 10},
+	"relay_vs_raw":       {true, 0.5},
+	"latency_p50_ms":     {false, 5},
+	"latency_p99_ms":     {false, 50},
+	"write_ratio":        {true, 0.9},
+	"relay_rss_mib":      {false, 64},
+	"dedup_ratio":        {true, 0.85},
+}
+
+// figureOrder is the order of the table; every figure the bench can produce
+// is listed.
+var figureOrder = []string{
+	"relay_events_per_s", "forwarder_events_per_s", "raw_produce_events_per_s",
+	"relay_vs_forwarder", "relay_vs_raw", "relay_rss_mib",
+	"latency_p50_ms", "latency_p99_ms", "baseline_poll_latency_p50_ms", "baseline_poll_latency_p99_ms",
+	"write_ratio", "write_tps_outbox", "write_tps_plain",
+	"dedup_ratio", "inbox_accept_events_per_s",
+}
+
+// ratios adds the figures derived from others in the same run.
+func (b *bench) ratios() {
+	relay, okR := b.results["relay_events_per_s"]
+	if fwd, ok := b.results["forwarder_events_per_s"]; ok && okR && fwd > 0 {
+		b.results["relay_vs_forwarder"] = round(relay/fwd, 2)
+	}
+	if raw, ok := b.results["raw_produce_events_per_s"]; ok && okR && raw > 0 {
+		b.results["relay_vs_raw"] = round(relay/raw, 3)
+	}
+}
+
+func printTable(w io.Writer, b *bench) {
+	fmt.Fprintf(w, "\nmillrace bench (%s, n=%d, phases of %s, %s)\n\n", modeName(b.opts.quick), b.opts.n, b.opts.duration, runtime.Version())
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "figure\tvalue\ttarget\tmet?\t")
+	fmt.Fprintln(tw, "------\t-----\t------\t----\t")
+	for _, name := range figureOrder {
+		v, ok := b.results[name]
+		if !ok {
+			continue
+		}
+		t, hasTarget := targets[name]
+		tgt, met := "-", "-"
+		if hasTarget {
+			op := "<="
+			if t.atLeast {
+				op = ">="
+			}
+			tgt = fmt.Sprintf("%s %g", op, t.limit)
+			met = "no"
+			if (t.atLeast && v >= t.limit) || (!t.atLeast && v <= t.limit) {
+				met = "yes"
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t\n", name, formatValue(v), tgt, met)
+	}
+	tw.Flush()
+	for _, n := range b.notes {
+		fmt.Fprintf(w, "note: %s\n", n)
+	}
+}
+
+func modeName(quick bool) string {
+	if quick {
+		return "quick"
+	}
+	return "full"
+}
+
+func formatValue(v float64) string {
+	switch {
+	case v >= 1000:
+		return fmt.Sprintf("%.0f", v)
+	case v >= 10:
+		return fmt.Sprintf("%.1f", v)
+	default:
+		return fmt.Sprintf("%.3g", v)
+	}
+}
+
+// writeJSON writes the flat object: figure -> number, plus quick, config, go
+// and time.
+func (b *bench) writeJSON(path string) error {
+	if len(b.notes) > 0 {
+		b.config["notes"] = b.notes
+	}
+	out := map[string]any{}
+	for k, v := range b.results {
+		out[k] = v
+	}
+	out["quick"] = b.opts.quick
+	out["config"] = b.config
+	out["go"] = runtime.Version()
+	out["time"] = time.Now().UTC().Format(time.RFC3339)
+	data, err := json.MarshalIndent(out, "", "  ")
+	if err != nil {
+		return err
+	}
+	if dir := filepath.Dir(path); dir != "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+	}
+	return os.WriteFile(path, append(data, '\n'), 0o644)
+}
+
+func round(v float64, digits int) float64 {
+	p := math.Pow(10, float64(digits))
+	return math.Round(v*p) / p
+}
