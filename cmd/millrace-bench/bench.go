@@ -39,7 +39,7 @@ type bench struct {
 	dbURL   string
 	brokers []string
 	broker  *brokerProcess // nil with KAFKA_BROKERS
-	logMu   sync.Mutex // serializes progress lines
+	logMu   sync.Mutex     // serializes progress lines
 	log     io.Writer
 	start   time.Time
 
