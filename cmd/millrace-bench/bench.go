@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
+	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -76,6 +79,8 @@ func newBench(ctx context.Context, o *options, stderr io.Writer) (*bench, error)
 		return nil, err
 	}
 	b.config["postgres"] = pgVersion
+	b.config["cpus"] = runtime.NumCPU()
+	b.config["load_avg_start"] = loadAverage()
 
 	if env := devkafka.EnvBrokers(); env != nil {
 		b.brokers = env
@@ -260,17 +265,35 @@ func topicRecords(brokers []string, topic string) (int64, error) {
 	return total, nil
 }
 
-// checkDelivered fails unless topic holds at least want records.
-func (b *bench) checkDelivered(topic string, want int) error {
+// checkDelivered fails unless topic holds at least want records, and
+// returns how many it holds.
+func (b *bench) checkDelivered(topic string, want int) (int64, error) {
 	got, err := topicRecords(b.brokers, topic)
 	if err != nil {
-		return fmt.Errorf("count records of %s: %w", topic, err)
+		return 0, fmt.Errorf("count records of %s: %w", topic, err)
 	}
 	if got < int64(want) {
-		return fmt.Errorf("topic %s holds %d records, want at least %d", topic, got, want)
+		return got, fmt.Errorf("topic %s holds %d records, want at least %d", topic, got, want)
 	}
 	b.progress("checked: topic holds %d records", got)
-	return nil
+	return got, nil
+}
+
+// loadAverage is the 1-minute load average, or -1 if unknown.
+func loadAverage() float64 {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return -1
+	}
+	f := strings.Fields(string(data))
+	if len(f) == 0 {
+		return -1
+	}
+	v, err := strconv.ParseFloat(f[0], 64)
+	if err != nil {
+		return -1
+	}
+	return v
 }
 
 // countingPublisher counts the messages its Publisher delivered.

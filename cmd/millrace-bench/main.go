@@ -28,6 +28,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -166,6 +167,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	b.ratios()
+	b.config["load_avg_end"] = loadAverage()
+	if l := max(b.config["load_avg_start"].(float64), b.config["load_avg_end"].(float64)); l > float64(runtime.NumCPU()) {
+		b.note("the machine was busy (1-minute load average %.1f on %d CPUs): other processes share the CPUs, the figures are lower and noisier", l, runtime.NumCPU())
+	}
 	b.config["wall_s"] = round(time.Since(started).Seconds(), 1)
 	printTable(stdout, b)
 	if err := b.writeJSON(o.out); err != nil {

@@ -46,7 +46,7 @@ func (b *bench) benchRaw(ctx context.Context) error {
 		}
 	}
 	elapsed := time.Since(started)
-	if err := b.checkDelivered(topic, n); err != nil {
+	if _, err := b.checkDelivered(topic, n); err != nil {
 		return err
 	}
 	rate := float64(n) / elapsed.Seconds()

@@ -7,12 +7,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace/internal/sqlident"
@@ -87,8 +89,13 @@ func (b *bench) benchRelay(ctx context.Context) error {
 	if pending != 0 {
 		return fmt.Errorf("relay child reported done with %d events still pending", pending)
 	}
-	if err := b.checkDelivered(topic, n); err != nil {
+	records, err := b.checkDelivered(topic, n)
+	if err != nil {
 		return err
+	}
+	if dup := records - int64(n); dup > 0 {
+		b.config["relay_duplicates"] = dup
+		b.note("the relay published %d duplicates (topic holds %d records for %d events); see the relay child's log above", dup, records, n)
 	}
 	drain := time.Duration(rep.DrainNanos)
 	rate := float64(n) / drain.Seconds()
@@ -118,11 +125,15 @@ func runRelayChild(ctx context.Context, o *options, stdout io.Writer) error {
 	}
 	defer kp.Close()
 	pub := &countingPublisher{Publisher: kp}
+	// Warnings and errors go to stderr: a retried batch is a duplicate,
+	// and the parent reports duplicates.
+	logger := watermill.NewSlogLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	relay, err := outbox.NewRelay(pool, outbox.RelayConfig{
 		Schema:    o.schema,
 		Publisher: pub,
 		Workers:   o.relayWorkers,
 		BatchSize: o.relayBatch,
+		Logger:    logger,
 	})
 	if err != nil {
 		return err
