@@ -133,7 +133,7 @@ type Relay struct {
 	schema string
 	log    watermill.LoggerAdapter
 
-	claim, markPublished, markFailed string
+	lockLanes, claim, markPublished, markFailed string
 	channel                          string
 
 	wake chan struct{}
@@ -162,25 +162,26 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 		channel: notifyChannel(schema),
 		wake:    make(chan struct{}, 1),
 	}
-	// One statement locks the lanes of the batch and claims from them. Lanes
-	// are taken from a rotating start so that relays and workers do not all
-	// queue on lane 0 (index: outbox_lane's primary key). The claim walks
-	// outbox_pending's primary key in id order; a key with a failing (or,
-	// unless skipped, dead) event waits behind it, a probe that uses
-	// outbox_pending_blocked_idx, empty while everything flows.
-	r.claim = fmt.Sprintf(`WITH lanes AS (
-    SELECT lane FROM %[3]s ORDER BY (lane + $1) %% %[4]d LIMIT $2 FOR NO KEY UPDATE SKIP LOCKED
-)
-SELECT q.id, e.event_id::text, e.topic, e.partition_key, e.aggregate_type, e.aggregate_id, e.event_type,
+	// The lanes of a batch are locked first, in a statement of their own,
+	// so that the claim's snapshot is taken after the locks are held: it
+	// then sees everything the lanes' previous holder committed, and cannot
+	// claim rows that holder already published. Lanes are taken from a
+	// rotating start so that relays and workers do not all queue on lane 0
+	// (index: outbox_lane's primary key).
+	r.lockLanes = fmt.Sprintf(`SELECT lane FROM %s ORDER BY (lane + $1) %% %d LIMIT $2 FOR NO KEY UPDATE SKIP LOCKED`, lanes, Lanes)
+	// The claim walks outbox_pending's primary key in id order; a key with
+	// a failing (or, unless skipped, dead) event waits behind it, a probe
+	// that uses outbox_pending_blocked_idx, empty while everything flows.
+	r.claim = fmt.Sprintf(`SELECT q.id, e.event_id::text, e.topic, e.partition_key, e.aggregate_type, e.aggregate_id, e.event_type,
        e.payload, e.payload_bytes, e.headers, e.attempts
   FROM %[1]s q JOIN %[2]s e ON e.id = q.id
- WHERE q.lane = ANY(ARRAY(SELECT lane FROM lanes)) AND NOT q.dead
+ WHERE q.lane = ANY($1) AND NOT q.dead
    AND (NOT q.blocked OR q.next_attempt_at <= now())
    AND NOT EXISTS (SELECT 1 FROM %[1]s b
                     WHERE b.blocked AND b.partition_key = q.partition_key AND b.id < q.id
-                      AND (NOT b.dead OR $4))
+                      AND (NOT b.dead OR $3))
  ORDER BY q.id
- LIMIT $3`, pending, events, lanes, Lanes)
+ LIMIT $2`, pending, events)
 	r.markPublished = fmt.Sprintf(`WITH done AS (DELETE FROM %s WHERE id = ANY($1))
 UPDATE %s SET published_at = now() WHERE id = ANY($1)`, pending, events)
 	r.markFailed = fmt.Sprintf(`WITH f AS (
@@ -314,7 +315,11 @@ func (r *Relay) runBatch(ctx context.Context, offset int) (int, error) {
 	}
 	defer tx.Rollback(bctx) //nolint:errcheck // after Commit this is a no-op
 
-	rows, err := r.claimRows(bctx, tx, offset)
+	lanes, err := r.takeLanes(bctx, tx, offset)
+	if err != nil || len(lanes) == 0 {
+		return 0, err
+	}
+	rows, err := r.claimRows(bctx, tx, lanes)
 	if err != nil || len(rows) == 0 {
 		return 0, err
 	}
@@ -394,8 +399,20 @@ func (r *Relay) runBatch(ctx context.Context, offset int) (int, error) {
 	return len(rows), nil
 }
 
-func (r *Relay) claimRows(ctx context.Context, tx pgx.Tx, offset int) ([]pendingRow, error) {
-	rows, err := tx.Query(ctx, r.claim, offset, r.cfg.LanesPerBatch, r.cfg.BatchSize, !r.cfg.SkipDeadLetteredKeys)
+func (r *Relay) takeLanes(ctx context.Context, tx pgx.Tx, offset int) ([]int16, error) {
+	rows, err := tx.Query(ctx, r.lockLanes, offset, r.cfg.LanesPerBatch)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: lock lanes: %w", err)
+	}
+	lanes, err := pgx.CollectRows(rows, pgx.RowTo[int16])
+	if err != nil {
+		return nil, fmt.Errorf("outbox: lock lanes: %w", err)
+	}
+	return lanes, nil
+}
+
+func (r *Relay) claimRows(ctx context.Context, tx pgx.Tx, lanes []int16) ([]pendingRow, error) {
+	rows, err := tx.Query(ctx, r.claim, lanes, r.cfg.BatchSize, !r.cfg.SkipDeadLetteredKeys)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: claim: %w", err)
 	}

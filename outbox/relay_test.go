@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millrace/millrace"
@@ -344,3 +347,15 @@ func TestRelayOutageCountsNoAttempts(t *testing.T) {
 	rec.setFail(nil)
 	eventually(t, 20*time.Second, "backlog drained after outage", func() bool { return len(rec.ids()) == len(ids) })
 }
+
+// testLogger sends Watermill logs to the test log when RELAY_LOG is set.
+func testLogger(t *testing.T) watermill.LoggerAdapter {
+	if os.Getenv("RELAY_LOG") == "" {
+		return watermill.NopLogger{}
+	}
+	return watermill.NewStdLoggerWithOut(testWriter{t}, true, false)
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) { w.t.Log(strings.TrimSpace(string(p))); return len(p), nil }

@@ -3,7 +3,8 @@
 # URL on stdout (what it did goes to stderr). Idempotent.
 #
 #   1. DATABASE_URL, if set and it answers;
-#   2. 127.0.0.1:5432 as user postgres, database test (created if missing);
+#   2. 127.0.0.1:5432 (or $MILLRACE_PG_PORT) as user postgres, database test
+#      (created if missing);
 #   3. a throwaway cluster from the locally installed PostgreSQL binaries
 #      (initdb into .pg/ under the repository, on a free port), reused if running;
 #   4. as root, install Debian's postgresql package, then 3.
@@ -29,14 +30,15 @@ if [ -n "${DATABASE_URL:-}" ]; then
 	exit 1
 fi
 
-local_url="postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-if answers "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"; then
+port0=${MILLRACE_PG_PORT:-5432} # the port to try first; tests of this script point it elsewhere
+local_url="postgres://postgres@127.0.0.1:$port0/test?sslmode=disable"
+if answers "postgres://postgres@127.0.0.1:$port0/postgres?sslmode=disable"; then
 	if ! answers "$local_url"; then
-		say "creating database test on 127.0.0.1:5432"
-		psql "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable" -qc 'CREATE DATABASE test' >&2 || true
+		say "creating database test on 127.0.0.1:$port0"
+		psql "postgres://postgres@127.0.0.1:$port0/postgres?sslmode=disable" -qc 'CREATE DATABASE test' >&2 || true
 	fi
 	if answers "$local_url"; then
-		say "using PostgreSQL at 127.0.0.1:5432 (user postgres, database test)"
+		say "using PostgreSQL at 127.0.0.1:$port0 (user postgres, database test)"
 		echo "$local_url"
 		exit 0
 	fi
@@ -58,7 +60,7 @@ if [ -z "$bindir" ]; then
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >&2
 		bindir=$(find_bindir)
 	else
-		say "no PostgreSQL answers at 127.0.0.1:5432, none is installed, and I am not root to install one; set DATABASE_URL"
+		say "no PostgreSQL answers at 127.0.0.1:$port0, none is installed, and I am not root to install one; set DATABASE_URL"
 		exit 1
 	fi
 fi
@@ -81,13 +83,15 @@ else
 		say "initdb into $data ($bindir)"
 		"${run_as[@]}" "$bindir/initdb" -D "$data" -U postgres -A trust >/dev/null
 	fi
-	port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null || echo 54329)
+	port=54329
+	while (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do port=$((port + 1)); done # first free port
 	echo "$port" >"$portfile"
 	say "starting a throwaway cluster on 127.0.0.1:$port"
 	"${run_as[@]}" "$bindir/pg_ctl" -D "$data" -l "$root/.pg/log" -w -o "-p $port -k /tmp -c listen_addresses=127.0.0.1 -c max_connections=200 -c fsync=on" start >&2
 fi
 url="postgres://postgres@127.0.0.1:$port/test?sslmode=disable"
 if ! answers "$url"; then
+	say "creating database test on 127.0.0.1:$port"
 	"$bindir/psql" "postgres://postgres@127.0.0.1:$port/postgres?sslmode=disable" -qc 'CREATE DATABASE test' >&2 2>/dev/null \
 		|| (cd "$root" && go run ./internal/pgtest/cmd/pgping -create test "postgres://postgres@127.0.0.1:$port/postgres?sslmode=disable") >&2
 fi
