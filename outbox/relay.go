@@ -134,7 +134,7 @@ type Relay struct {
 	log    watermill.LoggerAdapter
 
 	lockLanes, claim, markPublished, markFailed string
-	channel                          string
+	channel                                     string
 
 	wake chan struct{}
 }
