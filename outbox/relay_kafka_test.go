@@ -173,6 +173,14 @@ func TestFourRelaysKeepPerKeyOrder(t *testing.T) {
 	}
 	eventually(t, 3*time.Minute, "all 50,000 events consumed", func() bool { return c.unique() == events })
 	c.checkKeyOrder(t)
+	// Nothing crashed, so nothing may be published twice: two relays never
+	// hold a key's events at once.
+	c.mu.Lock()
+	dups := len(c.msgs) - len(c.seen)
+	c.mu.Unlock()
+	if dups != 0 {
+		t.Fatalf("%d duplicates without any crash", dups)
+	}
 	// Marks commit just after the broker acknowledges.
 	eventually(t, 30*time.Second, "pending set empty", func() bool { return countRows(t, db, "outbox_pending", "") == 0 })
 }
