@@ -15,8 +15,13 @@ import (
 	"github.com/millrace/millrace/outbox"
 )
 
-// latencyRate is the writers' pace: one event per transaction.
-const latencyRate = 1000 // events per second
+// The writers' pace: one event per transaction, latencyRate a second,
+// handed out to latencyWriters goroutines so that a slow commit does not
+// hold the pace back.
+const (
+	latencyRate    = 1000 // events per second
+	latencyWriters = 8
+)
 
 // benchLatency measures latency_p50_ms and latency_p99_ms with a relay in
 // its default configuration (LISTEN/NOTIFY hints, writer hints coalesced),
@@ -76,7 +81,7 @@ func (p *ackRecorder) count() int {
 // latency runs one relay and paced writers for the phase duration and
 // returns the p50 and p99 of commit-to-acknowledgement.
 func (b *bench) latency(ctx context.Context, name string, pollOnly bool) (p50, p99 time.Duration, err error) {
-	pool, err := b.connect(ctx, 12)
+	pool, err := b.connect(ctx, latencyWriters+6)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -137,7 +142,7 @@ func (b *bench) latency(ctx context.Context, name string, pollOnly bool) (p50, p
 	wctx, cancelWriters := context.WithCancelCause(ctx)
 	defer cancelWriters(nil)
 	var wg sync.WaitGroup
-	for range 4 {
+	for range latencyWriters {
 		wg.Go(func() {
 			for i := range jobs {
 				if wctx.Err() != nil {
