@@ -217,26 +217,36 @@ func (r *Relay) Run(ctx context.Context) error {
 var errOutage = errors.New("outbox: publish unavailable")
 
 func (r *Relay) work(ctx context.Context, worker int) {
+	// A batch works on a window of LanesPerBatch lanes; the window moves on
+	// after every batch, and the worker sleeps only after a whole ring of
+	// windows found nothing, so every lane is looked at on every wake-up.
+	window := r.cfg.LanesPerBatch
+	windowsPerRing := (Lanes + window - 1) / window
 	offset := rand.IntN(Lanes)
 	idle := r.cfg.PollInterval
-	outages := 0
+	outages, empty := 0, 0
 	for ctx.Err() == nil {
-		offset = (offset + 1) % Lanes
 		n, err := r.runBatch(ctx, offset)
+		offset = (offset + window) % Lanes
 		switch {
 		case err != nil:
 			outages++
+			empty = 0
 			wait := backoff.Exponential(outages, 50*time.Millisecond, r.cfg.OutageBackoffMax)
 			r.log.Error("Relay batch failed; retrying", err, watermill.LogFields{"worker": worker, "retry_in": wait.String()})
 			r.cfg.Metrics.outage()
 			backoff.Sleep(ctx, wait)
 			continue
 		case n > 0:
-			outages = 0
+			outages, empty = 0, 0
 			idle = time.Millisecond
 			continue
 		}
 		outages = 0
+		if empty++; empty < windowsPerRing {
+			continue
+		}
+		empty = 0
 		t := time.NewTimer(idle)
 		select {
 		case <-ctx.Done():

@@ -362,3 +362,30 @@ func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimSpace(string(p)))
 	return len(p), nil
 }
+
+// An idle relay woken by a hint looks at every lane, not only the window
+// of lanes its next batch would take: an event in any lane goes out at
+// once, not after polls walk the window round to it.
+func TestRelayWakeUpCoversEveryLane(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	w := newWriter(t, db)
+	rec := &recorder{}
+	// Polls are too rare to matter: only wake-ups can publish in time.
+	startRelay(t, db, outbox.RelayConfig{Publisher: rec, Workers: 1, LanesPerBatch: 8, PollInterval: time.Minute})
+	lanes := map[int16]bool{}
+	for i := 0; len(lanes) < 16; i++ {
+		key := fmt.Sprintf("customer-%d", i)
+		if lanes[outbox.Lane(key)] {
+			continue
+		}
+		lanes[outbox.Lane(key)] = true
+		time.Sleep(5 * time.Millisecond) // the write carries a hint
+		ids, err := w.Write(ctx, outbox.Event{Topic: "t", PartitionKey: key, Payload: []byte(`{}`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 2*time.Second, "event in lane "+fmt.Sprint(outbox.Lane(key))+" published", func() bool { return rec.ids()[ids[0]] == 1 })
+	}
+}
