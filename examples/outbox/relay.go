@@ -35,12 +35,6 @@ func startRelay(e *env, name string) (*relay, error) {
 		Schema:    e.schema,
 		Publisher: counter,
 		Logger:    e.logger,
-		// Each batch may take every free lane. With the default (half the
-		// lanes per batch, the window moving one lane per poll), an idle
-		// relay can leave a quiet lane unvisited for many polls: measured
-		// here, a single event waited up to 17 s. Drop this line once the
-		// relay looks at every lane when it wakes.
-		LanesPerBatch: outbox.Lanes,
 	})
 	if err != nil {
 		_ = pub.Close()
