@@ -139,6 +139,7 @@ UPDATE %[2]s e SET discarded_at = now()
        AND ($6 = '' OR aggregate_id = $6)
        AND ($7 = '' OR event_type = $7)
        AND ($8 = '' OR topic = $8)
+       AND ($10 = '' OR partition_key = $10)
      ORDER BY id
      LIMIT $9
        FOR KEY SHARE
@@ -306,11 +307,13 @@ type ReplayFilter struct {
 	// FromID and ToID bound the log's row id (as in DeadLetter.ID; ids
 	// follow the order events were written in): FromID <= id <= ToID.
 	FromID, ToID int64
-	// AggregateType, AggregateID, EventType and Topic must match exactly.
+	// AggregateType, AggregateID, EventType, Topic and PartitionKey must
+	// match exactly.
 	AggregateType string
 	AggregateID   string
 	EventType     string
 	Topic         string
+	PartitionKey  string
 	// All must be set to replay with an otherwise empty filter, that is
 	// every published event retention kept.
 	All bool
@@ -318,7 +321,7 @@ type ReplayFilter struct {
 
 func (f ReplayFilter) empty() bool {
 	return f.From.IsZero() && f.To.IsZero() && f.FromID == 0 && f.ToID == 0 &&
-		f.AggregateType == "" && f.AggregateID == "" && f.EventType == "" && f.Topic == ""
+		f.AggregateType == "" && f.AggregateID == "" && f.EventType == "" && f.Topic == "" && f.PartitionKey == ""
 }
 
 func (f ReplayFilter) validate() error {
@@ -389,7 +392,7 @@ func (a *Admin) replayOn(ctx context.Context, db dbtx, f ReplayFilter) (int64, e
 			selected, n int64
 		)
 		err := db.QueryRow(ctx, a.replay, cursor, upper, from, to,
-			f.AggregateType, f.AggregateID, f.EventType, f.Topic, a.replayChunk).Scan(&last, &selected, &n)
+			f.AggregateType, f.AggregateID, f.EventType, f.Topic, a.replayChunk, f.PartitionKey).Scan(&last, &selected, &n)
 		if err != nil {
 			return total, fmt.Errorf("outbox: replay after id %d: %w", cursor, err)
 		}

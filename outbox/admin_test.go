@@ -432,6 +432,7 @@ type replayRow struct {
 	rowID                         int64
 	created                       time.Time
 	aggType, aggID, evType, topic string
+	key                           string
 }
 
 func newReplayFixture(t *testing.T, cfg outbox.AdminConfig) *replayFixture {
@@ -461,7 +462,7 @@ func newReplayFixture(t *testing.T, cfg outbox.AdminConfig) *replayFixture {
 		b.publish(created.Add(time.Minute), id)
 		e := events[i]
 		f.published = append(f.published, replayRow{id: id, eventID: id, rowID: b.rowID(id), created: created,
-			aggType: e.AggregateType, aggID: e.AggregateID, evType: e.EventType, topic: e.Topic})
+			aggType: e.AggregateType, aggID: e.AggregateID, evType: e.EventType, topic: e.Topic, key: e.PartitionKey})
 	}
 	// Unpublished events that match every filter below but must never be
 	// replayed: plain pending, failing, dead, discarded.
@@ -518,6 +519,7 @@ func TestReplaySelectsExactlyTheFilter(t *testing.T) {
 		{"AggregateID", outbox.ReplayFilter{AggregateID: "agg-0"}, func(r replayRow) bool { return r.aggID == "agg-0" }},
 		{"EventType", outbox.ReplayFilter{EventType: "Updated"}, func(r replayRow) bool { return r.evType == "Updated" }},
 		{"Topic", outbox.ReplayFilter{Topic: "payments"}, func(r replayRow) bool { return r.topic == "payments" }},
+		{"PartitionKey", outbox.ReplayFilter{PartitionKey: "key-1"}, func(r replayRow) bool { return r.key == "key-1" }},
 		{"Combined", outbox.ReplayFilter{Topic: "orders", AggregateType: "order", To: f.base.Add(7 * time.Hour)}, func(r replayRow) bool {
 			return r.topic == "orders" && r.aggType == "order" && r.created.Before(f.base.Add(7*time.Hour))
 		}},
