@@ -190,23 +190,8 @@ SELECT o.customer_id, b.balance_cents, b.orders_billed
 		return r, err
 	}
 
-	// A ReplayFilter selects by topic, event type, aggregate, time or log
-	// position; each order is an aggregate, so replay the customer's orders
-	// one by one, in one transaction: the relays see all of them or none.
-	err = pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-		for _, id := range r.orderIDs {
-			n, err := e.admin.ReplayTx(ctx, tx, outbox.ReplayFilter{
-				Topic:         e.ordersTopic,
-				AggregateType: "order",
-				AggregateID:   strconv.FormatInt(id, 10),
-			})
-			if err != nil {
-				return err
-			}
-			r.events += n
-		}
-		return nil
-	})
+	// The OrderPlaced events are keyed by customer: replay that key's.
+	r.events, err = e.admin.Replay(ctx, outbox.ReplayFilter{Topic: e.ordersTopic, PartitionKey: r.customer})
 	if err != nil {
 		return r, fmt.Errorf("replay %s's orders: %w", r.customer, err)
 	}
