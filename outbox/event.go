@@ -73,30 +73,28 @@ func (e *EventError) Error() string {
 
 func (e *EventError) Unwrap() error { return e.Err }
 
-// normalize checks e and fills its defaults. It returns the canonical id.
-func (e *Event) normalize(index int) error {
-	fail := func(err error) error { return &EventError{Index: index, ID: e.ID, Err: err} }
+// normalize checks e and fills its defaults. It returns the parsed id.
+func (e *Event) normalize(index int) (uuid.UUID, error) {
+	fail := func(err error) (uuid.UUID, error) { return uuid.UUID{}, &EventError{Index: index, ID: e.ID, Err: err} }
 	if e.Topic == "" {
 		return fail(ErrMissingTopic)
 	}
 	if e.PartitionKey == "" {
 		return fail(ErrEmptyPartitionKey)
 	}
+	var id uuid.UUID
+	var err error
 	if e.ID == "" {
-		id, err := uuid.NewV7()
+		id, err = uuid.NewV7()
 		if err != nil {
 			return fail(err)
 		}
-		e.ID = id.String()
-	} else {
-		id, err := uuid.Parse(e.ID)
-		if err != nil {
-			return fail(fmt.Errorf("%w: %v", ErrInvalidEventID, err))
-		}
-		e.ID = id.String()
+	} else if id, err = uuid.Parse(e.ID); err != nil {
+		return fail(fmt.Errorf("%w: %v", ErrInvalidEventID, err))
 	}
+	e.ID = id.String()
 	if !e.Binary && !json.Valid(e.Payload) {
 		return fail(ErrInvalidJSON)
 	}
-	return nil
+	return id, nil
 }

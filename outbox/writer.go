@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -35,8 +36,8 @@ type Writer struct {
 	channel        string
 	notifyInterval int64
 	lastNotify     atomic.Int64
-	insert         string
-	insertNotify   string
+	// The statements that write one event, and many.
+	insertOne, insertOneNotify, insert, insertNotify string
 }
 
 // NewWriter returns a Writer. pool is used only by Write; it may be nil if
@@ -55,17 +56,33 @@ func NewWriter(pool *pgxpool.Pool, cfg WriterConfig) (*Writer, error) {
 		channel:        notifyChannel(schema),
 		notifyInterval: int64(cfg.NotifyInterval),
 	}
-	// One round trip writes the log row and its pending row, and when due
-	// the wake-up hint.
-	w.insert = fmt.Sprintf(`WITH ev AS (
-    INSERT INTO %s (event_id, aggregate_type, aggregate_id, event_type, topic, partition_key, lane, payload, payload_bytes, headers)
-    SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int2[], $8::text[]::jsonb[], $9::bytea[], $10::text[]::jsonb[])
+	// One round trip writes the log rows and their pending rows, and when
+	// due the wake-up hint.
+	events, pending := sqlident.Table(schema, "outbox_event"), sqlident.Table(schema, "outbox_pending")
+	const cols = `event_id, aggregate_type, aggregate_id, event_type, topic, partition_key, lane, payload, payload_bytes, headers`
+	w.insertOne = fmt.Sprintf(`WITH ev AS (
+    INSERT INTO %s (%s) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
     RETURNING id, lane, partition_key
-), pending AS (
+)
+INSERT INTO %s (id, lane, partition_key) SELECT id, lane, partition_key FROM ev`, events, cols, pending)
+	w.insertOneNotify = fmt.Sprintf(`WITH ev AS (
+    INSERT INTO %s (%s) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+    RETURNING id, lane, partition_key
+), p AS (
     INSERT INTO %s (id, lane, partition_key) SELECT id, lane, partition_key FROM ev
 )
-SELECT count(*) FROM ev`, sqlident.Table(schema, "outbox_event"), sqlident.Table(schema, "outbox_pending"))
-	w.insertNotify = w.insert + `, pg_notify($11, '')`
+SELECT pg_notify($11, '')`, events, cols, pending)
+	many := fmt.Sprintf(`WITH ev AS (
+    INSERT INTO %s (%s)
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int2[], $8::text[]::jsonb[], $9::bytea[], $10::text[]::jsonb[])
+    RETURNING id, lane, partition_key
+), p AS (
+    INSERT INTO %s (id, lane, partition_key) SELECT id, lane, partition_key FROM ev
+)`, events, cols, pending)
+	w.insert = many + `
+SELECT 1`
+	w.insertNotify = many + `
+SELECT pg_notify($11, '')`
 	return w, nil
 }
 
@@ -104,56 +121,98 @@ func (w *Writer) WriteTx(ctx context.Context, tx pgx.Tx, events ...Event) ([]str
 	if len(events) == 0 {
 		return nil, ErrNoEvents
 	}
-	n := len(events)
-	var (
-		ids       = make([]string, n)
-		aggTypes  = make([]string, n)
-		aggIDs    = make([]string, n)
-		types     = make([]string, n)
-		topics    = make([]string, n)
-		keys      = make([]string, n)
-		lanes     = make([]int16, n)
-		payloads  = make([]*string, n)
-		binaries  = make([][]byte, n)
-		headers   = make([]string, n)
-		noHeaders = "{}"
-	)
+	rows := make([]eventRow, len(events))
+	ids := make([]string, len(events))
 	for i := range events {
-		e := events[i] // a copy: defaults are not written back to the caller's slice
-		if err := e.normalize(i); err != nil {
+		if err := rows[i].set(events[i], i); err != nil {
 			return nil, err
 		}
-		ids[i], aggTypes[i], aggIDs[i], types[i] = e.ID, e.AggregateType, e.AggregateID, e.EventType
-		topics[i], keys[i], lanes[i] = e.Topic, e.PartitionKey, Lane(e.PartitionKey)
-		if e.Binary {
-			binaries[i] = e.Payload
-			if binaries[i] == nil {
-				binaries[i] = []byte{}
-			}
-		} else {
-			s := string(e.Payload)
-			payloads[i] = &s
-		}
-		headers[i] = noHeaders
-		if len(e.Metadata) > 0 {
-			b, err := json.Marshal(e.Metadata)
-			if err != nil {
-				return nil, &EventError{Index: i, ID: e.ID, Err: fmt.Errorf("%w: %v", ErrInvalidMetadataJSON, err)}
-			}
-			headers[i] = string(b)
-		}
+		ids[i] = rows[i].idText
 	}
-	args := []any{ids, aggTypes, aggIDs, types, topics, keys, lanes, payloads, binaries, headers}
-	sql := w.insert
-	if w.notifyDue() {
-		sql = w.insertNotify
-		args = append(args, w.channel)
+	var err error
+	if len(rows) == 1 {
+		// The common case, one event per transaction, with scalar
+		// parameters: cheaper to encode than ten one-element arrays.
+		r := &rows[0]
+		args := []any{r.id, r.aggType, r.aggID, r.eventType, r.topic, r.key, r.lane, r.payload, r.binary, r.headers}
+		sql := w.insertOne
+		if w.notifyDue() {
+			sql, args = w.insertOneNotify, append(args, w.channel)
+		}
+		_, err = tx.Exec(ctx, sql, args...)
+	} else {
+		args := columns(rows)
+		sql := w.insert
+		if w.notifyDue() {
+			sql, args = w.insertNotify, append(args, w.channel)
+		}
+		_, err = tx.Exec(ctx, sql, args...)
 	}
-	var count int
-	if err := tx.QueryRow(ctx, sql, args...).Scan(&count); err != nil {
-		return nil, fmt.Errorf("outbox: write %d event(s): %w", n, err)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: write %d event(s): %w", len(rows), err)
 	}
 	return ids, nil
+}
+
+// eventRow is an Event checked and encoded for the outbox_event columns.
+type eventRow struct {
+	id                                    uuid.UUID
+	idText                                string
+	aggType, aggID, eventType, topic, key string
+	lane                                  int16
+	payload, binary, headers              []byte // payload is JSON or nil, binary is bytes or nil
+}
+
+var noHeaders = []byte("{}")
+
+func (r *eventRow) set(e Event, index int) error {
+	id, err := e.normalize(index)
+	if err != nil {
+		return err
+	}
+	*r = eventRow{id: id, idText: e.ID, aggType: e.AggregateType, aggID: e.AggregateID, eventType: e.EventType,
+		topic: e.Topic, key: e.PartitionKey, lane: Lane(e.PartitionKey), headers: noHeaders}
+	if e.Binary {
+		r.binary = e.Payload
+		if r.binary == nil {
+			r.binary = []byte{}
+		}
+	} else {
+		r.payload = e.Payload
+	}
+	if len(e.Metadata) > 0 {
+		if r.headers, err = json.Marshal(e.Metadata); err != nil {
+			return &EventError{Index: index, ID: e.ID, Err: fmt.Errorf("%w: %v", ErrInvalidMetadataJSON, err)}
+		}
+	}
+	return nil
+}
+
+// columns turns rows into the ten column arrays of the multi-row insert.
+func columns(rows []eventRow) []any {
+	n := len(rows)
+	var (
+		ids      = make([]uuid.UUID, n)
+		aggTypes = make([]string, n)
+		aggIDs   = make([]string, n)
+		types    = make([]string, n)
+		topics   = make([]string, n)
+		keys     = make([]string, n)
+		lanes    = make([]int16, n)
+		payloads = make([]*string, n)
+		binaries = make([][]byte, n)
+		headers  = make([]string, n)
+	)
+	for i, r := range rows {
+		ids[i], aggTypes[i], aggIDs[i], types[i] = r.id, r.aggType, r.aggID, r.eventType
+		topics[i], keys[i], lanes[i], binaries[i] = r.topic, r.key, r.lane, r.binary
+		if r.payload != nil {
+			s := string(r.payload)
+			payloads[i] = &s
+		}
+		headers[i] = string(r.headers)
+	}
+	return []any{ids, aggTypes, aggIDs, types, topics, keys, lanes, payloads, binaries, headers}
 }
 
 // notifyDue reports whether this write should carry a wake-up hint, and if
