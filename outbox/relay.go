@@ -1,11 +1,13 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -63,6 +65,13 @@ type RelayConfig struct {
 	// LanesPerBatch is the most lanes one batch takes. Lower it to spread
 	// work over many relays more evenly. Defaults to Lanes/Workers.
 	LanesPerBatch int
+	// SyncCommit makes each batch's commit wait for its WAL flush. Defaults
+	// to false: batches commit with synchronous_commit = off (for the
+	// relay's own transactions only), which saves a disk flush per batch. A
+	// database crash can then lose the marks of the last fraction of a
+	// second, and those events are published again: a duplicate, never a
+	// loss, which consumers deduplicate anyway.
+	SyncCommit bool
 	// Metrics, if set, counts what the relay does.
 	Metrics *Metrics
 	// Logger receives the relay's logs. Defaults to watermill.NopLogger.
@@ -133,8 +142,9 @@ type Relay struct {
 	schema string
 	log    watermill.LoggerAdapter
 
-	lockLanes, claim, markPublished, markFailed string
-	channel                                     string
+	lockLanes, claim, unclaim string
+	begin                     pgx.TxOptions
+	channel                   string
 
 	wake chan struct{}
 }
@@ -169,29 +179,54 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 	// rotating start so that relays and workers do not all queue on lane 0
 	// (index: outbox_lane's primary key).
 	r.lockLanes = fmt.Sprintf(`SELECT lane FROM %s ORDER BY (lane + $1) %% %d LIMIT $2 FOR NO KEY UPDATE SKIP LOCKED`, lanes, Lanes)
-	// The claim walks outbox_pending's primary key in id order; a key with
-	// a failing (or, unless skipped, dead) event waits behind it, a probe
-	// that uses outbox_pending_blocked_idx, empty while everything flows.
-	r.claim = fmt.Sprintf(`SELECT q.id, e.event_id::text, e.topic, e.partition_key, e.aggregate_type, e.aggregate_id, e.event_type,
-       e.payload, e.payload_bytes, e.headers, e.attempts
-  FROM %[1]s q JOIN %[2]s e ON e.id = q.id
- WHERE q.lane = ANY($1) AND NOT q.dead
-   AND (NOT q.blocked OR q.next_attempt_at <= now())
-   AND NOT EXISTS (SELECT 1 FROM %[1]s b
-                    WHERE b.blocked AND b.partition_key = q.partition_key AND b.id < q.id
-                      AND (NOT b.dead OR $3))
- ORDER BY q.id
- LIMIT $2`, pending, events)
-	r.markPublished = fmt.Sprintf(`WITH done AS (DELETE FROM %s WHERE id = ANY($1))
-UPDATE %s SET published_at = now() WHERE id = ANY($1)`, pending, events)
-	r.markFailed = fmt.Sprintf(`WITH f AS (
-    SELECT * FROM unnest($1::int8[], $2::text[], $3::timestamptz[], $4::bool[]) AS f(id, err, next_at, dead)
-), q AS (
-    UPDATE %s q SET blocked = true, next_attempt_at = f.next_at, dead = f.dead FROM f WHERE q.id = f.id
+	// The claim takes a batch out of the pending set and marks it published
+	// in one statement, before publishing: the transaction commits only
+	// after the broker acknowledged, so a crash or an outage rolls it back
+	// and the events are pending again. The inner SELECT walks
+	// outbox_pending's primary key in id order; a key with a failing (or,
+	// unless skipped, dead) event waits behind it, a probe that uses
+	// outbox_pending_blocked_idx, empty while everything flows. The mark is
+	// a HOT update (published_at is in no index; the log's fillfactor leaves
+	// room). "id = ANY(ARRAY(...))" keeps the DELETE on primary-key lookups
+	// (with "IN (...)" the planner hashes a scan of the whole pending set).
+	// Rows come back in no particular order; the relay sorts them.
+	r.claim = fmt.Sprintf(`WITH claimed AS (
+    DELETE FROM %[1]s
+     WHERE id = ANY(ARRAY(SELECT q.id FROM %[1]s q
+                   WHERE q.lane = ANY($1) AND NOT q.dead
+                     AND (NOT q.blocked OR q.next_attempt_at <= now())
+                     AND NOT EXISTS (SELECT 1 FROM %[1]s b
+                                      WHERE b.blocked AND b.partition_key = q.partition_key AND b.id < q.id
+                                        AND (NOT b.dead OR $3))
+                   ORDER BY q.id
+                   LIMIT $2))
+    RETURNING id, blocked, next_attempt_at
 )
-UPDATE %s e SET attempts = e.attempts + 1, last_error = f.err, next_attempt_at = f.next_at,
+UPDATE %[2]s e SET published_at = now()
+  FROM claimed c
+ WHERE e.id = c.id
+RETURNING e.id, e.event_id::text, e.topic, e.partition_key, e.aggregate_type, e.aggregate_id, e.event_type,
+          e.payload, e.payload_bytes, e.headers, e.attempts, c.blocked, c.next_attempt_at`, pending, events)
+	// Events that did not go out return to the pending set: charged an
+	// attempt (err not null: blocked, due again at next_at, perhaps dead),
+	// or, held behind a failed event of their key, as they were.
+	r.unclaim = fmt.Sprintf(`WITH f AS (
+    SELECT * FROM unnest($1::int8[], $2::bool[], $3::bool[], $4::timestamptz[], $5::text[]) AS f(id, blocked, dead, next_at, err)
+), q AS (
+    INSERT INTO %[1]s (id, lane, partition_key, blocked, dead, next_attempt_at)
+    SELECT e.id, e.lane, e.partition_key, f.blocked, f.dead, f.next_at FROM f JOIN %[2]s e ON e.id = f.id
+)
+UPDATE %[2]s e SET published_at = NULL,
+       attempts = e.attempts + (f.err IS NOT NULL)::int,
+       last_error = coalesce(f.err, e.last_error),
+       next_attempt_at = f.next_at,
        dead_at = CASE WHEN f.dead THEN now() END
-  FROM f WHERE e.id = f.id`, pending, events)
+  FROM f
+ WHERE e.id = f.id`, pending, events)
+	r.begin = pgx.TxOptions{}
+	if !cfg.SyncCommit {
+		r.begin.BeginQuery = "BEGIN; SET LOCAL synchronous_commit = off"
+	}
 	return r, nil
 }
 
@@ -307,6 +342,10 @@ type pendingRow struct {
 	eventType                           string
 	payload, payloadBytes, headers      []byte
 	attempts                            int
+	// Its pending state before the claim, restored if it goes back
+	// unpublished.
+	blocked       bool
+	nextAttemptAt *time.Time
 }
 
 // runBatch claims, publishes and marks one batch in one transaction, and
@@ -319,7 +358,7 @@ func (r *Relay) runBatch(ctx context.Context, offset int) (int, error) {
 	}
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
 	defer cancel()
-	tx, err := r.pool.Begin(bctx)
+	tx, err := r.pool.BeginTx(bctx, r.begin)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: begin: %w", err)
 	}
@@ -337,7 +376,8 @@ func (r *Relay) runBatch(ctx context.Context, offset int) (int, error) {
 	failed := r.publish(rows)
 	if len(failed) == len(rows) && !anyPermanent(failed) {
 		// Nothing went out and nothing says the events are at fault: the
-		// broker is unavailable. Count no attempts; back off.
+		// broker is unavailable. Roll back (the events stay pending),
+		// count no attempts, back off.
 		var first error
 		for _, err := range failed {
 			first = err
@@ -345,68 +385,76 @@ func (r *Relay) runBatch(ctx context.Context, offset int) (int, error) {
 		}
 		return 0, fmt.Errorf("%w: %d events: %v", errOutage, len(rows), first)
 	}
-
-	ok := make([]int64, 0, len(rows)-len(failed))
-	var fIDs []int64
-	var fErrs []string
-	var fNext []time.Time
-	var fDead []bool
-	now := time.Now()
-	var failedKeys map[string]bool
-	for _, row := range rows {
-		err, bad := failed[row.id]
-		if failedKeys[row.key] {
-			// An earlier event of this key failed in this batch. If this one
-			// failed too it was held behind it: leave it pending, charged
-			// nothing; the blocked event ahead of it keeps it waiting.
-			if !bad {
-				ok = append(ok, row.id)
-				r.log.Info("Outbox event published ahead of a failed event of its key", watermill.LogFields{"event_id": row.eventID, "partition_key": row.key})
-			}
-			continue
-		}
-		if !bad {
-			ok = append(ok, row.id)
-			continue
-		}
-		if failedKeys == nil {
-			failedKeys = map[string]bool{}
-		}
-		failedKeys[row.key] = true
-		attempt := row.attempts + 1
-		dead := attempt >= r.cfg.MaxAttempts
-		fIDs = append(fIDs, row.id)
-		fErrs = append(fErrs, err.Error())
-		fNext = append(fNext, now.Add(backoff.Exponential(attempt, r.cfg.RetryMin, r.cfg.RetryMax)))
-		fDead = append(fDead, dead)
-		fields := watermill.LogFields{"event_id": row.eventID, "topic": row.topic, "attempt": attempt}
-		if dead {
-			r.log.Error("Outbox event dead-lettered", err, fields)
-		} else {
-			r.log.Info("Outbox event failed; will retry: "+err.Error(), fields)
-		}
-	}
-	if len(ok) > 0 {
-		if _, err := tx.Exec(bctx, r.markPublished, ok); err != nil {
-			return 0, fmt.Errorf("outbox: mark %d events published: %w", len(ok), err)
-		}
-	}
-	if len(fIDs) > 0 {
-		if _, err := tx.Exec(bctx, r.markFailed, fIDs, fErrs, fNext, fDead); err != nil {
-			return 0, fmt.Errorf("outbox: record %d failed events: %w", len(fIDs), err)
+	var back unclaimed
+	if len(failed) > 0 {
+		back = r.settleFailures(rows, failed)
+		if _, err := tx.Exec(bctx, r.unclaim, back.ids, back.blocked, back.dead, back.nextAt, back.errs); err != nil {
+			return 0, fmt.Errorf("outbox: return %d failed events to the pending set: %w", len(back.ids), err)
 		}
 	}
 	if err := tx.Commit(bctx); err != nil {
 		return 0, fmt.Errorf("outbox: commit batch of %d: %w", len(rows), err)
 	}
-	deadCount := 0
-	for _, d := range fDead {
-		if d {
-			deadCount++
+	r.cfg.Metrics.batch(len(rows)-len(back.ids), back.charged, back.died)
+	return len(rows), nil
+}
+
+// unclaimed are the events of a batch that go back to the pending set, as
+// columns for the unclaim statement.
+type unclaimed struct {
+	ids           []int64
+	blocked, dead []bool
+	nextAt        []*time.Time
+	errs          []*string // nil: held behind its key, not charged
+	charged, died int
+}
+
+// settleFailures decides what becomes of the events that did not go out:
+// the first failure of a key is charged an attempt (and may die); the
+// key's later events in the batch were held behind it and return as they
+// were. A later event of such a key that did go out is logged: it overtook
+// the failed one.
+func (r *Relay) settleFailures(rows []pendingRow, failed map[int64]error) unclaimed {
+	var u unclaimed
+	now := time.Now()
+	failedKeys := map[string]bool{}
+	for _, row := range rows {
+		err, bad := failed[row.id]
+		if failedKeys[row.key] {
+			if bad {
+				u.add(row.id, row.blocked, false, row.nextAttemptAt, nil)
+			} else {
+				r.log.Info("Outbox event published ahead of a failed event of its key", watermill.LogFields{"event_id": row.eventID, "partition_key": row.key})
+			}
+			continue
+		}
+		if !bad {
+			continue
+		}
+		failedKeys[row.key] = true
+		attempt := row.attempts + 1
+		dead := attempt >= r.cfg.MaxAttempts
+		next := now.Add(backoff.Exponential(attempt, r.cfg.RetryMin, r.cfg.RetryMax))
+		reason := err.Error()
+		u.add(row.id, true, dead, &next, &reason)
+		u.charged++
+		fields := watermill.LogFields{"event_id": row.eventID, "topic": row.topic, "attempt": attempt}
+		if dead {
+			u.died++
+			r.log.Error("Outbox event dead-lettered", err, fields)
+		} else {
+			r.log.Info("Outbox event failed; will retry: "+reason, fields)
 		}
 	}
-	r.cfg.Metrics.batch(len(ok), len(fIDs), deadCount)
-	return len(rows), nil
+	return u
+}
+
+func (u *unclaimed) add(id int64, blocked, dead bool, nextAt *time.Time, err *string) {
+	u.ids = append(u.ids, id)
+	u.blocked = append(u.blocked, blocked)
+	u.dead = append(u.dead, dead)
+	u.nextAt = append(u.nextAt, nextAt)
+	u.errs = append(u.errs, err)
 }
 
 func (r *Relay) takeLanes(ctx context.Context, tx pgx.Tx, offset int) ([]int16, error) {
@@ -431,7 +479,7 @@ func (r *Relay) claimRows(ctx context.Context, tx pgx.Tx, lanes []int16) ([]pend
 	for rows.Next() {
 		var p pendingRow
 		if err := rows.Scan(&p.id, &p.eventID, &p.topic, &p.key, &p.aggType, &p.aggID, &p.eventType,
-			&p.payload, &p.payloadBytes, &p.headers, &p.attempts); err != nil {
+			&p.payload, &p.payloadBytes, &p.headers, &p.attempts, &p.blocked, &p.nextAttemptAt); err != nil {
 			return nil, fmt.Errorf("outbox: claim: %w", err)
 		}
 		out = append(out, p)
@@ -439,6 +487,8 @@ func (r *Relay) claimRows(ctx context.Context, tx pgx.Tx, lanes []int16) ([]pend
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("outbox: claim: %w", err)
 	}
+	// Publish in id order: the order the events were written in.
+	slices.SortFunc(out, func(a, b pendingRow) int { return cmp.Compare(a.id, b.id) })
 	return out, nil
 }
 
