@@ -70,7 +70,7 @@ func NewCleaner(pool *pgxpool.Pool, cfg CleanerConfig) (*Cleaner, error) {
 	return &Cleaner{
 		pool: pool,
 		cfg:  cfg,
-		// Uses processed_event_processed_at_idx; SKIP LOCKED lets two
+		// Uses processed_event_processed_at_idx (BRIN); SKIP LOCKED lets two
 		// cleaners share the work.
 		marks: fmt.Sprintf(`DELETE FROM %s WHERE ctid = ANY(ARRAY(
     SELECT ctid FROM %s WHERE processed_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED))`, pe, pe),

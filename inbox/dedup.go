@@ -2,11 +2,14 @@ package inbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace"
@@ -35,7 +38,8 @@ type Deduplicator struct {
 	pool     *pgxpool.Pool
 	consumer string
 	eventID  EventIDFunc
-	mark     string
+	// beginAndMark is the BEGIN query; %s is the event id.
+	beginAndMark string
 }
 
 // NewDeduplicator returns a Deduplicator. It does not touch the database.
@@ -53,13 +57,20 @@ func NewDeduplicator(pool *pgxpool.Pool, cfg DedupConfig) (*Deduplicator, error)
 	if cfg.EventID == nil {
 		cfg.EventID = DefaultEventID
 	}
+	if strings.ContainsAny(cfg.Consumer, "\x00\\") {
+		return nil, fmt.Errorf("%w: DedupConfig.Consumer %q must not contain NUL or backslash", ErrConfig, cfg.Consumer)
+	}
+	// The transaction begins and records the mark in one round trip: the
+	// mark is part of the BEGIN query, sent with the simple protocol, so
+	// its values are literals (the consumer name quoted here, the event id
+	// a parsed UUID). A duplicate fails that query with a unique violation
+	// on processed_event's primary key, before the handler runs.
 	return &Deduplicator{
 		pool:     pool,
 		consumer: cfg.Consumer,
 		eventID:  cfg.EventID,
-		// Relies on processed_event's primary key (consumer, event_id).
-		mark: fmt.Sprintf(`INSERT INTO %s (consumer, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
-			sqlident.Table(schema, "processed_event")),
+		beginAndMark: fmt.Sprintf(`BEGIN; INSERT INTO %s (consumer, event_id) VALUES ('%s', '%%s')`,
+			sqlident.Table(schema, "processed_event"), strings.ReplaceAll(cfg.Consumer, "'", "''")),
 	}, nil
 }
 
@@ -87,9 +98,21 @@ func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			return nil, err
 		}
 		ctx := msg.Context()
-		tx, err := d.pool.Begin(ctx)
+		conn, err := d.pool.Acquire(ctx)
 		if err != nil {
-			return nil, fmt.Errorf("inbox: consumer %s, event %s: begin: %w", d.consumer, id, err)
+			return nil, fmt.Errorf("inbox: consumer %s, event %s: %w", d.consumer, id, err)
+		}
+		defer conn.Release()
+		tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: fmt.Sprintf(d.beginAndMark, id)})
+		if err != nil {
+			// The failed INSERT left the transaction block aborted: end it
+			// before the connection goes back to the pool.
+			_, _ = conn.Exec(ctx, "ROLLBACK")
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "23505" /* unique_violation */ {
+				return nil, nil // a duplicate: acknowledge without running h
+			}
+			return nil, fmt.Errorf("inbox: consumer %s, event %s: begin and record: %w", d.consumer, id, err)
 		}
 		done := false
 		defer func() {
@@ -97,13 +120,6 @@ func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
 				rollback(ctx, tx)
 			}
 		}()
-		tag, err := tx.Exec(ctx, d.mark, d.consumer, id)
-		if err != nil {
-			return nil, fmt.Errorf("inbox: consumer %s, event %s: record: %w", d.consumer, id, err)
-		}
-		if tag.RowsAffected() == 0 {
-			return nil, nil // a duplicate: acknowledge without running h
-		}
 		msg.SetContext(millrace.ContextWithTx(ctx, tx))
 		defer msg.SetContext(ctx)
 		out, err := h(msg)

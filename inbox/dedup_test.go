@@ -57,6 +57,11 @@ func TestDedupConfig(t *testing.T) {
 	if _, err := inbox.NewDeduplicator(nil, inbox.DedupConfig{Consumer: "c"}); !errors.Is(err, inbox.ErrConfig) {
 		t.Fatalf("nil pool: %v", err)
 	}
+	for _, bad := range []string{`back\slash`, "nul\x00"} {
+		if _, err := inbox.NewDeduplicator(db.Pool, inbox.DedupConfig{Consumer: bad}); !errors.Is(err, inbox.ErrConfig) {
+			t.Fatalf("consumer %q: %v, want ErrConfig", bad, err)
+		}
+	}
 }
 
 // Guarantee 5: 10,000 events, each delivered three times by four
@@ -246,7 +251,8 @@ func TestDedupConsumersAreIndependent(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 2)
 	billing := newDedup(t, b, "billing").Middleware(b.effectHandler(t))
-	shipping := newDedup(t, b, "shipping").Middleware(b.effectHandler(t))
+	// A name with a quote in it: the mark's literal is quoted, not spliced.
+	shipping := newDedup(t, b, "o'shipping'); DROP TABLE x; --").Middleware(b.effectHandler(t))
 	id := uuid.NewString()
 	for range 2 {
 		for _, h := range []message.HandlerFunc{billing, shipping} {
