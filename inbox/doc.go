@@ -4,8 +4,10 @@
 // # Dedup middleware (the default)
 //
 // A Deduplicator's Middleware runs each message's handler in a PostgreSQL
-// transaction that also inserts (consumer, event id) into processed_event
-// with ON CONFLICT DO NOTHING. The handler finds the transaction with
+// transaction that also inserts (consumer, event id) into processed_event,
+// in the same round trip as BEGIN; the primary key turns a duplicate away
+// (the source documents' ON CONFLICT DO NOTHING, told apart by its unique
+// violation). The handler finds the transaction with
 // TxFromContext(msg.Context()) and writes its effects with it; events it
 // emits through the outbox (outbox.Writer.WriteTx, or the Writer's
 // ContextPublisher, which picks the transaction from the message context)
