@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace/internal/sqlident"
@@ -25,6 +26,9 @@ type CleanerConfig struct {
 	// Interval is the wait between two cleaning rounds of Run.
 	// Defaults to 1 minute.
 	Interval time.Duration
+	// Logger receives failed rounds and what each round deleted. Defaults
+	// to watermill.NopLogger.
+	Logger watermill.LoggerAdapter
 	// OnError, when set, is called with the error of a failed round of
 	// Run (the next round retries). Defaults to nil.
 	OnError func(error)
@@ -59,6 +63,9 @@ func NewCleaner(pool *pgxpool.Pool, cfg CleanerConfig) (*Cleaner, error) {
 	}
 	if cfg.Retention == 0 {
 		cfg.Retention = 7 * 24 * time.Hour
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = watermill.NopLogger{}
 	}
 	if cfg.BatchSize == 0 {
 		cfg.BatchSize = 1000
@@ -114,8 +121,16 @@ func (c *Cleaner) Run(ctx context.Context) error {
 			return nil
 		case <-timer.C:
 		}
-		if _, err := c.CleanOnce(ctx); err != nil && ctx.Err() == nil && c.cfg.OnError != nil {
-			c.cfg.OnError(err)
+		n, err := c.CleanOnce(ctx)
+		switch {
+		case ctx.Err() != nil:
+		case err != nil:
+			c.cfg.Logger.Error("Inbox clean failed", err, watermill.LogFields{"marks_deleted": n.ProcessedEvents, "inbox_rows_deleted": n.InboxEvents})
+			if c.cfg.OnError != nil {
+				c.cfg.OnError(err)
+			}
+		case n.ProcessedEvents+n.InboxEvents > 0:
+			c.cfg.Logger.Info("Inbox cleaned", watermill.LogFields{"marks_deleted": n.ProcessedEvents, "inbox_rows_deleted": n.InboxEvents})
 		}
 		timer.Reset(c.cfg.Interval)
 	}

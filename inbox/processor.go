@@ -7,11 +7,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/internal/backoff"
 	"github.com/millrace/millrace/internal/sqlident"
 )
 
@@ -51,9 +53,12 @@ type ProcessorConfig struct {
 	// waits (failed and backing off, dead, or in another processor's batch)
 	// holds its later rows. Defaults to false (any order).
 	OrderByKey bool
-	// OnError, when set, is called for every handler failure (for logs
-	// and metrics). Defaults to nil.
+	// OnError, when set, is called for every handler failure (for
+	// metrics). Defaults to nil.
 	OnError func(msg *message.Message, attempt int, err error)
+	// Logger receives handler failures, dead letters and failed batches
+	// (the database unavailable, say). Defaults to watermill.NopLogger.
+	Logger watermill.LoggerAdapter
 }
 
 // Processor applies the messages a Receiver stored, at its own pace. Each
@@ -100,6 +105,10 @@ func NewProcessor(pool *pgxpool.Pool, cfg ProcessorConfig) (*Processor, error) {
 	if cfg.PollInterval == 0 {
 		cfg.PollInterval = 100 * time.Millisecond
 	}
+	if cfg.Logger == nil {
+		cfg.Logger = watermill.NopLogger{}
+	}
+	cfg.Logger = cfg.Logger.With(watermill.LogFields{"component": "inbox.Processor", "consumer": cfg.Consumer})
 	if cfg.Workers == 0 {
 		cfg.Workers = 1
 	}
@@ -180,6 +189,9 @@ func (p *Processor) loop(ctx context.Context) {
 		n, err := p.ProcessOnce(ctx)
 		if ctx.Err() != nil {
 			return
+		}
+		if err != nil {
+			p.cfg.Logger.Error("Inbox batch failed; retrying", err, watermill.LogFields{"retry_in": p.cfg.PollInterval.String()})
 		}
 		if err == nil && n >= p.cfg.BatchSize {
 			timer.Reset(0) // more is waiting
@@ -267,10 +279,16 @@ func (p *Processor) ProcessOnce(ctx context.Context) (int, error) {
 			p.cfg.OnError(msg, attempt, err)
 		}
 		dead := attempt >= p.cfg.MaxAttempts || millrace.IsPermanent(err)
+		fields := watermill.LogFields{"event_id": r.eventID, "attempt": attempt}
+		if dead {
+			p.cfg.Logger.Error("Inbox message dead-lettered", err, fields)
+		} else {
+			p.cfg.Logger.Info("Inbox message failed; will retry: "+err.Error(), fields)
+		}
 		failIDs = append(failIDs, r.id)
 		failAttempts = append(failAttempts, int64(attempt))
 		failErrs = append(failErrs, err.Error())
-		failBackoff = append(failBackoff, p.backoff(attempt).Milliseconds())
+		failBackoff = append(failBackoff, backoff.Exponential(attempt, p.cfg.MinBackoff, p.cfg.MaxBackoff).Milliseconds())
 		failDead = append(failDead, dead)
 		if r.key != "" {
 			if failedKeys == nil {
@@ -307,16 +325,6 @@ func (p *Processor) call(ctx context.Context, tx pgx.Tx, msg *message.Message) (
 		}
 	}()
 	return p.cfg.Handler(msg.Context(), tx, msg)
-}
-
-// backoff is the wait after the attempt-th failure: MinBackoff doubled per
-// further failure, capped at MaxBackoff.
-func (p *Processor) backoff(attempt int) time.Duration {
-	d := p.cfg.MinBackoff
-	for i := 1; i < attempt && d < p.cfg.MaxBackoff; i++ {
-		d *= 2
-	}
-	return min(d, p.cfg.MaxBackoff)
 }
 
 // message rebuilds the Watermill message of a row. Its UUID is the event id.
