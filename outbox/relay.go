@@ -522,19 +522,36 @@ func (p *pendingRow) message() *message.Message {
 	return msg
 }
 
-// publish sends rows, one Publish call per run of the same topic, in id
-// order, and returns the failures by row id.
+// publish sends rows, one Publish call per topic, each in id order (a
+// batch that interleaves topics still goes out in a few calls; Kafka orders
+// per topic and partition only), and returns the failures by row id.
 func (r *Relay) publish(rows []pendingRow) map[int64]error {
 	failed := map[int64]error{}
-	for start := 0; start < len(rows); {
-		end := start + 1
-		for end < len(rows) && rows[end].topic == rows[start].topic {
-			end++
+	if sameTopic(rows) {
+		r.publishRun(rows, failed)
+		return failed
+	}
+	var topics []string
+	byTopic := map[string][]pendingRow{}
+	for _, row := range rows {
+		if _, seen := byTopic[row.topic]; !seen {
+			topics = append(topics, row.topic)
 		}
-		r.publishRun(rows[start:end], failed)
-		start = end
+		byTopic[row.topic] = append(byTopic[row.topic], row)
+	}
+	for _, topic := range topics {
+		r.publishRun(byTopic[topic], failed)
 	}
 	return failed
+}
+
+func sameTopic(rows []pendingRow) bool {
+	for i := range rows {
+		if rows[i].topic != rows[0].topic {
+			return false
+		}
+	}
+	return true
 }
 
 func (r *Relay) publishRun(rows []pendingRow, failed map[int64]error) {

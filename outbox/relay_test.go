@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -387,5 +388,40 @@ func TestRelayWakeUpCoversEveryLane(t *testing.T) {
 			t.Fatal(err)
 		}
 		eventually(t, 2*time.Second, "event in lane "+fmt.Sprint(outbox.Lane(key))+" published", func() bool { return rec.ids()[ids[0]] == 1 })
+	}
+}
+
+// A batch that interleaves topics goes out in one Publish call per topic,
+// each in write order.
+func TestRelayGroupsInterleavedTopics(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	w := newWriter(t, db)
+	var events []outbox.Event
+	for i := range 600 {
+		events = append(events, outbox.Event{Topic: []string{"orders", "invoices", "audit"}[i%3], PartitionKey: fmt.Sprint("k", i%7),
+			Payload: fmt.Appendf(nil, `{"seq":%d}`, i)})
+	}
+	if _, err := w.Write(ctx, events...); err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	startRelay(t, db, outbox.RelayConfig{Publisher: rec, Workers: 1, LanesPerBatch: outbox.Lanes, BatchSize: 1000})
+	eventually(t, 10*time.Second, "600 events published", func() bool { return len(rec.ids()) == 600 })
+	if calls := rec.calls.Load(); calls != 3 {
+		t.Fatalf("%d Publish calls for one batch over 3 topics, want 3", calls)
+	}
+	last := map[string]int{}
+	for _, m := range rec.snapshot() {
+		var body struct{ Seq int }
+		if err := json.Unmarshal(m.Payload, &body); err != nil {
+			t.Fatal(err)
+		}
+		k := m.Metadata.Get("topic") + "/" + m.Metadata.Get(millrace.MetadataPartitionKey)
+		if prev, ok := last[k]; ok && body.Seq <= prev {
+			t.Fatalf("%s: seq %d after %d", k, body.Seq, prev)
+		}
+		last[k] = body.Seq
 	}
 }
