@@ -65,6 +65,13 @@
 // flowing. Later events of its key wait behind it, so per-key order holds,
 // unless RelayConfig.SkipDeadLetteredKeys is set.
 //
+// How a failure is told apart from an outage: a batch in which every event
+// failed with an error not marked permanent (millrace.Permanent) counts as
+// an outage. So an event that fails alone, with an error its publisher does
+// not mark permanent, waits as in an outage instead of being dead-lettered;
+// millrace's Kafka publisher marks the errors retrying cannot fix, and a
+// publisher of your own should too.
+//
 // An Admin lists, requeues and discards dead letters, replays published
 // events with their original ids (R-DIST-OBX-3, to rebuild a read model) and
 // reports the backlog; a Cleaner deletes published events older than the
