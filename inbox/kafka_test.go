@@ -34,19 +34,6 @@ func kafkaPublisher(t testing.TB, brokers []string) *wkafka.Publisher {
 	return p
 }
 
-func kafkaSubscriber(t testing.TB, brokers []string) *wkafka.Subscriber {
-	t.Helper()
-	s, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{
-		Brokers: brokers, Unmarshaler: wkafka.DefaultMarshaler{},
-		OverwriteSaramaConfig: kafka.DefaultSaramaSubscriberConfig(), ConsumerGroup: kafkatest.Group(),
-	}, watermill.NopLogger{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
-	return s
-}
-
 // collect subscribes to topic and gathers what arrives, until the test ends.
 type collector struct {
 	mu   sync.Mutex
@@ -130,7 +117,7 @@ func TestKafkaRouterDedupPoisonAndOutbox(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := router.AddConsumerHandler("billing", topic, kafkaSubscriber(t, brokers), func(msg *message.Message) error {
+	h := router.AddConsumerHandler("billing", topic, kafkatest.NewSubscriber(t, brokers), func(msg *message.Message) error {
 		calls.Add(1)
 		tx, ok := inbox.TxFromContext(msg.Context())
 		if !ok {
@@ -150,9 +137,9 @@ func TestKafkaRouterDedupPoisonAndOutbox(t *testing.T) {
 		return func(m *message.Message) ([]*message.Message, error) { deliveries.Add(1); return next(m) }
 	}
 	h.AddMiddleware(pq, retry.Middleware, counting, dedup.Middleware)
-	router.AddConsumerHandler("audit", topic, kafkaSubscriber(t, brokers), receiver.Handle)
+	router.AddConsumerHandler("audit", topic, kafkatest.NewSubscriber(t, brokers), receiver.Handle)
 	poisoned := &collector{}
-	router.AddConsumerHandler("poison-reader", poisonTopic, kafkaSubscriber(t, brokers), poisoned.handle)
+	router.AddConsumerHandler("poison-reader", poisonTopic, kafkatest.NewSubscriber(t, brokers), poisoned.handle)
 	startRouter(t, router)
 
 	waitFor(t, 60*time.Second, "effects, stored rows and the poisoned message", func() bool {
@@ -223,14 +210,14 @@ func TestKafkaRetryTopicAndDeadLetterTopic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	router.AddConsumerHandler("main", topic, kafkaSubscriber(t, brokers), handler).AddMiddleware(toRetry, dedup.Middleware)
+	router.AddConsumerHandler("main", topic, kafkatest.NewSubscriber(t, brokers), handler).AddMiddleware(toRetry, dedup.Middleware)
 	var retried atomic.Int32 // deliveries on the retry topic
 	countRetried := func(next message.HandlerFunc) message.HandlerFunc {
 		return func(m *message.Message) ([]*message.Message, error) { retried.Add(1); return next(m) }
 	}
-	router.AddConsumerHandler("retry", retryTopic, kafkaSubscriber(t, brokers), handler).AddMiddleware(toDLQ, countRetried, dedup.Middleware)
+	router.AddConsumerHandler("retry", retryTopic, kafkatest.NewSubscriber(t, brokers), handler).AddMiddleware(toDLQ, countRetried, dedup.Middleware)
 	dead := &collector{}
-	router.AddConsumerHandler("dlq-reader", dlqTopic, kafkaSubscriber(t, brokers), dead.handle)
+	router.AddConsumerHandler("dlq-reader", dlqTopic, kafkatest.NewSubscriber(t, brokers), dead.handle)
 	startRouter(t, router)
 
 	waitFor(t, 60*time.Second, "the dead letter", func() bool { return len(dead.snapshot()) == 1 })

@@ -58,22 +58,10 @@ type received struct {
 
 // readBack subscribes to topic with a fresh consumer group through
 // watermill-kafka's Subscriber and returns the first n messages, acking each.
+// The subscriber is closed when the test ends.
 func readBack(t *testing.T, brokers []string, topic string, n int) []received {
 	t.Helper()
-	sub, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{
-		Brokers:               brokers,
-		Unmarshaler:           kafka.DefaultMarshaler(),
-		OverwriteSaramaConfig: kafka.DefaultSaramaSubscriberConfig(),
-		ConsumerGroup:         kafkatest.Group(),
-	}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := sub.Close(); err != nil {
-			t.Error(err)
-		}
-	}()
+	sub := kafkatest.NewSubscriber(t, brokers)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	ch, err := sub.Subscribe(ctx, topic)
@@ -95,29 +83,6 @@ func readBack(t *testing.T, brokers []string, topic string, n int) []received {
 		}
 	}
 	return out
-}
-
-// recordCount is the number of records in topic (sum of high-water marks).
-func recordCount(t *testing.T, brokers []string, topic string) int64 {
-	t.Helper()
-	c, err := sarama.NewClient(brokers, kafka.DefaultSaramaSubscriberConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	parts, err := c.Partitions(topic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var n int64
-	for _, p := range parts {
-		off, err := c.GetOffset(topic, p, sarama.OffsetNewest)
-		if err != nil {
-			t.Fatal(err)
-		}
-		n += off
-	}
-	return n
 }
 
 func newMessage(i int, key string) *message.Message {
@@ -147,7 +112,7 @@ func TestPublishBatchReadBack(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n := recordCount(t, brokers, topic); n != total {
+	if n := kafkatest.RecordCount(t, brokers, topic); n != total {
 		t.Fatalf("topic holds %d records, want %d", n, total)
 	}
 
@@ -231,7 +196,7 @@ func TestPublishTooLargeMessageFailsAndHoldsItsKey(t *testing.T) {
 			t.Fatalf("message %s arrived", r.msg.UUID)
 		}
 	}
-	if n := recordCount(t, brokers, topic); n != 9 {
+	if n := kafkatest.RecordCount(t, brokers, topic); n != 9 {
 		t.Fatalf("topic holds %d records, want 9", n)
 	}
 }
@@ -366,7 +331,7 @@ func TestPublishBrokerDownFailsEveryMessageRetryably(t *testing.T) {
 		pending = next
 		time.Sleep(100 * time.Millisecond) // retry pace, as a relay would back off
 	}
-	if n := recordCount(t, b2.Addrs(), topic); n != 22 {
+	if n := kafkatest.RecordCount(t, b2.Addrs(), topic); n != 22 {
 		t.Fatalf("topic holds %d records after recovery, want 22", n)
 	}
 }
@@ -473,7 +438,7 @@ func TestPublishConcurrently(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n := recordCount(t, brokers, topic); n != goroutines*batches*size {
+	if n := kafkatest.RecordCount(t, brokers, topic); n != goroutines*batches*size {
 		t.Fatalf("topic holds %d records, want %d", n, goroutines*batches*size)
 	}
 }
@@ -537,7 +502,7 @@ func TestCloseWhilePublishing(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	if n := recordCount(t, brokers, topic); n != delivered.Load() {
+	if n := kafkatest.RecordCount(t, brokers, topic); n != delivered.Load() {
 		t.Fatalf("topic holds %d records, %d were reported delivered", n, delivered.Load())
 	}
 }

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millrace/millrace"
@@ -88,15 +87,7 @@ func TestBinary(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	sub, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{
-		Brokers:               brokers,
-		Unmarshaler:           kafka.DefaultMarshaler(),
-		OverwriteSaramaConfig: kafka.DefaultSaramaSubscriberConfig(),
-		ConsumerGroup:         kafkatest.Group(),
-	}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sub := kafkatest.NewSubscriber(t, brokers)
 	subCtx, subCancel := context.WithTimeout(ctx, 60*time.Second)
 	ch, err := sub.Subscribe(subCtx, topic)
 	if err != nil {
@@ -111,6 +102,7 @@ func TestBinary(t *testing.T) {
 		got.Ack()
 	}
 	subCancel()
+	// Closed now, before the broker stops, not only when the test ends.
 	if err := sub.Close(); err != nil {
 		t.Error(err)
 	}

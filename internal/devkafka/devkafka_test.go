@@ -46,23 +46,11 @@ func produce(t *testing.T, addrs []string, topic string, n int) []string {
 }
 
 // consume reads n messages from topic with a watermill-kafka consumer-group
-// Subscriber and checks each against what produce sent.
+// Subscriber (closed when the test ends) and checks each against what
+// produce sent.
 func consume(t *testing.T, addrs []string, topic string, n int) map[string]bool {
 	t.Helper()
-	sub, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{
-		Brokers:               addrs,
-		Unmarshaler:           wkafka.DefaultMarshaler{},
-		OverwriteSaramaConfig: kafka.DefaultSaramaSubscriberConfig(),
-		ConsumerGroup:         kafkatest.Group(),
-	}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := sub.Close(); err != nil {
-			t.Error(err)
-		}
-	}()
+	sub := kafkatest.NewSubscriber(t, addrs)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	ch, err := sub.Subscribe(ctx, topic)
@@ -97,29 +85,6 @@ func consume(t *testing.T, addrs []string, topic string, n int) map[string]bool 
 	return got
 }
 
-// records is the number of records in topic, the sum of its high-water marks.
-func records(t *testing.T, addrs []string, topic string) int64 {
-	t.Helper()
-	c, err := sarama.NewClient(addrs, kafka.DefaultSaramaSubscriberConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	parts, err := c.Partitions(topic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var n int64
-	for _, p := range parts {
-		off, err := c.GetOffset(topic, p, sarama.OffsetNewest)
-		if err != nil {
-			t.Fatal(err)
-		}
-		n += off
-	}
-	return n
-}
-
 func TestProduceAndConsumeOverTCP(t *testing.T) {
 	t.Parallel()
 	b := kafkatest.Embedded(t, devkafka.Config{Partitions: 3})
@@ -134,7 +99,7 @@ func TestProduceAndConsumeOverTCP(t *testing.T) {
 			t.Fatalf("message %s not consumed", u)
 		}
 	}
-	if n := records(t, b.Addrs(), topic); n != 30 {
+	if n := kafkatest.RecordCount(t, b.Addrs(), topic); n != 30 {
 		t.Fatalf("topic holds %d records, want 30", n)
 	}
 }
@@ -155,7 +120,7 @@ func TestRestartWithDataDirKeepsRecords(t *testing.T) {
 	if b2.Port() != port {
 		t.Fatalf("restarted on port %d, want %d", b2.Port(), port)
 	}
-	if n := records(t, b2.Addrs(), topic); n != int64(len(uuids)) {
+	if n := kafkatest.RecordCount(t, b2.Addrs(), topic); n != int64(len(uuids)) {
 		t.Fatalf("after the restart the topic holds %d records, want %d", n, len(uuids))
 	}
 	got := consume(t, b2.Addrs(), topic, len(uuids))
@@ -180,7 +145,7 @@ func TestRestartWithoutDataDirForgets(t *testing.T) {
 	// Without a DataDir the restarted broker starts empty: the test above
 	// would pass for the wrong reason if it did not.
 	b2 := kafkatest.Embedded(t, devkafka.Config{Port: port})
-	if n := records(t, b2.Addrs(), topic); n != 0 {
+	if n := kafkatest.RecordCount(t, b2.Addrs(), topic); n != 0 {
 		t.Fatalf("a broker without DataDir kept %d records", n)
 	}
 }

@@ -5,8 +5,12 @@ package kafkatest
 import (
 	"testing"
 
+	"github.com/IBM/sarama"
+	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+
 	"github.com/millrace/millrace/internal/devkafka"
 	"github.com/millrace/millrace/internal/pgtest"
+	"github.com/millrace/millrace/kafka"
 )
 
 // Brokers returns broker addresses for the test: KAFKA_BROKERS when set,
@@ -40,3 +44,50 @@ func Topic() string { return pgtest.RandomName("topic") }
 
 // Group returns a consumer-group name no other test uses.
 func Group() string { return pgtest.RandomName("group") }
+
+// NewSubscriber returns a watermill-kafka Subscriber in a consumer group no
+// other test uses, reading what kafka.Publisher writes (kafka.DefaultMarshaler,
+// kafka.DefaultSaramaSubscriberConfig: from the oldest offset). It is closed
+// when the test ends; closing it earlier is fine, Close is idempotent.
+func NewSubscriber(t testing.TB, brokers []string) *wkafka.Subscriber {
+	t.Helper()
+	sub, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{
+		Brokers:               brokers,
+		Unmarshaler:           kafka.DefaultMarshaler(),
+		OverwriteSaramaConfig: kafka.DefaultSaramaSubscriberConfig(),
+		ConsumerGroup:         Group(),
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := sub.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return sub
+}
+
+// RecordCount returns the number of records in topic: the sum of its
+// partitions' high-water marks.
+func RecordCount(t testing.TB, brokers []string, topic string) int64 {
+	t.Helper()
+	c, err := sarama.NewClient(brokers, kafka.DefaultSaramaSubscriberConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	parts, err := c.Partitions(topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, p := range parts {
+		off, err := c.GetOffset(topic, p, sarama.OffsetNewest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n += off
+	}
+	return n
+}
