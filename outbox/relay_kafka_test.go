@@ -35,6 +35,38 @@ func newKafkaPublisherB(t testing.TB, brokers []string) *kafka.Publisher {
 	return p
 }
 
+// kafkaBundle is what every relay-through-Kafka test starts from: the
+// brokers, an isolated schema, a Writer on it and a topic of its own.
+type kafkaBundle struct {
+	brokers []string
+	db      *pgtest.DB
+	w       *outbox.Writer
+	topic   string
+}
+
+// kafkaSetup gives the test kafkatest's brokers and a schema from pgtest.New.
+func kafkaSetup(t *testing.T) *kafkaBundle {
+	t.Helper()
+	return kafkaSetupWith(t, kafkatest.Brokers(t), pgtest.Options{})
+}
+
+// kafkaSetupWith is kafkaSetup on the given brokers, with pgtest options.
+func kafkaSetupWith(t *testing.T, brokers []string, opts pgtest.Options) *kafkaBundle {
+	t.Helper()
+	db := pgtest.NewWith(t, opts)
+	return &kafkaBundle{brokers: brokers, db: db, w: newWriter(t, db), topic: kafkatest.Topic()}
+}
+
+// newAdmin returns an Admin on the bundle's schema.
+func (b *kafkaBundle) newAdmin(t *testing.T) *outbox.Admin {
+	t.Helper()
+	admin, err := outbox.NewAdmin(b.db.Pool, outbox.AdminConfig{Schema: b.db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return admin
+}
+
 // received is one message as a separate consumer group saw it.
 type received struct {
 	id, key string
@@ -51,15 +83,7 @@ type consumer struct {
 
 func consume(t *testing.T, brokers []string, topic string) *consumer {
 	t.Helper()
-	sub, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{
-		Brokers:               brokers,
-		Unmarshaler:           kafka.DefaultMarshaler(),
-		OverwriteSaramaConfig: kafka.DefaultSaramaSubscriberConfig(),
-		ConsumerGroup:         kafkatest.Group(),
-	}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sub := kafkatest.NewSubscriber(t, brokers)
 	ctx, cancel := context.WithCancel(context.Background())
 	ch, err := sub.Subscribe(ctx, topic)
 	if err != nil {
@@ -82,7 +106,9 @@ func consume(t *testing.T, brokers []string, topic string) *consumer {
 	}()
 	t.Cleanup(func() {
 		cancel()
-		sub.Close()
+		if err := sub.Close(); err != nil {
+			t.Error(err)
+		}
 		<-done
 	})
 	return c
@@ -126,14 +152,11 @@ func (c *consumer) checkKeyOrder(t *testing.T) {
 func TestFourRelaysKeepPerKeyOrder(t *testing.T) {
 	t.Parallel()
 	const events, keys, writers = 50_000, 1_000, 8
-	brokers := kafkatest.Brokers(t)
-	db := pgtest.NewWith(t, pgtest.Options{MaxConns: 16})
-	w := newWriter(t, db)
-	topic := kafkatest.Topic()
+	bundle := kafkaSetupWith(t, kafkatest.Brokers(t), pgtest.Options{MaxConns: 16})
 	for i := 0; i < 4; i++ {
 		// Each relay has its own pool and producer, as separate processes would.
 		pool := pgtest.Pool(t, 4)
-		cfg := outbox.RelayConfig{Schema: db.Schema, Publisher: newKafkaPublisher(t, brokers), BatchSize: 500, LanesPerBatch: outbox.Lanes / 4}
+		cfg := outbox.RelayConfig{Schema: bundle.db.Schema, Publisher: newKafkaPublisher(t, bundle.brokers), BatchSize: 500, LanesPerBatch: outbox.Lanes / 4}
 		r, err := outbox.NewRelay(pool, cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -143,7 +166,7 @@ func TestFourRelaysKeepPerKeyOrder(t *testing.T) {
 		go func() { defer close(done); r.Run(ctx) }() //nolint:errcheck
 		t.Cleanup(func() { cancel(); <-done })
 	}
-	c := consume(t, brokers, topic)
+	c := consume(t, bundle.brokers, bundle.topic)
 
 	// Each writer owns keys k ≡ w (mod writers) and writes their events in
 	// seq order, a few per transaction, so commit order per key is seq order.
@@ -156,9 +179,9 @@ func TestFourRelaysKeepPerKeyOrder(t *testing.T) {
 			ctx := context.Background()
 			var batch []outbox.Event
 			for seq := wr; seq < events; seq += writers {
-				batch = append(batch, outbox.Event{Topic: topic, PartitionKey: fmt.Sprintf("key-%d", seq%keys), Payload: fmt.Appendf(nil, `{"seq":%d}`, seq)})
+				batch = append(batch, outbox.Event{Topic: bundle.topic, PartitionKey: fmt.Sprintf("key-%d", seq%keys), Payload: fmt.Appendf(nil, `{"seq":%d}`, seq)})
 				if len(batch) == 25 || seq+writers >= events {
-					if _, err := w.Write(ctx, batch...); err != nil {
+					if _, err := bundle.w.Write(ctx, batch...); err != nil {
 						failed.Store(err)
 						return
 					}
@@ -182,7 +205,7 @@ func TestFourRelaysKeepPerKeyOrder(t *testing.T) {
 		t.Fatalf("%d duplicates without any crash", dups)
 	}
 	// Marks commit just after the broker acknowledges.
-	eventually(t, 30*time.Second, "pending set empty", func() bool { return countRows(t, db, "outbox_pending", "") == 0 })
+	eventually(t, 30*time.Second, "pending set empty", func() bool { return countRows(t, bundle.db, "outbox_pending", "") == 0 })
 }
 
 // A relay that dies after the broker acknowledged a batch but before its
@@ -190,11 +213,8 @@ func TestFourRelaysKeepPerKeyOrder(t *testing.T) {
 func TestCrashBetweenProduceAndMarkDuplicatesNeverLoses(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	brokers := kafkatest.Brokers(t)
-	db := pgtest.New(t)
-	w := newWriter(t, db)
-	topic := kafkatest.Topic()
-	ids := writeN(t, w, topic, 300, 10)
+	bundle := kafkaSetup(t)
+	ids := writeN(t, bundle.w, bundle.topic, 300, 10)
 
 	// The relay's pool is told apart by application_name, so the crash can
 	// kill exactly its connections.
@@ -205,15 +225,15 @@ func TestCrashBetweenProduceAndMarkDuplicatesNeverLoses(t *testing.T) {
 	}
 	t.Cleanup(relayPool.Close)
 	var crashed atomic.Bool
-	crashing := &afterPublish{Publisher: newKafkaPublisher(t, brokers), after: func() {
+	crashing := &afterPublish{Publisher: newKafkaPublisher(t, bundle.brokers), after: func() {
 		if crashed.CompareAndSwap(false, true) {
 			// The batch is in Kafka; its transaction dies before the mark.
-			if _, err := db.Pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, app); err != nil {
+			if _, err := bundle.db.Pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, app); err != nil {
 				t.Error(err)
 			}
 		}
 	}}
-	r, err := outbox.NewRelay(relayPool, outbox.RelayConfig{Schema: db.Schema, Publisher: crashing, BatchSize: 100, OutageBackoffMax: 50 * time.Millisecond, PollOnly: true, PollInterval: 20 * time.Millisecond})
+	r, err := outbox.NewRelay(relayPool, outbox.RelayConfig{Schema: bundle.db.Schema, Publisher: crashing, BatchSize: 100, OutageBackoffMax: 50 * time.Millisecond, PollOnly: true, PollInterval: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,10 +242,10 @@ func TestCrashBetweenProduceAndMarkDuplicatesNeverLoses(t *testing.T) {
 	go func() { defer close(done); r.Run(rctx) }() //nolint:errcheck
 	t.Cleanup(func() { cancel(); <-done })
 
-	c := consume(t, brokers, topic)
+	c := consume(t, bundle.brokers, bundle.topic)
 	eventually(t, time.Minute, "every event consumed", func() bool { return c.unique() == len(ids) })
 	eventually(t, 30*time.Second, "every event marked published", func() bool {
-		return countRows(t, db, "outbox_event", "published_at IS NOT NULL") == len(ids)
+		return countRows(t, bundle.db, "outbox_event", "published_at IS NOT NULL") == len(ids)
 	})
 	if !crashed.Load() {
 		t.Fatal("the crash never happened")
@@ -266,32 +286,29 @@ func TestBrokerOutageMidRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	port := broker.Port()
-	brokers := broker.Addrs()
-	db := pgtest.New(t)
-	w := newWriter(t, db)
-	topic := kafkatest.Topic()
+	bundle := kafkaSetupWith(t, broker.Addrs(), pgtest.Options{})
 	cfg := kafka.DefaultSaramaConfig()
 	cfg.Producer.Retry.Max = 2
 	cfg.Net.DialTimeout = time.Second
-	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers, Sarama: cfg}, nil)
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: bundle.brokers, Sarama: cfg}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pub.Close() })
-	startRelay(t, db, outbox.RelayConfig{Publisher: pub, OutageBackoffMax: 200 * time.Millisecond, BatchSize: 200, Logger: testLogger(t)})
+	startRelay(t, bundle.db, outbox.RelayConfig{Publisher: pub, OutageBackoffMax: 200 * time.Millisecond, BatchSize: 200, Logger: testLogger(t)})
 
-	first := writeN(t, w, topic, 1000, 20)
+	first := writeN(t, bundle.w, bundle.topic, 1000, 20)
 	eventually(t, 30*time.Second, "first half published", func() bool {
-		return countRows(t, db, "outbox_event", "published_at IS NOT NULL") == len(first)
+		return countRows(t, bundle.db, "outbox_event", "published_at IS NOT NULL") == len(first)
 	})
 	broker.Close()
-	second := writeN(t, w, topic, 1000, 20)
+	second := writeN(t, bundle.w, bundle.topic, 1000, 20)
 	// Several seconds down: nothing can be published, nothing is charged.
 	time.Sleep(3 * time.Second)
-	if n := countRows(t, db, "outbox_pending", ""); n != len(second) {
+	if n := countRows(t, bundle.db, "outbox_pending", ""); n != len(second) {
 		t.Fatalf("%d pending during the outage, want %d", n, len(second))
 	}
-	if n := countRows(t, db, "outbox_event", "attempts > 0"); n != 0 {
+	if n := countRows(t, bundle.db, "outbox_event", "attempts > 0"); n != 0 {
 		t.Fatalf("%d events charged attempts during the outage", n)
 	}
 	broker, err = devkafka.Start(devkafka.Config{Port: port, DataDir: dir})
@@ -300,9 +317,9 @@ func TestBrokerOutageMidRun(t *testing.T) {
 	}
 	t.Cleanup(broker.Close)
 	restarted := time.Now()
-	eventually(t, time.Minute, "backlog drained after the outage", func() bool { return countRows(t, db, "outbox_pending", "") == 0 })
+	eventually(t, time.Minute, "backlog drained after the outage", func() bool { return countRows(t, bundle.db, "outbox_pending", "") == 0 })
 	t.Logf("backlog drained %v after the broker came back", time.Since(restarted).Round(time.Millisecond))
-	c := consume(t, brokers, topic)
+	c := consume(t, bundle.brokers, bundle.topic)
 	eventually(t, time.Minute, "all 2,000 events consumed", func() bool { return c.unique() == len(first)+len(second) })
 	t.Logf("all consumed %v after the broker came back", time.Since(restarted).Round(time.Millisecond))
 	for _, id := range append(first, second...) {
@@ -317,24 +334,21 @@ func TestBrokerOutageMidRun(t *testing.T) {
 func TestPoisonMessageDeadLetteredOthersFlow(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	brokers := kafkatest.Brokers(t)
-	db := pgtest.New(t)
-	w := newWriter(t, db)
-	topic := kafkatest.Topic()
+	bundle := kafkaSetup(t)
 	huge := `{"blob":"` + strings.Repeat("x", 2<<20) + `"}` // over the producer's 1 MB limit
-	poison, err := w.Write(ctx, outbox.Event{Topic: topic, PartitionKey: "poison", Payload: []byte(huge)})
+	poison, err := bundle.w.Write(ctx, outbox.Event{Topic: bundle.topic, PartitionKey: "poison", Payload: []byte(huge)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids := writeN(t, w, topic, 500, 10)
-	startRelay(t, db, outbox.RelayConfig{Publisher: newKafkaPublisher(t, brokers), MaxAttempts: 3, RetryMin: time.Millisecond, RetryMax: 10 * time.Millisecond, PollInterval: 10 * time.Millisecond})
-	c := consume(t, brokers, topic)
+	ids := writeN(t, bundle.w, bundle.topic, 500, 10)
+	startRelay(t, bundle.db, outbox.RelayConfig{Publisher: newKafkaPublisher(t, bundle.brokers), MaxAttempts: 3, RetryMin: time.Millisecond, RetryMax: 10 * time.Millisecond, PollInterval: 10 * time.Millisecond})
+	c := consume(t, bundle.brokers, bundle.topic)
 	eventually(t, time.Minute, "other events consumed", func() bool { return c.unique() == len(ids) })
 	eventually(t, 30*time.Second, "poison dead-lettered", func() bool {
-		return countRows(t, db, "outbox_event", "dead_at IS NOT NULL AND attempts = 3") == 1
+		return countRows(t, bundle.db, "outbox_event", "dead_at IS NOT NULL AND attempts = 3") == 1
 	})
 	var reason string
-	if err := db.Pool.QueryRow(ctx, `SELECT last_error FROM "`+db.Schema+`".outbox_event WHERE event_id = $1`, poison[0]).Scan(&reason); err != nil {
+	if err := bundle.db.Pool.QueryRow(ctx, `SELECT last_error FROM "`+bundle.db.Schema+`".outbox_event WHERE event_id = $1`, poison[0]).Scan(&reason); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(strings.ToLower(reason), "too large") {
@@ -351,28 +365,22 @@ func TestPoisonMessageDeadLetteredOthersFlow(t *testing.T) {
 func TestRequeuedDeadLetterIsPublishedThroughKafka(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	brokers := kafkatest.Brokers(t)
-	db := pgtest.New(t)
-	w := newWriter(t, db)
-	admin, err := outbox.NewAdmin(db.Pool, outbox.AdminConfig{Schema: db.Schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	topic := kafkatest.Topic()
+	bundle := kafkaSetup(t)
+	admin := bundle.newAdmin(t)
 	big := fmt.Appendf(nil, `{"seq":0,"blob":%q}`, strings.Repeat("x", 20_000))
-	first, _ := w.Write(ctx, outbox.Event{Topic: topic, PartitionKey: "k", Payload: big})
-	behind, _ := w.Write(ctx, outbox.Event{Topic: topic, PartitionKey: "k", Payload: []byte(`{"seq":1}`)})
-	others := writeN(t, w, topic, 100, 5)
+	first, _ := bundle.w.Write(ctx, outbox.Event{Topic: bundle.topic, PartitionKey: "k", Payload: big})
+	behind, _ := bundle.w.Write(ctx, outbox.Event{Topic: bundle.topic, PartitionKey: "k", Payload: []byte(`{"seq":1}`)})
+	others := writeN(t, bundle.w, bundle.topic, 100, 5)
 
 	small := kafka.DefaultSaramaConfig()
 	small.Producer.MaxMessageBytes = 10_000
-	strict, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers, Sarama: small}, nil)
+	strict, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: bundle.brokers, Sarama: small}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { strict.Close() })
-	stop := startRelay(t, db, outbox.RelayConfig{Publisher: strict, MaxAttempts: 2, RetryMin: time.Millisecond, RetryMax: time.Millisecond, PollInterval: 10 * time.Millisecond})
-	c := consume(t, brokers, topic)
+	stop := startRelay(t, bundle.db, outbox.RelayConfig{Publisher: strict, MaxAttempts: 2, RetryMin: time.Millisecond, RetryMax: time.Millisecond, PollInterval: 10 * time.Millisecond})
+	c := consume(t, bundle.brokers, bundle.topic)
 	eventually(t, time.Minute, "others consumed", func() bool { return c.unique() == len(others) })
 	eventually(t, 30*time.Second, "dead letter listed", func() bool {
 		dl, err := admin.ListDeadLetters(ctx, outbox.ListParams{})
@@ -383,7 +391,7 @@ func TestRequeuedDeadLetterIsPublishedThroughKafka(t *testing.T) {
 	}
 	stop()
 
-	startRelay(t, db, outbox.RelayConfig{Publisher: newKafkaPublisher(t, brokers), PollInterval: 10 * time.Millisecond})
+	startRelay(t, bundle.db, outbox.RelayConfig{Publisher: newKafkaPublisher(t, bundle.brokers), PollInterval: 10 * time.Millisecond})
 	if n, err := admin.Requeue(ctx, first[0]); err != nil || n != 1 {
 		t.Fatalf("Requeue = %d, %v", n, err)
 	}
@@ -398,21 +406,15 @@ func TestRequeuedDeadLetterIsPublishedThroughKafka(t *testing.T) {
 func TestReplayRepublishesWithSameEventIDs(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	brokers := kafkatest.Brokers(t)
-	db := pgtest.New(t)
-	w := newWriter(t, db)
-	admin, err := outbox.NewAdmin(db.Pool, outbox.AdminConfig{Schema: db.Schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	topic := kafkatest.Topic()
+	bundle := kafkaSetup(t)
+	admin := bundle.newAdmin(t)
 	var replayed, kept []string
 	for i := range 40 {
 		agg := "order-1"
 		if i%2 == 1 {
 			agg = "order-2"
 		}
-		ids, err := w.Write(ctx, outbox.Event{Topic: topic, PartitionKey: agg, AggregateType: "Order", AggregateID: agg, Payload: fmt.Appendf(nil, `{"seq":%d}`, i)})
+		ids, err := bundle.w.Write(ctx, outbox.Event{Topic: bundle.topic, PartitionKey: agg, AggregateType: "Order", AggregateID: agg, Payload: fmt.Appendf(nil, `{"seq":%d}`, i)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -422,8 +424,8 @@ func TestReplayRepublishesWithSameEventIDs(t *testing.T) {
 			kept = append(kept, ids[0])
 		}
 	}
-	startRelay(t, db, outbox.RelayConfig{Publisher: newKafkaPublisher(t, brokers), PollInterval: 10 * time.Millisecond})
-	c := consume(t, brokers, topic)
+	startRelay(t, bundle.db, outbox.RelayConfig{Publisher: newKafkaPublisher(t, bundle.brokers), PollInterval: 10 * time.Millisecond})
+	c := consume(t, bundle.brokers, bundle.topic)
 	eventually(t, 30*time.Second, "first delivery", func() bool { return c.unique() == 40 })
 	n, err := admin.Replay(ctx, outbox.ReplayFilter{AggregateType: "Order", AggregateID: "order-1"})
 	if err != nil || n != int64(len(replayed)) {
