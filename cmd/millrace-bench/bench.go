@@ -120,10 +120,16 @@ func (b *bench) connect(ctx context.Context, maxConns int32) (*pgxpool.Pool, err
 	return pgtest.Connect(ctx, b.dbURL, maxConns)
 }
 
-// freshSchema creates a schema with millrace's migrations applied and
-// returns its name and a function that drops it.
-func (b *bench) freshSchema(ctx context.Context, pool *pgxpool.Pool) (string, func(), error) {
-	schema := pgtest.RandomName("bench")
+// workspace is what every figure group starts from: a pool of at most
+// maxConns connections and a fresh schema with millrace's migrations
+// applied. done drops the schema, then closes the pool; call it once
+// nothing uses the pool any more.
+func (b *bench) workspace(ctx context.Context, maxConns int32) (pool *pgxpool.Pool, schema string, done func(), err error) {
+	pool, err = b.connect(ctx, maxConns)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	schema = pgtest.RandomName("bench")
 	drop := func() {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
@@ -133,13 +139,15 @@ func (b *bench) freshSchema(ctx context.Context, pool *pgxpool.Pool) (string, fu
 	}
 	m, err := migrations.New(pool, migrations.Config{Schema: schema})
 	if err != nil {
-		return "", nil, err
+		pool.Close()
+		return nil, "", nil, err
 	}
 	if _, err := m.Up(ctx); err != nil {
 		drop()
-		return "", nil, fmt.Errorf("migrate %s: %w", schema, err)
+		pool.Close()
+		return nil, "", nil, fmt.Errorf("migrate %s: %w", schema, err)
 	}
-	return schema, drop, nil
+	return pool, schema, func() { drop(); pool.Close() }, nil
 }
 
 // newTopic returns a topic name no other run uses.

@@ -21,16 +21,11 @@ const dedupCallers = 4
 // handler on its own, opening and committing its own transaction. 4 callers;
 // rounds alternate a, b, a, b; the ratio is of the medians.
 func (b *bench) benchDedup(ctx context.Context) error {
-	pool, err := b.connect(ctx, dedupCallers+2)
+	pool, schema, done, err := b.workspace(ctx, dedupCallers+2)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	schema, drop, err := b.freshSchema(ctx, pool)
-	if err != nil {
-		return err
-	}
-	defer drop()
+	defer done()
 	effect := sqlident.Table(schema, "bench_effect")
 	if _, err := pool.Exec(ctx, `CREATE TABLE `+effect+` (id uuid PRIMARY KEY, name text NOT NULL, data jsonb NOT NULL)`); err != nil {
 		return err

@@ -37,16 +37,11 @@ const (
 // Watermill's Forwarder to a watermill-kafka v3 Publisher, the way the
 // Watermill documentation builds an outbox.
 func (b *bench) benchForwarder(ctx context.Context) error {
-	pool, err := b.connect(ctx, 8)
+	pool, schema, done, err := b.workspace(ctx, 8)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	schema, drop, err := b.freshSchema(ctx, pool)
-	if err != nil {
-		return err
-	}
-	defer drop()
+	defer done()
 	topic := newTopic("forwarder")
 	forwarderTopic := "forwarder"
 	n := b.opts.n

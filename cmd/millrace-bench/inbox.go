@@ -21,16 +21,11 @@ const (
 // inboxBatch messages with Receive (one statement per batch). No processor
 // runs: this is how fast a burst is taken off the broker.
 func (b *bench) benchInbox(ctx context.Context) error {
-	pool, err := b.connect(ctx, inboxCallers+1)
+	pool, schema, done, err := b.workspace(ctx, inboxCallers+1)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	schema, drop, err := b.freshSchema(ctx, pool)
-	if err != nil {
-		return err
-	}
-	defer drop()
+	defer done()
 	rcv, err := inbox.NewReceiver(pool, inbox.ReceiverConfig{Schema: schema, Consumer: "bench"})
 	if err != nil {
 		return err

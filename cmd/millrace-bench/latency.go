@@ -85,16 +85,11 @@ func (p *ackRecorder) count() int {
 // latency runs one relay and paced writers for the phase duration and
 // returns the p50 and p99 of commit-to-acknowledgement.
 func (b *bench) latency(ctx context.Context, name string, pollOnly bool) (p50, p99 time.Duration, err error) {
-	pool, err := b.connect(ctx, latencyWriters+6)
+	pool, schema, done, err := b.workspace(ctx, latencyWriters+6)
 	if err != nil {
 		return 0, 0, err
 	}
-	defer pool.Close()
-	schema, drop, err := b.freshSchema(ctx, pool)
-	if err != nil {
-		return 0, 0, err
-	}
-	defer drop()
+	defer done()
 	topic := newTopic("latency")
 
 	kp, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: b.brokers}, nil)

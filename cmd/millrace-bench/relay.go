@@ -33,16 +33,11 @@ type relayReport struct {
 // events written first (not timed), then drained by one relay in a child
 // process publishing through kafka.Publisher.
 func (b *bench) benchRelay(ctx context.Context) error {
-	pool, err := b.connect(ctx, 8)
+	pool, schema, done, err := b.workspace(ctx, 8)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	schema, drop, err := b.freshSchema(ctx, pool)
-	if err != nil {
-		return err
-	}
-	defer drop()
+	defer done()
 	topic := newTopic("relay")
 	n := b.opts.n
 	if err := b.writeBacklog(ctx, pool, schema, topic, n); err != nil {

@@ -20,16 +20,11 @@ const writers = 8
 // (b) one more plain INSERT into a table with similar columns. Rounds
 // alternate a, b, a, b; the ratio is of the medians.
 func (b *bench) benchWrite(ctx context.Context) error {
-	pool, err := b.connect(ctx, writers+2)
+	pool, schema, done, err := b.workspace(ctx, writers+2)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	schema, drop, err := b.freshSchema(ctx, pool)
-	if err != nil {
-		return err
-	}
-	defer drop()
+	defer done()
 	business, plain := sqlident.Table(schema, "bench_business"), sqlident.Table(schema, "bench_plain")
 	for _, t := range []string{business, plain} {
 		if _, err := pool.Exec(ctx, `CREATE TABLE `+t+` (id uuid PRIMARY KEY, name text NOT NULL, data jsonb NOT NULL)`); err != nil {
