@@ -1,7 +1,6 @@
 package kafka_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -56,31 +55,14 @@ type received struct {
 	key string
 }
 
-// readBack subscribes to topic with a fresh consumer group through
-// watermill-kafka's Subscriber and returns the first n messages, acking each.
-// The subscriber is closed when the test ends.
+// readBack reads the first n messages of topic with kafkatest.Read (a fresh
+// consumer group), each with its record key.
 func readBack(t *testing.T, brokers []string, topic string, n int) []received {
 	t.Helper()
-	sub := kafkatest.NewSubscriber(t, brokers)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	ch, err := sub.Subscribe(ctx, topic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := make([]received, 0, n)
-	for len(out) < n {
-		select {
-		case m, ok := <-ch:
-			if !ok {
-				t.Fatalf("subscription closed after %d of %d messages", len(out), n)
-			}
-			key, _ := wkafka.MessageKeyFromCtx(m.Context())
-			out = append(out, received{msg: m, key: string(key)})
-			m.Ack()
-		case <-ctx.Done():
-			t.Fatalf("read %d of %d messages before the deadline", len(out), n)
-		}
+	var out []received
+	for _, m := range kafkatest.Read(t, brokers, topic, n) {
+		key, _ := wkafka.MessageKeyFromCtx(m.Context())
+		out = append(out, received{msg: m, key: string(key)})
 	}
 	return out
 }

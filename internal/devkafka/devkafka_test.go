@@ -1,14 +1,11 @@
 package devkafka_test
 
 import (
-	"context"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/IBM/sarama"
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
-	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millrace/millrace/internal/devkafka"
 	"github.com/millrace/millrace/internal/kafkatest"
@@ -45,29 +42,12 @@ func produce(t *testing.T, addrs []string, topic string, n int) []string {
 	return uuids
 }
 
-// consume reads n messages from topic with a watermill-kafka consumer-group
-// Subscriber (closed when the test ends) and checks each against what
-// produce sent.
+// consume reads n messages from topic with kafkatest.Read (a fresh
+// consumer group) and checks each against what produce sent.
 func consume(t *testing.T, addrs []string, topic string, n int) map[string]bool {
 	t.Helper()
-	sub := kafkatest.NewSubscriber(t, addrs)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	ch, err := sub.Subscribe(ctx, topic)
-	if err != nil {
-		t.Fatal(err)
-	}
 	got := map[string]bool{}
-	for len(got) < n {
-		var m *message.Message
-		select {
-		case m = <-ch:
-		case <-ctx.Done():
-			t.Fatalf("consumed %d of %d messages before the deadline", len(got), n)
-		}
-		if m == nil {
-			t.Fatalf("subscription closed after %d of %d messages", len(got), n)
-		}
+	for _, m := range kafkatest.Read(t, addrs, topic, n) {
 		i, err := strconv.Atoi(m.UUID[len("uuid-"):])
 		if err != nil {
 			t.Fatalf("unexpected message %q", m.UUID)
@@ -80,7 +60,6 @@ func consume(t *testing.T, addrs []string, topic string, n int) map[string]bool 
 			t.Fatalf("message %s consumed twice", m.UUID)
 		}
 		got[m.UUID] = true
-		m.Ack()
 	}
 	return got
 }

@@ -3,10 +3,13 @@
 package kafkatest
 
 import (
+	"context"
 	"testing"
+	"time"
 
 	"github.com/IBM/sarama"
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millrace/millrace/internal/devkafka"
 	"github.com/millrace/millrace/internal/pgtest"
@@ -66,6 +69,34 @@ func NewSubscriber(t testing.TB, brokers []string) *wkafka.Subscriber {
 		}
 	})
 	return sub
+}
+
+// Read subscribes to topic with NewSubscriber and returns the first n
+// messages that arrive, in arrival order, acking each. It fails the test if
+// they do not all arrive within a minute.
+func Read(t testing.TB, brokers []string, topic string, n int) []*message.Message {
+	t.Helper()
+	sub := NewSubscriber(t, brokers)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ch, err := sub.Subscribe(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]*message.Message, 0, n)
+	for len(out) < n {
+		select {
+		case m, ok := <-ch:
+			if !ok {
+				t.Fatalf("subscription closed after %d of %d messages", len(out), n)
+			}
+			out = append(out, m)
+			m.Ack()
+		case <-ctx.Done():
+			t.Fatalf("read %d of %d messages before the deadline", len(out), n)
+		}
+	}
+	return out
 }
 
 // RecordCount returns the number of records in topic: the sum of its
