@@ -281,11 +281,7 @@ func TestPublishBrokerDownFailsEveryMessageRetryably(t *testing.T) {
 	// failures above) would refuse records for, since the publisher renews
 	// its producer. Only the messages a BatchError names are sent again, so
 	// the topic must end up with each message exactly once.
-	b2, err := devkafka.Start(devkafka.Config{Port: port, DataDir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(b2.Close)
+	b2 := kafkatest.Embedded(t, devkafka.Config{Port: port, DataDir: dir})
 	start = time.Now()
 	pending := msgs
 	for attempt := 1; len(pending) > 0; attempt++ {

@@ -281,10 +281,7 @@ func (p *afterPublish) Publish(topic string, msgs ...*message.Message) error {
 func TestBrokerOutageMidRun(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	broker, err := devkafka.Start(devkafka.Config{DataDir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
+	broker := kafkatest.Embedded(t, devkafka.Config{DataDir: dir})
 	port := broker.Port()
 	bundle := kafkaSetupWith(t, broker.Addrs(), pgtest.Options{})
 	cfg := kafka.DefaultSaramaConfig()
@@ -311,11 +308,7 @@ func TestBrokerOutageMidRun(t *testing.T) {
 	if n := countRows(t, bundle.db, "outbox_event", "attempts > 0"); n != 0 {
 		t.Fatalf("%d events charged attempts during the outage", n)
 	}
-	broker, err = devkafka.Start(devkafka.Config{Port: port, DataDir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(broker.Close)
+	broker = kafkatest.Embedded(t, devkafka.Config{Port: port, DataDir: dir})
 	restarted := time.Now()
 	eventually(t, time.Minute, "backlog drained after the outage", func() bool { return countRows(t, bundle.db, "outbox_pending", "") == 0 })
 	t.Logf("backlog drained %v after the broker came back", time.Since(restarted).Round(time.Millisecond))

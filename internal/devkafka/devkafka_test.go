@@ -86,10 +86,7 @@ func TestProduceAndConsumeOverTCP(t *testing.T) {
 func TestRestartWithDataDirKeepsRecords(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	b, err := devkafka.Start(devkafka.Config{DataDir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := kafkatest.Embedded(t, devkafka.Config{DataDir: dir})
 	port := b.Port()
 	topic := kafkatest.Topic()
 	uuids := produce(t, b.Addrs(), topic, 20)
@@ -112,10 +109,7 @@ func TestRestartWithDataDirKeepsRecords(t *testing.T) {
 
 func TestRestartWithoutDataDirForgets(t *testing.T) {
 	t.Parallel()
-	b, err := devkafka.Start(devkafka.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := kafkatest.Embedded(t, devkafka.Config{})
 	port := b.Port()
 	topic := kafkatest.Topic()
 	produce(t, b.Addrs(), topic, 1)
