@@ -18,7 +18,6 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/millrace/millrace"
-	"github.com/millrace/millrace/internal/devkafka"
 	"github.com/millrace/millrace/internal/kafkatest"
 	"github.com/millrace/millrace/internal/leaktest"
 	"github.com/millrace/millrace/kafka"
@@ -238,9 +237,7 @@ func publishWithin(t *testing.T, d time.Duration, p *kafka.Publisher, topic stri
 
 func TestPublishBrokerDownFailsEveryMessageRetryably(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	b := kafkatest.Embedded(t, devkafka.Config{DataDir: dir})
-	port := b.Port()
+	b, restart := kafkatest.Restartable(t)
 	topic := kafkatest.Topic()
 	p := newPublisher(t, b.Addrs(), shortTimeouts())
 
@@ -281,7 +278,7 @@ func TestPublishBrokerDownFailsEveryMessageRetryably(t *testing.T) {
 	// failures above) would refuse records for, since the publisher renews
 	// its producer. Only the messages a BatchError names are sent again, so
 	// the topic must end up with each message exactly once.
-	b2 := kafkatest.Embedded(t, devkafka.Config{Port: port, DataDir: dir})
+	b2 := restart()
 	start = time.Now()
 	pending := msgs
 	for attempt := 1; len(pending) > 0; attempt++ {

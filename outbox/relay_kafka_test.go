@@ -13,7 +13,6 @@ import (
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/millrace/millrace/internal/devkafka"
 	"github.com/millrace/millrace/internal/kafkatest"
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/kafka"
@@ -280,9 +279,7 @@ func (p *afterPublish) Publish(topic string, msgs ...*message.Message) error {
 // everything arrives after it returns.
 func TestBrokerOutageMidRun(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	broker := kafkatest.Embedded(t, devkafka.Config{DataDir: dir})
-	port := broker.Port()
+	broker, restart := kafkatest.Restartable(t)
 	bundle := kafkaSetupWith(t, broker.Addrs(), pgtest.Options{})
 	cfg := kafka.DefaultSaramaConfig()
 	cfg.Producer.Retry.Max = 2
@@ -308,7 +305,7 @@ func TestBrokerOutageMidRun(t *testing.T) {
 	if n := countRows(t, bundle.db, "outbox_event", "attempts > 0"); n != 0 {
 		t.Fatalf("%d events charged attempts during the outage", n)
 	}
-	broker = kafkatest.Embedded(t, devkafka.Config{Port: port, DataDir: dir})
+	restart()
 	restarted := time.Now()
 	eventually(t, time.Minute, "backlog drained after the outage", func() bool { return countRows(t, bundle.db, "outbox_pending", "") == 0 })
 	t.Logf("backlog drained %v after the broker came back", time.Since(restarted).Round(time.Millisecond))

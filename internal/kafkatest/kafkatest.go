@@ -39,6 +39,21 @@ func Embedded(t testing.TB, cfg devkafka.Config) *devkafka.Broker {
 	return b
 }
 
+// Restartable starts an embedded broker that keeps its records in a
+// directory of the test's, for tests that stop it (Close) mid-run. restart
+// starts it again on the same port and directory, with the records it held,
+// and closes that one too when the test ends.
+func Restartable(t testing.TB) (b *devkafka.Broker, restart func() *devkafka.Broker) {
+	t.Helper()
+	dir := t.TempDir()
+	b = Embedded(t, devkafka.Config{DataDir: dir})
+	port := b.Port()
+	return b, func() *devkafka.Broker {
+		t.Helper()
+		return Embedded(t, devkafka.Config{Port: port, DataDir: dir})
+	}
+}
+
 // Real reports whether tests run against a real cluster (KAFKA_BROKERS set).
 func Real() bool { return devkafka.EnvBrokers() != nil }
 
