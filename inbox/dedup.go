@@ -38,8 +38,9 @@ type Deduplicator struct {
 	pool     *pgxpool.Pool
 	consumer string
 	eventID  EventIDFunc
-	// beginAndMark is the BEGIN query; %s is the event id.
-	beginAndMark string
+	// beginAndMark is the BEGIN query; %s is the event id. It executes
+	// markSQL, prepared on each connection as markName.
+	beginAndMark, markSQL, markName string
 }
 
 // NewDeduplicator returns a Deduplicator. It does not touch the database.
@@ -69,8 +70,10 @@ func NewDeduplicator(pool *pgxpool.Pool, cfg DedupConfig) (*Deduplicator, error)
 		pool:     pool,
 		consumer: cfg.Consumer,
 		eventID:  cfg.EventID,
-		beginAndMark: fmt.Sprintf(`BEGIN; INSERT INTO %s (consumer, event_id) VALUES ('%s', '%%s')`,
-			sqlident.Table(schema, "processed_event"), strings.ReplaceAll(cfg.Consumer, "'", "''")),
+		markSQL:  fmt.Sprintf(`INSERT INTO %s (consumer, event_id) VALUES ($1, $2)`, sqlident.Table(schema, "processed_event")),
+		markName: "millrace_mark_" + sqlident.Hash(schema),
+		beginAndMark: fmt.Sprintf(`BEGIN; EXECUTE %s('%s', '%%s')`,
+			"millrace_mark_"+sqlident.Hash(schema), strings.ReplaceAll(cfg.Consumer, "'", "''")),
 	}, nil
 }
 
@@ -103,6 +106,11 @@ func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			return nil, fmt.Errorf("inbox: consumer %s, event %s: %w", d.consumer, id, err)
 		}
 		defer conn.Release()
+		// The mark's statement is prepared once per connection (pgx keeps
+		// it); BEGIN then executes it in the same round trip.
+		if _, err := conn.Conn().Prepare(ctx, d.markName, d.markSQL); err != nil {
+			return nil, fmt.Errorf("inbox: consumer %s, event %s: prepare: %w", d.consumer, id, err)
+		}
 		tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: fmt.Sprintf(d.beginAndMark, id)})
 		if err != nil {
 			// The failed INSERT left the transaction block aborted: end it

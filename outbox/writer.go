@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"hash/fnv"
 	"sync/atomic"
 	"time"
 
@@ -88,11 +87,7 @@ SELECT pg_notify($11, '')`
 
 // notifyChannel is the LISTEN/NOTIFY channel for a schema's outbox. A hash
 // keeps it within PostgreSQL's 63-byte identifier limit for any schema name.
-func notifyChannel(schema string) string {
-	h := fnv.New32a()
-	h.Write([]byte(schema))
-	return fmt.Sprintf("millrace_outbox_%08x", h.Sum32())
-}
+func notifyChannel(schema string) string { return "millrace_outbox_" + sqlident.Hash(schema) }
 
 // Write writes events in a transaction of its own.
 func (w *Writer) Write(ctx context.Context, events ...Event) ([]string, error) {

@@ -5,6 +5,7 @@ package sqlident
 
 import (
 	"fmt"
+	"hash/fnv"
 	"regexp"
 
 	"github.com/jackc/pgx/v5"
@@ -42,3 +43,12 @@ func Quote(name string) string { return pgx.Identifier{name}.Sanitize() }
 
 // Table returns schema.table, both quoted.
 func Table(schema, table string) string { return pgx.Identifier{schema, table}.Sanitize() }
+
+// Hash returns 8 hex digits derived from name: a short, identifier-safe tag
+// for names (channels, prepared statements) that must stay within
+// PostgreSQL's 63-byte limit whatever the schema is called.
+func Hash(name string) string {
+	h := fnv.New32a()
+	h.Write([]byte(name))
+	return fmt.Sprintf("%08x", h.Sum32())
+}
