@@ -139,10 +139,9 @@ func (c *RelayConfig) validate() error {
 // Delivery is at least once: a relay that dies after publishing and before
 // its mark commits leaves the batch pending, and it is published again.
 type Relay struct {
-	cfg    RelayConfig
-	pool   *pgxpool.Pool
-	schema string
-	log    watermill.LoggerAdapter
+	cfg  RelayConfig
+	pool *pgxpool.Pool
+	log  watermill.LoggerAdapter
 
 	lockLanes, claim, unclaim string
 	begin                     pgx.TxOptions
@@ -169,7 +168,6 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 	r := &Relay{
 		cfg:     cfg,
 		pool:    pool,
-		schema:  schema,
 		log:     cfg.Logger.With(watermill.LogFields{"component": "outbox.Relay", "schema": schema}),
 		channel: notifyChannel(schema),
 		wake:    make(chan struct{}, 1),
