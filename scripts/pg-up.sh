@@ -6,7 +6,8 @@
 #   2. 127.0.0.1:5432 (or $MILLRACE_PG_PORT) as user postgres, database test
 #      (created if missing);
 #   3. a throwaway cluster from the locally installed PostgreSQL binaries
-#      (initdb into .pg/ under the repository, on a free port), reused if running;
+#      (initdb into .pg/ under the repository, or /tmp/millrace-pg when root, since
+#      the postgres user may not reach the repository; on a free port), reused if running;
 #   4. as root, install Debian's postgresql package, then 3.
 set -euo pipefail
 say() { echo "pg-up: $*" >&2; }
@@ -65,8 +66,11 @@ if [ -z "$bindir" ]; then
 	fi
 fi
 
-data="$root/.pg/data"
-portfile="$root/.pg/port"
+pgdir="$root/.pg"
+[ "$(id -u)" = 0 ] && pgdir=/tmp/millrace-pg
+pgdir=${MILLRACE_PG_DIR:-$pgdir}
+data="$pgdir/data"
+portfile="$pgdir/port"
 run_as=()
 if [ "$(id -u)" = 0 ]; then
 	# initdb refuses to run as root: use the postgres user when there is one.
@@ -77,8 +81,8 @@ if [ -f "$portfile" ] && answers "postgres://postgres@127.0.0.1:$(cat "$portfile
 	port=$(cat "$portfile")
 	say "reusing the throwaway cluster in $data on port $port"
 else
-	mkdir -p "$root/.pg"
-	[ "$(id -u)" = 0 ] && chown postgres "$root/.pg"
+	mkdir -p "$pgdir"
+	[ "$(id -u)" = 0 ] && chown postgres "$pgdir"
 	if [ ! -f "$data/PG_VERSION" ]; then
 		say "initdb into $data ($bindir)"
 		"${run_as[@]}" "$bindir/initdb" -D "$data" -U postgres -A trust >/dev/null
@@ -87,7 +91,7 @@ else
 	while (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do port=$((port + 1)); done # first free port
 	echo "$port" >"$portfile"
 	say "starting a throwaway cluster on 127.0.0.1:$port"
-	"${run_as[@]}" "$bindir/pg_ctl" -D "$data" -l "$root/.pg/log" -w -o "-p $port -k /tmp -c listen_addresses=127.0.0.1 -c max_connections=200 -c fsync=on" start >&2
+	"${run_as[@]}" "$bindir/pg_ctl" -D "$data" -l "$pgdir/log" -w -o "-p $port -k /tmp -c listen_addresses=127.0.0.1 -c max_connections=200 -c fsync=on" start >&2
 fi
 url="postgres://postgres@127.0.0.1:$port/test?sslmode=disable"
 if ! answers "$url"; then
