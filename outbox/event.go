@@ -51,12 +51,11 @@ type Event struct {
 // Errors for events that cannot be written. They come wrapped in an
 // *EventError that says which event of a call was at fault.
 var (
-	ErrMissingTopic        = errors.New("outbox: event has no topic")
-	ErrEmptyPartitionKey   = errors.New("outbox: event has an empty partition key")
-	ErrInvalidEventID      = errors.New("outbox: event id is not a UUID")
-	ErrInvalidJSON         = errors.New("outbox: payload is not valid JSON (set Binary for opaque payloads)")
-	ErrNoEvents            = errors.New("outbox: no events to write")
-	ErrInvalidMetadataJSON = errors.New("outbox: metadata cannot be encoded")
+	ErrMissingTopic      = errors.New("outbox: event has no topic")
+	ErrEmptyPartitionKey = errors.New("outbox: event has an empty partition key")
+	ErrInvalidEventID    = errors.New("outbox: event id is not a UUID")
+	ErrInvalidJSON       = errors.New("outbox: payload is not valid JSON (set Binary for opaque payloads)")
+	ErrNoEvents          = errors.New("outbox: no events to write")
 )
 
 // EventError is a problem with one event of a Write call. Nothing of the
