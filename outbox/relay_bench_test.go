@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/millrace/millrace/internal/kafkatest"
-	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/outbox"
 )
 
@@ -14,13 +12,8 @@ import (
 // broker with one relay; make bench measures the same at 200,000 events
 // against a broker in another process, beside its baselines.
 func BenchmarkRelayDrain(b *testing.B) {
-	brokers := kafkatest.Brokers(b)
-	db := pgtest.New(b)
-	w, err := outbox.NewWriter(db.Pool, outbox.WriterConfig{Schema: db.Schema})
-	if err != nil {
-		b.Fatal(err)
-	}
-	topic := kafkatest.Topic()
+	k := kafkaSetup(b)
+	db, w, topic := k.db, k.w, k.topic
 	ctx := context.Background()
 	events := make([]outbox.Event, 0, 1000)
 	for i := 0; i < b.N; i++ {
@@ -32,7 +25,7 @@ func BenchmarkRelayDrain(b *testing.B) {
 			events = events[:0]
 		}
 	}
-	pub := newKafkaPublisherB(b, brokers)
+	pub := newKafkaPublisherB(b, k.brokers)
 	r, err := outbox.NewRelay(db.Pool, outbox.RelayConfig{Schema: db.Schema, Publisher: pub})
 	if err != nil {
 		b.Fatal(err)

@@ -44,13 +44,13 @@ type kafkaBundle struct {
 }
 
 // kafkaSetup gives the test kafkatest's brokers and a schema from pgtest.New.
-func kafkaSetup(t *testing.T) *kafkaBundle {
+func kafkaSetup(t testing.TB) *kafkaBundle {
 	t.Helper()
 	return kafkaSetupWith(t, kafkatest.Brokers(t), pgtest.Options{})
 }
 
 // kafkaSetupWith is kafkaSetup on the given brokers, with pgtest options.
-func kafkaSetupWith(t *testing.T, brokers []string, opts pgtest.Options) *kafkaBundle {
+func kafkaSetupWith(t testing.TB, brokers []string, opts pgtest.Options) *kafkaBundle {
 	t.Helper()
 	db := pgtest.NewWith(t, opts)
 	return &kafkaBundle{brokers: brokers, db: db, w: newWriter(t, db), topic: kafkatest.Topic()}

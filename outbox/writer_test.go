@@ -15,7 +15,7 @@ import (
 	"github.com/millrace/millrace/outbox"
 )
 
-func newWriter(t *testing.T, db *pgtest.DB) *outbox.Writer {
+func newWriter(t testing.TB, db *pgtest.DB) *outbox.Writer {
 	t.Helper()
 	w, err := outbox.NewWriter(db.Pool, outbox.WriterConfig{Schema: db.Schema})
 	if err != nil {
