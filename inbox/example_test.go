@@ -13,32 +13,20 @@ import (
 	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/internal/sqlident"
-	"github.com/millrace/millrace/migrations"
 	"github.com/millrace/millrace/outbox"
 )
 
 // exampleSchema connects, migrates a fresh schema with a payments table,
 // and returns a function that drops it.
 func exampleSchema(ctx context.Context) (*pgxpool.Pool, string, func()) {
-	pool, err := pgtest.Connect(ctx, pgtest.URL(), 4)
+	db, closeDB, err := pgtest.Open(ctx, 4)
 	if err != nil {
 		log.Fatal(err)
 	}
-	schema := pgtest.RandomName("example")
-	m, err := migrations.New(pool, migrations.Config{Schema: schema})
-	if err != nil {
+	if _, err := db.Pool.Exec(ctx, `CREATE TABLE `+sqlident.Table(db.Schema, "payment")+` (order_id text PRIMARY KEY)`); err != nil {
 		log.Fatal(err)
 	}
-	if _, err := m.Up(ctx); err != nil {
-		log.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, `CREATE TABLE `+sqlident.Table(schema, "payment")+` (order_id text PRIMARY KEY)`); err != nil {
-		log.Fatal(err)
-	}
-	return pool, schema, func() {
-		_, _ = pool.Exec(ctx, `DROP SCHEMA `+sqlident.Quote(schema)+` CASCADE`)
-		pool.Close()
-	}
+	return db.Pool, db.Schema, closeDB
 }
 
 // Consume, process, produce: the handler records a payment and emits

@@ -17,7 +17,6 @@ import (
 	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/internal/sqlident"
-	"github.com/millrace/millrace/migrations"
 	"github.com/millrace/millrace/outbox"
 )
 
@@ -695,20 +694,12 @@ func (failingPublisher) Close() error { return nil }
 // it failed, and requeueing it once the cause is fixed.
 func Example_deadLetters() {
 	ctx := context.Background()
-	pool, err := pgtest.Connect(ctx, pgtest.URL(), 4)
+	db, closeDB, err := pgtest.Open(ctx, 4) // a pool and a freshly migrated schema
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer pool.Close()
-	schema := pgtest.RandomName("example")
-	m, err := migrations.New(pool, migrations.Config{Schema: schema})
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) //nolint:errcheck
-	if _, err := m.Up(ctx); err != nil {
-		log.Fatal(err)
-	}
+	defer closeDB()
+	pool, schema := db.Pool, db.Schema
 
 	w, _ := outbox.NewWriter(pool, outbox.WriterConfig{Schema: schema})
 	if _, err := w.Write(ctx, outbox.Event{

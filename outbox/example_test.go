@@ -12,7 +12,6 @@ import (
 	"github.com/millrace/millrace/internal/devkafka"
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/kafka"
-	"github.com/millrace/millrace/migrations"
 	"github.com/millrace/millrace/outbox"
 )
 
@@ -20,17 +19,12 @@ import (
 // ship it to Kafka, and reads it back with watermill-kafka's subscriber.
 func Example_relay() {
 	ctx := context.Background()
-	pool, err := pgtest.Connect(ctx, pgtest.URL(), 4)
+	db, closeDB, err := pgtest.Open(ctx, 4) // a pool and a freshly migrated schema
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer pool.Close()
-	schema := pgtest.RandomName("example")
-	defer pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) //nolint:errcheck
-	m, _ := migrations.New(pool, migrations.Config{Schema: schema})
-	if _, err := m.Up(ctx); err != nil {
-		log.Fatal(err)
-	}
+	defer closeDB()
+	pool, schema := db.Pool, db.Schema
 	brokers := devkafka.EnvBrokers()
 	if brokers == nil {
 		b, err := devkafka.Start(devkafka.Config{})

@@ -51,25 +51,58 @@ func New(t testing.TB) *DB { return NewWith(t, Options{}) }
 // NewWith is New with options.
 func NewWith(t testing.TB, opts Options) *DB {
 	t.Helper()
-	pool := Pool(t, opts.MaxConns)
-	db := &DB{Pool: pool, Schema: RandomName("t")}
+	db := &DB{Pool: Pool(t, opts.MaxConns), Schema: RandomName("t")}
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if _, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+sqlident.Quote(db.Schema)+` CASCADE`); err != nil {
-			t.Logf("pgtest: drop schema %s: %v", db.Schema, err)
+		if err := db.drop(); err != nil {
+			t.Logf("pgtest: %v", err)
 		}
 	})
 	if !opts.NoMigrate {
-		m, err := migrations.New(pool, migrations.Config{Schema: db.Schema})
-		if err != nil {
+		if err := db.migrate(context.Background()); err != nil {
 			t.Fatal(err)
-		}
-		if _, err := m.Up(context.Background()); err != nil {
-			t.Fatalf("pgtest: migrate %s: %v", db.Schema, err)
 		}
 	}
 	return db
+}
+
+// Open is New for code that runs outside a test, such as Example
+// functions: it connects to URL() and migrates a fresh schema. close drops
+// the schema and closes the pool.
+func Open(ctx context.Context, maxConns int32) (db *DB, close func(), err error) {
+	pool, err := Connect(ctx, URL(), maxConns)
+	if err != nil {
+		return nil, nil, err
+	}
+	db = &DB{Pool: pool, Schema: RandomName("example")}
+	close = func() {
+		_ = db.drop()
+		pool.Close()
+	}
+	if err := db.migrate(ctx); err != nil {
+		close()
+		return nil, nil, err
+	}
+	return db, close, nil
+}
+
+func (db *DB) migrate(ctx context.Context) error {
+	m, err := migrations.New(db.Pool, migrations.Config{Schema: db.Schema})
+	if err != nil {
+		return err
+	}
+	if _, err := m.Up(ctx); err != nil {
+		return fmt.Errorf("pgtest: migrate %s: %w", db.Schema, err)
+	}
+	return nil
+}
+
+func (db *DB) drop() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := db.Pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+sqlident.Quote(db.Schema)+` CASCADE`); err != nil {
+		return fmt.Errorf("drop schema %s: %w", db.Schema, err)
+	}
+	return nil
 }
 
 // Pool returns a pool on URL() that is closed when the test ends. It fails
