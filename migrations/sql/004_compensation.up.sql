@@ -1,0 +1,2 @@
+-- millrace 004_compensation: reserved; its tables come with the package.
+SELECT 1;
