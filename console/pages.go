@@ -401,7 +401,7 @@ func (c *Console) acted(w http.ResponseWriter, r *http.Request, d confirmData, n
 		return "", false
 	}
 	if n == 0 {
-		c.fail(w, r, http.StatusNotFound, fmt.Sprintf("Event %s is not a %s dead letter (unknown, or already requeued or discarded): nothing was changed.", d.EventID, d.Kind))
+		c.fail(w, r, http.StatusNotFound, fmt.Sprintf("Event %s is not an %s dead letter (unknown, or already requeued or discarded): nothing was changed.", d.EventID, d.Kind))
 		return "", false
 	}
 	done := map[string]string{"requeue": "requeued", "discard": "discarded"}[d.Action]
