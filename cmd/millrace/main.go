@@ -218,8 +218,6 @@ func age(d time.Duration) string {
 	switch {
 	case d <= 0:
 		return "-"
-	case d < time.Minute:
-		return d.Round(time.Second).String()
 	case d < time.Hour:
 		return d.Round(time.Second).String()
 	case d < 48*time.Hour:
@@ -228,11 +226,4 @@ func age(d time.Duration) string {
 		days := int(d / (24 * time.Hour))
 		return fmt.Sprintf("%dd%dh", days, int((d%(24*time.Hour))/time.Hour))
 	}
-}
-
-func stamp(t time.Time) string {
-	if t.IsZero() {
-		return "-"
-	}
-	return t.UTC().Format(time.RFC3339)
 }
