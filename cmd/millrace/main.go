@@ -124,11 +124,15 @@ func args(check cobra.PositionalArgs) cobra.PositionalArgs {
 	}
 }
 
-// group makes cmd a command that only holds subcommands: run without one,
-// or with an unknown one, it is a usage error naming the subcommands.
+// group makes cmd a command that only holds subcommands: run with an
+// unknown one, or without one (except plain "millrace", which prints the
+// help), it is a usage error naming the subcommands.
 func group(cmd *cobra.Command) *cobra.Command {
 	cmd.Args = args(cobra.NoArgs)
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		if !cmd.HasParent() {
+			return cmd.Help() // plain "millrace"
+		}
 		var names []string
 		for _, c := range cmd.Commands() {
 			if c.IsAvailableCommand() {

@@ -278,7 +278,7 @@ func TestOutboxDeadBadInput(t *testing.T) {
 	unknown := "0192f5c4-0000-7000-8000-000000000000"
 
 	fails(t, db, 2, `event id "nope" is not a UUID`, "outbox", "dead", "requeue", ids[0], "nope")
-	fails(t, db, 1, `event `+unknown+` is not an outbox dead letter .* nothing changed`, "outbox", "dead", "requeue", ids[0], unknown)
+	fails(t, db, 1, `event `+unknown+` is not an outbox dead letter .* nothing changed\n$`, "outbox", "dead", "requeue", ids[0], unknown)
 	fails(t, db, 1, `event `+unknown+` is not an outbox dead letter`, "outbox", "dead", "discard", unknown, ids[1])
 	fails(t, db, 2, `requires at least 1 arg`, "outbox", "dead", "requeue")
 	if s := outboxStatsOf(t, db); s.Dead != 2 || s.Pending != 0 {
@@ -406,6 +406,18 @@ func TestConnectionErrors(t *testing.T) {
 		func(string) string { return "" })
 	if code != 1 || !strings.Contains(stderr.String(), "does not answer") || strings.Count(stderr.String(), "\n") != 1 {
 		t.Errorf("database down: exit %d, stderr %q", code, stderr.String())
+	}
+}
+
+func TestHelp(t *testing.T) {
+	t.Parallel()
+	var stdout, stderr bytes.Buffer
+	if code := run(context.Background(), nil, &stdout, &stderr, func(string) string { return "" }); code != 0 || !strings.Contains(stdout.String(), "Available Commands:") {
+		t.Errorf("plain millrace: exit %d, stdout %q", code, stdout.String())
+	}
+	stdout.Reset()
+	if code := run(context.Background(), []string{"lsit"}, &stdout, &stderr, func(string) string { return "" }); code != 2 || !strings.Contains(stderr.String(), `unknown command "lsit" for "millrace"`) {
+		t.Errorf("millrace lsit: exit %d, stderr %q", code, stderr.String())
 	}
 }
 

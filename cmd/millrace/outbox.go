@@ -207,9 +207,6 @@ func eventIDs(ids []string) ([]string, error) {
 	return out, nil
 }
 
-// errNotDead says an id named on the command line is not a dead letter.
-var errNotDead = errors.New("not a dead letter")
-
 // allOrNothing applies act to each id in one transaction and commits only
 // if every id was acted on; else it rolls back and names the first id that
 // was not. It returns how many ids were acted on.
@@ -225,7 +222,7 @@ func (a *app) allOrNothing(ctx context.Context, ids []string, act func(tx pgx.Tx
 			return 0, err
 		}
 		if !ok {
-			return 0, fmt.Errorf("event %s is not %s (unknown id, or already requeued or discarded); nothing changed: %w", id, what, errNotDead)
+			return 0, fmt.Errorf("event %s is not %s (unknown id, or already requeued or discarded); nothing changed", id, what)
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
