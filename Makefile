@@ -12,10 +12,12 @@ export GOFLAGS ?= -mod=readonly
 demo:
 	@url="$$(scripts/pg-up.sh)" && DATABASE_URL="$$url" $(GO) run ./examples/outbox $(DEMOFLAGS)
 
+# The console's browser test drives the Chromium that scripts/chromium.sh
+# finds or installs (as root); without one it is skipped, with the reason.
 test:
-	@url="$$(scripts/pg-up.sh)" && \
+	@url="$$(scripts/pg-up.sh)" && chromium="$$(scripts/chromium.sh)" && \
 	echo "go vet ./..." && $(GO) vet ./... && \
-	echo "go test -race ./..." && DATABASE_URL="$$url" $(GO) test -race -timeout 12m ./...
+	echo "go test -race ./..." && DATABASE_URL="$$url" CHROMIUM_PATH="$$chromium" $(GO) test -race -timeout 12m ./...
 
 # The benchmarks (DESIGN.md's targets) into bench/results.json; BENCH_QUICK=1
 # for a run under a minute.

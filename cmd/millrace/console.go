@@ -1,0 +1,126 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/millrace/millrace/console"
+)
+
+func (a *app) consoleCmd() *cobra.Command {
+	var (
+		listen, prefix, operatorHeader string
+		readOnly                       bool
+		consumers                      []string
+	)
+	cmd := &cobra.Command{
+		Use:   "console",
+		Short: "Serve the web console",
+		Long: "Serve the web console (package console) until interrupted: the outbox backlog, and the outbox's\n" +
+			"and inboxes' dead letters with requeue and discard. Put it behind your authenticating proxy;\n" +
+			"actions are recorded in the log with the operator named by --operator-header (else \"console\").",
+		Args: args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			pool, err := a.connect(ctx)
+			if err != nil {
+				return err
+			}
+			cfg := console.Config{
+				Schema: a.schema, Prefix: prefix, ReadOnly: readOnly, InboxConsumers: consumers,
+				Logger: slog.New(slog.NewTextHandler(a.stderr, nil)),
+			}
+			if operatorHeader != "" {
+				cfg.Operator = console.HeaderOperator(operatorHeader)
+			}
+			c, err := console.New(pool, cfg)
+			if err != nil {
+				return usageError{err}
+			}
+			ln, err := net.Listen("tcp", listen)
+			if err != nil {
+				return err
+			}
+			mux := http.NewServeMux()
+			if p := strings.TrimSuffix(prefix, "/"); p != "" {
+				mux.Handle(p+"/", c)
+				mux.Handle("/{$}", http.RedirectHandler(p+"/", http.StatusFound))
+			} else {
+				mux.Handle("/", c)
+			}
+			srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+			mode := ""
+			if readOnly {
+				mode = " (read-only)"
+			}
+			fmt.Fprintf(a.stderr, "millrace console%s listening on http://%s%s/\n", mode, ln.Addr(), strings.TrimSuffix(prefix, "/"))
+			errc := make(chan error, 1)
+			go func() { errc <- srv.Serve(ln) }()
+			select {
+			case err := <-errc:
+				return err
+			case <-ctx.Done():
+			}
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := srv.Shutdown(sctx); err != nil {
+				return err
+			}
+			if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&listen, "listen", "127.0.0.1:8080", "address to listen on (\":8080\" for every interface)")
+	f.StringVar(&prefix, "prefix", "", "serve under this path, e.g. /ops")
+	f.BoolVar(&readOnly, "read-only", false, "show everything, change nothing (no action buttons; POSTs refused)")
+	f.StringVar(&operatorHeader, "operator-header", "", "request header naming the operator, set by your proxy (default X-Forwarded-User)")
+	f.StringSliceVar(&consumers, "consumers", nil, "inbox consumers to show (default: those with dead letters)")
+	return cmd
+}
+
+func loggingTopic() *cobra.Command {
+	return &cobra.Command{
+		Use:   "logging",
+		Short: "How to route millrace's logs through log/slog, and the fields they carry",
+		Long:  loggingHelp,
+	}
+}
+
+const loggingHelp = `Logging
+
+millrace's long-running parts (outbox.Relay, outbox.Cleaner, inbox.Processor, inbox.Cleaner,
+kafka.Publisher) log through Watermill's watermill.LoggerAdapter, given in their Config's Logger
+field (default: no logs). To send them to log/slog, wrap your *slog.Logger with Watermill's
+adapter:
+
+    logger := watermill.NewSlogLogger(slog.Default())
+    relay, err := outbox.NewRelay(pool, outbox.RelayConfig{Publisher: pub, Logger: logger})
+
+watermill.NewSlogLoggerWithLevelMapping changes which slog level each Watermill level maps to
+(Watermill's Trace and Debug are both below slog's Info). The console takes a *slog.Logger
+directly (console.Config.Logger) and logs every operator action on it.
+
+Fields, the same name for the same thing everywhere (use them in your own handlers' logs too,
+so one query finds an event's whole story):
+
+    event_id       the event's UUID (outbox event id = Watermill message UUID = inbox dedup key)
+    topic          the topic the event is published to
+    partition_key  the key that orders events (the Kafka record key)
+    saga_id        the saga instance (the saga package)
+    consumer       the inbox's consumer name
+    component      which part logged: outbox.Relay, inbox.Processor, console, ...
+    schema         the PostgreSQL schema of millrace's tables
+    operator       who did an operator action (console, and later the saga commands)
+    attempt        the attempt number of a failing event or message
+`

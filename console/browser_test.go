@@ -1,0 +1,190 @@
+package console_test
+
+import (
+	"bytes"
+	"context"
+	"image/png"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/millrace/millrace/console"
+	"github.com/millrace/millrace/internal/opstest"
+	"github.com/millrace/millrace/internal/pgtest"
+	"github.com/millrace/millrace/outbox"
+)
+
+// browser returns the Chromium to drive: CHROMIUM_PATH (which must then
+// exist), else the first of chromium, chromium-browser, google-chrome on
+// PATH. It skips the test when there is none: scripts/chromium.sh, which
+// make test runs first, installs Debian's chromium when it can.
+func browser(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("CHROMIUM_PATH"); p != "" {
+		if _, err := exec.LookPath(p); err != nil {
+			t.Fatalf("CHROMIUM_PATH=%s: %v", p, err)
+		}
+		return p
+	}
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	t.Skip("no Chromium: run scripts/chromium.sh (as root it installs Debian's chromium) or set CHROMIUM_PATH")
+	return ""
+}
+
+// TestBrowser drives the console in a real headless Chromium: it requeues
+// an outbox dead letter by pressing the buttons (Requeue, then the confirm
+// page's "Yes, requeue") and finds it requeued in the database, and it
+// checks that the same form without its CSRF token is refused and changes
+// nothing. With MILLRACE_SCREENSHOT=1 it writes docs/console.png.
+func TestBrowser(t *testing.T) {
+	t.Parallel()
+	exe := browser(t)
+	db := pgtest.New(t)
+	ids := opstest.OutboxDead(t, db, "orders", 3)
+	opstest.Write(t, db, "orders", 5) // a backlog for the overview
+	opstest.InboxDead(t, db, "billing", 2)
+	admin, err := outbox.NewAdmin(db.Pool, outbox.AdminConfig{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := console.New(db.Pool, console.Config{
+		Schema: db.Schema, Prefix: "/ops",
+		Operator: func(*http.Request) string { return "alice@example.com" },
+		Logger:   slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/ops/", c)
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	base := srv.URL + "/ops"
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(exe),
+		chromedp.NoSandbox, // as root Chromium refuses to start with its sandbox
+		chromedp.Flag("disable-gpu", true),
+		chromedp.WindowSize(1360, 820),
+	)
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer cancelAlloc()
+	ctx, cancelTab := chromedp.NewContext(actx, chromedp.WithLogf(t.Logf))
+	defer cancelTab()
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+
+	deadLetters := func() []string {
+		t.Helper()
+		list, err := admin.ListDeadLetters(context.Background(), outbox.ListParams{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, d := range list {
+			out = append(out, d.EventID)
+		}
+		return out
+	}
+
+	// Requeue ids[0]: the list's button, then the confirm page's.
+	row := `tr[data-event-id="` + ids[0] + `"]`
+	if err := chromedp.Do(ctx,
+		chromedp.Navigate(base+"/outbox/dead"),
+		chromedp.WaitVisible(row+` a.button:not(.danger)`),
+		chromedp.Click(row+` a.button:not(.danger)`),
+		chromedp.WaitVisible(`#confirm`),
+	); err != nil {
+		t.Fatal(err)
+	}
+	question, err := chromedp.Run(ctx, chromedp.Text(`.question`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "Requeue outbox event " + ids[0] + "?"; question != want {
+		t.Errorf("confirm page asks %q, want %q", question, want)
+	}
+	if got := deadLetters(); len(got) != 3 {
+		t.Fatalf("the confirm page changed something: dead letters %v", got)
+	}
+	if err := chromedp.Do(ctx, chromedp.Click(`#confirm`), chromedp.WaitVisible(`#flash`)); err != nil {
+		t.Fatal(err)
+	}
+	flash, err := chromedp.Run(ctx, chromedp.Text(`#flash`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if flash != "Requeued 1 outbox dead letter." {
+		t.Errorf("after confirming, the page says %q", flash)
+	}
+	if got := deadLetters(); slices.Contains(got, ids[0]) || len(got) != 2 {
+		t.Errorf("after the browser requeued %s, dead letters are %v", ids[0], got)
+	}
+	if s, err := admin.Stats(context.Background()); err != nil || s.Pending != 6 {
+		t.Errorf("after requeue, stats %+v, %v; want 6 pending (5 + the requeued one)", s, err)
+	}
+
+	// The screenshot for the docs: the list after the requeue, with the
+	// message, the remaining dead letters and their buttons.
+	shot, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := png.Decode(bytes.NewReader(shot))
+	if err != nil || img.Bounds().Dx() < 1000 {
+		t.Fatalf("screenshot is not a page-wide PNG: %v", err)
+	}
+	if os.Getenv("MILLRACE_SCREENSHOT") == "1" {
+		if err := os.WriteFile(filepath.Join("..", "docs", "console.png"), shot, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The same form with its CSRF token taken out is refused and changes
+	// nothing. Renaming the field (through the DevTools DOM, no script on
+	// the page) submits the form without csrf_token.
+	if err := chromedp.Do(ctx,
+		chromedp.Navigate(base+"/outbox/dead/discard?id="+ids[1]),
+		chromedp.WaitVisible(`#confirm`),
+		chromedp.SetAttributeValue(`input[name="csrf_token"]`, "name", "no_token"),
+		chromedp.Click(`#confirm`),
+		chromedp.WaitVisible(`#error`),
+	); err != nil {
+		t.Fatal(err)
+	}
+	refusal, err := chromedp.Run(ctx, chromedp.Text(`#error`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(refusal, "Missing or invalid CSRF token: nothing was changed.") {
+		t.Errorf("POST without the token: page says %q", refusal)
+	}
+	if got := deadLetters(); !slices.Contains(got, ids[1]) || len(got) != 2 {
+		t.Errorf("a POST without the CSRF token changed the dead letters: %v", got)
+	}
+	// And with the token the same page works.
+	if err := chromedp.Do(ctx,
+		chromedp.Navigate(base+"/outbox/dead/discard?id="+ids[1]),
+		chromedp.WaitVisible(`#confirm`),
+		chromedp.Click(`#confirm`),
+		chromedp.WaitVisible(`#flash`),
+	); err != nil {
+		t.Fatal(err)
+	}
+	if got := deadLetters(); slices.Contains(got, ids[1]) || len(got) != 1 {
+		t.Errorf("after the browser discarded %s, dead letters are %v", ids[1], got)
+	}
+}

@@ -1,0 +1,239 @@
+package console
+
+import (
+	"context"
+	"crypto/rand"
+	"embed"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/internal/sqlident"
+	"github.com/millrace/millrace/outbox"
+)
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+//go:embed static
+var staticFS embed.FS
+
+// Config configures a Console.
+type Config struct {
+	// Schema holds millrace's tables. Defaults to "millrace".
+	Schema string
+	// Prefix is the path the console is mounted under, such as "/ops":
+	// mount it with mux.Handle("/ops/", c) and it strips the prefix itself
+	// and builds its links under it. Defaults to "" (the root).
+	Prefix string
+	// ReadOnly shows everything and changes nothing: no action buttons,
+	// and every POST is refused with 403. Defaults to false.
+	ReadOnly bool
+	// Operator names who is acting, from the request; every action is
+	// logged with it. Put the console behind your authenticating proxy and
+	// read what the proxy sets. Defaults to DefaultOperator.
+	Operator func(*http.Request) string
+	// InboxConsumers are the inboxes whose dead letters the console shows.
+	// Defaults to every consumer that has dead letters (found on the
+	// dead-letter index, at most 100).
+	InboxConsumers []string
+	// PageSize is how many dead letters a page lists. Defaults to 50.
+	PageSize int
+	// CSRFKey signs the anti-CSRF tokens; at least 32 bytes. Give every
+	// replica behind a load balancer the same key. Defaults to a random key
+	// per process (tokens of pages served before a restart are refused:
+	// reload the page).
+	CSRFKey []byte
+	// Logger records every operator action (and failures). Defaults to
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// DefaultOperator returns the X-Forwarded-User header (as set by
+// authenticating proxies such as oauth2-proxy), else X-Forwarded-Email,
+// else "console".
+func DefaultOperator(r *http.Request) string {
+	for _, h := range []string{"X-Forwarded-User", "X-Forwarded-Email"} {
+		if v := strings.TrimSpace(r.Header.Get(h)); v != "" {
+			return v
+		}
+	}
+	return "console"
+}
+
+// HeaderOperator returns an Operator function that reads header, falling
+// back to "console" when the request has none.
+func HeaderOperator(header string) func(*http.Request) string {
+	return func(r *http.Request) string {
+		if v := strings.TrimSpace(r.Header.Get(header)); v != "" {
+			return v
+		}
+		return "console"
+	}
+}
+
+// Console is the web console, an http.Handler. It is safe for concurrent
+// use.
+type Console struct {
+	cfg     Config
+	pool    *pgxpool.Pool
+	schema  string
+	outbox  *outbox.Admin
+	csrf    *csrf
+	log     *slog.Logger
+	pages   map[string]*template.Template
+	handler http.Handler
+
+	consumersSQL, consumerDeadSQL string
+}
+
+// New returns a Console on pool. It does not touch the database.
+func New(pool *pgxpool.Pool, cfg Config) (*Console, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%w: console: New needs a pool", millrace.ErrConfig)
+	}
+	schema, err := sqlident.Schema(cfg.Schema)
+	if err != nil {
+		return nil, fmt.Errorf("%w: console: %v", millrace.ErrConfig, err)
+	}
+	cfg.Prefix = strings.TrimSuffix(cfg.Prefix, "/")
+	if cfg.Prefix != "" && (!strings.HasPrefix(cfg.Prefix, "/") || strings.ContainsAny(cfg.Prefix, "?#{}")) {
+		return nil, fmt.Errorf("%w: console: Prefix %q must be a path starting with /", millrace.ErrConfig, cfg.Prefix)
+	}
+	if cfg.PageSize < 0 || cfg.PageSize > 1000 {
+		return nil, fmt.Errorf("%w: console: PageSize must be in 1..1000, got %d", millrace.ErrConfig, cfg.PageSize)
+	}
+	if cfg.PageSize == 0 {
+		cfg.PageSize = 50
+	}
+	if cfg.Operator == nil {
+		cfg.Operator = DefaultOperator
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.CSRFKey == nil {
+		cfg.CSRFKey = make([]byte, 32)
+		if _, err := rand.Read(cfg.CSRFKey); err != nil {
+			return nil, err
+		}
+	} else if len(cfg.CSRFKey) < 32 {
+		return nil, fmt.Errorf("%w: console: CSRFKey must be at least 32 bytes", millrace.ErrConfig)
+	}
+	for _, name := range cfg.InboxConsumers {
+		if name == "" {
+			return nil, fmt.Errorf("%w: console: InboxConsumers has an empty name", millrace.ErrConfig)
+		}
+	}
+	admin, err := outbox.NewAdmin(pool, outbox.AdminConfig{Schema: schema})
+	if err != nil {
+		return nil, fmt.Errorf("%w: console: %v", millrace.ErrConfig, err)
+	}
+	c := &Console{
+		cfg:    cfg,
+		pool:   pool,
+		schema: schema,
+		outbox: admin,
+		csrf:   &csrf{key: cfg.CSRFKey, path: cfg.Prefix + "/"},
+		log:    cfg.Logger.With("component", "console", "schema", schema),
+	}
+	inboxTable := sqlident.Table(schema, "inbox_event")
+	// The consumers that have dead letters, by a skip scan over
+	// inbox_event_dead_idx (consumer, id) WHERE dead_at IS NOT NULL AND NOT
+	// processed: one index probe per consumer, however many rows there are.
+	c.consumersSQL = fmt.Sprintf(`WITH RECURSIVE c(consumer) AS (
+    (SELECT consumer FROM %[1]s WHERE dead_at IS NOT NULL AND NOT processed ORDER BY consumer LIMIT 1)
+    UNION ALL
+    SELECT (SELECT e.consumer FROM %[1]s e
+             WHERE e.dead_at IS NOT NULL AND NOT e.processed AND e.consumer > c.consumer
+             ORDER BY e.consumer LIMIT 1)
+      FROM c WHERE c.consumer IS NOT NULL
+)
+SELECT consumer FROM c WHERE consumer IS NOT NULL LIMIT 100`, inboxTable)
+	// A consumer's dead letters, counted on the same index up to a cap.
+	c.consumerDeadSQL = fmt.Sprintf(`SELECT count(*) FROM (
+    SELECT 1 FROM %s WHERE consumer = $1 AND dead_at IS NOT NULL AND NOT processed LIMIT $2) s`, inboxTable)
+
+	if err := c.parseTemplates(); err != nil {
+		return nil, err
+	}
+	c.handler = c.routes()
+	return c, nil
+}
+
+// ServeHTTP serves the console.
+func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) { c.handler.ServeHTTP(w, r) }
+
+func (c *Console) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /{$}", c.overview)
+	mux.HandleFunc("GET /outbox/dead", c.outboxDead)
+	mux.HandleFunc("GET /outbox/dead/{action}", c.outboxConfirm)
+	mux.HandleFunc("POST /outbox/dead/{action}", c.post(c.outboxAct))
+	mux.HandleFunc("GET /inbox/dead", c.inboxDead)
+	mux.HandleFunc("GET /inbox/dead/{action}", c.inboxConfirm)
+	mux.HandleFunc("POST /inbox/dead/{action}", c.post(c.inboxAct))
+	static, _ := fs.Sub(staticFS, "static")
+	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		c.fail(w, r, http.StatusNotFound, "No such page.")
+	})
+
+	var h http.Handler = mux
+	// Browsers' Sec-Fetch-Site and Origin headers turn away cross-origin
+	// POSTs before the token is even looked at: defence in depth.
+	h = http.NewCrossOriginProtection().Handler(h)
+	h = securityHeaders(h)
+	if c.cfg.Prefix != "" {
+		h = http.StripPrefix(c.cfg.Prefix, h)
+	}
+	return h
+}
+
+func securityHeaders(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+		h.Set("X-Frame-Options", "DENY")
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("Referrer-Policy", "same-origin")
+		h.Set("Cache-Control", "no-store")
+		next.ServeHTTP(w, r)
+	})
+}
+
+// post guards an action: read-only mode, then the CSRF token, then the
+// form; act does the work and returns where to go next.
+func (c *Console) post(act func(w http.ResponseWriter, r *http.Request) (redirect string, ok bool)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if c.cfg.ReadOnly {
+			c.fail(w, r, http.StatusForbidden, "The console is read-only: nothing was changed.")
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
+		if err := r.ParseForm(); err != nil {
+			c.fail(w, r, http.StatusBadRequest, "Bad form: "+err.Error())
+			return
+		}
+		if !c.csrf.valid(r) {
+			c.log.Warn("console: action refused: missing or invalid CSRF token", "operator", c.cfg.Operator(r), "path", r.URL.Path)
+			c.fail(w, r, http.StatusForbidden, "Missing or invalid CSRF token: nothing was changed. Reload the page and try again.")
+			return
+		}
+		if to, ok := act(w, r); ok {
+			http.Redirect(w, r, c.cfg.Prefix+to, http.StatusSeeOther)
+		}
+	}
+}
+
+// context for database calls of one request.
+func reqCtx(r *http.Request) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(r.Context(), 30*time.Second)
+}

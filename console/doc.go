@@ -1,0 +1,51 @@
+// Package console is millrace's web console: an http.Handler that a
+// service mounts on its own mux to see and fix the outbox and the inboxes
+// without writing Go or SQL.
+//
+//	c, err := console.New(pool, console.Config{Prefix: "/ops"})
+//	mux.Handle("/ops/", c)
+//
+// or standalone: millrace console --listen :8080.
+//
+// # Pages
+//
+// The overview shows the outbox backlog (pending events, how old the oldest
+// is, how many are retrying or dead) and which inboxes have dead letters.
+// The dead-letter pages list the outbox's and each inbox's dead letters with
+// their last error, a page at a time, with Requeue and Discard buttons.
+// Every query is paginated and served by an index: outbox dead letters by
+// outbox_pending_blocked_idx, inbox dead letters and their consumers by
+// inbox_event_dead_idx, the backlog by the primary keys.
+//
+// # Actions
+//
+// A button opens a confirm page (a GET, which changes nothing) saying what
+// will happen; only its form, a POST, acts. Every POST must carry an
+// anti-CSRF token: the signed double-submit pattern (a random nonce in an
+// HttpOnly SameSite=Strict cookie, and its HMAC under Config.CSRFKey in the
+// form). Browsers' cross-origin POSTs are also refused by
+// http.CrossOriginProtection. A POST without a valid token, in read-only
+// mode, or for an id that is not a dead letter changes nothing and gets an
+// error page. Each action is logged on Config.Logger with the operator
+// (Config.Operator, by default the X-Forwarded-User header your
+// authenticating proxy sets, else "console"), the event id and the count.
+// The console has no login of its own: put it behind your proxy.
+//
+// # Logging
+//
+// Config.Logger is a *slog.Logger. millrace's workers (outbox.Relay,
+// inbox.Processor, the cleaners, kafka.Publisher) log through Watermill's
+// LoggerAdapter; route them to the same slog logger with
+// watermill.NewSlogLogger(logger). Fields carry one name everywhere:
+// event_id, topic, partition_key, saga_id, consumer, component, schema,
+// operator, attempt. See "millrace help logging".
+//
+// # Adding a page
+//
+// A page is one template in templates/ that defines "content" (the layout
+// gives it the navigation, the operator, the CSRF token as .CSRF and the
+// page's data as .Data), one handler that calls render, and one entry in
+// nav. Actions go through post, which checks read-only mode and the token
+// before the handler runs. The sagas pages will be added this way when the
+// saga package lands; until then the navigation marks them as coming.
+package console

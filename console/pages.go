@@ -1,0 +1,410 @@
+package console
+
+import (
+	"errors"
+	"fmt"
+	"html/template"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/millrace/millrace/inbox"
+	"github.com/millrace/millrace/outbox"
+)
+
+// navItem is an entry of the navigation bar. A page is one template in
+// templates/ (defining "content"), one handler, and one navItem; Soon
+// marks an entry whose page is not there yet.
+type navItem struct {
+	Key, Label, Path, Soon string
+}
+
+var nav = []navItem{
+	{Key: "overview", Label: "Overview", Path: "/"},
+	{Key: "outbox", Label: "Outbox dead letters", Path: "/outbox/dead"},
+	{Key: "inbox", Label: "Inbox dead letters", Path: "/inbox/dead"},
+	{Key: "sagas", Label: "Sagas", Soon: "coming with the saga package"},
+}
+
+// view is what every page template gets: the layout's fields and the
+// page's own Data.
+type view struct {
+	Title    string
+	Active   string // navItem.Key
+	Nav      []navItem
+	Prefix   string
+	CSRF     string
+	ReadOnly bool
+	Operator string
+	Flash    string
+	Data     any
+}
+
+var funcs = template.FuncMap{
+	"since": func(t time.Time) string {
+		if t.IsZero() {
+			return "-"
+		}
+		return human(time.Since(t))
+	},
+	"human": human,
+	"stamp": func(t time.Time) string {
+		if t.IsZero() {
+			return "-"
+		}
+		return t.UTC().Format("2006-01-02 15:04:05Z")
+	},
+	"short": func(s string, n int) string {
+		if r := []rune(s); len(r) > n {
+			return string(r[:n-1]) + "…"
+		}
+		return s
+	},
+}
+
+// human prints a duration for people: 12s, 4m12s, 2h5m, 3d4h.
+func human(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "-"
+	case d < time.Hour:
+		return d.Round(time.Second).String()
+	case d < 48*time.Hour:
+		return strings.TrimSuffix(d.Round(time.Minute).String(), "0s")
+	default:
+		return fmt.Sprintf("%dd%dh", int(d/(24*time.Hour)), int(d%(24*time.Hour)/time.Hour))
+	}
+}
+
+// parseTemplates makes one template set per page: the layout plus the
+// page's file.
+func (c *Console) parseTemplates() error {
+	base, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html")
+	if err != nil {
+		return err
+	}
+	c.pages = map[string]*template.Template{}
+	for _, page := range []string{"overview", "outbox_dead", "inbox_dead", "confirm", "error"} {
+		t, err := template.Must(base.Clone()).ParseFS(templateFS, "templates/"+page+".html")
+		if err != nil {
+			return err
+		}
+		c.pages[page] = t
+	}
+	return nil
+}
+
+func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, page, title, active string, data any) {
+	v := view{
+		Title: title, Active: active, Nav: nav, Prefix: c.cfg.Prefix,
+		CSRF: c.csrf.token(w, r), ReadOnly: c.cfg.ReadOnly, Operator: c.cfg.Operator(r),
+		Flash: flash(r.URL.Query()), Data: data,
+	}
+	var b strings.Builder
+	if err := c.pages[page].ExecuteTemplate(&b, "layout", v); err != nil {
+		c.log.Error("console: render "+page, "err", err)
+		http.Error(w, "internal error rendering the page", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = w.Write([]byte(b.String()))
+}
+
+// fail shows an error page; nothing was changed.
+func (c *Console) fail(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	c.render(w, r, status, "error", http.StatusText(status), "", struct {
+		Status  int
+		Message string
+	}{status, msg})
+}
+
+// dbFail shows a database error, logged with the request path.
+func (c *Console) dbFail(w http.ResponseWriter, r *http.Request, err error) {
+	c.log.Error("console: database", "err", err, "path", r.URL.Path)
+	c.fail(w, r, http.StatusInternalServerError, "Database error: "+err.Error())
+}
+
+// flash is the message after an action's redirect, made from fixed
+// wording and a count, never from text in the URL.
+func flash(q url.Values) string {
+	n, err := strconv.Atoi(q.Get("n"))
+	if err != nil || n < 0 {
+		return ""
+	}
+	what := map[string]string{"outbox": "outbox dead letter", "inbox": "inbox dead letter"}[q.Get("kind")]
+	verb := map[string]string{"requeue": "Requeued", "discard": "Discarded"}[q.Get("done")]
+	if what == "" || verb == "" {
+		return ""
+	}
+	if n != 1 {
+		what += "s"
+	}
+	return fmt.Sprintf("%s %d %s.", verb, n, what)
+}
+
+type consumerRow struct {
+	Consumer string
+	Dead     int64
+	More     bool // Dead is the cap: there are more
+}
+
+type overviewData struct {
+	Stats     outbox.Stats
+	Consumers []consumerRow
+	CountCap  int
+}
+
+func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := reqCtx(r)
+	defer cancel()
+	stats, err := c.outbox.Stats(ctx)
+	if err != nil {
+		c.dbFail(w, r, err)
+		return
+	}
+	consumers, err := c.consumers(r)
+	if err != nil {
+		c.dbFail(w, r, err)
+		return
+	}
+	c.render(w, r, http.StatusOK, "overview", "Overview", "overview", overviewData{Stats: stats, Consumers: consumers, CountCap: c.cfg.PageSize})
+}
+
+// consumers returns the configured inbox consumers, or those with dead
+// letters, each with its dead-letter count up to PageSize.
+func (c *Console) consumers(r *http.Request) ([]consumerRow, error) {
+	ctx, cancel := reqCtx(r)
+	defer cancel()
+	names := c.cfg.InboxConsumers
+	if names == nil {
+		rows, err := c.pool.Query(ctx, c.consumersSQL)
+		if err != nil {
+			return nil, fmt.Errorf("list inbox consumers: %w", err)
+		}
+		if names, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+			return nil, fmt.Errorf("list inbox consumers: %w", err)
+		}
+	}
+	out := make([]consumerRow, 0, len(names))
+	for _, name := range names {
+		var n int64
+		if err := c.pool.QueryRow(ctx, c.consumerDeadSQL, name, c.cfg.PageSize+1).Scan(&n); err != nil {
+			return nil, fmt.Errorf("count dead letters of %s: %w", name, err)
+		}
+		row := consumerRow{Consumer: name, Dead: n}
+		if n > int64(c.cfg.PageSize) {
+			row.Dead, row.More = int64(c.cfg.PageSize), true
+		}
+		out = append(out, row)
+	}
+	return out, nil
+}
+
+type outboxDeadData struct {
+	Topic, Key string
+	After      int64
+	List       []outbox.DeadLetter
+	Next       int64 // AfterID of the next page, 0 when this is the last
+}
+
+func (c *Console) outboxDead(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	d := outboxDeadData{Topic: q.Get("topic"), Key: q.Get("key")}
+	if s := q.Get("after"); s != "" {
+		after, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || after < 0 {
+			c.fail(w, r, http.StatusBadRequest, fmt.Sprintf("Bad page: after=%q is not a row id.", s))
+			return
+		}
+		d.After = after
+	}
+	ctx, cancel := reqCtx(r)
+	defer cancel()
+	// One more than a page says whether a next page exists.
+	list, err := c.outbox.ListDeadLetters(ctx, outbox.ListParams{
+		Limit: c.cfg.PageSize + 1, AfterID: d.After, Topic: d.Topic, PartitionKey: d.Key,
+	})
+	if err != nil {
+		c.dbFail(w, r, err)
+		return
+	}
+	if len(list) > c.cfg.PageSize {
+		list = list[:c.cfg.PageSize]
+		d.Next = list[len(list)-1].ID
+	}
+	d.List = list
+	c.render(w, r, http.StatusOK, "outbox_dead", "Outbox dead letters", "outbox", d)
+}
+
+type inboxDeadData struct {
+	Consumer  string
+	Consumers []consumerRow
+	List      []inbox.DeadEvent
+	More      bool
+}
+
+func (c *Console) inboxDead(w http.ResponseWriter, r *http.Request) {
+	d := inboxDeadData{Consumer: r.URL.Query().Get("consumer")}
+	if d.Consumer == "" {
+		consumers, err := c.consumers(r)
+		if err != nil {
+			c.dbFail(w, r, err)
+			return
+		}
+		d.Consumers = consumers
+		c.render(w, r, http.StatusOK, "inbox_dead", "Inbox dead letters", "inbox", d)
+		return
+	}
+	dl, err := inbox.NewDeadLetters(c.pool, inbox.DeadLetterConfig{Schema: c.schema, Consumer: d.Consumer})
+	if err != nil {
+		c.fail(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	ctx, cancel := reqCtx(r)
+	defer cancel()
+	list, err := dl.List(ctx, c.cfg.PageSize+1)
+	if err != nil {
+		c.dbFail(w, r, err)
+		return
+	}
+	if len(list) > c.cfg.PageSize {
+		list, d.More = list[:c.cfg.PageSize], true
+	}
+	d.List = list
+	c.render(w, r, http.StatusOK, "inbox_dead", "Inbox dead letters: "+d.Consumer, "inbox", d)
+}
+
+// confirmData is the confirm page: what will happen, and the form that
+// does it.
+type confirmData struct {
+	Kind     string // outbox, inbox
+	Action   string // requeue, discard
+	Consumer string // inbox only
+	EventID  string
+	Question string
+	Effect   string
+	Post     string // form action, under the prefix
+	Cancel   string
+}
+
+var effects = map[string]string{
+	"outbox/requeue": "The relay publishes it again, starting from its first attempt; its last error stays on record.",
+	"outbox/discard": "It is never published; later events of its partition key flow again. This cannot be undone.",
+	"inbox/requeue":  "The processor runs the handler again, with its attempts back at zero.",
+	"inbox/discard":  "It is marked processed without running the handler, and no longer holds its key. This cannot be undone.",
+}
+
+// target reads and checks the action and event id of a confirm page or an
+// action; it writes the error page and returns false when they are bad.
+func (c *Console) target(w http.ResponseWriter, r *http.Request, kind string) (confirmData, bool) {
+	d := confirmData{Kind: kind, Action: r.PathValue("action")}
+	if _, ok := effects[kind+"/"+d.Action]; !ok {
+		c.fail(w, r, http.StatusNotFound, fmt.Sprintf("Unknown action %q: nothing was changed.", d.Action))
+		return d, false
+	}
+	raw := r.FormValue("id")
+	id, err := uuid.Parse(raw)
+	if err != nil {
+		c.fail(w, r, http.StatusBadRequest, fmt.Sprintf("Event id %q is not a UUID: nothing was changed.", raw))
+		return d, false
+	}
+	d.EventID = id.String()
+	if kind == "inbox" {
+		d.Consumer = r.FormValue("consumer")
+		if d.Consumer == "" {
+			c.fail(w, r, http.StatusBadRequest, "No consumer given: nothing was changed.")
+			return d, false
+		}
+	}
+	return d, true
+}
+
+func (c *Console) confirm(w http.ResponseWriter, r *http.Request, kind string) {
+	if c.cfg.ReadOnly {
+		c.fail(w, r, http.StatusForbidden, "The console is read-only.")
+		return
+	}
+	d, ok := c.target(w, r, kind)
+	if !ok {
+		return
+	}
+	d.Effect = effects[kind+"/"+d.Action]
+	d.Post = c.cfg.Prefix + "/" + kind + "/dead/" + d.Action
+	verb := strings.ToUpper(d.Action[:1]) + d.Action[1:]
+	if kind == "outbox" {
+		d.Question = fmt.Sprintf("%s outbox event %s?", verb, d.EventID)
+		d.Cancel = c.cfg.Prefix + "/outbox/dead"
+	} else {
+		d.Question = fmt.Sprintf("%s the message %s of consumer %s?", verb, d.EventID, d.Consumer)
+		d.Cancel = c.cfg.Prefix + "/inbox/dead?consumer=" + url.QueryEscape(d.Consumer)
+	}
+	c.render(w, r, http.StatusOK, "confirm", "Confirm: "+d.Action, kind, d)
+}
+
+func (c *Console) outboxConfirm(w http.ResponseWriter, r *http.Request) { c.confirm(w, r, "outbox") }
+func (c *Console) inboxConfirm(w http.ResponseWriter, r *http.Request)  { c.confirm(w, r, "inbox") }
+
+func (c *Console) outboxAct(w http.ResponseWriter, r *http.Request) (string, bool) {
+	d, ok := c.target(w, r, "outbox")
+	if !ok {
+		return "", false
+	}
+	ctx, cancel := reqCtx(r)
+	defer cancel()
+	act := c.outbox.Requeue
+	if d.Action == "discard" {
+		act = c.outbox.Discard
+	}
+	n, err := act(ctx, d.EventID)
+	return c.acted(w, r, d, n, err, "/outbox/dead?")
+}
+
+func (c *Console) inboxAct(w http.ResponseWriter, r *http.Request) (string, bool) {
+	d, ok := c.target(w, r, "inbox")
+	if !ok {
+		return "", false
+	}
+	dl, err := inbox.NewDeadLetters(c.pool, inbox.DeadLetterConfig{Schema: c.schema, Consumer: d.Consumer})
+	if err != nil {
+		c.fail(w, r, http.StatusBadRequest, err.Error())
+		return "", false
+	}
+	ctx, cancel := reqCtx(r)
+	defer cancel()
+	act := dl.Requeue
+	if d.Action == "discard" {
+		act = dl.Discard
+	}
+	n, err := act(ctx, d.EventID)
+	if errors.Is(err, inbox.ErrNotDead) {
+		n, err = 0, nil
+	}
+	return c.acted(w, r, d, n, err, "/inbox/dead?consumer="+url.QueryEscape(d.Consumer)+"&")
+}
+
+// acted logs an action's outcome with the operator and says where to go.
+func (c *Console) acted(w http.ResponseWriter, r *http.Request, d confirmData, n int, err error, back string) (string, bool) {
+	operator := c.cfg.Operator(r)
+	attrs := []any{"operator", operator, "action", d.Action, "kind", d.Kind, "event_id", d.EventID}
+	if d.Consumer != "" {
+		attrs = append(attrs, "consumer", d.Consumer)
+	}
+	if err != nil {
+		c.log.Error("console: "+d.Kind+" dead letter "+d.Action+" failed", append(attrs, "err", err)...)
+		c.fail(w, r, http.StatusInternalServerError, "Database error: "+err.Error())
+		return "", false
+	}
+	if n == 0 {
+		c.fail(w, r, http.StatusNotFound, fmt.Sprintf("Event %s is not an %s dead letter (unknown, or already requeued or discarded): nothing was changed.", d.EventID, d.Kind))
+		return "", false
+	}
+	done := map[string]string{"requeue": "requeued", "discard": "discarded"}[d.Action]
+	c.log.Info("console: "+d.Kind+" dead letter "+done, append(attrs, "count", n)...)
+	return fmt.Sprintf("%skind=%s&done=%s&n=%d", back, d.Kind, d.Action, n), true
+}
