@@ -1,0 +1,257 @@
+package inbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/inbox"
+)
+
+// With OrderByKey, a key whose first row waits (dead, or backing off) holds
+// only its own rows: the rows of other keys behind a long run of held rows
+// are still claimed and applied. The held run is longer than a batch, so a
+// claim that applied its LIMIT before the hold would return nothing, forever.
+func TestProcessorOrderByKeyHeldKeyDoesNotStopInbox(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		fail error
+		held string // SQL condition the head row must meet afterwards
+	}{
+		{"dead head", millrace.Permanent(errors.New("malformed")), "dead_at IS NOT NULL"},
+		{"backing off head", errors.New("downstream unavailable"), "dead_at IS NULL AND next_attempt_at > now()"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, 2)
+			r := newReceiver(t, b, "c")
+			stuck := msgs(151, func(int) string { return "stuck" })
+			others := msgs(50, func(i int) string { return fmt.Sprint("k", i%7) })
+			for _, batch := range [][]*message.Message{stuck, others} {
+				if _, err := r.Receive(context.Background(), batch...); err != nil {
+					t.Fatal(err)
+				}
+			}
+			head := stuck[0].UUID
+			p := newProcessor(t, b, inbox.ProcessorConfig{
+				OrderByKey: true, BatchSize: 100, MaxAttempts: 5,
+				RetryMin: time.Hour, RetryMax: time.Hour,
+				Handler: func(ctx context.Context, tx pgx.Tx, m *message.Message) error {
+					if m.UUID == head {
+						return tc.fail
+					}
+					return b.apply(ctx, tx, m.UUID, m.Metadata.Get(millrace.MetadataPartitionKey))
+				},
+			})
+			ctx := context.Background()
+			// The first batch fails the head and holds the rest of its key.
+			if _, err := p.ProcessOnce(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if got := b.count(t, `SELECT count(*) FROM `+b.table("inbox_event")+` WHERE event_id = $1 AND `+tc.held, head); got != 1 {
+				t.Fatalf("the head row is not %s", tc.held)
+			}
+			for range 3 {
+				if _, err := p.ProcessOnce(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := b.count(t, `SELECT count(*) FROM `+b.effect+` WHERE note <> 'stuck'`); got != len(others) {
+				t.Fatalf("applied %d of the %d rows of other keys; the held key stopped the inbox", got, len(others))
+			}
+			if got := b.count(t, `SELECT count(*) FROM `+b.effect+` WHERE note = 'stuck'`); got != 0 {
+				t.Fatalf("applied %d rows of the held key ahead of its head", got)
+			}
+			if n, err := p.ProcessOnce(ctx); err != nil || n != 0 {
+				t.Fatalf("ProcessOnce with only held rows left = %d, %v; want 0", n, err)
+			}
+		})
+	}
+}
+
+// A handler that swallows an SQL error and returns nil leaves the batch's
+// transaction aborted. That row is charged an attempt with the reason and
+// rolled back to its savepoint; the rest of the batch is applied, wherever
+// the row sits in it.
+func TestProcessorHandlerSwallowsSQLError(t *testing.T) {
+	t.Parallel()
+	for _, pos := range []int{0, 2, 4} {
+		t.Run(fmt.Sprint("row ", pos), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, 2)
+			r := newReceiver(t, b, "c")
+			ms := msgs(5, func(i int) string { return fmt.Sprint("k", i) })
+			if _, err := r.Receive(context.Background(), ms...); err != nil {
+				t.Fatal(err)
+			}
+			bad := ms[pos].UUID
+			var fixed bool
+			p := newProcessor(t, b, inbox.ProcessorConfig{
+				OrderByKey: true, MaxAttempts: 3, RetryMin: time.Millisecond, RetryMax: time.Millisecond,
+				Handler: func(ctx context.Context, tx pgx.Tx, m *message.Message) error {
+					if err := b.apply(ctx, tx, m.UUID, ""); err != nil {
+						return err
+					}
+					if m.UUID == bad && !fixed {
+						_, _ = tx.Exec(ctx, `SELECT 1/0`) // the error is swallowed
+					}
+					return nil
+				},
+			})
+			ctx := context.Background()
+			if n, err := p.ProcessOnce(ctx); err != nil || n != 5 {
+				t.Fatalf("ProcessOnce = %d, %v; want 5, nil", n, err)
+			}
+			if got := b.effects(t); got != 4 {
+				t.Fatalf("effects = %d, want 4 (the aborted row rolled back to its savepoint)", got)
+			}
+			var (
+				attempts  int
+				lastErr   string
+				processed bool
+			)
+			if err := b.db.Pool.QueryRow(ctx, `SELECT attempts, coalesce(last_error, ''), processed FROM `+b.table("inbox_event")+` WHERE event_id = $1`, bad).Scan(&attempts, &lastErr, &processed); err != nil {
+				t.Fatal(err)
+			}
+			if attempts != 1 || processed || !strings.Contains(lastErr, "aborted") {
+				t.Fatalf("aborted row: attempts %d, processed %v, last_error %q; want 1 attempt, the reason", attempts, processed, lastErr)
+			}
+			fixed = true
+			waitFor(t, 10*time.Second, "the fixed row to be applied", func() bool {
+				if _, err := p.ProcessOnce(ctx); err != nil {
+					t.Fatal(err)
+				}
+				return b.effects(t) == 5
+			})
+		})
+	}
+}
+
+// Bytes the inbox cannot store unchanged (NUL anywhere in text; invalid
+// UTF-8 in the partition key or in metadata, which jsonb would turn into
+// U+FFFD) are refused with a permanent error before anything is written:
+// nothing of the call is stored, and the caller's transaction survives.
+func TestReceiverRefusesBytesItCannotStore(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 2)
+	r := newReceiver(t, b, "c")
+	ctx := context.Background()
+	for name, mutate := range map[string]func(m *message.Message){
+		"NUL in metadata value":          func(m *message.Message) { m.Metadata.Set("trace", "a\x00b") },
+		"NUL in metadata key":            func(m *message.Message) { m.Metadata.Set("tr\x00ace", "a") },
+		"invalid UTF-8 in metadata value": func(m *message.Message) { m.Metadata.Set("trace", "a\xffb") },
+		"invalid UTF-8 in metadata key":  func(m *message.Message) { m.Metadata.Set("tr\xc3ace", "a") },
+		"NUL in partition key":           func(m *message.Message) { m.Metadata.Set(millrace.MetadataPartitionKey, "k\x00") },
+		"invalid UTF-8 in partition key": func(m *message.Message) { m.Metadata.Set(millrace.MetadataPartitionKey, "k\xfe") },
+	} {
+		good := message.NewMessage(uuid.NewString(), []byte(`{}`))
+		bad := message.NewMessage(uuid.NewString(), []byte(`{}`))
+		mutate(bad)
+		_, err := r.Receive(ctx, good, bad)
+		if err == nil || !millrace.IsPermanent(err) || !errors.Is(err, inbox.ErrUnstorable) || !strings.Contains(err.Error(), bad.UUID) {
+			t.Errorf("%s: Receive = %v; want a permanent ErrUnstorable naming the message", name, err)
+		}
+		tx, err := b.db.Pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.ReceiveTx(ctx, tx, good, bad); !errors.Is(err, inbox.ErrUnstorable) {
+			t.Errorf("%s: ReceiveTx = %v; want ErrUnstorable", name, err)
+		}
+		if _, err := tx.Exec(ctx, `SELECT 1`); err != nil {
+			t.Errorf("%s: the caller's transaction did not survive: %v", name, err)
+		}
+		_ = tx.Rollback(ctx)
+	}
+	if got := b.count(t, `SELECT count(*) FROM `+b.table("inbox_event")); got != 0 {
+		t.Fatalf("%d rows stored from refused calls", got)
+	}
+	// What can travel unchanged does, byte for byte: any payload bytes, and
+	// metadata in any valid UTF-8.
+	m := message.NewMessage(uuid.NewString(), []byte{0, 0xff, 0xfe, '\\', 'u', '0', '0', '0', '0'})
+	m.Metadata.Set("héader ✓", "välue \U0001F600 \\u0000 \"quoted\" \t\n")
+	m.Metadata.Set(millrace.MetadataPartitionKey, "ключ")
+	if n, err := r.Receive(ctx, m); err != nil || n != 1 {
+		t.Fatalf("Receive = %d, %v", n, err)
+	}
+	var got *message.Message
+	p := newProcessor(t, b, inbox.ProcessorConfig{Handler: func(_ context.Context, _ pgx.Tx, msg *message.Message) error {
+		got = msg
+		return nil
+	}})
+	if _, err := p.ProcessOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got == nil || string(got.Payload) != string(m.Payload) || len(got.Metadata) != len(m.Metadata) {
+		t.Fatalf("handler got %+v, want %+v", got, m)
+	}
+	for k, v := range m.Metadata {
+		if got.Metadata[k] != v {
+			t.Fatalf("metadata %q = %q, want %q", k, got.Metadata[k], v)
+		}
+	}
+}
+
+// Requeue and Discard refuse an id that is not a UUID before anything is
+// sent (the caller's transaction survives), like outbox.Admin; ids that are
+// not dead letters are ignored and the count says how many were changed.
+func TestDeadLettersInvalidAndUnknownIDs(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 2)
+	r := newReceiver(t, b, "c")
+	ctx := context.Background()
+	ms := msgs(2, nil)
+	if _, err := r.Receive(ctx, ms...); err != nil {
+		t.Fatal(err)
+	}
+	p := newProcessor(t, b, inbox.ProcessorConfig{Handler: func(_ context.Context, _ pgx.Tx, m *message.Message) error {
+		return millrace.Permanent(errors.New("no"))
+	}})
+	if _, err := p.ProcessOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	dl := p.DeadLetters()
+	for name, op := range map[string]func(tx pgx.Tx, ids ...string) (int, error){
+		"RequeueTx": func(tx pgx.Tx, ids ...string) (int, error) { return dl.RequeueTx(ctx, tx, ids...) },
+		"DiscardTx": func(tx pgx.Tx, ids ...string) (int, error) { return dl.DiscardTx(ctx, tx, ids...) },
+	} {
+		tx, err := b.db.Pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n, err := op(tx, ms[0].UUID, "not-a-uuid"); n != 0 || !errors.Is(err, millrace.ErrInvalidEventID) || !strings.Contains(err.Error(), "not-a-uuid") {
+			t.Errorf("%s(bad id) = %d, %v; want ErrInvalidEventID naming the id", name, n, err)
+		}
+		if n, err := op(tx, uuid.NewString()); n != 0 || err != nil {
+			t.Errorf("%s(unknown id) = %d, %v; want 0, nil", name, n, err)
+		}
+		if n, err := op(tx, ms[1].UUID, uuid.NewString()); n != 1 || err != nil {
+			t.Errorf("%s(dead and unknown id) = %d, %v; want 1, nil", name, n, err)
+		}
+		if _, err := tx.Exec(ctx, `SELECT 1`); err != nil {
+			t.Errorf("%s: the caller's transaction did not survive: %v", name, err)
+		}
+		_ = tx.Rollback(ctx)
+	}
+	if _, err := dl.Requeue(ctx, "nope"); !errors.Is(err, millrace.ErrInvalidEventID) {
+		t.Errorf("Requeue(bad id) = %v; want ErrInvalidEventID", err)
+	}
+	if _, err := dl.Discard(ctx, "nope"); !errors.Is(err, millrace.ErrInvalidEventID) {
+		t.Errorf("Discard(bad id) = %v; want ErrInvalidEventID", err)
+	}
+	if n, err := dl.Requeue(ctx); n != 0 || err != nil {
+		t.Errorf("Requeue() = %d, %v; want 0, nil", n, err)
+	}
+	if got := b.count(t, `SELECT count(*) FROM `+b.table("inbox_event")+` WHERE dead_at IS NOT NULL`); got != 2 {
+		t.Fatalf("dead rows = %d, want 2 (every call above failed or rolled back)", got)
+	}
+}
