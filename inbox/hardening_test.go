@@ -146,12 +146,12 @@ func TestReceiverRefusesBytesItCannotStore(t *testing.T) {
 	r := newReceiver(t, b, "c")
 	ctx := context.Background()
 	for name, mutate := range map[string]func(m *message.Message){
-		"NUL in metadata value":          func(m *message.Message) { m.Metadata.Set("trace", "a\x00b") },
-		"NUL in metadata key":            func(m *message.Message) { m.Metadata.Set("tr\x00ace", "a") },
+		"NUL in metadata value":           func(m *message.Message) { m.Metadata.Set("trace", "a\x00b") },
+		"NUL in metadata key":             func(m *message.Message) { m.Metadata.Set("tr\x00ace", "a") },
 		"invalid UTF-8 in metadata value": func(m *message.Message) { m.Metadata.Set("trace", "a\xffb") },
-		"invalid UTF-8 in metadata key":  func(m *message.Message) { m.Metadata.Set("tr\xc3ace", "a") },
-		"NUL in partition key":           func(m *message.Message) { m.Metadata.Set(millrace.MetadataPartitionKey, "k\x00") },
-		"invalid UTF-8 in partition key": func(m *message.Message) { m.Metadata.Set(millrace.MetadataPartitionKey, "k\xfe") },
+		"invalid UTF-8 in metadata key":   func(m *message.Message) { m.Metadata.Set("tr\xc3ace", "a") },
+		"NUL in partition key":            func(m *message.Message) { m.Metadata.Set(millrace.MetadataPartitionKey, "k\x00") },
+		"invalid UTF-8 in partition key":  func(m *message.Message) { m.Metadata.Set(millrace.MetadataPartitionKey, "k\xfe") },
 	} {
 		good := message.NewMessage(uuid.NewString(), []byte(`{}`))
 		bad := message.NewMessage(uuid.NewString(), []byte(`{}`))
