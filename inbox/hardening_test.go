@@ -255,3 +255,146 @@ func TestDeadLettersInvalidAndUnknownIDs(t *testing.T) {
 		t.Fatalf("dead rows = %d, want 2 (every call above failed or rolled back)", got)
 	}
 }
+
+// The hold after the claim is exact: a row is never applied while an
+// earlier row of its key is outside the batch, whether that row is locked
+// by another processor's batch or waits between the key's head and it.
+func TestProcessorOrderByKeyHoldsBehindRowsOutsideTheBatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 3)
+	r := newReceiver(t, b, "c")
+	ctx := context.Background()
+	locked := msgs(3, func(int) string { return "locked" })
+	gap := msgs(3, func(int) string { return "gap" })
+	for _, ms := range [][]*message.Message{locked, gap} {
+		if _, err := r.Receive(ctx, ms...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// "gap": its second row backs off while its first and third are due
+	// (as after OrderByKey was turned on over an unordered backlog).
+	if _, err := b.db.Pool.Exec(ctx, `UPDATE `+b.table("inbox_event")+` SET attempts = 1, next_attempt_at = now() + interval '1 hour' WHERE event_id = $1`, gap[1].UUID); err != nil {
+		t.Fatal(err)
+	}
+	// "locked": another processor's batch holds its first row.
+	other, err := b.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = other.Rollback(ctx) }()
+	if _, err := other.Exec(ctx, `SELECT 1 FROM `+b.table("inbox_event")+` WHERE event_id = $1 FOR UPDATE`, locked[0].UUID); err != nil {
+		t.Fatal(err)
+	}
+	var applied []string
+	p := newProcessor(t, b, inbox.ProcessorConfig{OrderByKey: true, Handler: func(_ context.Context, _ pgx.Tx, m *message.Message) error {
+		applied = append(applied, m.UUID)
+		return nil
+	}})
+	if n, err := p.ProcessOnce(ctx); err != nil || n != 1 || len(applied) != 1 || applied[0] != gap[0].UUID {
+		t.Fatalf("ProcessOnce = %d, %v, applied %v; want only the first row of gap (%s)", n, err, applied, gap[0].UUID)
+	}
+	if n, err := p.ProcessOnce(ctx); err != nil || n != 0 {
+		t.Fatalf("second ProcessOnce = %d, %v; want 0", n, err)
+	}
+	// The other batch ends without applying its row: the key flows.
+	if err := other.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	applied = nil
+	if n, err := p.ProcessOnce(ctx); err != nil || n != 3 {
+		t.Fatalf("ProcessOnce after the lock = %d, %v; want 3", n, err)
+	}
+	for i, m := range locked {
+		if applied[i] != m.UUID {
+			t.Fatalf("applied %v, want key locked in order", applied)
+		}
+	}
+}
+
+// Dead letters list with millrace.ListParams, as outbox.Admin does: pages
+// by AfterID, filters by topic and key, refuses negative values.
+func TestDeadLettersListParams(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 2)
+	r := newReceiver(t, b, "c")
+	ctx := context.Background()
+	ms := msgs(5, func(i int) string { return fmt.Sprint("k", i%2) })
+	if _, err := r.Receive(ctx, ms...); err != nil {
+		t.Fatal(err)
+	}
+	p := newProcessor(t, b, inbox.ProcessorConfig{Handler: func(context.Context, pgx.Tx, *message.Message) error {
+		return millrace.Permanent(errors.New("no"))
+	}})
+	if _, err := p.ProcessOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Topics are what the subscriber saw; set two of them here.
+	if _, err := b.db.Pool.Exec(ctx, `UPDATE `+b.table("inbox_event")+` SET topic = CASE WHEN event_id = $1 THEN 'payments' ELSE 'orders' END`, ms[4].UUID); err != nil {
+		t.Fatal(err)
+	}
+	dl := p.DeadLetters()
+	ids := func(ds []inbox.DeadEvent) (out []string) {
+		for _, d := range ds {
+			out = append(out, d.EventID)
+		}
+		return out
+	}
+	page1, err := dl.List(ctx, millrace.ListParams{Limit: 2})
+	if err != nil || fmt.Sprint(ids(page1)) != fmt.Sprint([]string{ms[0].UUID, ms[1].UUID}) {
+		t.Fatalf("page 1 = %v, %v", ids(page1), err)
+	}
+	page2, err := dl.List(ctx, millrace.ListParams{Limit: 2, AfterID: page1[1].ID})
+	if err != nil || fmt.Sprint(ids(page2)) != fmt.Sprint([]string{ms[2].UUID, ms[3].UUID}) {
+		t.Fatalf("page 2 = %v, %v", ids(page2), err)
+	}
+	page3, err := dl.List(ctx, millrace.ListParams{Limit: 2, AfterID: page2[1].ID})
+	if err != nil || fmt.Sprint(ids(page3)) != fmt.Sprint([]string{ms[4].UUID}) {
+		t.Fatalf("page 3 = %v, %v", ids(page3), err)
+	}
+	if got, err := dl.List(ctx, millrace.ListParams{Topic: "payments"}); err != nil || len(got) != 1 || got[0].EventID != ms[4].UUID || got[0].Topic != "payments" {
+		t.Fatalf("by topic = %+v, %v", got, err)
+	}
+	if got, err := dl.List(ctx, millrace.ListParams{PartitionKey: "k1"}); err != nil || fmt.Sprint(ids(got)) != fmt.Sprint([]string{ms[1].UUID, ms[3].UUID}) {
+		t.Fatalf("by key = %v, %v", ids(got), err)
+	}
+	if got, err := dl.List(ctx, millrace.ListParams{Topic: "payments", PartitionKey: "k1"}); err != nil || len(got) != 0 {
+		t.Fatalf("by topic and key = %v, %v", ids(got), err)
+	}
+	tx, err := b.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if got, err := dl.ListTx(ctx, tx, millrace.ListParams{}); err != nil || len(got) != 5 {
+		t.Fatalf("ListTx = %d, %v; want all 5 (default limit)", len(got), err)
+	}
+	for _, bad := range []millrace.ListParams{{Limit: -1}, {AfterID: -1}} {
+		if _, err := dl.List(ctx, bad); !errors.Is(err, millrace.ErrInvalidListParams) {
+			t.Fatalf("List(%+v) = %v, want ErrInvalidListParams", bad, err)
+		}
+	}
+}
+
+// Every inbox constructor wraps millrace.ErrConfig (inbox.ErrConfig is the
+// same value), also for a schema or consumer name the tables cannot hold.
+func TestConfigErrorsWrapMillraceErrConfig(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	h := func(context.Context, pgx.Tx, *message.Message) error { return nil }
+	for name, err := range map[string]error{
+		"receiver bad schema":   second(inbox.NewReceiver(b.db.Pool, inbox.ReceiverConfig{Schema: "Bad-Schema", Consumer: "c"})),
+		"receiver NUL consumer": second(inbox.NewReceiver(b.db.Pool, inbox.ReceiverConfig{Consumer: "c\x00"})),
+		"receiver UTF-8":        second(inbox.NewReceiver(b.db.Pool, inbox.ReceiverConfig{Consumer: "c\xff"})),
+		"processor consumer":    second(inbox.NewProcessor(b.db.Pool, inbox.ProcessorConfig{Consumer: "c\x00", Handler: h})),
+		"processor retry":       second(inbox.NewProcessor(b.db.Pool, inbox.ProcessorConfig{Consumer: "c", Handler: h, RetryMin: time.Minute, RetryMax: time.Second})),
+		"dead letters":          second(inbox.NewDeadLetters(b.db.Pool, inbox.DeadLetterConfig{Consumer: "c\x00"})),
+		"dedup schema":          second(inbox.NewDeduplicator(b.db.Pool, inbox.DedupConfig{Schema: "Bad-Schema", Consumer: "c"})),
+		"cleaner":               second(inbox.NewCleaner(b.db.Pool, inbox.CleanerConfig{Retention: -1})),
+	} {
+		if !errors.Is(err, millrace.ErrConfig) || !errors.Is(err, inbox.ErrConfig) {
+			t.Errorf("%s: %v, want millrace.ErrConfig", name, err)
+		}
+	}
+}
+
+func second[T any](_ T, err error) error { return err }
