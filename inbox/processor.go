@@ -52,7 +52,8 @@ type ProcessorConfig struct {
 	// OrderByKey processes rows with the same non-empty partition key in
 	// arrival order, also with several processors: a key whose earlier row
 	// waits (failed and backing off, dead, or in another processor's batch)
-	// holds its later rows. Defaults to false (any order).
+	// holds its later rows, and only them: other keys flow past it.
+	// Defaults to false (any order).
 	OrderByKey bool
 	// OnError, when set, is called for every handler failure (for
 	// metrics). Defaults to nil.
@@ -72,7 +73,10 @@ type ProcessorConfig struct {
 // rolls back only its own writes, while the batch pays one commit (one WAL
 // flush) instead of one per row; the savepoint costs one round trip, merged
 // with the release of the previous one. A crash mid-batch rolls the whole
-// batch back and it is claimed again: nothing is applied twice.
+// batch back and it is claimed again: nothing is applied twice. A handler
+// that returns nil after an SQL error of its own (the transaction is then
+// aborted) is caught: its row rolls back to the savepoint and is charged
+// an attempt, and the batch goes on.
 //
 // It is safe for concurrent use.
 type Processor struct {
