@@ -52,14 +52,14 @@ func NewDeduplicator(pool *pgxpool.Pool, cfg DedupConfig) (*Deduplicator, error)
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Consumer == "" {
-		return nil, fmt.Errorf("%w: DedupConfig.Consumer is required", millrace.ErrConfig)
+	if err := checkConsumer("DedupConfig.Consumer", cfg.Consumer); err != nil {
+		return nil, err
 	}
 	if cfg.EventID == nil {
 		cfg.EventID = DefaultEventID
 	}
-	if strings.ContainsAny(cfg.Consumer, "\x00\\") {
-		return nil, fmt.Errorf("%w: DedupConfig.Consumer %q must not contain NUL or backslash", millrace.ErrConfig, cfg.Consumer)
+	if strings.Contains(cfg.Consumer, "\\") {
+		return nil, fmt.Errorf("%w: DedupConfig.Consumer %q must not contain a backslash", millrace.ErrConfig, cfg.Consumer)
 	}
 	// The transaction begins and records the mark in one round trip: the
 	// mark is part of the BEGIN query, sent with the simple protocol, so

@@ -57,7 +57,7 @@ func TestDedupConfig(t *testing.T) {
 	if _, err := inbox.NewDeduplicator(nil, inbox.DedupConfig{Consumer: "c"}); !errors.Is(err, millrace.ErrConfig) {
 		t.Fatalf("nil pool: %v", err)
 	}
-	for _, bad := range []string{`back\slash`, "nul\x00"} {
+	for _, bad := range []string{`back\slash`, "nul\x00", "bad\xffutf8"} {
 		if _, err := inbox.NewDeduplicator(db.Pool, inbox.DedupConfig{Consumer: bad}); !errors.Is(err, millrace.ErrConfig) {
 			t.Fatalf("consumer %q: %v, want ErrConfig", bad, err)
 		}
