@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -398,3 +401,78 @@ func TestConfigErrorsWrapMillraceErrConfig(t *testing.T) {
 }
 
 func second[T any](_ T, err error) error { return err }
+
+// Per-key order holds with three processors, random transient failures
+// and a dead letter requeued mid-run: for every key the committed effects,
+// in commit order, are its messages in arrival order, each once.
+func TestProcessorOrderByKeyThreeProcessorsRandomFailures(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 8)
+	ctx := context.Background()
+	if _, err := b.db.Pool.Exec(ctx, `ALTER TABLE `+b.effect+` ADD COLUMN seq bigserial`); err != nil {
+		t.Fatal(err)
+	}
+	r := newReceiver(t, b, "c")
+	const keys, perKey = 30, 40
+	all := msgs(keys*perKey, func(i int) string { return fmt.Sprint("k", i%keys) })
+	for i := 0; i < len(all); i += 200 {
+		if _, err := r.Receive(ctx, all[i:i+200]...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dead := all[5*keys+7].UUID // key k7, its sixth row: dead at its first try
+	var tries sync.Map
+	handler := func(ctx context.Context, tx pgx.Tx, m *message.Message) error {
+		n, _ := tries.LoadOrStore(m.UUID, new(atomic.Int32))
+		try := n.(*atomic.Int32).Add(1)
+		if m.UUID == dead && try == 1 {
+			return millrace.Permanent(errors.New("bad until requeued"))
+		}
+		if rand.IntN(5) == 0 {
+			return errors.New("transient")
+		}
+		return b.apply(ctx, tx, m.UUID, m.Metadata.Get(millrace.MetadataPartitionKey))
+	}
+	cfg := inbox.ProcessorConfig{Handler: handler, OrderByKey: true, BatchSize: 25, RetryMin: time.Millisecond, RetryMax: 2 * time.Millisecond, MaxAttempts: 1000}
+	var ps []*inbox.Processor
+	for range 3 {
+		p := newProcessor(t, b, cfg)
+		ps = append(ps, p)
+		run(t, p)
+	}
+	waitFor(t, 60*time.Second, "every key but k7 to drain", func() bool {
+		return b.effects(t) == keys*perKey-(perKey-5)
+	})
+	if got := b.count(t, `SELECT count(*) FROM `+b.effect+` WHERE note = 'k7'`); got != 5 {
+		t.Fatalf("key k7 applied %d rows while its sixth was dead; want 5", got)
+	}
+	if n, err := ps[0].DeadLetters().Requeue(ctx, dead); err != nil || n != 1 {
+		t.Fatalf("Requeue = %d, %v", n, err)
+	}
+	waitFor(t, 60*time.Second, "k7 to drain", func() bool { return b.effects(t) == keys*perKey })
+	rows, err := b.db.Pool.Query(ctx, `SELECT note, event_id FROM `+b.effect+` ORDER BY seq`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][]string{}
+	for rows.Next() {
+		var k, id string
+		if err := rows.Scan(&k, &id); err != nil {
+			t.Fatal(err)
+		}
+		got[k] = append(got[k], id)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	for k := range keys {
+		key := fmt.Sprint("k", k)
+		var want []string
+		for i := k; i < len(all); i += keys {
+			want = append(want, all[i].UUID)
+		}
+		if fmt.Sprint(got[key]) != fmt.Sprint(want) {
+			t.Fatalf("key %s: effects in commit order\n%v\nwant arrival order\n%v", key, got[key], want)
+		}
+	}
+}
