@@ -72,3 +72,9 @@ func (e *BatchError) Unwrap() []error {
 	}
 	return errs
 }
+
+// ErrInvalidEventID is wrapped by the errors of calls that take event ids
+// (the dead-letter APIs' Requeue and Discard) for an id that is not a UUID.
+// Such a call checks every id before it sends anything, so a caller's
+// transaction passed to its ...Tx form is left as it was.
+var ErrInvalidEventID = errors.New("millrace: event id is not a UUID")

@@ -3,19 +3,17 @@ package inbox
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/internal/sqlident"
 )
-
-// ErrNotDead is returned by Requeue and Discard when none of the given
-// event ids is a dead-lettered message of the consumer.
-var ErrNotDead = errors.New("inbox: no such dead-lettered message")
 
 // DeadLetterConfig configures DeadLetters.
 type DeadLetterConfig struct {
@@ -29,6 +27,7 @@ type DeadLetterConfig struct {
 // (or permanently) and waits for an operator. With OrderByKey, later
 // messages of its partition key wait behind it.
 type DeadEvent struct {
+	ID           int64 // row id in inbox_event; order and paging key (ListParams.AfterID)
 	EventID      string
 	Topic        string
 	PartitionKey string
@@ -51,21 +50,24 @@ type DeadLetters struct {
 // NewDeadLetters returns the dead-letter API of one consumer's inbox. pool
 // may be nil if you only call the ...Tx methods.
 func NewDeadLetters(pool *pgxpool.Pool, cfg DeadLetterConfig) (*DeadLetters, error) {
-	schema, err := sqlident.Schema(cfg.Schema)
+	schema, err := configSchema(cfg.Schema)
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Consumer == "" {
-		return nil, fmt.Errorf("%w: DeadLetterConfig.Consumer is required", ErrConfig)
+	if err := checkConsumer("DeadLetterConfig.Consumer", cfg.Consumer); err != nil {
+		return nil, err
 	}
 	table := sqlident.Table(schema, "inbox_event")
 	return &DeadLetters{
 		pool:     pool,
 		consumer: cfg.Consumer,
 		// Uses inbox_event_dead_idx.
-		list: fmt.Sprintf(`SELECT event_id::text, topic, partition_key, payload, metadata::text, attempts, coalesce(last_error, ''), received_at, dead_at
-  FROM %s WHERE consumer = $1 AND dead_at IS NOT NULL AND NOT processed
- ORDER BY id LIMIT $2`, table),
+		list: fmt.Sprintf(`SELECT id, event_id::text, topic, partition_key, payload, metadata::text, attempts, coalesce(last_error, ''), received_at, dead_at
+  FROM %s
+ WHERE consumer = $1 AND dead_at IS NOT NULL AND NOT processed AND id > $2
+   AND ($3 = '' OR topic = $3)
+   AND ($4 = '' OR partition_key = $4)
+ ORDER BY id LIMIT $5`, table),
 		requeue: fmt.Sprintf(`UPDATE %s SET dead_at = NULL, attempts = 0, next_attempt_at = NULL
  WHERE consumer = $1 AND event_id = ANY($2::uuid[]) AND dead_at IS NOT NULL AND NOT processed`, table),
 		discard: fmt.Sprintf(`UPDATE %s SET processed = true, processed_at = now(), discarded_at = now()
@@ -73,18 +75,22 @@ func NewDeadLetters(pool *pgxpool.Pool, cfg DeadLetterConfig) (*DeadLetters, err
 	}, nil
 }
 
-// List returns up to limit dead-lettered messages, oldest first. limit
-// defaults to 100 when not positive.
-func (d *DeadLetters) List(ctx context.Context, limit int) ([]DeadEvent, error) {
+// List returns the dead-lettered messages p selects, in arrival (row id)
+// order: at most p.Limit (default 100), after p.AfterID, of p.Topic and
+// p.PartitionKey when set. Page by passing the last ID of one page as the
+// next page's AfterID. A negative Limit or AfterID is an error wrapping
+// millrace.ErrInvalidListParams. It takes the same params, with the same
+// meaning, as outbox.Admin.ListDeadLetters.
+func (d *DeadLetters) List(ctx context.Context, p millrace.ListParams) ([]DeadEvent, error) {
 	if d.pool == nil {
-		return nil, fmt.Errorf("%w: DeadLetters made without a pool; use the ...Tx methods", ErrConfig)
+		return nil, fmt.Errorf("%w: DeadLetters made without a pool; use the ...Tx methods", millrace.ErrConfig)
 	}
-	return d.listQ(ctx, d.pool, limit)
+	return d.listQ(ctx, d.pool, p)
 }
 
 // ListTx is List in the caller's transaction.
-func (d *DeadLetters) ListTx(ctx context.Context, tx pgx.Tx, limit int) ([]DeadEvent, error) {
-	return d.listQ(ctx, tx, limit)
+func (d *DeadLetters) ListTx(ctx context.Context, tx pgx.Tx, p millrace.ListParams) ([]DeadEvent, error) {
+	return d.listQ(ctx, tx, p)
 }
 
 // querier is what a list needs: a pool or a transaction.
@@ -92,11 +98,12 @@ type querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
-func (d *DeadLetters) listQ(ctx context.Context, tx querier, limit int) ([]DeadEvent, error) {
-	if limit <= 0 {
-		limit = 100
+func (d *DeadLetters) listQ(ctx context.Context, tx querier, p millrace.ListParams) ([]DeadEvent, error) {
+	p, err := p.Normalize()
+	if err != nil {
+		return nil, fmt.Errorf("inbox: list dead letters of %s: %w", d.consumer, err)
 	}
-	rows, err := tx.Query(ctx, d.list, d.consumer, limit)
+	rows, err := tx.Query(ctx, d.list, d.consumer, p.AfterID, p.Topic, p.PartitionKey, p.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: list dead letters of %s: %w", d.consumer, err)
 	}
@@ -107,7 +114,7 @@ func (d *DeadLetters) listQ(ctx context.Context, tx querier, limit int) ([]DeadE
 			e  DeadEvent
 			md string
 		)
-		if err := rows.Scan(&e.EventID, &e.Topic, &e.PartitionKey, &e.Payload, &md, &e.Attempts, &e.LastError, &e.ReceivedAt, &e.DeadAt); err != nil {
+		if err := rows.Scan(&e.ID, &e.EventID, &e.Topic, &e.PartitionKey, &e.Payload, &md, &e.Attempts, &e.LastError, &e.ReceivedAt, &e.DeadAt); err != nil {
 			return nil, fmt.Errorf("inbox: list dead letters of %s: %w", d.consumer, err)
 		}
 		if err := json.Unmarshal([]byte(md), &e.Metadata); err != nil {
@@ -122,50 +129,62 @@ func (d *DeadLetters) listQ(ctx context.Context, tx querier, limit int) ([]DeadE
 }
 
 // Requeue gives dead-lettered messages a fresh start: attempts back to 0,
-// eligible at once. It returns how many were requeued, and ErrNotDead if
-// none of eventIDs was dead.
+// eligible at once (their last error is kept). Ids that are not dead
+// letters of the consumer are ignored; the count says how many were
+// requeued. An id that is not a UUID fails the whole call, before anything
+// is sent, with an error wrapping millrace.ErrInvalidEventID. This is how
+// outbox.Admin treats ids too.
 func (d *DeadLetters) Requeue(ctx context.Context, eventIDs ...string) (int, error) {
 	return d.exec(ctx, nil, d.requeue, "requeue", eventIDs)
 }
 
-// RequeueTx is Requeue in the caller's transaction.
+// RequeueTx is Requeue in the caller's transaction. An invalid id leaves
+// tx as it was.
 func (d *DeadLetters) RequeueTx(ctx context.Context, tx pgx.Tx, eventIDs ...string) (int, error) {
 	return d.exec(ctx, tx, d.requeue, "requeue", eventIDs)
 }
 
 // Discard gives up on dead-lettered messages: they are marked processed
 // (and discarded) without running the handler, stay deduplicated until
-// retention removes them, and no longer hold their key. It returns how
-// many were discarded, and ErrNotDead if none of eventIDs was dead.
+// retention removes them, and no longer hold their key. Ids are treated as
+// by Requeue: unknown ones are ignored, and one that is not a UUID fails
+// the call with millrace.ErrInvalidEventID before anything is sent.
 func (d *DeadLetters) Discard(ctx context.Context, eventIDs ...string) (int, error) {
 	return d.exec(ctx, nil, d.discard, "discard", eventIDs)
 }
 
-// DiscardTx is Discard in the caller's transaction.
+// DiscardTx is Discard in the caller's transaction. An invalid id leaves
+// tx as it was.
 func (d *DeadLetters) DiscardTx(ctx context.Context, tx pgx.Tx, eventIDs ...string) (int, error) {
 	return d.exec(ctx, tx, d.discard, "discard", eventIDs)
 }
 
 func (d *DeadLetters) exec(ctx context.Context, tx pgx.Tx, sql, what string, eventIDs []string) (int, error) {
+	ids := make([]uuid.UUID, len(eventIDs))
+	for i, s := range eventIDs {
+		id, err := uuid.Parse(s)
+		if err != nil {
+			return 0, fmt.Errorf("inbox: %s dead letters of %s: event id %q: %w: %v", what, d.consumer, s, millrace.ErrInvalidEventID, err)
+		}
+		ids[i] = id
+	}
+	if len(ids) == 0 {
+		return 0, nil
+	}
 	var (
-		n   int64
+		tag pgconn.CommandTag
 		err error
 	)
 	if tx != nil {
-		tag, e := tx.Exec(ctx, sql, d.consumer, eventIDs)
-		n, err = tag.RowsAffected(), e
+		tag, err = tx.Exec(ctx, sql, d.consumer, ids)
 	} else {
 		if d.pool == nil {
-			return 0, fmt.Errorf("%w: DeadLetters made without a pool; use the ...Tx methods", ErrConfig)
+			return 0, fmt.Errorf("%w: DeadLetters made without a pool; use the ...Tx methods", millrace.ErrConfig)
 		}
-		tag, e := d.pool.Exec(ctx, sql, d.consumer, eventIDs)
-		n, err = tag.RowsAffected(), e
+		tag, err = d.pool.Exec(ctx, sql, d.consumer, ids)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("inbox: %s dead letters of %s: %w", what, d.consumer, err)
 	}
-	if n == 0 {
-		return 0, fmt.Errorf("%w: consumer %s, events %v", ErrNotDead, d.consumer, eventIDs)
-	}
-	return int(n), nil
+	return int(tag.RowsAffected()), nil
 }

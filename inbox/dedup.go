@@ -46,20 +46,20 @@ type Deduplicator struct {
 // NewDeduplicator returns a Deduplicator. It does not touch the database.
 func NewDeduplicator(pool *pgxpool.Pool, cfg DedupConfig) (*Deduplicator, error) {
 	if pool == nil {
-		return nil, fmt.Errorf("%w: nil pool", ErrConfig)
+		return nil, fmt.Errorf("%w: nil pool", millrace.ErrConfig)
 	}
-	schema, err := sqlident.Schema(cfg.Schema)
+	schema, err := configSchema(cfg.Schema)
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Consumer == "" {
-		return nil, fmt.Errorf("%w: DedupConfig.Consumer is required", ErrConfig)
+	if err := checkConsumer("DedupConfig.Consumer", cfg.Consumer); err != nil {
+		return nil, err
 	}
 	if cfg.EventID == nil {
 		cfg.EventID = DefaultEventID
 	}
-	if strings.ContainsAny(cfg.Consumer, "\x00\\") {
-		return nil, fmt.Errorf("%w: DedupConfig.Consumer %q must not contain NUL or backslash", ErrConfig, cfg.Consumer)
+	if strings.Contains(cfg.Consumer, "\\") {
+		return nil, fmt.Errorf("%w: DedupConfig.Consumer %q must not contain a backslash", millrace.ErrConfig, cfg.Consumer)
 	}
 	// The transaction begins and records the mark in one round trip: the
 	// mark is part of the BEGIN query, sent with the simple protocol, so

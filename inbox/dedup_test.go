@@ -48,17 +48,17 @@ func (b *bundle) effectHandler(t testing.TB) message.HandlerFunc {
 func TestDedupConfig(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewWith(t, pgtest.Options{NoMigrate: true})
-	if _, err := inbox.NewDeduplicator(db.Pool, inbox.DedupConfig{}); !errors.Is(err, inbox.ErrConfig) {
+	if _, err := inbox.NewDeduplicator(db.Pool, inbox.DedupConfig{}); !errors.Is(err, millrace.ErrConfig) {
 		t.Fatalf("no consumer: %v, want ErrConfig", err)
 	}
 	if _, err := inbox.NewDeduplicator(db.Pool, inbox.DedupConfig{Consumer: "c", Schema: "Bad;Schema"}); err == nil {
 		t.Fatal("bad schema accepted")
 	}
-	if _, err := inbox.NewDeduplicator(nil, inbox.DedupConfig{Consumer: "c"}); !errors.Is(err, inbox.ErrConfig) {
+	if _, err := inbox.NewDeduplicator(nil, inbox.DedupConfig{Consumer: "c"}); !errors.Is(err, millrace.ErrConfig) {
 		t.Fatalf("nil pool: %v", err)
 	}
-	for _, bad := range []string{`back\slash`, "nul\x00"} {
-		if _, err := inbox.NewDeduplicator(db.Pool, inbox.DedupConfig{Consumer: bad}); !errors.Is(err, inbox.ErrConfig) {
+	for _, bad := range []string{`back\slash`, "nul\x00", "bad\xffutf8"} {
+		if _, err := inbox.NewDeduplicator(db.Pool, inbox.DedupConfig{Consumer: bad}); !errors.Is(err, millrace.ErrConfig) {
 			t.Fatalf("consumer %q: %v, want ErrConfig", bad, err)
 		}
 	}

@@ -59,19 +59,57 @@
 // inbox_event (ON CONFLICT DO NOTHING: redeliveries are ignored) and returns,
 // so the broker is acknowledged at once; Receiver.Handle is a Watermill
 // NoPublishHandlerFunc, and Receive/ReceiveTx store many messages in one
-// statement. A Processor applies the stored messages at its own pace: each
-// batch claims unprocessed rows with FOR UPDATE SKIP LOCKED (any number of
+// statement. The payload is stored byte for byte, whatever it holds. The
+// partition key, the subscribe topic and the metadata (keys and values) go
+// to text and jsonb columns, which cannot hold NUL and would turn invalid
+// UTF-8 into U+FFFD: a message with such text is refused, not changed,
+// with an error wrapping ErrUnstorable that names the message and the
+// field and is millrace.Permanent (ShouldRetry stops, a PoisonQueue takes
+// it). Every message of a call is checked before anything is sent, so
+// nothing of a refused call is stored and a caller's transaction given to
+// ReceiveTx is left as it was. What is stored comes back to the handler
+// byte for byte.
+//
+// A Processor applies the stored messages at its own pace: each batch
+// claims unprocessed rows with FOR UPDATE SKIP LOCKED (any number of
 // processors share the work and never apply a row twice), runs the handler
 // for each row under a savepoint in the batch's transaction, and marks the
 // row processed in that transaction. A failure rolls back that row's writes
 // and records attempts, last_error and next_attempt_at (capped exponential
-// backoff); after MaxAttempts, or at once for a millrace.Permanent error,
-// the row is dead-lettered. DeadLetters lists, requeues and discards them.
+// backoff from RetryMin to RetryMax, as the outbox Relay names them); after
+// MaxAttempts, or at once for a millrace.Permanent error, the row is
+// dead-lettered. A handler that swallows an SQL error and returns nil has
+// left the transaction aborted: the Processor sees it, rolls back to the
+// row's savepoint and charges the row an attempt with that reason, and the
+// rest of the batch goes on.
+//
 // With OrderByKey, rows with the same partition key are applied in arrival
 // order, and a key whose row is waiting (backing off, dead, or in another
-// processor's batch) holds its later rows. Several processors with
-// OrderByKey stay correct but contend for the same keys; one Processor
-// (with a larger BatchSize) drains an ordered inbox as fast.
+// processor's batch) holds its later rows, and only them: held rows are
+// left out before the batch's LIMIT, so a key with a dead letter and any
+// number of rows behind it never keeps other keys waiting. Several
+// processors with OrderByKey stay correct but contend for the same keys;
+// one Processor (with a larger BatchSize) drains an ordered inbox as fast.
+//
+// # Dead letters
+//
+// DeadLetters (Processor.DeadLetters, or NewDeadLetters) lists, requeues
+// and discards an inbox's dead letters, with the outbox Admin's shapes:
+// List takes millrace.ListParams (Limit, default 100; AfterID to page by
+// DeadEvent.ID; Topic and PartitionKey filters; a negative value is an
+// error wrapping millrace.ErrInvalidListParams). Requeue and Discard take
+// event ids and return how many they changed; ids that are not dead
+// letters of the inbox are ignored, and an id that is not a UUID fails the
+// whole call with an error wrapping millrace.ErrInvalidEventID before
+// anything is sent, so RequeueTx and DiscardTx leave the caller's
+// transaction usable.
+//
+// # Configuration errors
+//
+// Every constructor checks its Config and returns an error wrapping
+// millrace.ErrConfig (a nil pool, a missing or unstorable Consumer, an
+// invalid Schema, a negative value, RetryMax below RetryMin).
+// inbox.ErrConfig is the same value, kept for existing callers.
 //
 // # Retention
 //

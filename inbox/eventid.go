@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/internal/sqlident"
 )
 
 // ErrNoEventID is returned for a message that carries no usable event id:
@@ -20,8 +21,21 @@ import (
 // middleware dead-letters the message with the reason in its metadata.
 var ErrNoEventID = errors.New("inbox: message has no usable event id")
 
-// ErrConfig is wrapped by the constructors' errors for an invalid Config.
-var ErrConfig = errors.New("inbox: invalid config")
+// ErrConfig is millrace.ErrConfig, which every constructor's error for an
+// invalid Config wraps.
+//
+// Deprecated: test for millrace.ErrConfig; this is the same value.
+var ErrConfig = millrace.ErrConfig
+
+// configSchema returns the configured schema name validated (the default when
+// empty); an invalid name is a config error.
+func configSchema(name string) (string, error) {
+	s, err := sqlident.Schema(name)
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", millrace.ErrConfig, err)
+	}
+	return s, nil
+}
 
 // EventIDFunc returns the event id of a message, which must be a UUID.
 type EventIDFunc func(msg *message.Message) (string, error)

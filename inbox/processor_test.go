@@ -203,7 +203,7 @@ func TestProcessorFailuresAndDeadLetters(t *testing.T) {
 	var fixed atomic.Bool
 	var onError atomic.Int32
 	p := newProcessor(t, b, inbox.ProcessorConfig{
-		MaxAttempts: 3, MinBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond,
+		MaxAttempts: 3, RetryMin: time.Millisecond, RetryMax: 2 * time.Millisecond,
 		OnError: func(*message.Message, int, error) { onError.Add(1) },
 		Handler: func(ctx context.Context, tx pgx.Tx, m *message.Message) error {
 			if err := b.apply(ctx, tx, m.UUID, ""); err != nil {
@@ -243,7 +243,7 @@ func TestProcessorFailuresAndDeadLetters(t *testing.T) {
 	if onError.Load() != 4 {
 		t.Fatalf("OnError called %d times, want 4 (3 flaky + 1 permanent)", onError.Load())
 	}
-	dead, err := p.DeadLetters().List(ctx, 10)
+	dead, err := p.DeadLetters().List(ctx, millrace.ListParams{Limit: 10})
 	if err != nil || len(dead) != 2 {
 		t.Fatalf("List = %v, %v", dead, err)
 	}
@@ -263,8 +263,8 @@ func TestProcessorFailuresAndDeadLetters(t *testing.T) {
 	if n, err := p.DeadLetters().Requeue(ctx, flaky); err != nil || n != 1 {
 		t.Fatalf("Requeue = %d, %v", n, err)
 	}
-	if _, err := p.DeadLetters().Requeue(ctx, flaky); !errors.Is(err, inbox.ErrNotDead) {
-		t.Fatalf("second Requeue = %v, want ErrNotDead", err)
+	if n, err := p.DeadLetters().Requeue(ctx, flaky); err != nil || n != 0 {
+		t.Fatalf("second Requeue = %d, %v; want 0 (no longer dead), nil", n, err)
 	}
 	tx, err := b.db.Pool.Begin(ctx)
 	if err != nil {
@@ -288,7 +288,7 @@ func TestProcessorFailuresAndDeadLetters(t *testing.T) {
 	if got := b.count(t, `SELECT count(*) FROM `+b.table("inbox_event")+` WHERE discarded_at IS NOT NULL AND event_id = $1`, permanent); got != 1 {
 		t.Fatal("discarded row not marked discarded")
 	}
-	if dead, err := p.DeadLetters().List(ctx, 0); err != nil || len(dead) != 0 {
+	if dead, err := p.DeadLetters().List(ctx, millrace.ListParams{}); err != nil || len(dead) != 0 {
 		t.Fatalf("List after = %v, %v", dead, err)
 	}
 }
@@ -323,7 +323,7 @@ func TestProcessorOrderByKey(t *testing.T) {
 		seen[k] = append(seen[k], m.UUID) // a rolled-back batch may record twice; see below
 		return nil
 	}
-	cfg := inbox.ProcessorConfig{Handler: handler, OrderByKey: true, BatchSize: 37, MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond, MaxAttempts: 1000}
+	cfg := inbox.ProcessorConfig{Handler: handler, OrderByKey: true, BatchSize: 37, RetryMin: time.Millisecond, RetryMax: time.Millisecond, MaxAttempts: 1000}
 	run(t, newProcessor(t, b, cfg))
 	run(t, newProcessor(t, b, cfg))
 	effects := func() int { return b.effects(t) }
@@ -365,16 +365,16 @@ func TestProcessorConfig(t *testing.T) {
 		{Handler: h},
 		{Consumer: "c"},
 		{Consumer: "c", Handler: h, BatchSize: -1},
-		{Consumer: "c", Handler: h, MinBackoff: time.Minute, MaxBackoff: time.Second},
+		{Consumer: "c", Handler: h, RetryMin: time.Minute, RetryMax: time.Second},
 	} {
-		if _, err := inbox.NewProcessor(b.db.Pool, cfg); !errors.Is(err, inbox.ErrConfig) {
+		if _, err := inbox.NewProcessor(b.db.Pool, cfg); !errors.Is(err, millrace.ErrConfig) {
 			t.Errorf("%+v: %v, want ErrConfig", cfg, err)
 		}
 	}
-	if _, err := inbox.NewReceiver(b.db.Pool, inbox.ReceiverConfig{}); !errors.Is(err, inbox.ErrConfig) {
+	if _, err := inbox.NewReceiver(b.db.Pool, inbox.ReceiverConfig{}); !errors.Is(err, millrace.ErrConfig) {
 		t.Errorf("receiver without consumer: %v", err)
 	}
-	if _, err := inbox.NewCleaner(b.db.Pool, inbox.CleanerConfig{Retention: -1}); !errors.Is(err, inbox.ErrConfig) {
+	if _, err := inbox.NewCleaner(b.db.Pool, inbox.CleanerConfig{Retention: -1}); !errors.Is(err, millrace.ErrConfig) {
 		t.Errorf("cleaner: %v", err)
 	}
 }

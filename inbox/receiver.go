@@ -58,12 +58,12 @@ type Receiver struct {
 // NewReceiver returns a Receiver. pool is used by Handle and Receive; it
 // may be nil if you only call ReceiveTx.
 func NewReceiver(pool *pgxpool.Pool, cfg ReceiverConfig) (*Receiver, error) {
-	schema, err := sqlident.Schema(cfg.Schema)
+	schema, err := configSchema(cfg.Schema)
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Consumer == "" {
-		return nil, fmt.Errorf("%w: ReceiverConfig.Consumer is required", ErrConfig)
+	if err := checkConsumer("ReceiverConfig.Consumer", cfg.Consumer); err != nil {
+		return nil, err
 	}
 	if cfg.EventID == nil {
 		cfg.EventID = DefaultEventID
@@ -98,7 +98,7 @@ func (r *Receiver) Handle(msg *message.Message) error {
 // and returns how many were new (the others were stored before).
 func (r *Receiver) Receive(ctx context.Context, msgs ...*message.Message) (int, error) {
 	if r.pool == nil {
-		return 0, fmt.Errorf("%w: Receive needs a Receiver made with a pool; use ReceiveTx", ErrConfig)
+		return 0, fmt.Errorf("%w: Receive needs a Receiver made with a pool; use ReceiveTx", millrace.ErrConfig)
 	}
 	if len(msgs) == 0 {
 		return 0, nil
@@ -133,7 +133,8 @@ func (r *Receiver) ReceiveTx(ctx context.Context, tx pgx.Tx, msgs ...*message.Me
 }
 
 // args validates every message before anything is written: one message
-// without an id fails the call.
+// without an id, or with text the inbox cannot store unchanged, fails the
+// call (permanently) and leaves a caller's transaction as it was.
 func (r *Receiver) args(msgs []*message.Message) ([]any, error) {
 	n := len(msgs)
 	ids := make([]uuid.UUID, n)
@@ -149,6 +150,9 @@ func (r *Receiver) args(msgs []*message.Message) ([]any, error) {
 		ids[i] = id
 		topics[i] = message.SubscribeTopicFromCtx(msg.Context())
 		keys[i] = r.partitionKey(msg)
+		if err := checkStorable(msg, topics[i], keys[i]); err != nil {
+			return nil, err
+		}
 		payloads[i] = msg.Payload
 		if payloads[i] == nil {
 			payloads[i] = []byte{}

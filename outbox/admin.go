@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/internal/sqlident"
 )
 
@@ -190,18 +191,8 @@ type DeadLetter struct {
 	Metadata      map[string]string
 }
 
-// ListParams selects dead letters.
-type ListParams struct {
-	// Limit is the most dead letters returned. Defaults to 100.
-	Limit int
-	// AfterID returns only dead letters with a row id above it: pass the
-	// last ID of one page to get the next. Defaults to 0 (from the first).
-	AfterID int64
-	// Topic keeps only dead letters of this topic. Defaults to any.
-	Topic string
-	// PartitionKey keeps only dead letters of this key. Defaults to any.
-	PartitionKey string
-}
+// ListParams selects dead letters; see millrace.ListParams.
+type ListParams = millrace.ListParams
 
 // ListDeadLetters returns dead letters in row id order.
 func (a *Admin) ListDeadLetters(ctx context.Context, p ListParams) ([]DeadLetter, error) {

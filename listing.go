@@ -1,0 +1,45 @@
+package millrace
+
+import (
+	"errors"
+	"fmt"
+)
+
+// DefaultListLimit is the number of dead letters a listing returns when
+// ListParams.Limit is 0.
+const DefaultListLimit = 100
+
+// ErrInvalidListParams is wrapped by a listing's error for ListParams it
+// cannot serve: a negative Limit or AfterID.
+var ErrInvalidListParams = errors.New("millrace: invalid list params")
+
+// ListParams selects and pages dead letters, in the outbox
+// (outbox.Admin.ListDeadLetters) and in the inbox (inbox.DeadLetters.List).
+// The zero value lists the first DefaultListLimit dead letters, oldest
+// first. To page, pass the ID of the last dead letter of one page as
+// AfterID of the next.
+type ListParams struct {
+	// Limit is the most dead letters returned. Defaults to 100
+	// (DefaultListLimit); negative is an error.
+	Limit int
+	// AfterID returns only dead letters with a row id above it: pass the
+	// last ID of one page to get the next. Defaults to 0 (from the first);
+	// negative is an error.
+	AfterID int64
+	// Topic keeps only dead letters of this topic. Defaults to any.
+	Topic string
+	// PartitionKey keeps only dead letters of this key. Defaults to any.
+	PartitionKey string
+}
+
+// Normalize returns p with its defaults applied, or an error wrapping
+// ErrInvalidListParams when Limit or AfterID is negative.
+func (p ListParams) Normalize() (ListParams, error) {
+	if p.Limit < 0 || p.AfterID < 0 {
+		return p, fmt.Errorf("%w: Limit %d and AfterID %d must not be negative", ErrInvalidListParams, p.Limit, p.AfterID)
+	}
+	if p.Limit == 0 {
+		p.Limit = DefaultListLimit
+	}
+	return p, nil
+}
