@@ -157,7 +157,7 @@ func (b *bundle) inboxDead(consumer string) []inbox.DeadEvent {
 	if err != nil {
 		b.t.Fatal(err)
 	}
-	list, err := dl.List(context.Background(), 1000)
+	list, err := dl.List(context.Background(), millrace.ListParams{Limit: 1000})
 	if err != nil {
 		b.t.Fatal(err)
 	}

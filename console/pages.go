@@ -1,7 +1,6 @@
 package console
 
 import (
-	"errors"
 	"fmt"
 	"html/template"
 	"net/http"
@@ -13,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/outbox"
 )
@@ -268,7 +268,7 @@ func (c *Console) inboxDead(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := reqCtx(r)
 	defer cancel()
-	list, err := dl.List(ctx, c.cfg.PageSize+1)
+	list, err := dl.List(ctx, millrace.ListParams{Limit: c.cfg.PageSize + 1})
 	if err != nil {
 		c.dbFail(w, r, err)
 		return
@@ -382,9 +382,6 @@ func (c *Console) inboxAct(w http.ResponseWriter, r *http.Request) (string, bool
 		act = dl.Discard
 	}
 	n, err := act(ctx, d.EventID)
-	if errors.Is(err, inbox.ErrNotDead) {
-		n, err = 0, nil
-	}
 	return c.acted(w, r, d, n, err, "/inbox/dead?consumer="+url.QueryEscape(d.Consumer)+"&")
 }
 

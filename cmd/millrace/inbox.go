@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"io"
 	"strconv"
 	"time"
@@ -12,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
+	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/inbox"
 )
 
@@ -75,7 +75,7 @@ func (a *app) inboxDeadListCmd(consumer *string) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			list, err := dl.List(cmd.Context(), limit)
+			list, err := dl.List(cmd.Context(), millrace.ListParams{Limit: limit})
 			if err != nil {
 				return err
 			}
@@ -127,9 +127,6 @@ func (a *app) inboxDeadActionCmd(consumer *string, name, short string, act inbox
 			}
 			n, err := a.allOrNothing(cmd.Context(), ids, func(tx pgx.Tx, id string) (bool, error) {
 				n, err := act(dl, cmd.Context(), tx, id)
-				if errors.Is(err, inbox.ErrNotDead) {
-					return false, nil
-				}
 				return n == 1, err
 			}, "a dead letter of consumer "+strconv.Quote(*consumer))
 			if err != nil {

@@ -170,7 +170,7 @@ func InboxDead(t testing.TB, db *pgtest.DB, consumer string, n int) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := dead.List(ctx, n+1)
+	got, err := dead.List(ctx, millrace.ListParams{Limit: n + 1})
 	if err != nil {
 		t.Fatal(err)
 	}
