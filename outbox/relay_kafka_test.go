@@ -12,6 +12,7 @@ import (
 
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/millrace/millrace/internal/kafkatest"
 	"github.com/millrace/millrace/internal/pgtest"
@@ -281,10 +282,9 @@ func TestBrokerOutageMidRun(t *testing.T) {
 	t.Parallel()
 	broker, restart := kafkatest.Restartable(t)
 	bundle := kafkaSetupWith(t, broker.Addrs(), pgtest.Options{})
-	cfg := kafka.DefaultSaramaConfig()
-	cfg.Producer.Retry.Max = 2
-	cfg.Net.DialTimeout = time.Second
-	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: bundle.brokers, Sarama: cfg}, nil)
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: bundle.brokers, ClientOptions: []kgo.Opt{
+		kgo.DialTimeout(time.Second), kgo.RecordDeliveryTimeout(time.Second),
+	}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -362,9 +362,7 @@ func TestRequeuedDeadLetterIsPublishedThroughKafka(t *testing.T) {
 	behind, _ := bundle.w.Write(ctx, outbox.Event{Topic: bundle.topic, PartitionKey: "k", Payload: []byte(`{"seq":1}`)})
 	others := writeN(t, bundle.w, bundle.topic, 100, 5)
 
-	small := kafka.DefaultSaramaConfig()
-	small.Producer.MaxMessageBytes = 10_000
-	strict, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: bundle.brokers, Sarama: small}, nil)
+	strict, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: bundle.brokers, MaxMessageBytes: 10_000}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

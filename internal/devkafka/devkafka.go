@@ -23,6 +23,9 @@ type Config struct {
 	// DataDir, when set, persists the broker's state there so that a broker
 	// restarted on the same DataDir and Port keeps its topics and records.
 	DataDir string
+	// BrokerConfigs are broker settings, for example message.max.bytes.
+	// Defaults to none (kfake's defaults).
+	BrokerConfigs map[string]string
 }
 
 // Broker is a running embedded broker.
@@ -43,6 +46,9 @@ func Start(cfg Config) (*Broker, error) {
 	}
 	if cfg.DataDir != "" {
 		opts = append(opts, kfake.DataDir(cfg.DataDir))
+	}
+	if len(cfg.BrokerConfigs) > 0 {
+		opts = append(opts, kfake.BrokerConfigs(cfg.BrokerConfigs))
 	}
 	c, err := kfake.NewCluster(opts...)
 	if err != nil {
