@@ -81,7 +81,7 @@ func (p *Publisher) batchLimit(topic string) int32 {
 func (p *Publisher) describeLimit(topic string) (limit int32, known bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	v, err := describeTopicConfig(ctx, p.client, topic, "max.message.bytes")
+	v, err := describeTopicConfig(ctx, p.client, topic)
 	if errors.Is(err, kerr.UnknownTopicOrPartition) {
 		// Not created yet: a metadata request creates it if the cluster
 		// auto-creates topics; then ask again.
@@ -91,7 +91,7 @@ func (p *Publisher) describeLimit(topic string) (limit int32, known bool) {
 		req.Topics = append(req.Topics, rt)
 		req.AllowAutoTopicCreation = true
 		if _, merr := req.RequestWith(ctx, p.client); merr == nil {
-			v, err = describeTopicConfig(ctx, p.client, topic, "max.message.bytes")
+			v, err = describeTopicConfig(ctx, p.client, topic)
 		}
 	}
 	if err != nil {
@@ -108,17 +108,24 @@ type client interface {
 	Request(context.Context, kmsg.Request) (kmsg.Response, error)
 }
 
-func describeTopicConfig(ctx context.Context, c client, topic, name string) (int32, error) {
+// describeTopicConfig returns the topic's max.message.bytes as the cluster
+// applies it. The broker-wide message.max.bytes is asked for as well: a
+// cluster that reports the broker setting under its own name rather than as
+// the topic's (kfake does) is read right too. Of several answers, the most
+// specific source wins: the topic's own setting, then the broker's, then
+// the default.
+func describeTopicConfig(ctx context.Context, c client, topic string) (int32, error) {
 	req := kmsg.NewPtrDescribeConfigsRequest()
 	rr := kmsg.NewDescribeConfigsRequestResource()
 	rr.ResourceType = kmsg.ConfigResourceTypeTopic
 	rr.ResourceName = topic
-	rr.ConfigNames = []string{name}
+	rr.ConfigNames = []string{"max.message.bytes", "message.max.bytes"}
 	req.Resources = append(req.Resources, rr)
 	resp, err := req.RequestWith(ctx, c)
 	if err != nil {
 		return 0, err
 	}
+	best, rank := int32(0), 100
 	for _, res := range resp.Resources {
 		if res.ResourceName != topic {
 			continue
@@ -127,14 +134,24 @@ func describeTopicConfig(ctx context.Context, c client, topic, name string) (int
 			return 0, err
 		}
 		for _, c := range res.Configs {
-			if c.Name == name && c.Value != nil {
-				n, err := strconv.ParseInt(*c.Value, 10, 32)
-				if err != nil || n <= 0 {
-					return 0, fmt.Errorf("topic %s: %s = %q", topic, name, *c.Value)
-				}
-				return int32(n), nil
+			if c.Name != "max.message.bytes" && c.Name != "message.max.bytes" || c.Value == nil {
+				continue
+			}
+			n, err := strconv.ParseInt(*c.Value, 10, 32)
+			if err != nil || n <= 0 {
+				return 0, fmt.Errorf("topic %s: %s = %q", topic, c.Name, *c.Value)
+			}
+			r := int(c.Source) // 1 topic, 2-4 broker, 5 default; 0 unknown (old versions)
+			if r <= 0 {
+				r = 50
+			}
+			if r < rank {
+				best, rank = int32(n), r
 			}
 		}
 	}
-	return 0, fmt.Errorf("topic %s: no %s in the DescribeConfigs response", topic, name)
+	if rank == 100 {
+		return 0, fmt.Errorf("topic %s: no max.message.bytes in the DescribeConfigs response", topic)
+	}
+	return best, nil
 }
