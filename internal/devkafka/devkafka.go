@@ -17,6 +17,10 @@ import (
 type Config struct {
 	// Port to listen on at 127.0.0.1. Defaults to 0, a free port.
 	Port int
+	// Brokers is the number of brokers, each on a free port when there
+	// are several (Port applies to a single broker). Partition leadership
+	// is spread over them. Defaults to 1.
+	Brokers int
 	// Partitions is the number of partitions of auto-created topics.
 	// Defaults to 8.
 	Partitions int
@@ -38,9 +42,16 @@ func Start(cfg Config) (*Broker, error) {
 	if cfg.Partitions <= 0 {
 		cfg.Partitions = 8
 	}
+	if cfg.Brokers <= 0 {
+		cfg.Brokers = 1
+	}
+	ports := make([]int, cfg.Brokers)
+	if cfg.Brokers == 1 {
+		ports[0] = cfg.Port
+	}
 	opts := []kfake.Opt{
-		kfake.NumBrokers(1),
-		kfake.Ports(cfg.Port),
+		kfake.NumBrokers(cfg.Brokers),
+		kfake.Ports(ports...),
 		kfake.AllowAutoTopicCreation(),
 		kfake.DefaultNumPartitions(cfg.Partitions),
 	}
