@@ -26,12 +26,17 @@ var batchKErrors = map[*kerr.Error]bool{
 	kerr.InvalidFetchSize:            true,
 	kerr.MessageTooLarge:             true,
 	kerr.RecordListTooLarge:          true,
-	kerr.InvalidTopicException:       true,
-	kerr.TopicAuthorizationFailed:    true,
 	kerr.InvalidTimestamp:            true,
 	kerr.UnsupportedForMessageFormat: true,
 	kerr.PolicyViolation:             true,
 	kerr.InvalidRecord:               true,
+}
+
+// topicKErrors are the broker's answers about a topic: every record of it
+// gets the same, so each is permanent as it stands.
+var topicKErrors = map[*kerr.Error]bool{
+	kerr.InvalidTopicException:    true,
+	kerr.TopicAuthorizationFailed: true,
 }
 
 // errSuspect marks a record that failed with its batch for a reason that
@@ -84,6 +89,9 @@ func (p *Publisher) classify(topic string, size int32, err error) error {
 	}
 	var ke *kerr.Error
 	if errors.As(err, &ke) {
+		if topicKErrors[ke] {
+			return millrace.Permanent(err)
+		}
 		if batchKErrors[ke] {
 			return suspectError{err}
 		}

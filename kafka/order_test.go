@@ -299,3 +299,43 @@ func TestPublishTopicLimitLoweredWhileRunning(t *testing.T) {
 		t.Fatalf("topic holds %d distinct messages, want 25", len(seen))
 	}
 }
+
+// A topic the broker refuses (INVALID_TOPIC_EXCEPTION: Kafka answers so for
+// a name it does not accept; kfake accepts any name, so the answer is
+// injected) fails every message of the call, permanently and at once: no
+// message is at fault more than another, and retrying cannot help.
+func TestPublishInvalidTopicIsPermanent(t *testing.T) {
+	t.Parallel()
+	b := kafkatest.Embedded(t, devkafka.Config{})
+	b.Cluster().ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		b.Cluster().KeepControl()
+		req := kreq.(*kmsg.ProduceRequest)
+		resp := req.ResponseKind().(*kmsg.ProduceResponse)
+		for _, rt := range req.Topics {
+			st := kmsg.NewProduceResponseTopic()
+			st.Topic, st.TopicID = rt.Topic, rt.TopicID
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewProduceResponseTopicPartition()
+				sp.Partition, sp.ErrorCode, sp.BaseOffset = rp.Partition, kerr.InvalidTopicException.Code, -1
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	p := newPublisher(t, b.Addrs())
+	var msgs []*message.Message
+	for i := range 50 {
+		msgs = append(msgs, newMessage(i, "k"+strconv.Itoa(i%5)))
+	}
+	err := publishWithin(t, 10*time.Second, p, kafkatest.Topic(), msgs...)
+	var be *millrace.BatchError
+	if !errors.As(err, &be) || len(be.Errors) != len(msgs) {
+		t.Fatalf("Publish: %v, want a BatchError naming all %d messages", err, len(msgs))
+	}
+	for _, me := range be.Errors {
+		if !millrace.IsPermanent(me.Err) || !errors.Is(me.Err, kerr.InvalidTopicException) {
+			t.Fatalf("message %s: %v, want a permanent INVALID_TOPIC_EXCEPTION", me.UUID, me.Err)
+		}
+	}
+}
