@@ -30,8 +30,12 @@ type RelayConfig struct {
 	// works; millrace's kafka.Publisher sends each batch in one produce call
 	// and says which messages failed. A publisher that returns a
 	// *millrace.BatchError is told apart from one that fails a whole call;
-	// for the latter the relay retries a failed call one message at a time
-	// to find the message at fault.
+	// for the latter the relay sends a failed call again one message at a
+	// time to find the message at fault, and stops at the first failure
+	// that is not permanent (an outage). Errors marked millrace.Permanent
+	// dead-letter their event at once; errors that say they are temporary
+	// (a Temporary() bool method returning true, or a net.Error) charge no
+	// attempt.
 	Publisher message.Publisher
 	// BatchSize is the most events claimed and published at once; with
 	// Workers it bounds the relay's memory (make bench: ~33 MiB peak RSS at
@@ -51,11 +55,13 @@ type RelayConfig struct {
 	// a connection pooler in transaction mode, where LISTEN does not work,
 	// and give the Writer a negative NotifyInterval. Defaults to false.
 	PollOnly bool
-	// MaxAttempts is how many times an event is tried before it is
-	// dead-lettered. Defaults to 10.
+	// MaxAttempts is how many times an event failing with an error neither
+	// permanent nor temporary is tried before it is dead-lettered. Defaults
+	// to 10.
 	MaxAttempts int
 	// RetryMin and RetryMax bound the capped exponential backoff between
-	// attempts of a failing event. Default to 1s and 5m.
+	// attempts of a failing event; an event that failed temporarily is
+	// tried again after RetryMin. Default to 1s and 5m.
 	RetryMin, RetryMax time.Duration
 	// OutageBackoffMax caps the wait between tries while every publish
 	// fails with a temporary error (the broker is down). Such failures count
