@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -254,7 +255,12 @@ func TestPublishTopicLimitLoweredWhileRunning(t *testing.T) {
 	t.Parallel()
 	b := kafkatest.Embedded(t, devkafka.Config{Partitions: 2})
 	topic := kafkatest.Topic()
-	p := newPublisher(t, b.Addrs())
+	logs := watermill.NewCaptureLogger()
+	p, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: b.Addrs()}, logs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
 	check := newOrderChecker()
 	warm := newMessage(0, "a")
 	check.add(warm)
@@ -297,6 +303,20 @@ func TestPublishTopicLimitLoweredWhileRunning(t *testing.T) {
 	}
 	if seen := check.check(t, b.Addrs(), topic); len(seen) != 25 {
 		t.Fatalf("topic holds %d distinct messages, want 25", len(seen))
+	}
+	// The path under test was taken: batches refused for size, their
+	// records sent again alone, the client renewed once.
+	var refused, renewed int
+	for _, m := range logs.Captured()[watermill.InfoLogLevel] {
+		switch {
+		case strings.HasPrefix(m.Msg, "Kafka batch refused by the broker"):
+			refused++
+		case strings.HasPrefix(m.Msg, "Kafka client renewed"):
+			renewed++
+		}
+	}
+	if refused == 0 || renewed != 1 {
+		t.Fatalf("%d refused batches sent again, %d client renewals; want some and 1", refused, renewed)
 	}
 }
 
