@@ -22,26 +22,38 @@ import (
 // limit again (refreshLimit), keep the lower value and renew its client.
 
 // limitFor returns the record batch limit of topic, asking the cluster the
-// first time.
+// first time. When the cluster does not say (DescribeConfigs refused, the
+// topic not there yet), MaxMessageBytes stands in and the cluster is asked
+// again after askAgain.
 func (p *Publisher) limitFor(topic string) int32 {
 	p.limitsMu.Lock()
 	l, ok := p.limits[topic]
+	guess, guessed := p.guesses[topic]
 	p.limitsMu.Unlock()
 	if ok {
 		return l
 	}
-	l, known := p.describeLimit(topic)
-	if !known {
-		return l
+	if guessed && time.Since(guess) < askAgain {
+		return p.maxBytes
 	}
+	l, known := p.describeLimit(topic)
 	p.limitsMu.Lock()
 	defer p.limitsMu.Unlock()
+	if !known {
+		p.guesses[topic] = time.Now()
+		return l
+	}
+	delete(p.guesses, topic)
 	if old, ok := p.limits[topic]; ok && old < l {
 		return old
 	}
 	p.limits[topic] = l
 	return l
 }
+
+// askAgain is how long a topic's limit stays MaxMessageBytes when the
+// cluster did not say what it is.
+const askAgain = time.Minute
 
 // refreshLimit reads topic's limit again after the broker refused a batch
 // for size, keeps the lower of the old and new values, and has the client

@@ -135,7 +135,8 @@ type Publisher struct {
 	chunkBytes int64
 
 	limitsMu sync.Mutex
-	limits   map[string]int32 // topic → record batch limit in use
+	limits   map[string]int32     // topic → record batch limit in use
+	guesses  map[string]time.Time // topic → when the cluster did not say its limit
 }
 
 // NewPublisher connects to the brokers and returns a Publisher. It fails,
@@ -168,6 +169,7 @@ func NewPublisher(cfg PublisherConfig, logger watermill.LoggerAdapter) (*Publish
 		marshaler: cfg.Marshaler,
 		logger:    logger,
 		limits:    map[string]int32{},
+		guesses:   map[string]time.Time{},
 	}
 	p.opts = append([]kgo.Opt{
 		kgo.SeedBrokers(p.brokers...),
