@@ -79,29 +79,13 @@ func faultyProduce(t *testing.T, b *devkafka.Broker, share float64, seed uint64)
 	rng := rand.New(rand.NewPCG(seed, seed))
 	on := true
 	codes := []int16{kerr.NotLeaderForPartition.Code, kerr.RequestTimedOut.Code, kerr.InvalidRecord.Code, kerr.CorruptMessage.Code}
-	b.Cluster().ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
-		b.Cluster().KeepControl()
+	kafkatest.FailProduce(b, func(int32) int16 {
 		mu.Lock()
 		defer mu.Unlock()
 		if !on || rng.Float64() >= share {
-			return nil, nil, false
+			return 0
 		}
-		code := codes[rng.IntN(len(codes))]
-		req := kreq.(*kmsg.ProduceRequest)
-		resp := req.ResponseKind().(*kmsg.ProduceResponse)
-		for _, rt := range req.Topics {
-			st := kmsg.NewProduceResponseTopic()
-			st.Topic, st.TopicID = rt.Topic, rt.TopicID
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewProduceResponseTopicPartition()
-				sp.Partition = rp.Partition
-				sp.ErrorCode = code
-				sp.BaseOffset = -1
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
+		return codes[rng.IntN(len(codes))]
 	})
 	return func() {
 		mu.Lock()
@@ -327,22 +311,7 @@ func TestPublishTopicLimitLoweredWhileRunning(t *testing.T) {
 func TestPublishInvalidTopicIsPermanent(t *testing.T) {
 	t.Parallel()
 	b := kafkatest.Embedded(t, devkafka.Config{})
-	b.Cluster().ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
-		b.Cluster().KeepControl()
-		req := kreq.(*kmsg.ProduceRequest)
-		resp := req.ResponseKind().(*kmsg.ProduceResponse)
-		for _, rt := range req.Topics {
-			st := kmsg.NewProduceResponseTopic()
-			st.Topic, st.TopicID = rt.Topic, rt.TopicID
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewProduceResponseTopicPartition()
-				sp.Partition, sp.ErrorCode, sp.BaseOffset = rp.Partition, kerr.InvalidTopicException.Code, -1
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
-	})
+	kafkatest.FailProduce(b, func(int32) int16 { return kerr.InvalidTopicException.Code })
 	p := newPublisher(t, b.Addrs())
 	var msgs []*message.Message
 	for i := range 50 {

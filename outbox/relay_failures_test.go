@@ -13,7 +13,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/internal/devkafka"
@@ -234,24 +233,11 @@ func TestKafkaPartialOutageChargesNothing(t *testing.T) {
 	}
 	sick := b.Cluster().LeaderFor(bundle.topic, 0)
 	var sickUntil atomic.Int64
-	b.Cluster().ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
-		b.Cluster().KeepControl()
-		if b.Cluster().CurrentNode() != sick || time.Now().UnixNano() > sickUntil.Load() {
-			return nil, nil, false
+	kafkatest.FailProduce(b, func(node int32) int16 {
+		if node == sick && time.Now().UnixNano() < sickUntil.Load() {
+			return kerr.NotLeaderForPartition.Code
 		}
-		req := kreq.(*kmsg.ProduceRequest)
-		resp := req.ResponseKind().(*kmsg.ProduceResponse)
-		for _, rt := range req.Topics {
-			st := kmsg.NewProduceResponseTopic()
-			st.Topic, st.TopicID = rt.Topic, rt.TopicID
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewProduceResponseTopicPartition()
-				sp.Partition, sp.ErrorCode, sp.BaseOffset = rp.Partition, kerr.NotLeaderForPartition.Code, -1
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
+		return 0
 	})
 
 	poison, err := bundle.w.Write(ctx, outbox.Event{Topic: bundle.topic, PartitionKey: "poison", Payload: []byte(`{"blob":"` + strings.Repeat("x", 20_000) + `"}`)})
