@@ -28,6 +28,10 @@
 //
 //   - Publish calls go out one at a time. All records of a call are buffered
 //     before the first is sent (franz-go's manual flushing), then flushed.
+//     Should the client still send some early (its previous flush winding
+//     down) and one of them fail while the call is being buffered, the
+//     buffering stops and the call's unsent batches are cancelled, failing
+//     temporarily rather than going out behind the failure.
 //   - franz-go's idempotent producer numbers each partition's batches; the
 //     broker stores them only in sequence, and when a batch fails for good
 //     (refused, out of retries, timed out) the client fails every record

@@ -377,24 +377,44 @@ func (p *Publisher) publish(topic string, msgs []*message.Message) error {
 // flushing), and franz-go's idempotent producer fails every buffered record
 // of a partition behind a failed batch of it: so a record is never stored
 // after an earlier one of its partition, in this round, failed.
+//
+// One gap is closed by hand: the client's drain loop of the previous flush
+// may still be running and send the first records of this round before the
+// rest are buffered. If one of those fails at once, a record of its
+// partition buffered after that failure would start a fresh batch. So the
+// first failure reported while buffering stops the buffering (the rest are
+// held back) and cancels the round's context, which makes the client fail,
+// instead of send, every batch of the round not yet written.
 func (p *Publisher) produce(out []outcome, idx []int) {
 	var wg sync.WaitGroup
 	wg.Add(len(idx))
-	ctx := context.Background()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var buffering, early atomic.Bool
+	buffering.Store(true)
 	for _, i := range idx {
+		if early.Load() {
+			out[i].err = temporary(fmt.Errorf("%w: a record failed while the call was being buffered", ErrHeldBack))
+			wg.Done()
+			continue
+		}
 		p.client.Produce(ctx, out[i].rec, func(_ *kgo.Record, err error) {
 			out[i].err = err
+			if err != nil && buffering.Load() {
+				early.Store(true)
+				cancel()
+			}
 			wg.Done()
 		})
 	}
+	buffering.Store(false)
 	// Flush returns once nothing is buffered: every record was
-	// acknowledged or failed (after the delivery timeout at the latest,
-	// unless a request's outcome is unknown: then it waits for the broker).
-	_ = p.client.Flush(ctx)
+	// acknowledged or failed (after the delivery timeout at the latest).
+	_ = p.client.Flush(context.Background())
 	wg.Wait()
 	for _, i := range idx {
-		if out[i].err != nil {
-			out[i].err = p.classify(out[i].rec.Topic, out[i].size, out[i].err)
+		if err := out[i].err; err != nil && !errors.Is(err, ErrHeldBack) {
+			out[i].err = p.classify(out[i].rec.Topic, out[i].size, err)
 		}
 	}
 }
