@@ -328,3 +328,70 @@ func TestPublishInvalidTopicIsPermanent(t *testing.T) {
 		}
 	}
 }
+
+// The property the Publisher builds on, checked on franz-go itself: with
+// the idempotent producer, when a batch of a partition is refused, every
+// record buffered behind it in that partition fails too, even those in
+// later batches (one partition, batches of a few records): what is stored
+// is a prefix of what was produced. The first, or the second, produce
+// request is refused (after the first succeeded the client pipelines).
+func TestFranzGoFailsThePartitionBehindAFailedBatch(t *testing.T) {
+	t.Parallel()
+	for _, failOn := range []int{1, 2} {
+		t.Run("request "+strconv.Itoa(failOn), func(t *testing.T) {
+			t.Parallel()
+			b := kafkatest.Embedded(t, devkafka.Config{Partitions: 1})
+			topic := kafkatest.Topic()
+			if err := b.Cluster().CreateTopic(topic, 1, nil); err != nil {
+				t.Fatal(err)
+			}
+			var mu sync.Mutex
+			requests := 0
+			kafkatest.FailProduce(b, func(int32) int16 {
+				mu.Lock()
+				defer mu.Unlock()
+				if requests++; requests == failOn {
+					return kerr.InvalidRecord.Code
+				}
+				return 0
+			})
+			cl, err := kgo.NewClient(kgo.SeedBrokers(b.Addrs()...), kgo.ManualFlushing(), kgo.ProducerBatchMaxBytes(1000))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cl.Close()
+			const n = 200
+			var wg sync.WaitGroup
+			var mu2 sync.Mutex
+			lastStored, firstFailed, stored := -1, n, 0
+			wg.Add(n)
+			for i := range n {
+				cl.Produce(context.Background(), &kgo.Record{Topic: topic, Key: []byte("k"), Value: []byte(strings.Repeat("v", 150) + strconv.Itoa(i))}, func(_ *kgo.Record, err error) {
+					mu2.Lock()
+					if err != nil {
+						firstFailed = min(firstFailed, i)
+					} else {
+						lastStored = max(lastStored, i)
+						stored++
+					}
+					mu2.Unlock()
+					wg.Done()
+				})
+			}
+			if err := cl.Flush(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			wg.Wait()
+			if firstFailed == n || lastStored > firstFailed {
+				t.Fatalf("record %d stored after record %d failed (first failure at %d)", lastStored, firstFailed, firstFailed)
+			}
+			if failOn == 1 && stored != 0 || failOn == 2 && stored == 0 {
+				t.Fatalf("%d records stored with request %d refused", stored, failOn)
+			}
+			if got := kafkatest.RecordCount(t, b.Addrs(), topic); got != int64(stored) {
+				t.Fatalf("partition holds %d records, %d were acknowledged", got, stored)
+			}
+			t.Logf("%d stored, the rest (from %d) failed", stored, firstFailed)
+		})
+	}
+}
