@@ -6,8 +6,9 @@ import (
 	"github.com/IBM/sarama"
 )
 
-// DefaultSaramaConfig returns the producer settings millrace uses against a
-// real Kafka cluster: protocol version 3.6, an idempotent producer
+// DefaultSaramaConfig returns sarama producer settings for a real Kafka
+// cluster, for producers other than Publisher (which uses franz-go), such as
+// watermill-kafka's Publisher: protocol version 3.6, an idempotent producer
 // (acks=all, one in-flight request per connection, retries on), producer
 // successes and errors returned, and a 10-second dial timeout so an
 // unreachable broker is reported instead of hanging. The result is yours to

@@ -1,23 +1,73 @@
 // Package kafka publishes Watermill messages to Kafka in batches, for the
-// outbox relay and for anyone who needs Kafka throughput from Watermill.
+// outbox relay and for anyone who needs Kafka throughput from Watermill,
+// without ever storing a message of a partition key ahead of an earlier one
+// of that key that failed.
 //
 // # Why batching
 //
 // watermill-kafka's Publisher sends the messages of a Publish call one at a
 // time and waits for each acknowledgement: about 7k messages/s against a
-// broker on loopback. Publisher here hands the whole call to a sarama
-// SyncProducer's SendMessages, which packs the records into produce requests
-// per partition and waits once: about 330k messages/s in calls of 1000 on the
-// same machine. The relay publishes a claimed batch in one call.
+// broker on loopback. Publisher here hands the whole call to franz-go's
+// idempotent producer, which packs the records into produce requests per
+// partition and pipelines them, and waits once. The relay publishes a
+// claimed batch in one call.
 //
 //	p, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: []string{"127.0.0.1:9092"}}, logger)
 //	...
 //	err = p.Publish("orders", msgs...) // one batch, all acknowledged or listed in the error
 //
-// The default sarama configuration (DefaultSaramaConfig) is meant for a real
-// cluster: idempotent producer, acks from all in-sync replicas, one request
-// in flight per connection, so records of one partition key are written once
-// and in order.
+// The defaults are meant for a real cluster: an idempotent producer, acks
+// from all in-sync replicas, sarama's hash partitioner (keys land where
+// watermill-kafka's own Publisher puts them). Add TLS, SASL or other
+// franz-go options with PublisherConfig.ClientOptions.
+//
+// # Order per key
+//
+// Publish guarantees that a message is never stored after an earlier
+// message of its partition key, in the same call, that failed. How:
+//
+//   - Publish calls go out one at a time. All records of a call are buffered
+//     before the first is sent (franz-go's manual flushing), then flushed.
+//     Should the client still send some early (its previous flush winding
+//     down) and one of them fail while the call is being buffered, the
+//     buffering stops and the call's unsent batches are cancelled, failing
+//     temporarily rather than going out behind the failure.
+//   - franz-go's idempotent producer numbers each partition's batches; the
+//     broker stores them only in sequence, and when a batch fails for good
+//     (refused, out of retries, timed out) the client fails every record
+//     buffered behind it in that partition (its documentation of
+//     RecordRetries and RecordDeliveryTimeout: "This ensures gapless
+//     ordering"). A key's records all go to one partition.
+//   - A record refused before sending (too large for its topic, or not
+//     marshalable) holds back the later messages of its key, which fail
+//     with the temporary ErrHeldBack.
+//   - A batch the broker refuses for a reason that may be one record's
+//     (INVALID_RECORD, MESSAGE_TOO_LARGE, ...) is sent again record by
+//     record, one per partition at a time, in order, a key held back after
+//     its first failure; the record that fails alone is the one at fault.
+//   - Each topic's limit is the lower of MaxMessageBytes and the topic's
+//     max.message.bytes as the cluster describes it (DescribeConfigs, read
+//     once per topic); batches are capped at it, so a broker does not refuse
+//     a batch for size that the client split differently. If the limit is
+//     lowered while the Publisher runs, the refused records are sent again
+//     alone and the client is renewed with the lower limit.
+//
+// A caller that must keep the order across calls (the outbox relay does)
+// holds a key back after its first failure rather than sending later
+// messages of it in the next call. Order is per topic and partition key.
+//
+// NewPublisher refuses client options that would break this:
+// kgo.DisableIdempotentWrite (without idempotence a retried request can land
+// behind a later one: up to five requests are in flight per broker),
+// kgo.TransactionalID and kgo.ManualFlushing; errors wrap ErrInvalidConfig,
+// which is millrace.ErrConfig.
+//
+// Outages: a record waits for the brokers up to the delivery timeout (30 s,
+// DefaultDeliveryTimeout; kgo.RecordDeliveryTimeout changes it) and then
+// fails, temporary, with the rest of its partition. A record whose request
+// was sent but not answered may still have been stored: sent again, it is
+// a duplicate (at-least-once), never out of order, since the broker fences
+// the producer epoch the client abandons.
 //
 // # Reading it back
 //
@@ -45,33 +95,21 @@
 // messages it does not list were delivered. Each message error is marked
 // with millrace.Permanent when sending the same message again cannot succeed:
 //
-//   - larger than the producer's Producer.MaxMessageBytes (refused before
-//     sending) or than the broker accepts (MESSAGE_TOO_LARGE,
-//     RECORD_LIST_TOO_LARGE); these also match ErrMessageTooLarge;
-//   - rejected by the broker as corrupt or invalid (CORRUPT_MESSAGE,
-//     INVALID_FETCH_SIZE, INVALID_RECORD, INVALID_TIMESTAMP,
-//     UNSUPPORTED_FOR_MESSAGE_FORMAT, POLICY_VIOLATION), or for its topic
-//     (INVALID_TOPIC_EXCEPTION, TOPIC_AUTHORIZATION_FAILED);
+//   - larger than its topic takes (ErrMessageTooLarge), refused before
+//     sending or by the broker when alone in its batch;
+//   - refused by the broker, alone in its batch, as corrupt or invalid
+//     (CORRUPT_MESSAGE, INVALID_RECORD, INVALID_TIMESTAMP,
+//     UNSUPPORTED_FOR_MESSAGE_FORMAT, POLICY_VIOLATION);
+//   - refused for its topic (INVALID_TOPIC_EXCEPTION, for a name Kafka does
+//     not accept, or TOPIC_AUTHORIZATION_FAILED): every message of the topic;
 //   - refused by the Marshaler (ErrMarshal), for instance because its
 //     metadata uses the reserved "_watermill_message_uuid" key.
 //
-// Everything else is retryable: brokers down or unreachable, timeouts,
-// leadership changes, unknown topics, cluster-wide authorization or
-// configuration faults (marking those permanent would dead-letter every
-// message), and ErrClosed after Close.
-//
-// During an outage sarama's producer opens a per-topic circuit breaker (not
-// configurable) that would refuse records with "circuit breaker is open" for
-// 10 seconds even after the brokers are back. When a Publish meets an open
-// breaker, the Publisher replaces its producer with a new one as soon as the
-// brokers answer (trying at most once a second), so delivery resumes about a
-// second after they return; retry the failed messages meanwhile.
-//
-// Order per key when a message fails: a message refused before sending (too
-// large for Producer.MaxMessageBytes, or not marshalable) holds back the later
-// messages of its key in the same call, which fail with the temporary
-// ErrHeldBack instead of overtaking it. A broker rejects a partition's
-// records of one request together, so they fail together. A caller that must
-// keep the order per key (the outbox relay does) also holds a key back after
-// its first failure rather than sending later messages of it in the next call.
+// Errors that sending again later will fix say so: IsTemporary reports true
+// (they have a Temporary() bool method, which the outbox relay reads): the
+// brokers down or unreachable, timeouts, Kafka errors marked retriable
+// (NOT_LEADER_FOR_PARTITION, UNKNOWN_TOPIC_OR_PARTITION, ...), ErrHeldBack,
+// and ErrClosed. Other errors, neither (cluster-wide authorization or
+// configuration faults, which fail every message alike), are returned as
+// they are.
 package kafka

@@ -1,8 +1,10 @@
 package kafka
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -12,7 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/eapache/go-resiliency/breaker"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/millrace/millrace"
 )
@@ -20,24 +22,37 @@ import (
 // Errors returned by NewPublisher and Publish. Test for them with errors.Is.
 var (
 	// ErrInvalidConfig is returned by NewPublisher for a configuration it
-	// cannot work with.
-	ErrInvalidConfig = errors.New("kafka: invalid publisher config")
-	// ErrClosed is the error of every message published after Close.
+	// cannot work with. It is millrace.ErrConfig, so errors.Is matches
+	// either.
+	ErrInvalidConfig = millrace.ErrConfig
+	// ErrClosed is the error of every message published after Close. It is
+	// temporary.
 	ErrClosed = errors.New("kafka: publisher closed")
 	// ErrMarshal is the error of a message the Marshaler refused (for
 	// example one whose metadata uses watermill-kafka's reserved UUID key).
 	// Such a message was not sent; the error is permanent.
 	ErrMarshal = errors.New("kafka: cannot marshal message")
-	// ErrMessageTooLarge is the error of a message larger than the
-	// producer's Producer.MaxMessageBytes or than the broker accepts. It
-	// is permanent.
+	// ErrMessageTooLarge is the error of a message larger than its topic
+	// accepts (the topic's max.message.bytes, or MaxMessageBytes if lower).
+	// It is permanent.
 	ErrMessageTooLarge = errors.New("kafka: message too large")
-	// ErrHeldBack is the error of a message not sent because an earlier
-	// message of the same partition key in the same Publish call was
-	// refused; sending it would have put it ahead of that message. It is
-	// temporary: it goes out once the refused message is dealt with.
-	ErrHeldBack = errors.New("kafka: held back behind a refused message of the same key")
+	// ErrHeldBack is the error of a message not sent, or failed with the
+	// rest of its partition, because an earlier message of the same
+	// partition key in the same Publish call failed; storing it would have
+	// put it ahead of that message. It is temporary: it goes out once the
+	// failed message is dealt with.
+	ErrHeldBack = errors.New("kafka: held back behind a failed message of the same key")
 )
+
+// DefaultMaxMessageBytes is the default of PublisherConfig.MaxMessageBytes:
+// franz-go's default record batch limit, a little under Kafka's default
+// max.message.bytes (1048588).
+const DefaultMaxMessageBytes = 1_000_012
+
+// DefaultDeliveryTimeout is how long a record may wait for the brokers
+// before it fails (kgo.RecordDeliveryTimeout) unless ClientOptions say
+// otherwise.
+const DefaultDeliveryTimeout = 30 * time.Second
 
 // PublisherConfig configures a Publisher.
 type PublisherConfig struct {
@@ -45,20 +60,37 @@ type PublisherConfig struct {
 	// brokers. Required.
 	Brokers []string
 
-	// Sarama is the producer configuration. Producer.Return.Successes and
-	// Producer.Return.Errors must be true (a sarama SyncProducer needs both)
-	// and Version at least 0.11 (records carry headers). NewPublisher does
-	// not modify it. Defaults to DefaultSaramaConfig().
-	Sarama *sarama.Config
+	// ClientOptions are franz-go client options (TLS, SASL, timeouts,
+	// compression, ...), applied after the defaults, so they override
+	// them. The defaults: client id "millrace", an idempotent producer
+	// with acks from all in-sync replicas, no compression, sarama's hash
+	// partitioner (FNV-1a, as watermill-kafka's own Publisher places keys),
+	// topic auto-creation allowed, a 10 s dial timeout and a 30 s
+	// (DefaultDeliveryTimeout) record delivery timeout.
+	//
+	// NewPublisher refuses options that break the per-key order promise:
+	// kgo.DisableIdempotentWrite (retries and up to five requests in flight
+	// per broker could reorder a partition), kgo.TransactionalID (records
+	// would need a transaction), kgo.ManualFlushing (the Publisher flushes
+	// itself). A partitioner must send equal keys to one partition, as
+	// every key-hashing partitioner does.
+	ClientOptions []kgo.Opt
 
-	// Marshaler turns a Watermill message into a Kafka record. Whatever it
-	// puts in ProducerMessage.Metadata is overwritten. Defaults to
-	// watermill-kafka's partitioning marshaler keyed by the message metadata
-	// millrace.MetadataPartitionKey: the record carries the message UUID in
-	// the "_watermill_message_uuid" header, the metadata as headers, the
-	// payload as value and the partition key as key (an empty key when the
-	// metadata is missing), so watermill-kafka's Subscriber reads it as
-	// usual.
+	// MaxMessageBytes caps a record batch and so a record. The Publisher
+	// asks the cluster for each topic's max.message.bytes (DescribeConfigs)
+	// and uses the lower of the two; a record that does not fit is refused
+	// before sending with ErrMessageTooLarge. Defaults to
+	// DefaultMaxMessageBytes.
+	MaxMessageBytes int32
+
+	// Marshaler turns a Watermill message into a Kafka record; the
+	// ProducerMessage's key, value, headers and timestamp are sent.
+	// Defaults to watermill-kafka's partitioning marshaler keyed by the
+	// message metadata millrace.MetadataPartitionKey: the record carries the
+	// message UUID in the "_watermill_message_uuid" header, the metadata as
+	// headers, the payload as value and the partition key as key (an empty
+	// key when the metadata is missing), so watermill-kafka's Subscriber
+	// reads it as usual.
 	Marshaler wkafka.Marshaler
 }
 
@@ -75,269 +107,479 @@ func partitionKeyFromMetadata(_ string, msg *message.Message) (string, error) {
 }
 
 // Publisher is a Watermill message.Publisher that sends all the messages of
-// one Publish call to Kafka as one batch through a sarama SyncProducer and
+// one Publish call to Kafka as one batch through a franz-go producer and
 // waits for the brokers' acknowledgement of each. It is safe for concurrent
-// use: Publish may be called from several goroutines, and Close waits for the
-// Publish calls in progress.
+// use; Publish calls go out one after another.
 //
 // When some messages of a batch fail, Publish returns a *millrace.BatchError
-// naming each failed message by its UUID; the others were delivered. Errors
-// that retrying will not fix are marked with millrace.Permanent (the list is
-// in the package documentation).
+// naming each failed message by its UUID; the others were delivered. A
+// message of a partition key is never stored after an earlier message of
+// that key in the same call failed. Errors that retrying will not fix are
+// marked with millrace.Permanent, errors that retrying will fix report
+// Temporary() == true (the lists are in the package documentation).
 type Publisher struct {
 	brokers   []string
-	sarama    *sarama.Config
+	opts      []kgo.Opt
+	maxBytes  int32
 	marshaler wkafka.Marshaler
 	logger    watermill.LoggerAdapter
-	lastRenew atomic.Int64 // unix nanoseconds of the last renewProducer attempt
 
-	mu       sync.RWMutex // held for reading by Publish, for writing by Close
-	closed   bool
-	producer sarama.SyncProducer
+	closed atomic.Bool
+	sendMu sync.Mutex // one Publish at a time: the client buffers one call's records, then flushes
+	client *kgo.Client
+	stale  bool // a topic's limit shrank: renew the client after this call (under sendMu)
 
-	batches sync.Pool // of *[]*sarama.ProducerMessage
+	// chunk is the most records one flush buffers (the client's
+	// MaxBufferedRecords); chunkBytes the most bytes (0: no limit).
+	chunk      int
+	chunkBytes int64
+
+	limitsMu sync.Mutex
+	limits   map[string]int32     // topic → record batch limit in use
+	guesses  map[string]time.Time // topic → when the cluster did not say its limit
 }
 
 // NewPublisher connects to the brokers and returns a Publisher. It fails,
-// naming the brokers it tried, when none of them answers within the sarama
-// configuration's dial timeout and metadata retries. A nil logger logs
-// nothing.
+// naming the brokers it tried, when none of them answers within 10 seconds
+// (or the dial timeout in ClientOptions). A nil logger logs nothing.
 func NewPublisher(cfg PublisherConfig, logger watermill.LoggerAdapter) (*Publisher, error) {
 	if len(cfg.Brokers) == 0 {
-		return nil, fmt.Errorf("%w: no brokers", ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: kafka: PublisherConfig.Brokers is required", ErrInvalidConfig)
 	}
 	for _, b := range cfg.Brokers {
 		if strings.TrimSpace(b) == "" {
-			return nil, fmt.Errorf("%w: empty broker address in %q", ErrInvalidConfig, cfg.Brokers)
+			return nil, fmt.Errorf("%w: kafka: empty broker address in PublisherConfig.Brokers %q", ErrInvalidConfig, cfg.Brokers)
 		}
 	}
-	sc := cfg.Sarama
-	if sc == nil {
-		sc = DefaultSaramaConfig()
+	if cfg.MaxMessageBytes == 0 {
+		cfg.MaxMessageBytes = DefaultMaxMessageBytes
 	}
-	if !sc.Producer.Return.Successes {
-		return nil, fmt.Errorf("%w: Sarama.Producer.Return.Successes must be true (a sync producer waits for each acknowledgement)", ErrInvalidConfig)
+	if cfg.MaxMessageBytes < 512 || cfg.MaxMessageBytes > 1<<30 {
+		return nil, fmt.Errorf("%w: kafka: PublisherConfig.MaxMessageBytes must be in 512..%d, got %d", ErrInvalidConfig, 1<<30, cfg.MaxMessageBytes)
 	}
-	if !sc.Producer.Return.Errors {
-		return nil, fmt.Errorf("%w: Sarama.Producer.Return.Errors must be true (a sync producer reports each failure)", ErrInvalidConfig)
-	}
-	if !sc.Version.IsAtLeast(sarama.V0_11_0_0) {
-		return nil, fmt.Errorf("%w: Sarama.Version %s is older than 0.11, which cannot carry record headers", ErrInvalidConfig, sc.Version)
-	}
-	if err := sc.Validate(); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
-	}
-	marshaler := cfg.Marshaler
-	if marshaler == nil {
-		marshaler = DefaultMarshaler()
+	if cfg.Marshaler == nil {
+		cfg.Marshaler = DefaultMarshaler()
 	}
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-
-	producer, err := sarama.NewSyncProducer(cfg.Brokers, sc)
-	if err != nil {
-		return nil, fmt.Errorf("kafka: connect to brokers %s: %w", strings.Join(cfg.Brokers, ","), err)
-	}
-	return &Publisher{
+	p := &Publisher{
 		brokers:   append([]string(nil), cfg.Brokers...),
-		sarama:    sc,
-		marshaler: marshaler,
+		maxBytes:  cfg.MaxMessageBytes,
+		marshaler: cfg.Marshaler,
 		logger:    logger,
-		producer:  producer,
-	}, nil
-}
-
-// Publish sends msgs to topic as one batch and returns when every message is
-// acknowledged or has failed. Records of one partition key keep the order of
-// msgs. It returns nil when all were delivered, else a *millrace.BatchError
-// listing every failed message by UUID (the others were delivered), each
-// error marked permanent when retrying will not fix it. After Close, every
-// message fails with ErrClosed.
-func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
-	if len(msgs) == 0 {
-		return nil
+		limits:    map[string]int32{},
+		guesses:   map[string]time.Time{},
 	}
-	breakerOpen, err := p.publish(topic, msgs)
-	if breakerOpen {
-		p.renewProducer()
-	}
-	return err
-}
+	p.opts = append([]kgo.Opt{
+		kgo.SeedBrokers(p.brokers...),
+		kgo.ClientID("millrace"),
+		kgo.DialTimeout(10 * time.Second),
+		kgo.MetadataMinAge(time.Second), // notice a returning broker within a second
+		kgo.AllowAutoTopicCreation(),
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.ProducerBatchCompression(kgo.NoCompression()),
+		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(kgo.SaramaCompatHasher(fnv32a))),
+		kgo.RecordDeliveryTimeout(DefaultDeliveryTimeout),
+		// Without it a record whose request went out (or whose dial
+		// failed) waits for an answer forever while the broker is down.
+		// With it, such a record fails after the delivery timeout and may
+		// still have been stored: a duplicate when it is sent again, which
+		// at-least-once delivery allows. Never a reorder: the broker
+		// stores a producer's batches of a partition only in sequence,
+		// and fences the old epoch once the client bumps it.
+		kgo.AllowIdempotentProduceCancellation(),
+	}, cfg.ClientOptions...)
 
-// renewInterval is the least time between two attempts to replace a producer
-// whose circuit breaker is open.
-const renewInterval = time.Second
-
-// renewProducer replaces the producer with a new one when the brokers answer
-// again. Sarama's producer keeps a circuit breaker per topic that opens after
-// three failures to look up the topic's partitions (brokers down) and then
-// refuses every record for 10 seconds, even once the brokers are back; a
-// new producer has closed breakers. It tries at most once per
-// renewInterval and keeps the old producer while the brokers stay away.
-func (p *Publisher) renewProducer() {
-	now := time.Now().UnixNano()
-	last := p.lastRenew.Load()
-	if now-last < int64(renewInterval) || !p.lastRenew.CompareAndSwap(last, now) {
-		return
-	}
-	np, err := sarama.NewSyncProducer(p.brokers, p.sarama)
+	client, err := p.newClient()
 	if err != nil {
-		p.logger.Debug("Kafka producer not renewed: brokers still unreachable", watermill.LogFields{"err": err})
-		return
+		return nil, err
 	}
-	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
-		np.Close()
-		return
+	dial, _ := client.OptValue(kgo.DialTimeout).(time.Duration)
+	ctx, cancel := context.WithTimeout(context.Background(), max(dial, time.Second))
+	defer cancel()
+	if err := client.Ping(ctx); err != nil {
+		client.Close()
+		return nil, fmt.Errorf("kafka: connect to brokers %s: %w", strings.Join(p.brokers, ","), err)
 	}
-	old := p.producer
-	p.producer = np
-	p.mu.Unlock()
-	// No Publish uses old any more: they all held the read lock.
-	if err := old.Close(); err != nil {
-		p.logger.Debug("Closing the replaced Kafka producer", watermill.LogFields{"err": err})
+	p.client = client
+	p.chunk = 50_000
+	if n, ok := client.OptValue(kgo.MaxBufferedRecords).(int64); ok && n > 0 {
+		p.chunk = int(n)
 	}
-	p.logger.Info("Kafka producer renewed after its circuit breaker opened", nil)
+	if n, ok := client.OptValue(kgo.MaxBufferedBytes).(int64); ok && n > 0 {
+		p.chunkBytes = n
+	}
+	return p, nil
 }
 
-// publish is Publish under the read lock. breakerOpen reports that some
-// record failed on the producer's open circuit breaker.
-func (p *Publisher) publish(topic string, msgs []*message.Message) (breakerOpen bool, err error) {
-	p.mu.RLock()
-	defer p.mu.RUnlock()
-	if p.closed {
-		return false, failAll(msgs, ErrClosed)
+// newClient makes a client from the options, with the settings the
+// Publisher relies on last, so they cannot be overridden.
+func (p *Publisher) newClient() (*kgo.Client, error) {
+	opts := append(append([]kgo.Opt(nil), p.opts...),
+		kgo.ManualFlushing(),
+		kgo.ProducerBatchMaxBytesFn(p.batchLimit),
+	)
+	// The options are checked before the client is made, since ManualFlushing
+	// and ProducerBatchMaxBytesFn above would hide the user's.
+	probe, err := kgo.NewClient(p.opts...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: kafka: client options: %w", ErrInvalidConfig, err)
 	}
-
-	bp := p.getBatch(len(msgs))
-	defer p.putBatch(bp)
-	batch := *bp
-	var failed []millrace.MessageError
-	// A key whose message is refused here keeps its later messages of this
-	// call back, so they cannot overtake it (millrace.BatchError's contract).
-	var refusedKeys map[string]bool
-	refuse := func(msg *message.Message, key []byte, err error) {
-		failed = append(failed, millrace.MessageError{UUID: msg.UUID, Err: err})
-		if refusedKeys == nil {
-			refusedKeys = map[string]bool{}
-		}
-		refusedKeys[string(key)] = true
+	defer probe.Close()
+	if err := checkOrderSafe(probe); err != nil {
+		return nil, err
 	}
-	for _, msg := range msgs {
-		pm, err := p.marshaler.Marshal(topic, msg)
-		if err != nil {
-			refuse(msg, []byte(msg.Metadata.Get(millrace.MetadataPartitionKey)),
-				millrace.Permanent(fmt.Errorf("%w %s: %w", ErrMarshal, msg.UUID, err)))
-			continue
-		}
-		key, _ := keyBytes(pm)
-		if refusedKeys[string(key)] {
-			refuse(msg, key, fmt.Errorf("%w: message %s", ErrHeldBack, msg.UUID))
-			continue
-		}
-		// The size check sarama would make after accepting the batch, made
-		// here so the key's later messages can be held back.
-		if size := pm.ByteSize(2); size > p.sarama.Producer.MaxMessageBytes {
-			refuse(msg, key, millrace.Permanent(fmt.Errorf("%w: message %s is %d bytes, Producer.MaxMessageBytes is %d",
-				ErrMessageTooLarge, msg.UUID, size, p.sarama.Producer.MaxMessageBytes)))
-			continue
-		}
-		// The failure of a record comes back with the record: Metadata
-		// names the message it came from (a pointer: no allocation).
-		pm.Metadata = msg
-		batch = append(batch, pm)
+	client, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: kafka: client options: %w", ErrInvalidConfig, err)
 	}
-	*bp = batch
-
-	if len(batch) > 0 {
-		if err := p.producer.SendMessages(batch); err != nil {
-			failed = appendSendErrors(failed, batch, err)
-		}
-	}
-	if len(failed) == 0 {
-		return false, nil
-	}
-	p.logger.Debug("Kafka batch partly failed", watermill.LogFields{
-		"topic": topic, "messages": len(msgs), "failed": len(failed),
-	})
-	for _, me := range failed {
-		if errors.Is(me.Err, breaker.ErrBreakerOpen) {
-			breakerOpen = true
-			break
-		}
-	}
-	return breakerOpen, &millrace.BatchError{Errors: failed}
+	return client, nil
 }
 
-// appendSendErrors turns the error of SendMessages into one MessageError per
-// failed record.
-func appendSendErrors(failed []millrace.MessageError, batch []*sarama.ProducerMessage, err error) []millrace.MessageError {
-	var perrs sarama.ProducerErrors
-	if !errors.As(err, &perrs) {
-		// Not per-record: every record counts as failed, retryable.
-		for _, pm := range batch {
-			failed = append(failed, millrace.MessageError{UUID: pm.Metadata.(*message.Message).UUID, Err: err})
+// checkOrderSafe refuses client settings under which a later record of a key
+// could be stored before an earlier one.
+func checkOrderSafe(c *kgo.Client) error {
+	if off, _ := c.OptValue(kgo.DisableIdempotentWrite).(bool); off {
+		return fmt.Errorf("%w: kafka: kgo.DisableIdempotentWrite breaks per-key order (a retried request can land behind a later one); the Publisher needs the idempotent producer", ErrInvalidConfig)
+	}
+	if vs := c.OptValues(kgo.TransactionalID); len(vs) == 2 {
+		if set, _ := vs[1].(bool); set {
+			return fmt.Errorf("%w: kafka: kgo.TransactionalID is not supported: the Publisher does not produce in transactions", ErrInvalidConfig)
 		}
-		return failed
 	}
-	for _, pe := range perrs {
-		uuid := ""
-		if m, ok := pe.Msg.Metadata.(*message.Message); ok {
-			uuid = m.UUID
-		}
-		failed = append(failed, millrace.MessageError{UUID: uuid, Err: classify(pe.Err)})
-	}
-	return failed
-}
-
-// Close closes the producer, after waiting for the Publish calls in
-// progress. Publish after Close fails with ErrClosed. Closing twice is a
-// no-op.
-func (p *Publisher) Close() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
-		return nil
-	}
-	p.closed = true
-	if err := p.producer.Close(); err != nil {
-		return fmt.Errorf("kafka: close producer for %s: %w", strings.Join(p.brokers, ","), err)
+	if manual, _ := c.OptValue(kgo.ManualFlushing).(bool); manual {
+		return fmt.Errorf("%w: kafka: kgo.ManualFlushing is not supported: the Publisher flushes each Publish call itself", ErrInvalidConfig)
 	}
 	return nil
 }
 
-func (p *Publisher) getBatch(n int) *[]*sarama.ProducerMessage {
-	if v := p.batches.Get(); v != nil {
-		bp := v.(*[]*sarama.ProducerMessage)
-		if cap(*bp) >= n {
-			return bp
-		}
-	}
-	s := make([]*sarama.ProducerMessage, 0, n)
-	return &s
+func fnv32a(b []byte) uint32 {
+	h := fnv.New32a()
+	h.Write(b)
+	return h.Sum32()
 }
 
-func (p *Publisher) putBatch(bp *[]*sarama.ProducerMessage) {
-	b := *bp
-	clear(b) // drop the records so they can be collected
-	*bp = b[:0]
-	p.batches.Put(bp)
+// Publish sends msgs to topic as one batch and returns when every message is
+// acknowledged or has failed. Records of one partition key keep the order of
+// msgs, and none is stored after an earlier one of its key failed. It
+// returns nil when all were delivered, else a *millrace.BatchError listing
+// every failed message by UUID (the others were delivered), each error
+// marked permanent when retrying will not fix it. After Close, every message
+// fails with ErrClosed.
+func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	if p.closed.Load() {
+		return failAll(msgs, ErrClosed)
+	}
+	p.sendMu.Lock()
+	defer p.sendMu.Unlock()
+	if p.closed.Load() {
+		return failAll(msgs, ErrClosed)
+	}
+	err := p.publish(topic, msgs)
+	if p.stale {
+		p.renewClient()
+	}
+	return err
 }
+
+// outcome is what became of one message of a Publish call.
+type outcome struct {
+	rec  *kgo.Record // nil when it was not sent
+	err  error       // nil: delivered
+	size int32       // the record's batch size when alone
+}
+
+func (p *Publisher) publish(topic string, msgs []*message.Message) error {
+	limit := p.limitFor(topic)
+	out := make([]outcome, len(msgs))
+	// A key with a failed message holds its later messages of this call
+	// back, so they cannot overtake it (millrace.BatchError's contract).
+	failedKeys := map[string]bool{}
+	hold := func(i int, key string, err error) {
+		out[i].err = err
+		failedKeys[key] = true
+	}
+
+	var round []int
+	var roundBytes int64
+	flush := func() {
+		if len(round) == 0 {
+			return
+		}
+		p.produce(out, round)
+		for _, i := range round {
+			if out[i].err != nil {
+				failedKeys[string(out[i].rec.Key)] = true
+			}
+		}
+		round, roundBytes = round[:0], 0
+	}
+	for i, msg := range msgs {
+		pm, err := p.marshaler.Marshal(topic, msg)
+		if err != nil {
+			hold(i, msg.Metadata.Get(millrace.MetadataPartitionKey),
+				millrace.Permanent(fmt.Errorf("%w %s: %w", ErrMarshal, msg.UUID, err)))
+			continue
+		}
+		rec, err := toRecord(topic, pm)
+		if err != nil {
+			hold(i, msg.Metadata.Get(millrace.MetadataPartitionKey),
+				millrace.Permanent(fmt.Errorf("%w %s: %w", ErrMarshal, msg.UUID, err)))
+			continue
+		}
+		key := string(rec.Key)
+		out[i].rec = rec
+		out[i].size = recordBatchSize(rec)
+		if failedKeys[key] {
+			out[i].err = temporary(fmt.Errorf("%w: message %s", ErrHeldBack, msg.UUID))
+			continue
+		}
+		if out[i].size > limit {
+			hold(i, key, millrace.Permanent(fmt.Errorf("%w: message %s needs %d bytes, topic %s takes %d",
+				ErrMessageTooLarge, msg.UUID, out[i].size, topic, limit)))
+			continue
+		}
+		if len(round) >= p.chunk || p.chunkBytes > 0 && roundBytes+int64(out[i].size) > p.chunkBytes {
+			flush()
+			if failedKeys[key] {
+				out[i].err = temporary(fmt.Errorf("%w: message %s", ErrHeldBack, msg.UUID))
+				continue
+			}
+		}
+		round = append(round, i)
+		roundBytes += int64(out[i].size)
+	}
+	flush()
+	p.isolate(topic, msgs, out)
+
+	var failed []millrace.MessageError
+	for i, o := range out {
+		if o.err != nil {
+			failed = append(failed, millrace.MessageError{UUID: msgs[i].UUID, Err: o.err})
+		}
+	}
+	if len(failed) == 0 {
+		return nil
+	}
+	p.checkOrder(topic, msgs, out)
+	p.logger.Debug("Kafka batch partly failed", watermill.LogFields{
+		"topic": topic, "messages": len(msgs), "failed": len(failed),
+	})
+	return &millrace.BatchError{Errors: failed}
+}
+
+// produce buffers the records of out at idx and flushes them, then sets
+// their outcomes. Nothing is sent before all of them are buffered (manual
+// flushing), and franz-go's idempotent producer fails every buffered record
+// of a partition behind a failed batch of it: so a record is never stored
+// after an earlier one of its partition, in this round, failed.
+//
+// One gap is closed by hand: the client's drain loop of the previous flush
+// may still be running and send the first records of this round before the
+// rest are buffered. If one of those fails at once, a record of its
+// partition buffered after that failure would start a fresh batch. So the
+// first failure reported while buffering stops the buffering (the rest are
+// held back) and cancels the round's context, which makes the client fail,
+// instead of send, every batch of the round not yet written.
+func (p *Publisher) produce(out []outcome, idx []int) {
+	var wg sync.WaitGroup
+	wg.Add(len(idx))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var buffering, early atomic.Bool
+	buffering.Store(true)
+	for _, i := range idx {
+		if early.Load() {
+			out[i].err = temporary(fmt.Errorf("%w: a record failed while the call was being buffered", ErrHeldBack))
+			wg.Done()
+			continue
+		}
+		p.client.Produce(ctx, out[i].rec, func(_ *kgo.Record, err error) {
+			out[i].err = err
+			if err != nil && buffering.Load() {
+				early.Store(true)
+				cancel()
+			}
+			wg.Done()
+		})
+	}
+	buffering.Store(false)
+	// Flush returns once nothing is buffered: every record was
+	// acknowledged or failed (after the delivery timeout at the latest).
+	_ = p.client.Flush(context.Background())
+	wg.Wait()
+	for _, i := range idx {
+		if err := out[i].err; err != nil && !errors.Is(err, ErrHeldBack) {
+			out[i].err = p.classify(out[i].rec.Topic, out[i].size, err)
+		}
+	}
+}
+
+// isolate finds the message at fault when a batch failed with a permanent
+// error: the broker refuses a record batch as a whole, and the client fails
+// the partition's later batches with the same error. The messages that
+// failed so are sent again one per partition at a time, in order, each
+// alone in its batch, holding a key back after its first failure; a
+// message that fails alone is the one at fault.
+func (p *Publisher) isolate(topic string, msgs []*message.Message, out []outcome) {
+	var suspects []int
+	for i, o := range out {
+		if o.rec != nil && errors.Is(o.err, errSuspect) {
+			suspects = append(suspects, i)
+		}
+	}
+	if len(suspects) == 0 {
+		return
+	}
+	p.logger.Info("Kafka batch refused by the broker; sending its messages one at a time to find the one at fault",
+		watermill.LogFields{"topic": topic, "messages": len(suspects)})
+	failedKeys := map[string]bool{}
+	for len(suspects) > 0 {
+		var round, rest []int
+		busy := map[int32]bool{}
+		for _, i := range suspects {
+			key := string(out[i].rec.Key)
+			if failedKeys[key] {
+				out[i].err = temporary(fmt.Errorf("%w: message %s", ErrHeldBack, msgs[i].UUID))
+				continue
+			}
+			if part := out[i].rec.Partition; busy[part] {
+				rest = append(rest, i)
+				continue
+			}
+			busy[out[i].rec.Partition] = true
+			round = append(round, i)
+		}
+		for _, i := range round {
+			// A fresh record: franz-go keeps state in the one it was given.
+			r := out[i].rec
+			out[i].rec = &kgo.Record{Topic: r.Topic, Key: r.Key, Value: r.Value, Headers: r.Headers, Timestamp: r.Timestamp}
+			out[i].rec.Partition = r.Partition
+		}
+		p.produce(out, round)
+		for _, i := range round {
+			if err := out[i].err; err != nil {
+				if errors.Is(err, errSuspect) { // alone, so it is the one at fault
+					out[i].err = millrace.Permanent(errors.Unwrap(err))
+				}
+				failedKeys[string(out[i].rec.Key)] = true
+			}
+		}
+		// Records of a partition that did not fail keep their order: rest
+		// holds them in call order, minus this round's.
+		suspects = rest
+	}
+}
+
+// checkOrder logs, as an error, a key with a message stored after an earlier
+// one of it failed. The design above rules it out; this makes a breach loud.
+func (p *Publisher) checkOrder(topic string, msgs []*message.Message, out []outcome) {
+	failed := map[string]bool{}
+	for i, o := range out {
+		key := msgs[i].Metadata.Get(millrace.MetadataPartitionKey)
+		if o.rec != nil {
+			key = string(o.rec.Key)
+		}
+		if o.err != nil {
+			failed[key] = true
+		} else if failed[key] {
+			p.logger.Error("Kafka message stored ahead of a failed message of its key", nil,
+				watermill.LogFields{"topic": topic, "message_uuid": msgs[i].UUID, "partition_key": key})
+		}
+	}
+}
+
+// renewClient replaces the client with a new one, whose partitions take
+// their batch limits afresh. Called under sendMu.
+func (p *Publisher) renewClient() {
+	p.stale = false
+	c, err := p.newClient()
+	if err != nil {
+		p.logger.Error("Kafka client not renewed", err, nil)
+		return
+	}
+	old := p.client
+	p.client = c
+	old.Close()
+	p.logger.Info("Kafka client renewed: a topic's max.message.bytes is lower than it was", nil)
+}
+
+// Close waits up to 10 seconds for the Publish call in progress, then
+// closes the client, failing what is still unacknowledged (those messages
+// are named in that call's BatchError; they may have been stored). Publish
+// after Close fails with ErrClosed. Closing twice is a no-op.
+func (p *Publisher) Close() error {
+	if !p.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	idle := make(chan struct{})
+	go func() {
+		p.sendMu.Lock()
+		close(idle)
+	}()
+	t := time.NewTimer(closeGrace)
+	defer t.Stop()
+	select {
+	case <-idle:
+		p.client.Close()
+	case <-t.C:
+		p.client.Close() // fails what the call in progress waits for
+		<-idle
+	}
+	p.sendMu.Unlock()
+	return nil
+}
+
+// closeGrace is how long Close lets the Publish call in progress finish.
+const closeGrace = 10 * time.Second
 
 func failAll(msgs []*message.Message, err error) error {
 	failed := make([]millrace.MessageError, len(msgs))
 	for i, m := range msgs {
-		failed[i] = millrace.MessageError{UUID: m.UUID, Err: err}
+		failed[i] = millrace.MessageError{UUID: m.UUID, Err: temporary(err)}
 	}
 	return &millrace.BatchError{Errors: failed}
 }
 
-// keyBytes returns the record key of pm, nil when it has none.
-func keyBytes(pm *sarama.ProducerMessage) ([]byte, error) {
-	if pm.Key == nil {
-		return nil, nil
+// toRecord turns the marshaler's sarama message into a franz-go record with
+// the same key, value, headers and timestamp.
+func toRecord(topic string, pm *sarama.ProducerMessage) (*kgo.Record, error) {
+	r := &kgo.Record{Topic: topic, Timestamp: pm.Timestamp}
+	var err error
+	if pm.Key != nil {
+		if r.Key, err = pm.Key.Encode(); err != nil {
+			return nil, fmt.Errorf("encode key: %w", err)
+		}
 	}
-	return pm.Key.Encode()
+	if pm.Value != nil {
+		if r.Value, err = pm.Value.Encode(); err != nil {
+			return nil, fmt.Errorf("encode value: %w", err)
+		}
+	}
+	if len(pm.Headers) > 0 {
+		r.Headers = make([]kgo.RecordHeader, len(pm.Headers))
+		for i, h := range pm.Headers {
+			r.Headers[i] = kgo.RecordHeader{Key: string(h.Key), Value: h.Value}
+		}
+	}
+	return r, nil
+}
+
+// recordBatchSize bounds from above the size of a record batch holding r
+// alone, as a broker measures it against max.message.bytes: the v2 batch
+// header (61 bytes) and the record with varints at their widest. franz-go
+// refuses a record alone only above its exact size, which is no larger, so
+// a record this check passes is never refused by the client on its own.
+func recordBatchSize(r *kgo.Record) int32 {
+	const batchHeader = 61
+	const recordOverhead = 5 + 1 + 10 + 5 + 5 + 5 + 5 // length, attributes, timestamp and offset deltas, key and value lengths, header count
+	n := batchHeader + recordOverhead + len(r.Key) + len(r.Value)
+	for _, h := range r.Headers {
+		n += 5 + len(h.Key) + 5 + len(h.Value)
+	}
+	return int32(min(n, 1<<31-1))
 }

@@ -58,19 +58,34 @@
 //
 // When the broker is down every publish fails: the relay backs off (capped
 // at RelayConfig.OutageBackoffMax), charges no attempts, and the backlog
-// waits in PostgreSQL, bounded in the relay's memory by BatchSize. An event
-// the broker rejects (too large, invalid) is charged an attempt, retried with
-// capped exponential backoff, and after RelayConfig.MaxAttempts moved to the
-// dead-letter state with its last error, while everything else keeps
-// flowing. Later events of its key wait behind it, so per-key order holds,
-// unless RelayConfig.SkipDeadLetteredKeys is set.
+// waits in PostgreSQL, bounded in the relay's memory by BatchSize. What
+// becomes of an event that fails while others go out depends on what its
+// publisher says of the error:
+//
+//   - permanent (millrace.Permanent: too large, invalid, a topic Kafka
+//     refuses): dead-lettered at once, with its reason;
+//   - temporary (an error with a Temporary() bool method returning true, as
+//     kafka.Publisher reports a broker or partition away, a timeout or a
+//     leader election; any net.Error): no attempt charged, tried again after
+//     RelayConfig.RetryMin, however long it lasts;
+//   - anything else: charged an attempt, retried with capped exponential
+//     backoff, and dead-lettered after RelayConfig.MaxAttempts.
+//
+// A dead letter keeps its last error; everything else keeps flowing. Later
+// events of its key wait behind a failed or dead event, so per-key order
+// holds, unless RelayConfig.SkipDeadLetteredKeys is set.
 //
 // How a failure is told apart from an outage: a batch in which every event
-// failed with an error not marked permanent (millrace.Permanent) counts as
-// an outage. So an event that fails alone, with an error its publisher does
-// not mark permanent, waits as in an outage instead of being dead-lettered;
-// millrace's Kafka publisher marks the errors retrying cannot fix, and a
-// publisher of your own should too.
+// failed with an error not marked permanent counts as an outage. So does a
+// publisher that fails whole calls (no *millrace.BatchError) when, sending
+// the batch one message at a time to find the one at fault, the relay meets
+// a failure that is not permanent: it stops there, keeps what went out, and
+// backs off. A *millrace.BatchError naming a message the call did not hold
+// fails the whole call: the relay cannot tell what was delivered. An event
+// that fails alone with an error its publisher does not mark permanent
+// waits as in an outage instead of being dead-lettered; millrace's Kafka
+// publisher marks the errors retrying cannot fix, and a publisher of your
+// own should too.
 //
 // An Admin lists, requeues and discards dead letters, replays published
 // events with their original ids (R-DIST-OBX-3, to rebuild a read model) and

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"slices"
 	"sync"
 	"time"
@@ -29,8 +30,12 @@ type RelayConfig struct {
 	// works; millrace's kafka.Publisher sends each batch in one produce call
 	// and says which messages failed. A publisher that returns a
 	// *millrace.BatchError is told apart from one that fails a whole call;
-	// for the latter the relay retries a failed call one message at a time
-	// to find the message at fault.
+	// for the latter the relay sends a failed call again one message at a
+	// time to find the message at fault, and stops at the first failure
+	// that is not permanent (an outage). Errors marked millrace.Permanent
+	// dead-letter their event at once; errors that say they are temporary
+	// (a Temporary() bool method returning true, or a net.Error) charge no
+	// attempt.
 	Publisher message.Publisher
 	// BatchSize is the most events claimed and published at once; with
 	// Workers it bounds the relay's memory (make bench: ~33 MiB peak RSS at
@@ -50,11 +55,13 @@ type RelayConfig struct {
 	// a connection pooler in transaction mode, where LISTEN does not work,
 	// and give the Writer a negative NotifyInterval. Defaults to false.
 	PollOnly bool
-	// MaxAttempts is how many times an event is tried before it is
-	// dead-lettered. Defaults to 10.
+	// MaxAttempts is how many times an event failing with an error neither
+	// permanent nor temporary is tried before it is dead-lettered. Defaults
+	// to 10.
 	MaxAttempts int
 	// RetryMin and RetryMax bound the capped exponential backoff between
-	// attempts of a failing event. Default to 1s and 5m.
+	// attempts of a failing event; an event that failed temporarily is
+	// tried again after RetryMin. Default to 1s and 5m.
 	RetryMin, RetryMax time.Duration
 	// OutageBackoffMax caps the wait between tries while every publish
 	// fails with a temporary error (the broker is down). Such failures count
@@ -207,17 +214,18 @@ UPDATE %[2]s e SET published_at = now()
  WHERE e.id = c.id
 RETURNING e.id, e.event_id::text, e.topic, e.partition_key, e.aggregate_type, e.aggregate_id, e.event_type,
           e.payload, e.payload_bytes, e.headers, e.attempts, c.blocked, c.next_attempt_at`, pending, events)
-	// Events that did not go out return to the pending set: charged an
-	// attempt (err not null: blocked, due again at next_at, perhaps dead),
-	// or, held behind a failed event of their key, as they were.
+	// Events that did not go out return to the pending set: failed (err
+	// not null: blocked, due again at next_at, perhaps dead, charged an
+	// attempt unless the failure was temporary), or, held behind a failed
+	// event of their key, as they were.
 	r.unclaim = fmt.Sprintf(`WITH f AS (
-    SELECT * FROM unnest($1::int8[], $2::bool[], $3::bool[], $4::timestamptz[], $5::text[]) AS f(id, blocked, dead, next_at, err)
+    SELECT * FROM unnest($1::int8[], $2::bool[], $3::bool[], $4::timestamptz[], $5::text[], $6::bool[]) AS f(id, blocked, dead, next_at, err, charge)
 ), q AS (
     INSERT INTO %[1]s (id, lane, partition_key, blocked, dead, next_attempt_at)
     SELECT e.id, e.lane, e.partition_key, f.blocked, f.dead, f.next_at FROM f JOIN %[2]s e ON e.id = f.id
 )
 UPDATE %[2]s e SET published_at = NULL,
-       attempts = e.attempts + (f.err IS NOT NULL)::int,
+       attempts = e.attempts + f.charge::int,
        last_error = coalesce(f.err, e.last_error),
        next_attempt_at = f.next_at,
        dead_at = CASE WHEN f.dead THEN now() END
@@ -373,7 +381,7 @@ func (r *Relay) runBatch(ctx context.Context, offset int) (int, error) {
 		return 0, err
 	}
 
-	failed := r.publish(rows)
+	failed, outage := r.publish(rows)
 	if len(failed) == len(rows) && !anyPermanent(failed) {
 		// Nothing went out and nothing says the events are at fault: the
 		// broker is unavailable. Roll back (the events stay pending),
@@ -388,7 +396,7 @@ func (r *Relay) runBatch(ctx context.Context, offset int) (int, error) {
 	var back unclaimed
 	if len(failed) > 0 {
 		back = r.settleFailures(rows, failed)
-		if _, err := tx.Exec(bctx, r.unclaim, back.ids, back.blocked, back.dead, back.nextAt, back.errs); err != nil {
+		if _, err := tx.Exec(bctx, r.unclaim, back.ids, back.blocked, back.dead, back.nextAt, back.errs, back.charge); err != nil {
 			return 0, fmt.Errorf("outbox: return %d failed events to the pending set: %w", len(back.ids), err)
 		}
 	}
@@ -396,6 +404,11 @@ func (r *Relay) runBatch(ctx context.Context, offset int) (int, error) {
 		return 0, fmt.Errorf("outbox: commit batch of %d: %w", len(rows), err)
 	}
 	r.cfg.Metrics.batch(len(rows)-len(back.ids), back.charged, back.died)
+	if outage != nil {
+		// What went out is marked; the rest waits, uncharged, while the
+		// worker backs off.
+		return len(rows), fmt.Errorf("%w: %d of %d events not sent: %v", errOutage, len(back.ids), len(rows), outage)
+	}
 	return len(rows), nil
 }
 
@@ -405,15 +418,25 @@ type unclaimed struct {
 	ids           []int64
 	blocked, dead []bool
 	nextAt        []*time.Time
-	errs          []*string // nil: held behind its key, not charged
+	errs          []*string // nil: held behind its key or not tried
+	charge        []bool
 	charged, died int
 }
 
-// settleFailures decides what becomes of the events that did not go out:
-// the first failure of a key is charged an attempt (and may die); the
-// key's later events in the batch were held behind it and return as they
-// were. A later event of such a key that did go out is logged: it overtook
-// the failed one.
+// settleFailures decides what becomes of the events that did not go out.
+// The first failure of a key counts:
+//
+//   - permanent (millrace.IsPermanent): dead-lettered at once, one attempt
+//     charged, with its reason;
+//   - temporary (isTemporary: the broker or a partition is away): no attempt
+//     charged; the event waits RetryMin, blocking its key, with its reason;
+//   - anything else: an attempt charged; retried with backoff, dead-lettered
+//     after MaxAttempts.
+//
+// The key's later events in the batch were held behind it and return as
+// they were, as do events a publisher never tried (errNotTried). A later
+// event of a failed key that did go out overtook it: the publisher broke
+// its promise (millrace.BatchError), which is logged as an error.
 func (r *Relay) settleFailures(rows []pendingRow, failed map[int64]error) unclaimed {
 	var u unclaimed
 	now := time.Now()
@@ -422,9 +445,9 @@ func (r *Relay) settleFailures(rows []pendingRow, failed map[int64]error) unclai
 		err, bad := failed[row.id]
 		if failedKeys[row.key] {
 			if bad {
-				u.add(row.id, row.blocked, false, row.nextAttemptAt, nil)
+				u.add(row.id, row.blocked, false, row.nextAttemptAt, nil, false)
 			} else {
-				r.log.Info("Outbox event published ahead of a failed event of its key", watermill.LogFields{"event_id": row.eventID, "partition_key": row.key})
+				r.log.Error("Outbox event published ahead of a failed event of its key", nil, watermill.LogFields{"event_id": row.eventID, "partition_key": row.key})
 			}
 			continue
 		}
@@ -432,29 +455,66 @@ func (r *Relay) settleFailures(rows []pendingRow, failed map[int64]error) unclai
 			continue
 		}
 		failedKeys[row.key] = true
-		attempt := row.attempts + 1
-		dead := attempt >= r.cfg.MaxAttempts
-		next := now.Add(backoff.Exponential(attempt, r.cfg.RetryMin, r.cfg.RetryMax))
+		if errors.Is(err, errNotTried) {
+			u.add(row.id, row.blocked, false, row.nextAttemptAt, nil, false)
+			continue
+		}
 		reason := err.Error()
-		u.add(row.id, true, dead, &next, &reason)
-		u.charged++
-		fields := watermill.LogFields{"event_id": row.eventID, "topic": row.topic, "attempt": attempt}
-		if dead {
+		fields := watermill.LogFields{"event_id": row.eventID, "topic": row.topic, "partition_key": row.key}
+		switch {
+		case millrace.IsPermanent(err):
+			fields["attempt"] = row.attempts + 1
+			u.add(row.id, true, true, &now, &reason, true)
+			u.charged++
 			u.died++
-			r.log.Error("Outbox event dead-lettered", err, fields)
-		} else {
-			r.log.Info("Outbox event failed; will retry: "+reason, fields)
+			r.log.Error("Outbox event dead-lettered: the publisher says it cannot succeed", err, fields)
+		case isTemporary(err):
+			next := now.Add(backoff.Exponential(1, r.cfg.RetryMin, r.cfg.RetryMax))
+			u.add(row.id, true, false, &next, &reason, false)
+			r.log.Info("Outbox event failed temporarily; will retry, no attempt charged: "+reason, fields)
+		default:
+			attempt := row.attempts + 1
+			fields["attempt"] = attempt
+			dead := attempt >= r.cfg.MaxAttempts
+			next := now.Add(backoff.Exponential(attempt, r.cfg.RetryMin, r.cfg.RetryMax))
+			u.add(row.id, true, dead, &next, &reason, true)
+			u.charged++
+			if dead {
+				u.died++
+				r.log.Error("Outbox event dead-lettered", err, fields)
+			} else {
+				r.log.Info("Outbox event failed; will retry: "+reason, fields)
+			}
 		}
 	}
 	return u
 }
 
-func (u *unclaimed) add(id int64, blocked, dead bool, nextAt *time.Time, err *string) {
+// isTemporary reports whether err says that sending again later will work:
+// an error with a Temporary() bool method that returns true (kafka.Publisher
+// marks outages, timeouts and leader elections so; the convention of
+// net.Error), any net.Error (connection refused or reset, timeouts), or a
+// context deadline. Such a failure charges no attempt.
+func isTemporary(err error) bool {
+	var t interface{ Temporary() bool }
+	if errors.As(err, &t) && t.Temporary() {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// errNotTried marks the events of a call that a publisher did not get to:
+// the one-at-a-time fallback stopped at a temporary failure.
+var errNotTried = errors.New("outbox: not tried: the publisher is unavailable")
+
+func (u *unclaimed) add(id int64, blocked, dead bool, nextAt *time.Time, err *string, charge bool) {
 	u.ids = append(u.ids, id)
 	u.blocked = append(u.blocked, blocked)
 	u.dead = append(u.dead, dead)
 	u.nextAt = append(u.nextAt, nextAt)
 	u.errs = append(u.errs, err)
+	u.charge = append(u.charge, charge)
 }
 
 func (r *Relay) takeLanes(ctx context.Context, tx pgx.Tx, offset int) ([]int16, error) {
@@ -524,12 +584,14 @@ func (p *pendingRow) message() *message.Message {
 
 // publish sends rows, one Publish call per topic, each in id order (a
 // batch that interleaves topics still goes out in a few calls; Kafka orders
-// per topic and partition only), and returns the failures by row id.
-func (r *Relay) publish(rows []pendingRow) map[int64]error {
-	failed := map[int64]error{}
+// per topic and partition only), and returns the failures by row id. outage
+// is set when a publisher that fails whole calls is unavailable: the
+// one-at-a-time fallback stopped at a failure that is not permanent, and
+// the rows it did not try are failed with errNotTried.
+func (r *Relay) publish(rows []pendingRow) (failed map[int64]error, outage error) {
+	failed = map[int64]error{}
 	if sameTopic(rows) {
-		r.publishRun(rows, failed)
-		return failed
+		return failed, r.publishRun(rows, failed)
 	}
 	var topics []string
 	byTopic := map[string][]pendingRow{}
@@ -540,9 +602,15 @@ func (r *Relay) publish(rows []pendingRow) map[int64]error {
 		byTopic[row.topic] = append(byTopic[row.topic], row)
 	}
 	for _, topic := range topics {
-		r.publishRun(byTopic[topic], failed)
+		if outage != nil {
+			for _, row := range byTopic[topic] {
+				failed[row.id] = errNotTried
+			}
+			continue
+		}
+		outage = r.publishRun(byTopic[topic], failed)
 	}
-	return failed
+	return failed, outage
 }
 
 func sameTopic(rows []pendingRow) bool {
@@ -554,14 +622,16 @@ func sameTopic(rows []pendingRow) bool {
 	return true
 }
 
-func (r *Relay) publishRun(rows []pendingRow, failed map[int64]error) {
+// publishRun publishes rows of one topic in one call and records the
+// failures in failed.
+func (r *Relay) publishRun(rows []pendingRow, failed map[int64]error) (outage error) {
 	msgs := make([]*message.Message, len(rows))
 	for i := range rows {
 		msgs[i] = rows[i].message()
 	}
 	err := r.cfg.Publisher.Publish(rows[0].topic, msgs...)
 	if err == nil {
-		return
+		return nil
 	}
 	var be *millrace.BatchError
 	if errors.As(err, &be) {
@@ -570,30 +640,60 @@ func (r *Relay) publishRun(rows []pendingRow, failed map[int64]error) {
 			byUUID[rows[i].eventID] = rows[i].id
 		}
 		for _, me := range be.Errors {
-			if id, ok := byUUID[me.UUID]; ok {
-				failed[id] = me.Err
+			if _, ok := byUUID[me.UUID]; !ok || me.Err == nil {
+				// The publisher names a message the call did not hold
+				// (or gives no error): its report cannot be trusted to
+				// say what was delivered, so nothing counts as delivered.
+				whole := fmt.Errorf("outbox: the publisher's BatchError names message %q, which the call did not hold, or has no error for it; the whole call counts as failed: %w", me.UUID, err)
+				for i := range rows {
+					failed[rows[i].id] = whole
+				}
+				return nil
 			}
 		}
-		return
+		if len(be.Errors) == 0 {
+			whole := fmt.Errorf("outbox: the publisher returned a BatchError naming no message; the whole call counts as failed: %w", err)
+			for i := range rows {
+				failed[rows[i].id] = whole
+			}
+			return nil
+		}
+		for _, me := range be.Errors {
+			failed[byUUID[me.UUID]] = me.Err
+		}
+		return nil
 	}
 	if len(rows) == 1 {
 		failed[rows[0].id] = err
-		return
+		return nil
 	}
 	// The publisher failed the call as a whole: find the messages at fault
 	// by sending one at a time, in order, holding back the rest of a key
-	// once one of its messages fails.
+	// once one of its messages fails. The first failure that is not
+	// permanent ends the search: the publisher is unavailable, and trying
+	// every message would hold the batch for as many calls.
 	held := map[string]error{}
 	for i := range rows {
 		if err, ok := held[rows[i].key]; ok {
 			failed[rows[i].id] = err
 			continue
 		}
-		if err := r.cfg.Publisher.Publish(rows[i].topic, rows[i].message()); err != nil {
-			failed[rows[i].id] = err
-			held[rows[i].key] = fmt.Errorf("held behind a failed event of its key: %w", err)
+		err := r.cfg.Publisher.Publish(rows[i].topic, rows[i].message())
+		if err == nil {
+			continue
 		}
+		if !millrace.IsPermanent(err) {
+			for _, row := range rows[i:] {
+				if _, ok := failed[row.id]; !ok {
+					failed[row.id] = errNotTried
+				}
+			}
+			return err
+		}
+		failed[rows[i].id] = err
+		held[rows[i].key] = fmt.Errorf("held behind a failed event of its key: %w", err)
 	}
+	return nil
 }
 
 func anyPermanent(failed map[int64]error) bool {

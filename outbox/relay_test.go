@@ -275,8 +275,9 @@ func TestRelayRetriesThenDeadLettersAndHoldsKey(t *testing.T) {
 				}
 				return true
 			})
+			// A permanent failure dead-letters at once: one attempt, not MaxAttempts.
 			eventually(t, 20*time.Second, "poison dead-lettered", func() bool {
-				return countRows(t, db, "outbox_event", "dead_at IS NOT NULL AND attempts = 3 AND last_error LIKE '%too large%'") == 1
+				return countRows(t, db, "outbox_event", "dead_at IS NOT NULL AND attempts = 1 AND last_error LIKE '%too large%'") == 1
 			})
 			if n := countRows(t, db, "outbox_pending", "dead AND blocked"); n != 1 {
 				t.Fatalf("%d dead pending rows, want 1", n)

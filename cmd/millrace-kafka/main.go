@@ -3,6 +3,12 @@
 // that run in another process. It is not a production broker.
 //
 //	millrace-kafka -port 9092 -partitions 8 -data-dir /tmp/kafka
+//
+// With -data-dir it keeps its topics (auto-created ones included) and the
+// records it acknowledged across restarts, also when it is killed with
+// SIGKILL: a topic reaches the disk when it is created, records as they are
+// acknowledged. A crash of the machine may lose the last records, which are
+// not fsynced one by one. Without -data-dir everything is in memory.
 package main
 
 import (
@@ -19,7 +25,7 @@ func main() {
 	var cfg devkafka.Config
 	flag.IntVar(&cfg.Port, "port", 9092, "port to listen on at 127.0.0.1 (0: a free port)")
 	flag.IntVar(&cfg.Partitions, "partitions", 8, "partitions of auto-created topics")
-	flag.StringVar(&cfg.DataDir, "data-dir", "", "keep the broker's data here across restarts (default: memory only)")
+	flag.StringVar(&cfg.DataDir, "data-dir", "", "keep topics and acknowledged records here across restarts, SIGKILL included (not across a machine crash); default: memory only")
 	flag.Parse()
 
 	b, err := devkafka.Start(cfg)

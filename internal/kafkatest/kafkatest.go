@@ -10,6 +10,7 @@ import (
 	"github.com/IBM/sarama"
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/millrace/millrace/internal/devkafka"
 	"github.com/millrace/millrace/internal/pgtest"
@@ -136,4 +137,34 @@ func RecordCount(t testing.TB, brokers []string, topic string) int64 {
 		n += off
 	}
 	return n
+}
+
+// FailProduce makes the broker answer produce requests with an error
+// instead of storing their batches, whenever fail says so: fail gets the
+// node the request reached and returns the error code for every partition
+// of the request (kerr codes), or 0 to let the broker store it as usual.
+// It stays in force until the broker closes; fail is called from the
+// broker's goroutines.
+func FailProduce(b *devkafka.Broker, fail func(node int32) int16) {
+	c := b.Cluster()
+	c.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		code := fail(c.CurrentNode())
+		if code == 0 {
+			return nil, nil, false
+		}
+		req := kreq.(*kmsg.ProduceRequest)
+		resp := req.ResponseKind().(*kmsg.ProduceResponse)
+		for _, rt := range req.Topics {
+			st := kmsg.NewProduceResponseTopic()
+			st.Topic, st.TopicID = rt.Topic, rt.TopicID
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewProduceResponseTopicPartition()
+				sp.Partition, sp.ErrorCode, sp.BaseOffset = rp.Partition, code, -1
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
 }
