@@ -183,7 +183,12 @@ func (p *Participant) handleRound(ctx context.Context, tx pgx.Tx, items []*item)
 	if len(fin.sagaIDs) > 0 {
 		before = append(before, queued{sql: p.sql.finishMany, args: fin.args()})
 	}
-	if _, err := p.writer.WriteTx(ctx, &pipelineTx{Tx: tx, before: before}, events...); err != nil {
+	ptx := &pipelineTx{Tx: tx, before: before}
+	_, err = p.writer.WriteTx(ctx, ptx, events...)
+	if err == nil {
+		err = ptx.flush(ctx)
+	}
+	if err != nil {
 		return fmt.Errorf("compensation: %s: replies of a batch of %d: %w", p.name, len(items), err)
 	}
 	return nil

@@ -247,7 +247,12 @@ func (p *Participant) HandleTx(ctx context.Context, tx pgx.Tx, msg *message.Mess
 	if r.finish {
 		before = append(before, queued{sql: p.sql.finish, args: []any{r.outcome, r.empty, r.payload, r.reason, it.call.SagaID, it.call.Step, it.call.Operation}})
 	}
-	if _, err := p.writer.WriteTx(ctx, &pipelineTx{Tx: tx, before: before}, p.replyEvent(it.call, r)); err != nil {
+	ptx := &pipelineTx{Tx: tx, before: before}
+	_, err = p.writer.WriteTx(ctx, ptx, p.replyEvent(it.call, r))
+	if err == nil {
+		err = ptx.flush(ctx)
+	}
+	if err != nil {
 		return fmt.Errorf("compensation: %s: reply to %s/%s %s: %w", p.name, it.call.SagaID, it.call.Step, it.call.Operation, err)
 	}
 	return nil
@@ -481,9 +486,11 @@ type queued struct {
 	args []any
 }
 
-// pipelineTx is tx whose next Exec sends the statements of before first,
-// in one round trip (a pgx batch). The participant hands it to the outbox
-// Writer, so the barrier's final write and the reply cost one round trip.
+// pipelineTx is tx that sends the statements of before ahead of the next
+// statement: with an Exec, in the same round trip (a pgx batch); with any
+// other call, in a round trip of their own first. The participant hands it
+// to the outbox Writer, so the barrier's answer and the reply cost one
+// round trip, and the order of statements is kept whatever the Writer does.
 type pipelineTx struct {
 	pgx.Tx
 	before []queued
@@ -512,3 +519,78 @@ func (t *pipelineTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.
 	}
 	return tag, br.Close()
 }
+
+// flush sends what is queued, if anything.
+func (t *pipelineTx) flush(ctx context.Context) error {
+	if len(t.before) == 0 {
+		return nil
+	}
+	_, err := t.Exec(ctx, "SELECT 1")
+	return err
+}
+
+func (t *pipelineTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if err := t.flush(ctx); err != nil {
+		return nil, err
+	}
+	return t.Tx.Query(ctx, sql, args...)
+}
+
+func (t *pipelineTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if err := t.flush(ctx); err != nil {
+		return errRow{err}
+	}
+	return t.Tx.QueryRow(ctx, sql, args...)
+}
+
+func (t *pipelineTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if len(t.before) > 0 {
+		pre := make([]*pgx.QueuedQuery, 0, len(t.before)+len(b.QueuedQueries))
+		for _, q := range t.before {
+			pre = append(pre, &pgx.QueuedQuery{SQL: q.sql, Arguments: q.args})
+		}
+		t.before = nil
+		// The queued statements' results are read and dropped here; the
+		// caller reads its own.
+		nb := &pgx.Batch{QueuedQueries: append(pre, b.QueuedQueries...)}
+		br := t.Tx.SendBatch(ctx, nb)
+		for range pre {
+			if _, err := br.Exec(); err != nil {
+				_ = br.Close()
+				return errBatch{err: err}
+			}
+		}
+		return br
+	}
+	return t.Tx.SendBatch(ctx, b)
+}
+
+func (t *pipelineTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	if err := t.flush(ctx); err != nil {
+		return 0, err
+	}
+	return t.Tx.CopyFrom(ctx, table, columns, src)
+}
+
+func (t *pipelineTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	if err := t.flush(ctx); err != nil {
+		return nil, err
+	}
+	return t.Tx.Begin(ctx)
+}
+
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
+
+// errBatch is the results of a batch that failed before its statements
+// ran (its other methods are those of a nil BatchResults).
+type errBatch struct {
+	pgx.BatchResults
+	err error
+}
+
+func (b errBatch) Exec() (pgconn.CommandTag, error) { return pgconn.CommandTag{}, b.err }
+func (b errBatch) Query() (pgx.Rows, error)         { return nil, b.err }
+func (b errBatch) QueryRow() pgx.Row                { return errRow{b.err} }
+func (b errBatch) Close() error                     { return b.err }
