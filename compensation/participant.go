@@ -69,9 +69,7 @@ type command struct {
 // documentation). It is safe for concurrent use; register its commands
 // before it handles messages.
 type Participant struct {
-	pool    *pgxpool.Pool
 	name    string
-	schema  string
 	writer  *outbox.Writer
 	metrics *Metrics
 	logger  watermill.LoggerAdapter
@@ -107,9 +105,7 @@ func NewParticipant(pool *pgxpool.Pool, cfg Config) (*Participant, error) {
 		cfg.Logger = watermill.NopLogger{}
 	}
 	return &Participant{
-		pool:     pool,
 		name:     cfg.Name,
-		schema:   schema,
 		writer:   cfg.Writer,
 		metrics:  cfg.Metrics,
 		logger:   cfg.Logger.With(watermill.LogFields{"component": "compensation.Participant", "participant": cfg.Name}),
