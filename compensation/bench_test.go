@@ -26,6 +26,8 @@ import (
 //	                         inbox Processor with HandleTx, 100 per transaction
 //	ParticipantBatch         the batched path: 100 commands per transaction, their dedup
 //	                         marks in one statement, then HandleBatchTx
+//	ParticipantBatcher       16 concurrent callers of a Batcher (group commit, up to
+//	                         100 per transaction, 2 transactions in flight)
 
 func benchEffect(ctx context.Context, tx pgx.Tx, table, sagaID string) error {
 	_, err := tx.Exec(ctx, `INSERT INTO `+table+` (saga_id, step, kind, amount) VALUES ($1, 'credit', 'reserve', 40)`, sagaID)
@@ -49,6 +51,10 @@ func benchParticipant(b *testing.B, bb *bundle) *compensation.Participant {
 
 func runParallel(b *testing.B, h func(msg *message.Message) error) {
 	b.SetParallelism(4)
+	runParallelN(b, h)
+}
+
+func runParallelN(b *testing.B, h func(msg *message.Message) error) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
@@ -189,4 +195,15 @@ func BenchmarkParticipantBatch(b *testing.B) {
 		b.Fatalf("effects = %d, want %d", got, b.N)
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+}
+
+func BenchmarkParticipantBatcher(b *testing.B) {
+	bb := setup(b, 16)
+	p := benchParticipant(b, bb)
+	bt, err := p.NewBatcher(compensation.BatchConfig{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetParallelism(8)
+	runParallelN(b, bt.Handle)
 }

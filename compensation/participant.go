@@ -69,6 +69,7 @@ type command struct {
 // documentation). It is safe for concurrent use; register its commands
 // before it handles messages.
 type Participant struct {
+	pool    *pgxpool.Pool
 	name    string
 	writer  *outbox.Writer
 	metrics *Metrics
@@ -105,6 +106,7 @@ func NewParticipant(pool *pgxpool.Pool, cfg Config) (*Participant, error) {
 		cfg.Logger = watermill.NopLogger{}
 	}
 	return &Participant{
+		pool:     pool,
 		name:     cfg.Name,
 		writer:   cfg.Writer,
 		metrics:  cfg.Metrics,
@@ -434,13 +436,18 @@ type RouterConfig struct {
 	// HandlerName names the Router handler. Defaults to the participant's
 	// name, a dot, and Topic.
 	HandlerName string
+	// Batch, when set, runs the commands through a Batcher (many per
+	// transaction, no inbox dedup marks) instead of one transaction each
+	// behind the dedup middleware. Defaults to nil.
+	Batch *BatchConfig
 }
 
 // AddToRouter adds a handler for the participant's commands on
 // cfg.Topic to r, behind PoisonQueue (permanent failures only), Retry and
 // the inbox's dedup middleware (consumer: the participant's name), in that
 // order, so each try is one transaction with the dedup mark, the barrier,
-// the effects and the reply. Call it once per command topic.
+// the effects and the reply; with cfg.Batch, behind PoisonQueue and Retry
+// only, through a Batcher. Call it once per command topic.
 func (p *Participant) AddToRouter(r *message.Router, cfg RouterConfig) (*message.Handler, error) {
 	switch {
 	case r == nil:
@@ -466,6 +473,15 @@ func (p *Participant) AddToRouter(r *message.Router, cfg RouterConfig) (*message
 	poison, err := middleware.PoisonQueueWithFilter(cfg.Poison, cfg.PoisonTopic, millrace.IsPermanent)
 	if err != nil {
 		return nil, fmt.Errorf("%w: compensation: %v", millrace.ErrConfig, err)
+	}
+	if cfg.Batch != nil {
+		b, err := p.NewBatcher(*cfg.Batch)
+		if err != nil {
+			return nil, err
+		}
+		h := r.AddConsumerHandler(cfg.HandlerName, cfg.Topic, cfg.Subscriber, b.Handle)
+		h.AddMiddleware(poison, retry.Middleware)
+		return h, nil
 	}
 	h := r.AddConsumerHandler(cfg.HandlerName, cfg.Topic, cfg.Subscriber, p.Handle)
 	h.AddMiddleware(poison, retry.Middleware, p.dedup.Middleware)
