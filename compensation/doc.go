@@ -33,7 +33,9 @@
 // innermost. Participant.HandleTx runs a command in a transaction you own:
 // it is an inbox.HandlerFunc, so an inbox.Receiver and inbox.Processor can
 // apply stored commands many per transaction; Participant.HandleBatchTx
-// handles a whole batch with a few statements (measured below).
+// handles a whole batch with a few statements, and a Batcher (or
+// RouterConfig.Batch) gathers the commands of a Router's concurrent
+// handlers into such batches (measured below).
 //
 // # The wire protocol
 //
