@@ -46,6 +46,8 @@ func (p *Participant) HandleBatchTx(ctx context.Context, tx pgx.Tx, msgs []*mess
 	if len(bad) > 0 {
 		return &millrace.BatchError{Errors: bad}
 	}
+	ctx, restore := withTx(ctx, tx, msgs...)
+	defer restore()
 	// Rounds: the n-th message of a saga step goes to round n, so that a
 	// round claims each barrier row once and sees the previous rounds'
 	// answers.

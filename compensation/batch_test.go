@@ -7,10 +7,12 @@ import (
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/compensation"
+	"github.com/millrace/millrace/outbox"
 )
 
 // scripted is a sequence covering every case: a success and its retry, an
@@ -95,5 +97,51 @@ func TestHandleBatchTxRefusesBadMessages(t *testing.T) {
 	must(t, tx.Commit(ctx))
 	if n := b.count(t, `SELECT count(*) FROM `+b.db.Schema+`.compensation_barrier`); n != 0 {
 		t.Fatalf("barrier rows = %d, want 0", n)
+	}
+}
+
+// Whatever the path, a function finds its transaction in ctx and in the
+// command message's context, so the outbox's ContextPublisher writes into
+// it; the message's context is restored afterwards.
+func TestFunctionsFindTheTransactionInContext(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 4)
+	w, err := outbox.NewWriter(b.db.Pool, outbox.WriterConfig{Schema: b.db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := w.ContextPublisher()
+	must(t, compensation.Register(b.p, "emit", func(ctx context.Context, tx pgx.Tx, call compensation.Call, _ struct{}) (struct{}, error) {
+		if c, ok := millrace.TxFromContext(ctx); !ok || c != tx {
+			return struct{}{}, errors.New("ctx does not carry the transaction")
+		}
+		ev := message.NewMessage(uuid.NewString(), []byte(`{}`))
+		ev.Metadata.Set(millrace.MetadataPartitionKey, call.SagaID)
+		ev.SetContext(call.Message.Context())
+		return struct{}{}, pub.Publish("emitted", ev)
+	}, nil))
+	emit := func(saga string) *message.Message {
+		m := action(saga, 1)
+		m.Metadata.Set(millrace.MetadataSagaCommand, "emit")
+		return m
+	}
+	ctx := context.Background()
+	must(t, b.handle(emit("via-dedup")))
+	bare := emit("via-handletx")
+	must(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error { return b.p.HandleTx(ctx, tx, bare) }))
+	batch := []*message.Message{emit("via-batch-1"), emit("via-batch-2")}
+	must(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error { return b.p.HandleBatchTx(ctx, tx, batch) }))
+	bt, err := b.p.NewBatcher(compensation.BatchConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	must(t, bt.Handle(emit("via-batcher")))
+	if n := b.count(t, `SELECT count(*) FROM `+b.db.Schema+`.outbox_event WHERE topic = 'emitted'`); n != 5 {
+		t.Fatalf("emitted events = %d, want 5", n)
+	}
+	for _, m := range append(batch, bare) {
+		if _, ok := millrace.TxFromContext(m.Context()); ok {
+			t.Fatalf("message %s still carries the transaction", m.UUID)
+		}
 	}
 }

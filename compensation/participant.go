@@ -202,6 +202,8 @@ func (p *Participant) HandleTx(ctx context.Context, tx pgx.Tx, msg *message.Mess
 	if err != nil {
 		return err
 	}
+	ctx, restore := withTx(ctx, tx, msg)
+	defer restore()
 	b := &pgx.Batch{}
 	if it.call.Operation == millrace.OperationCompensation {
 		// The compensation's row first, then the action's: every transaction
@@ -254,6 +256,30 @@ func (p *Participant) HandleTx(ctx context.Context, tx pgx.Tx, msg *message.Mess
 		return fmt.Errorf("compensation: %s: reply to %s/%s %s: %w", p.name, it.call.SagaID, it.call.Step, it.call.Operation, err)
 	}
 	return nil
+}
+
+// withTx returns ctx carrying tx, and puts tx in msg's context too until
+// restore is called, so that the functions find the transaction where the
+// inbox's handlers do (millrace.TxFromContext, the outbox's
+// ContextPublisher).
+func withTx(ctx context.Context, tx pgx.Tx, msgs ...*message.Message) (context.Context, func()) {
+	if cur, ok := millrace.TxFromContext(ctx); !ok || cur != tx {
+		ctx = millrace.ContextWithTx(ctx, tx)
+	}
+	var restores []func()
+	for _, m := range msgs {
+		orig := m.Context()
+		if cur, ok := millrace.TxFromContext(orig); ok && cur == tx {
+			continue
+		}
+		m.SetContext(millrace.ContextWithTx(orig, tx))
+		restores = append(restores, func() { m.SetContext(orig) })
+	}
+	return ctx, func() {
+		for _, r := range restores {
+			r()
+		}
+	}
 }
 
 // item is one command message, parsed and decoded.
