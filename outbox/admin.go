@@ -60,14 +60,14 @@ type Admin struct {
 // NewAdmin returns an Admin on pool.
 func NewAdmin(pool *pgxpool.Pool, cfg AdminConfig) (*Admin, error) {
 	if pool == nil {
-		return nil, errors.New("outbox: NewAdmin needs a pool")
+		return nil, configError("NewAdmin needs a pool")
 	}
 	schema, err := sqlident.Schema(cfg.Schema)
 	if err != nil {
-		return nil, err
+		return nil, configError("AdminConfig.Schema: %w", err)
 	}
 	if cfg.StatsCountLimit < 0 || cfg.ReplayChunk < 0 {
-		return nil, fmt.Errorf("outbox: AdminConfig: StatsCountLimit and ReplayChunk must not be negative")
+		return nil, configError("AdminConfig.StatsCountLimit and ReplayChunk must not be negative, got %d and %d", cfg.StatsCountLimit, cfg.ReplayChunk)
 	}
 	if cfg.StatsCountLimit == 0 {
 		cfg.StatsCountLimit = 100_000
