@@ -21,10 +21,10 @@
 //
 // Many events go in one round trip. Bad input (no topic, an empty partition
 // key, an id that is not a UUID, a payload that is not JSON, text with a NUL
-// byte or invalid UTF-8, metadata that cannot travel unchanged, a topic
-// WriterConfig.ValidateTopic refuses, one id twice for one topic) is an
-// *EventError reported before anything is sent: the transaction is
-// untouched and can still commit. WriteTx with a nil transaction returns
+// byte or invalid UTF-8, a topic or key over MaxKeyBytes, metadata that
+// cannot travel unchanged, a topic WriterConfig.ValidateTopic refuses, one
+// id twice for one topic) is an *EventError reported before anything is
+// sent: the transaction is untouched and can still commit. WriteTx with a nil transaction returns
 // ErrNilTx, with no events ErrNoEvents.
 //
 // What is written is what is delivered: the payload byte for byte (JSON is

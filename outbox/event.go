@@ -19,6 +19,13 @@ import (
 // It is fixed by the schema (outbox_lane has one row per lane).
 const Lanes = 128
 
+// MaxKeyBytes is the longest Topic and PartitionKey, in bytes. Both go into
+// indexes (the topic into the event's identity, the key into the index that
+// holds a failed event's key back), and PostgreSQL cannot index a value
+// over about 2.7 kB: a longer one would fail when written, or worse, when
+// the relay returns the failed event to the pending set.
+const MaxKeyBytes = 1024
+
 // Lane returns the lane of a partition key: FNV-1a of the key modulo Lanes.
 func Lane(partitionKey string) int16 {
 	h := fnv.New32a()
@@ -43,14 +50,15 @@ type Event struct {
 	// publishing a copy to a second topic is a fan-out), each a separate
 	// event; the same ID twice on one topic is refused (ErrDuplicateEvent).
 	ID string
-	// Topic is where the relay publishes the event. Required; with
-	// WriterConfig.ValidateTopic it must also suit the transport.
+	// Topic is where the relay publishes the event. Required, at most
+	// MaxKeyBytes; with WriterConfig.ValidateTopic it must also suit the
+	// transport.
 	Topic string
 	// PartitionKey orders events: those with the same topic and key are
 	// published in commit order (order is per topic and key; events of one
 	// key written to two topics are published grouped by topic, as Kafka
 	// orders per topic partition only), and the Kafka publisher uses it as
-	// the record key. Required.
+	// the record key. Required, at most MaxKeyBytes.
 	PartitionKey string
 	// AggregateType, AggregateID and EventType describe the event for
 	// consumers, replay and operators. Optional.
@@ -81,6 +89,8 @@ var (
 	ErrInvalidJSON       = errors.New("outbox: payload is not valid JSON in UTF-8 (set Binary for opaque payloads)")
 	// ErrInvalidText: a text field holds a NUL byte or invalid UTF-8.
 	ErrInvalidText = errors.New("outbox: text holds NUL or invalid UTF-8")
+	// ErrTooLong: a Topic or PartitionKey longer than MaxKeyBytes.
+	ErrTooLong = errors.New("outbox: topic or partition key too long")
 	// ErrInvalidMetadata: a metadata key or value holds a NUL byte or
 	// invalid UTF-8, or a millrace key disagrees with the event.
 	ErrInvalidMetadata = errors.New("outbox: metadata cannot travel unchanged")
@@ -130,6 +140,9 @@ func (e *Event) normalize(index int, validateTopic func(string) error) (uuid.UUI
 		if !validText(f.value) {
 			return fail(fmt.Errorf("%w: %s %q", ErrInvalidText, f.name, f.value))
 		}
+	}
+	if len(e.Topic) > MaxKeyBytes || len(e.PartitionKey) > MaxKeyBytes {
+		return fail(fmt.Errorf("%w: topic %d bytes, partition key %d bytes, at most %d each", ErrTooLong, len(e.Topic), len(e.PartitionKey), MaxKeyBytes))
 	}
 	if validateTopic != nil {
 		if err := validateTopic(e.Topic); err != nil {

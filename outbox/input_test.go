@@ -80,6 +80,8 @@ func TestWriteRefusesNULAndInvalidUTF8(t *testing.T) {
 		}, outbox.ErrInvalidMetadata},
 		"JSON in bad UTF-8": {func(e *outbox.Event) { e.Payload = []byte("{\"a\":\"\xff\"}") }, outbox.ErrInvalidJSON},
 		"raw NUL in JSON":   {func(e *outbox.Event) { e.Payload = []byte("{\"a\":\"\x00\"}") }, outbox.ErrInvalidJSON},
+		"topic too long":    {func(e *outbox.Event) { e.Topic = strings.Repeat("t", outbox.MaxKeyBytes+1) }, outbox.ErrTooLong},
+		"key too long":      {func(e *outbox.Event) { e.PartitionKey = strings.Repeat("k", outbox.MaxKeyBytes+1) }, outbox.ErrTooLong},
 	} {
 		cases[name] = c
 	}

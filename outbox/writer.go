@@ -139,11 +139,12 @@ func (w *Writer) Write(ctx context.Context, events ...Event) ([]string, error) {
 //
 // An event that fails validation (no topic, empty partition key, an id that
 // is not a UUID, a payload that is not JSON, text with NUL or invalid UTF-8,
-// metadata that cannot travel unchanged, a topic WriterConfig.ValidateTopic
-// refuses, an id given twice for one topic in the call) is reported as an
-// *EventError wrapping ErrMissingTopic, ErrEmptyPartitionKey,
-// ErrInvalidEventID, ErrInvalidJSON, ErrInvalidText, ErrInvalidMetadata,
-// ErrInvalidTopic or ErrDuplicateEvent, before anything is sent: tx is
+// a topic or key over MaxKeyBytes, metadata that cannot travel unchanged, a
+// topic WriterConfig.ValidateTopic refuses, an id given twice for one topic
+// in the call) is reported as an *EventError wrapping ErrMissingTopic,
+// ErrEmptyPartitionKey, ErrInvalidEventID, ErrInvalidJSON, ErrInvalidText,
+// ErrTooLong, ErrInvalidMetadata, ErrInvalidTopic or ErrDuplicateEvent,
+// before anything is sent: tx is
 // untouched and can go on and commit. A database error aborts tx; roll it
 // back. One of them is an event id written before on the same topic, which
 // wraps ErrDuplicateEvent.
