@@ -238,7 +238,9 @@ func (a *Admin) ListDeadLetters(ctx context.Context, p ListParams) ([]DeadLetter
 // the relay retries them from the first attempt (their last error is kept
 // for history). Ids that are not dead letters are ignored; the count says
 // how many were requeued. An id that is not a UUID fails the whole call
-// with an error wrapping ErrInvalidEventID.
+// with an error wrapping ErrInvalidEventID. An id written to several topics
+// (copies of one message) names each copy: every one of them that is a
+// dead letter is requeued (Discard likewise).
 func (a *Admin) Requeue(ctx context.Context, eventIDs ...string) (int, error) {
 	return a.requeueOn(ctx, a.pool, eventIDs)
 }
