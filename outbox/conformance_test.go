@@ -31,6 +31,7 @@ import (
 // It runs in short mode always (ForceShort): about 20 subtests in parallel
 // over one embedded broker and one schema.
 func TestOutboxPubSubConformance(t *testing.T) {
+	t.Parallel()
 	brokers := kafkatest.Brokers(t)
 	db := pgtest.NewWith(t, pgtest.Options{MaxConns: 16})
 	w := newWriter(t, db)

@@ -65,7 +65,7 @@ func TestListenBackoffResetsAfterAConnection(t *testing.T) {
 		}
 		var took time.Duration
 		pid, took = waitListener(pid)
-		if i >= 5 && took > 2*time.Second {
+		if i >= 6 && took > 2500*time.Millisecond {
 			t.Fatalf("reconnect %d after a working LISTEN connection took %v: the backoff did not reset", i, took)
 		}
 	}
