@@ -85,8 +85,9 @@ type Event struct {
 var (
 	ErrMissingTopic      = errors.New("outbox: event has no topic")
 	ErrEmptyPartitionKey = errors.New("outbox: event has an empty partition key")
-	ErrInvalidEventID    = errors.New("outbox: event id is not a UUID")
-	ErrInvalidJSON       = errors.New("outbox: payload is not valid JSON in UTF-8 (set Binary for opaque payloads)")
+	// ErrInvalidEventID is millrace.ErrInvalidEventID, shared with the inbox.
+	ErrInvalidEventID = millrace.ErrInvalidEventID
+	ErrInvalidJSON    = errors.New("outbox: payload is not valid JSON in UTF-8 (set Binary for opaque payloads)")
 	// ErrInvalidText: a text field holds a NUL byte or invalid UTF-8.
 	ErrInvalidText = errors.New("outbox: text holds NUL or invalid UTF-8")
 	// ErrTooLong: a Topic or PartitionKey longer than MaxKeyBytes.

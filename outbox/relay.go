@@ -316,7 +316,7 @@ func (r *Relay) probe(ctx context.Context) error {
 			if _, err := tx.Exec(ctx, r.claim, []int16{}, 0, false); err != nil {
 				return err
 			}
-			_, err := tx.Exec(ctx, r.unclaim, []int64{}, []bool{}, []bool{}, []*time.Time{}, []*string{})
+			_, err := tx.Exec(ctx, r.unclaim, []int64{}, []bool{}, []bool{}, []*time.Time{}, []*string{}, []bool{})
 			if err == nil {
 				err = errProbeDone // roll back: the probe changes nothing
 			}
