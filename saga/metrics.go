@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-
 )
 
 // Metrics counts what orchestrators do and reads the sagas in flight, as a
