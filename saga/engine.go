@@ -29,6 +29,8 @@ type machine struct {
 	events []outbox.Event
 	hist   []historyRow
 	after  []func() // metrics, once committed
+	// fenced is set when the event changed nothing but the history.
+	fenced bool
 }
 
 // technicalError is a failure of the transaction itself (not of a step):
@@ -349,6 +351,7 @@ func parseReply(md map[string]string, payload []byte) (reply, error) {
 // onReply applies a reply, or records it as fenced.
 func (m *machine) onReply(r reply) error {
 	fence := func(why string) error {
+		m.fenced = true
 		m.hist = append(m.hist, historyRow{sagaID: m.in.ID, at: m.now, event: "fenced", step: r.step, op: r.op,
 			attempt: r.attempt, outcome: r.outcome, status: string(m.in.Status), reason: why})
 		if mt := m.o.metrics; mt != nil {
@@ -466,6 +469,9 @@ func (m *machine) nextWakeup() *time.Time {
 
 // save writes the saga's new state, its history and its commands.
 func (m *machine) save() error {
+	if m.fenced {
+		return m.o.writeHistory(m.ctx, m.tx, m.hist)
+	}
 	m.in.NextWakeupAt = m.nextWakeup()
 	m.in.UpdatedAt = m.now
 	steps, err := json.Marshal(m.in.Steps)
