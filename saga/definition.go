@@ -139,7 +139,11 @@ type Step[D any] struct {
 	// Reply for a typed version). Defaults to leaving the data as is.
 	OnSuccess func(data *D, reply json.RawMessage) error
 	// Compensation is a remote step's compensation command, for a
-	// compensatable step whose action needs undoing.
+	// compensatable step whose action needs undoing. Its Topic, Name and
+	// Payload default to the Action's: a participant built with package
+	// compensation registers an action and its compensation under one
+	// command name and receives the action's payload again, so
+	// &saga.Command[D]{} is all such a step needs.
 	Compensation *Command[D]
 
 	// Local is a local step's function. It runs in the orchestrator's
@@ -311,9 +315,6 @@ func Define[D any](spec Spec[D]) (*Definition[D], error) {
 			if s.Action.Topic == "" {
 				return fail("step %q: Action.Topic is required", s.Name)
 			}
-			if s.Compensation != nil && s.Compensation.Topic == "" {
-				return fail("step %q: Compensation.Topic is required", s.Name)
-			}
 		}
 		compensable := s.Compensation != nil || s.LocalCompensation != nil
 		switch s.Kind {
@@ -452,7 +453,17 @@ func eraseStep[D any](s Step[D]) *stepDef {
 		sd.action = eraseCommand(s.Name, s.Action)
 	}
 	if s.Compensation != nil {
-		sd.comp = eraseCommand(s.Name, s.Compensation)
+		c := *s.Compensation
+		if c.Topic == "" {
+			c.Topic = s.Action.Topic
+		}
+		if c.Name == "" {
+			c.Name = s.Action.Name
+		}
+		if c.Payload == nil {
+			c.Payload = s.Action.Payload
+		}
+		sd.comp = eraseCommand(s.Name, &c)
 	}
 	if s.OnSuccess != nil {
 		fn := s.OnSuccess
