@@ -1,1 +1,1 @@
-SELECT 1;
+DROP TABLE IF EXISTS compensation_barrier;

@@ -1,0 +1,57 @@
+package compensation
+
+import (
+	"fmt"
+
+	"github.com/millrace/millrace/internal/sqlident"
+)
+
+// The savepoint that separates the barrier's claim from the function's
+// effects: a business failure rolls back to it, keeping the claim.
+const (
+	savepoint  = `SAVEPOINT millrace_compensation`
+	rollbackTo = `ROLLBACK TO SAVEPOINT millrace_compensation`
+	release    = `RELEASE SAVEPOINT millrace_compensation`
+)
+
+// statements are the barrier's SQL for one schema.
+type statements struct {
+	claimAction, claimCompensation, claimForCompensation, finish string
+}
+
+// newStatements builds the barrier statements. Every claim is an upsert on
+// the primary key (saga_id, step, operation): an INSERT that meets a row
+// another transaction is writing waits for that transaction to end, so the
+// key decides atomically which of an action and its compensation came
+// first; ON CONFLICT DO UPDATE locks the existing row and returns its
+// newest committed version (DO NOTHING would return nothing, and a plain
+// SELECT might not see a row committed after the statement began).
+// "xmax = 0" tells an inserted row from an updated one.
+func newStatements(schema string) statements {
+	t := sqlident.Table(schema, "compensation_barrier")
+	claim := func(op, extraCols, extraVals, onConflict, returning string) string {
+		return fmt.Sprintf(`INSERT INTO %[1]s AS b (saga_id, step, operation, saga_type, command%[3]s)
+VALUES ($1, $2, '%[2]s', $3, $4%[4]s)
+ON CONFLICT (saga_id, step, operation) DO UPDATE SET %[5]s
+RETURNING (b.xmax = 0), %[6]s`, t, op, extraCols, extraVals, onConflict, returning)
+	}
+	return statements{
+		// An action: inserted means it runs now; otherwise the row holds
+		// its final answer (success or failure) or says that a
+		// compensation came first (cancelled).
+		claimAction: claim("action", "", "", "deliveries = b.deliveries + 1, updated_at = now()",
+			"b.outcome, b.reply, b.reason"),
+		// A compensation's own row: success means compensated before.
+		claimCompensation: claim("compensation", "", "", "deliveries = b.deliveries + 1, updated_at = now()",
+			"b.outcome, b.reply, b.reason"),
+		// A compensation also upserts its action's row: inserting it (as
+		// cancelled) makes the compensation empty and blocks the action if
+		// it comes late; finding it tells whether there is an effect to undo.
+		claimForCompensation: claim("action", ", outcome, reason", ", 'cancelled', $5", "updated_at = now()",
+			"b.outcome, b.reply"),
+		// The answer, in the claiming transaction. updated_at keeps its value
+		// (set by the claim in this transaction), so the update stays HOT.
+		finish: fmt.Sprintf(`UPDATE %s SET outcome = $1, empty = $2, reply = $3, reason = $4
+WHERE saga_id = $5 AND step = $6 AND operation = $7`, t),
+	}
+}

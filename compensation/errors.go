@@ -1,0 +1,39 @@
+package compensation
+
+import (
+	"errors"
+)
+
+// ErrFailure is the sentinel of business failures: errors.Is(err,
+// compensation.ErrFailure) reports whether err came from Fail.
+var ErrFailure = errors.New("compensation: business failure")
+
+// FailureError is a business failure returned by an action or a
+// compensation: "insufficient credit". Make one with Fail.
+type FailureError struct {
+	Reason string
+}
+
+func (e *FailureError) Error() string { return "business failure: " + e.Reason }
+
+// Is makes errors.Is(err, ErrFailure) true.
+func (e *FailureError) Is(target error) bool { return target == ErrFailure }
+
+// Fail returns the business failure reason. An action that returns it (or
+// an error wrapping it) replies millrace.OutcomeFailure with the reason, and
+// nothing it wrote takes effect; the barrier records the failure, so every
+// later attempt of the action gets the same reply. A compensation that
+// returns it also replies failure and has no effect, but it is not final:
+// the orchestrator retries the compensation with backoff (and parks the saga
+// stuck when its budget is spent), and a later attempt runs it again.
+//
+// Any other error is technical (the database is down, a bug): the whole
+// transaction rolls back, nothing is replied, and the message is retried.
+func Fail(reason string) error { return &FailureError{Reason: reason} }
+
+// asFailure returns the business failure in err's chain.
+func asFailure(err error) (*FailureError, bool) {
+	var f *FailureError
+	ok := errors.As(err, &f)
+	return f, ok
+}

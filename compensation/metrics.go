@@ -1,0 +1,97 @@
+package compensation
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics counts what participants do, by participant and command, as a
+// Prometheus collector. Register it with a prometheus.Registerer and pass
+// it to Config.Metrics; one Metrics can serve several participants. A nil
+// *Metrics counts nothing.
+//
+// The series, all prefixed millrace_compensation_:
+//
+//	actions_total               action functions run (whatever their outcome)
+//	compensations_total         compensations run against an action's effect
+//	empty_compensations_total   compensations that found no action to undo (recorded, no effect)
+//	late_actions_total          actions that arrived after their compensation (cancelled, not run)
+//	business_failures_total     business failures returned (label operation)
+//	duplicates_total            repeated commands answered from the barrier (label operation)
+//
+// A count is taken when the handler returns, before its transaction
+// commits: a commit that then fails (and is retried) may count twice.
+type Metrics struct {
+	actions, compensations, empties, lates, failures, duplicates *prometheus.CounterVec
+}
+
+// NewMetrics returns the participants' collector. constLabels (may be nil)
+// are added to every series, for example {"service": "payments"}.
+func NewMetrics(constLabels prometheus.Labels) *Metrics {
+	vec := func(name, help string, labels ...string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "millrace", Subsystem: "compensation", Name: name, Help: help, ConstLabels: constLabels,
+		}, append([]string{"participant", "command"}, labels...))
+	}
+	return &Metrics{
+		actions:       vec("actions_total", "Saga action functions run."),
+		compensations: vec("compensations_total", "Saga compensations run against an action's effect."),
+		empties:       vec("empty_compensations_total", "Saga compensations that found no action to undo."),
+		lates:         vec("late_actions_total", "Saga actions that arrived after their compensation and were cancelled."),
+		failures:      vec("business_failures_total", "Business failures returned by saga actions and compensations.", "operation"),
+		duplicates:    vec("duplicates_total", "Repeated saga commands answered from the barrier.", "operation"),
+	}
+}
+
+func (m *Metrics) all() []*prometheus.CounterVec {
+	return []*prometheus.CounterVec{m.actions, m.compensations, m.empties, m.lates, m.failures, m.duplicates}
+}
+
+// Describe implements prometheus.Collector.
+func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, v := range m.all() {
+		v.Describe(ch)
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
+	for _, v := range m.all() {
+		v.Collect(ch)
+	}
+}
+
+func (m *Metrics) action(participant, command string) {
+	if m != nil {
+		m.actions.WithLabelValues(participant, command).Inc()
+	}
+}
+
+func (m *Metrics) compensation(participant, command string) {
+	if m != nil {
+		m.compensations.WithLabelValues(participant, command).Inc()
+	}
+}
+
+func (m *Metrics) empty(participant, command string) {
+	if m != nil {
+		m.empties.WithLabelValues(participant, command).Inc()
+	}
+}
+
+func (m *Metrics) late(participant, command string) {
+	if m != nil {
+		m.lates.WithLabelValues(participant, command).Inc()
+	}
+}
+
+func (m *Metrics) failure(participant, command, operation string) {
+	if m != nil {
+		m.failures.WithLabelValues(participant, command, operation).Inc()
+	}
+}
+
+func (m *Metrics) duplicate(participant, command, operation string) {
+	if m != nil {
+		m.duplicates.WithLabelValues(participant, command, operation).Inc()
+	}
+}

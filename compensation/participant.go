@@ -1,0 +1,500 @@
+package compensation
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/inbox"
+	"github.com/millrace/millrace/internal/sqlident"
+	"github.com/millrace/millrace/outbox"
+)
+
+// Config configures a Participant.
+type Config struct {
+	// Schema holds millrace's tables: the barrier, the outbox the replies
+	// go to, the dedup marks. Defaults to "millrace".
+	Schema string
+	// Name names the participant ("payments"): the inbox consumer name of
+	// the dedup middleware AddToRouter installs, and the participant label
+	// of the metrics. Required.
+	Name string
+	// Writer writes the replies to the outbox. Defaults to a Writer on
+	// Schema with default settings.
+	Writer *outbox.Writer
+	// Metrics counts actions, compensations, empty compensations, late
+	// actions, business failures and duplicates by command. Defaults to nil
+	// (counts nothing).
+	Metrics *Metrics
+	// Logger receives business failures, late actions and empty
+	// compensations at debug level. Defaults to watermill.NopLogger.
+	Logger watermill.LoggerAdapter
+}
+
+// ActionFunc runs a step's action in tx, the handler's transaction: write
+// the effects with tx. It returns the reply data (encoded as JSON), a
+// business failure (Fail), or a technical error (retried).
+type ActionFunc[Cmd, Reply any] func(ctx context.Context, tx pgx.Tx, call Call, cmd Cmd) (Reply, error)
+
+// CompensateFunc undoes, semantically, what the step's action did, in tx.
+// The barrier runs it only when the action ran and succeeded, once (unless
+// it returns a business failure, when a later attempt runs it again).
+// call.ActionReply holds the action's reply. It returns nil, a business
+// failure (Fail), or a technical error (retried).
+type CompensateFunc[Cmd any] func(ctx context.Context, tx pgx.Tx, call Call, cmd Cmd) error
+
+// command is one registered command, its types erased.
+type command struct {
+	decode     func(payload []byte) (any, error)
+	action     func(ctx context.Context, tx pgx.Tx, call Call, cmd any) ([]byte, error)
+	compensate func(ctx context.Context, tx pgx.Tx, call Call, cmd any) error // nil: nothing to undo
+}
+
+// Participant handles the saga commands of one service: for each command
+// registered with Register, it runs the action or its compensation behind
+// the compensation barrier and replies through the outbox, all in the
+// transaction of the inbox's dedup middleware (see the package
+// documentation). It is safe for concurrent use; register its commands
+// before it handles messages.
+type Participant struct {
+	pool    *pgxpool.Pool
+	name    string
+	schema  string
+	writer  *outbox.Writer
+	metrics *Metrics
+	logger  watermill.LoggerAdapter
+	dedup   *inbox.Deduplicator
+	sql     statements
+
+	mu       sync.RWMutex
+	commands map[string]*command
+}
+
+// NewParticipant returns a Participant. It does not touch the database.
+func NewParticipant(pool *pgxpool.Pool, cfg Config) (*Participant, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%w: compensation: nil pool", millrace.ErrConfig)
+	}
+	schema, err := sqlident.Schema(cfg.Schema)
+	if err != nil {
+		return nil, fmt.Errorf("%w: compensation: %v", millrace.ErrConfig, err)
+	}
+	if cfg.Name == "" {
+		return nil, fmt.Errorf("%w: compensation: Config.Name is required", millrace.ErrConfig)
+	}
+	dedup, err := inbox.NewDeduplicator(pool, inbox.DedupConfig{Schema: schema, Consumer: cfg.Name})
+	if err != nil {
+		return nil, fmt.Errorf("%w: compensation: Config.Name: %v", millrace.ErrConfig, err)
+	}
+	if cfg.Writer == nil {
+		if cfg.Writer, err = outbox.NewWriter(pool, outbox.WriterConfig{Schema: schema}); err != nil {
+			return nil, fmt.Errorf("%w: compensation: %v", millrace.ErrConfig, err)
+		}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = watermill.NopLogger{}
+	}
+	return &Participant{
+		pool:     pool,
+		name:     cfg.Name,
+		schema:   schema,
+		writer:   cfg.Writer,
+		metrics:  cfg.Metrics,
+		logger:   cfg.Logger.With(watermill.LogFields{"component": "compensation.Participant", "participant": cfg.Name}),
+		dedup:    dedup,
+		sql:      newStatements(schema),
+		commands: map[string]*command{},
+	}, nil
+}
+
+// Name returns the participant's name.
+func (p *Participant) Name() string { return p.name }
+
+// Register declares the command named name: its action, and the
+// compensation that undoes it (nil when there is nothing to undo: a
+// compensation command is then recorded as empty). The command payload is
+// decoded from JSON into Cmd (an empty payload gives Cmd's zero value); the
+// action's Reply is encoded as JSON into the success reply. A compensation
+// command carries the action's command name (MetadataSagaCommand) and
+// payload, with MetadataSagaOperation "compensation".
+//
+// Go methods cannot have type parameters, so Register is a function.
+// It refuses an empty name, a nil action or a name registered before, with
+// an error wrapping millrace.ErrConfig.
+func Register[Cmd, Reply any](p *Participant, name string, action ActionFunc[Cmd, Reply], compensate CompensateFunc[Cmd]) error {
+	if err := checkIdentifier(name, true); err != nil {
+		return fmt.Errorf("%w: compensation: command name %q: %v", millrace.ErrConfig, name, err)
+	}
+	if action == nil {
+		return fmt.Errorf("%w: compensation: command %q: nil action", millrace.ErrConfig, name)
+	}
+	c := &command{
+		decode: func(payload []byte) (any, error) {
+			var cmd Cmd
+			if len(payload) == 0 {
+				return cmd, nil
+			}
+			err := json.Unmarshal(payload, &cmd)
+			return cmd, err
+		},
+		action: func(ctx context.Context, tx pgx.Tx, call Call, cmd any) ([]byte, error) {
+			reply, err := action(ctx, tx, call, cmd.(Cmd))
+			if err != nil {
+				return nil, err
+			}
+			b, err := json.Marshal(reply)
+			if err != nil {
+				return nil, millrace.Permanent(fmt.Errorf("compensation: command %q: encode reply: %w", name, err))
+			}
+			return b, nil
+		},
+	}
+	if compensate != nil {
+		c.compensate = func(ctx context.Context, tx pgx.Tx, call Call, cmd any) error {
+			return compensate(ctx, tx, call, cmd.(Cmd))
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, dup := p.commands[name]; dup {
+		return fmt.Errorf("%w: compensation: command %q registered twice", millrace.ErrConfig, name)
+	}
+	p.commands[name] = c
+	return nil
+}
+
+// Handle handles one command message with the transaction the inbox's
+// dedup middleware put in its context (millrace.TxFromContext): it is a
+// Watermill NoPublishHandlerFunc for Router.AddConsumerHandler, behind
+// PoisonQueue, Retry and the dedup middleware in that order (AddToRouter
+// does this wiring). Without a transaction in the context it fails with
+// outbox.ErrNoTx.
+func (p *Participant) Handle(msg *message.Message) error {
+	tx, ok := millrace.TxFromContext(msg.Context())
+	if !ok {
+		return fmt.Errorf("compensation: message %s: %w", msg.UUID, outbox.ErrNoTx)
+	}
+	return p.HandleTx(msg.Context(), tx, msg)
+}
+
+// HandleTx handles one command message in tx: the barrier, the action or
+// compensation, and the reply through the outbox. It is an
+// inbox.HandlerFunc, so an inbox.Processor can apply stored commands many
+// per transaction (each under a savepoint) with the same guarantees.
+//
+// A message with bad saga metadata, an unknown command or a payload that
+// does not decode fails with a millrace.Permanent error (ErrInvalidCommand,
+// ErrUnknownCommand) before anything is written. A technical error of the
+// function is returned as is: roll tx back and retry the message. A
+// business failure (Fail) is not an error here: it is replied.
+func (p *Participant) HandleTx(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+	call, err := parseCall(msg)
+	if err != nil {
+		return err
+	}
+	p.mu.RLock()
+	c := p.commands[call.Command]
+	p.mu.RUnlock()
+	if c == nil {
+		return millrace.Permanent(fmt.Errorf("%w: %q (message %q, participant %s)", ErrUnknownCommand, call.Command, msg.UUID, p.name))
+	}
+	cmd, err := c.decode(msg.Payload)
+	if err != nil {
+		return invalid(msg, "payload of command %q: %v", call.Command, err)
+	}
+	var r reply
+	if call.Operation == millrace.OperationAction {
+		r, err = p.act(ctx, tx, c, call, cmd)
+	} else {
+		r, err = p.compensate(ctx, tx, c, call, cmd)
+	}
+	if err != nil {
+		return err
+	}
+	return p.reply(ctx, tx, call, r)
+}
+
+// reply is the answer to one command, and the statements to pipeline
+// before its outbox write.
+type reply struct {
+	outcome, reason string
+	payload         []byte
+	before          []queued
+}
+
+var emptyReply = []byte("{}")
+
+// act runs an action behind the barrier.
+func (p *Participant) act(ctx context.Context, tx pgx.Tx, c *command, call Call, cmd any) (reply, error) {
+	b := &pgx.Batch{}
+	b.Queue(p.sql.claimAction, call.SagaID, call.Step, call.SagaType, call.Command)
+	b.Queue(savepoint)
+	var (
+		inserted        bool
+		outcome, reason string
+		stored          []byte
+	)
+	br := tx.SendBatch(ctx, b)
+	err := br.QueryRow().Scan(&inserted, &outcome, &stored, &reason)
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return reply{}, fmt.Errorf("compensation: %s: claim action %s/%s: %w", p.name, call.SagaID, call.Step, err)
+	}
+	if !inserted {
+		switch outcome {
+		case millrace.OutcomeCancelled:
+			p.metrics.late(p.name, call.Command)
+			p.logger.Debug("Late action cancelled", watermill.LogFields{"saga_id": call.SagaID, "step": call.Step, "attempt": call.Attempt})
+		case millrace.OutcomeSuccess, millrace.OutcomeFailure:
+			p.metrics.duplicate(p.name, call.Command, call.Operation)
+		default:
+			return reply{}, fmt.Errorf("compensation: %s: action %s/%s has outcome %q in the barrier", p.name, call.SagaID, call.Step, outcome)
+		}
+		if len(stored) == 0 {
+			stored = emptyReply
+		}
+		return reply{outcome: outcome, reason: reason, payload: stored, before: []queued{{sql: release}}}, nil
+	}
+	payload, err := c.action(ctx, tx, call, cmd)
+	r := reply{outcome: millrace.OutcomeSuccess, payload: payload}
+	if err != nil {
+		f, ok := asFailure(err)
+		if !ok {
+			return reply{}, err
+		}
+		r = reply{outcome: millrace.OutcomeFailure, reason: cleanReason(f.Reason), payload: emptyReply,
+			before: []queued{{sql: rollbackTo}}}
+		p.metrics.failure(p.name, call.Command, call.Operation)
+		p.logger.Debug("Action failed", watermill.LogFields{"saga_id": call.SagaID, "step": call.Step, "reason": r.reason})
+	}
+	p.metrics.action(p.name, call.Command)
+	r.before = append(r.before, queued{sql: release},
+		queued{sql: p.sql.finish, args: []any{r.outcome, false, r.payload, r.reason, call.SagaID, call.Step, call.Operation}})
+	return r, nil
+}
+
+// compensate runs a compensation behind the barrier.
+func (p *Participant) compensate(ctx context.Context, tx pgx.Tx, c *command, call Call, cmd any) (reply, error) {
+	// The compensation's row first, then the action's: every transaction
+	// that touches both locks them in this order, so two compensations of
+	// one step never deadlock.
+	b := &pgx.Batch{}
+	b.Queue(p.sql.claimCompensation, call.SagaID, call.Step, call.SagaType, call.Command)
+	b.Queue(p.sql.claimForCompensation, call.SagaID, call.Step, call.SagaType, call.Command, lateReason)
+	b.Queue(savepoint)
+	var (
+		compInserted, actInserted bool
+		compOutcome, compReason   string
+		actOutcome                string
+		compStored, actStored     []byte
+	)
+	br := tx.SendBatch(ctx, b)
+	err := br.QueryRow().Scan(&compInserted, &compOutcome, &compStored, &compReason)
+	if err == nil {
+		err = br.QueryRow().Scan(&actInserted, &actOutcome, &actStored)
+	}
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return reply{}, fmt.Errorf("compensation: %s: claim compensation %s/%s: %w", p.name, call.SagaID, call.Step, err)
+	}
+	if !compInserted && compOutcome == millrace.OutcomeSuccess {
+		// Compensated before: the same answer again.
+		p.metrics.duplicate(p.name, call.Command, call.Operation)
+		if len(compStored) == 0 {
+			compStored = emptyReply
+		}
+		return reply{outcome: millrace.OutcomeSuccess, payload: compStored, before: []queued{{sql: release}}}, nil
+	}
+	finish := func(r reply, empty bool) reply {
+		r.before = append(r.before, queued{sql: release},
+			queued{sql: p.sql.finish, args: []any{r.outcome, empty, r.payload, r.reason, call.SagaID, call.Step, call.Operation}})
+		return r
+	}
+	switch {
+	case actInserted, actOutcome == millrace.OutcomeFailure, actOutcome == millrace.OutcomeCancelled:
+		// Empty: the action never ran (its row now blocks it), or it failed
+		// and had no effect.
+		p.metrics.empty(p.name, call.Command)
+		p.logger.Debug("Empty compensation", watermill.LogFields{"saga_id": call.SagaID, "step": call.Step, "action_outcome": actOutcome})
+		return finish(reply{outcome: millrace.OutcomeSuccess, payload: emptyReply}, true), nil
+	case actOutcome != millrace.OutcomeSuccess:
+		return reply{}, fmt.Errorf("compensation: %s: action %s/%s has outcome %q in the barrier", p.name, call.SagaID, call.Step, actOutcome)
+	}
+	if c.compensate == nil {
+		p.metrics.compensation(p.name, call.Command)
+		return finish(reply{outcome: millrace.OutcomeSuccess, payload: emptyReply}, false), nil
+	}
+	call.ActionReply = actStored
+	r := reply{outcome: millrace.OutcomeSuccess, payload: emptyReply}
+	if err := c.compensate(ctx, tx, call, cmd); err != nil {
+		f, ok := asFailure(err)
+		if !ok {
+			return reply{}, err
+		}
+		r = reply{outcome: millrace.OutcomeFailure, reason: cleanReason(f.Reason), payload: emptyReply,
+			before: []queued{{sql: rollbackTo}}}
+		p.metrics.failure(p.name, call.Command, call.Operation)
+		p.logger.Debug("Compensation failed", watermill.LogFields{"saga_id": call.SagaID, "step": call.Step, "reason": r.reason})
+	} else {
+		p.metrics.compensation(p.name, call.Command)
+	}
+	return finish(r, false), nil
+}
+
+// lateReason is the reason of the cancelled reply to a late action.
+const lateReason = "compensated before the action arrived"
+
+// replyEventType is the outbox event type of replies.
+const replyEventType = "saga.reply"
+
+// reply writes r to the outbox, in the same round trip as the statements
+// queued before it.
+func (p *Participant) reply(ctx context.Context, tx pgx.Tx, call Call, r reply) error {
+	md := map[string]string{
+		millrace.MetadataSagaID:        call.SagaID,
+		millrace.MetadataSagaType:      call.SagaType,
+		millrace.MetadataSagaStep:      call.Step,
+		millrace.MetadataSagaAttempt:   fmt.Sprint(call.Attempt),
+		millrace.MetadataSagaOperation: call.Operation,
+		millrace.MetadataSagaCommand:   call.Command,
+		millrace.MetadataSagaOutcome:   r.outcome,
+		millrace.MetadataContentType:   millrace.ContentTypeJSON,
+	}
+	if r.reason != "" {
+		md[millrace.MetadataSagaReason] = r.reason
+	}
+	ev := outbox.Event{
+		Topic:         call.ReplyTopic,
+		PartitionKey:  call.SagaID,
+		AggregateType: call.SagaType,
+		AggregateID:   call.SagaID,
+		EventType:     replyEventType,
+		Payload:       r.payload,
+		Metadata:      md,
+	}
+	if _, err := p.writer.WriteTx(ctx, &pipelineTx{Tx: tx, before: r.before}, ev); err != nil {
+		return fmt.Errorf("compensation: %s: reply to %s/%s %s: %w", p.name, call.SagaID, call.Step, call.Operation, err)
+	}
+	return nil
+}
+
+// RouterConfig says how AddToRouter wires a participant into a Router.
+type RouterConfig struct {
+	// Topic is the command topic to consume. Required.
+	Topic string
+	// Subscriber reads Topic. Required.
+	Subscriber message.Subscriber
+	// Poison receives the messages that fail permanently (bad metadata, an
+	// unknown command, a payload that does not decode), with the reason in
+	// metadata "reason_poisoned"; other failures are nacked for
+	// redelivery. Required: a bad command must not be lost.
+	Poison message.Publisher
+	// PoisonTopic is the topic of Poison. Defaults to Topic + ".poison".
+	PoisonTopic string
+	// Retry retries failed handler runs in process, each in a fresh
+	// transaction. Defaults to 5 retries from 100ms, doubling up to 5s,
+	// skipping permanent errors (inbox.ShouldRetry).
+	Retry *middleware.Retry
+	// HandlerName names the Router handler. Defaults to the participant's
+	// name, a dot, and Topic.
+	HandlerName string
+}
+
+// AddToRouter adds a handler for the participant's commands on
+// cfg.Topic to r, behind PoisonQueue (permanent failures only), Retry and
+// the inbox's dedup middleware (consumer: the participant's name), in that
+// order, so each try is one transaction with the dedup mark, the barrier,
+// the effects and the reply. Call it once per command topic.
+func (p *Participant) AddToRouter(r *message.Router, cfg RouterConfig) (*message.Handler, error) {
+	switch {
+	case r == nil:
+		return nil, fmt.Errorf("%w: compensation: nil router", millrace.ErrConfig)
+	case cfg.Topic == "":
+		return nil, fmt.Errorf("%w: compensation: RouterConfig.Topic is required", millrace.ErrConfig)
+	case cfg.Subscriber == nil:
+		return nil, fmt.Errorf("%w: compensation: RouterConfig.Subscriber is required", millrace.ErrConfig)
+	case cfg.Poison == nil:
+		return nil, fmt.Errorf("%w: compensation: RouterConfig.Poison is required", millrace.ErrConfig)
+	}
+	if cfg.PoisonTopic == "" {
+		cfg.PoisonTopic = cfg.Topic + ".poison"
+	}
+	if cfg.HandlerName == "" {
+		cfg.HandlerName = p.name + "." + cfg.Topic
+	}
+	retry := middleware.Retry{MaxRetries: 5, InitialInterval: 100 * time.Millisecond, MaxInterval: 5 * time.Second,
+		Multiplier: 2, ShouldRetry: inbox.ShouldRetry}
+	if cfg.Retry != nil {
+		retry = *cfg.Retry
+	}
+	poison, err := middleware.PoisonQueueWithFilter(cfg.Poison, cfg.PoisonTopic, millrace.IsPermanent)
+	if err != nil {
+		return nil, fmt.Errorf("%w: compensation: %v", millrace.ErrConfig, err)
+	}
+	h := r.AddConsumerHandler(cfg.HandlerName, cfg.Topic, cfg.Subscriber, p.Handle)
+	h.AddMiddleware(poison, retry.Middleware, p.dedup.Middleware)
+	return h, nil
+}
+
+// Middleware returns the participant's inbox dedup middleware (consumer:
+// its name), for wiring Handle into a Router by hand.
+func (p *Participant) Middleware() message.HandlerMiddleware { return p.dedup.Middleware }
+
+// queued is a statement to send in the same round trip as a later one.
+type queued struct {
+	sql  string
+	args []any
+}
+
+// pipelineTx is tx whose next Exec sends the statements of before first,
+// in one round trip (a pgx batch). The participant hands it to the outbox
+// Writer, so the barrier's final write and the reply cost one round trip.
+type pipelineTx struct {
+	pgx.Tx
+	before []queued
+}
+
+func (t *pipelineTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if len(t.before) == 0 {
+		return t.Tx.Exec(ctx, sql, args...)
+	}
+	b := &pgx.Batch{}
+	for _, q := range t.before {
+		b.Queue(q.sql, q.args...)
+	}
+	t.before = nil
+	b.Queue(sql, args...)
+	br := t.Tx.SendBatch(ctx, b)
+	defer br.Close()
+	for i := 0; i < b.Len()-1; i++ {
+		if _, err := br.Exec(); err != nil {
+			return pgconn.CommandTag{}, fmt.Errorf("%s: %w", strings.SplitN(b.QueuedQueries[i].SQL, "\n", 2)[0], err)
+		}
+	}
+	tag, err := br.Exec()
+	if err != nil {
+		return tag, err
+	}
+	return tag, br.Close()
+}

@@ -1,0 +1,237 @@
+package compensation_test
+
+import (
+	"errors"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+
+	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/compensation"
+)
+
+const seedEnv = "MILLRACE_COMPENSATION_SEED"
+
+var errTechnical = errors.New("injected technical error")
+
+// The property: whatever the order of an action and its compensation, each
+// delivered a random number of times (new attempts and redeliveries of the
+// same message), by concurrent consumers, with random technical errors and
+// business failures of the functions, the participant's state ends
+// consistent:
+//
+//   - a saga whose compensation succeeded has no net effect (reserve and
+//     release both applied once, or neither);
+//   - a saga never compensated has its effect exactly when its action
+//     replied success, and the barrier records it;
+//   - no effect without its barrier row, never an effect twice;
+//   - every distinct command message got exactly one reply, and all the
+//     action's replies agree.
+//
+// The seed is printed; set MILLRACE_COMPENSATION_SEED to replay one
+// (the interleaving of the concurrent consumers still varies).
+func TestPropertyBarrierKeepsStateConsistent(t *testing.T) {
+	t.Parallel()
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv(seedEnv); s != "" {
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("%s: %v", seedEnv, err)
+		}
+		seed = v
+	}
+	t.Logf("seed %d (replay with %s=%d)", seed, seedEnv, seed)
+	defer func() {
+		if t.Failed() {
+			t.Logf("FAILED with seed %d: replay with %s=%d", seed, seedEnv, seed)
+		}
+	}()
+	rounds := 300
+	if testing.Short() {
+		rounds = 60
+	}
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	var rmu sync.Mutex
+	roll := func() float64 {
+		rmu.Lock()
+		defer rmu.Unlock()
+		return rng.Float64()
+	}
+
+	b := setup(t, 8)
+	type plan struct {
+		id               string
+		failAction       bool // the action's business failure
+		actions, comps   int  // attempts sent
+		compensationSent bool
+	}
+	plans := make([]*plan, rounds)
+	byID := map[string]*plan{}
+	for i := range plans {
+		p := &plan{id: uuid.NewString(), failAction: rng.Float64() < 0.2, actions: rng.IntN(4), comps: rng.IntN(4)}
+		if p.actions+p.comps == 0 {
+			p.actions = 1
+		}
+		p.compensationSent = p.comps > 0
+		plans[i] = p
+		byID[p.id] = p
+	}
+	b.setFailAction(func(call compensation.Call) error {
+		if roll() < 0.25 {
+			return errTechnical
+		}
+		if byID[call.SagaID].failAction {
+			return compensation.Fail("insufficient credit")
+		}
+		return nil
+	})
+	b.setFailCompensation(func(compensation.Call) error {
+		switch r := roll(); {
+		case r < 0.2:
+			return errTechnical
+		case r < 0.4:
+			return compensation.Fail("ledger closed")
+		}
+		return nil
+	})
+
+	// Every attempt is a new message; some are redelivered as the same
+	// message. All deliveries, shuffled, go to four concurrent consumers;
+	// a technical error puts the delivery back in the queue (a redelivery).
+	var queue []*message.Message
+	for _, p := range plans {
+		for a := 1; a <= p.actions; a++ {
+			queue = append(queue, action(p.id, a))
+		}
+		for a := 1; a <= p.comps; a++ {
+			queue = append(queue, compensationOf(p.id, a))
+		}
+	}
+	for _, m := range append([]*message.Message(nil), queue...) {
+		if rng.Float64() < 0.3 {
+			queue = append(queue, m.Copy())
+		}
+	}
+	rng.Shuffle(len(queue), func(i, j int) { queue[i], queue[j] = queue[j], queue[i] })
+
+	var (
+		qmu       sync.Mutex
+		delivered = map[string]bool{} // message UUIDs handled successfully
+	)
+	next := func() *message.Message {
+		qmu.Lock()
+		defer qmu.Unlock()
+		if len(queue) == 0 {
+			return nil
+		}
+		m := queue[0]
+		queue = queue[1:]
+		return m
+	}
+	deliver := func(workers int) {
+		var wg sync.WaitGroup
+		for range workers {
+			wg.Go(func() {
+				for m := next(); m != nil; m = next() {
+					err := b.handle(m.Copy())
+					qmu.Lock()
+					switch {
+					case errors.Is(err, errTechnical):
+						queue = append(queue, m) // redelivered later
+					case err != nil:
+						t.Errorf("saga %s: %v", m.Metadata.Get(millrace.MetadataSagaID), err)
+					default:
+						delivered[m.UUID] = true
+					}
+					qmu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+	}
+	deliver(4)
+	if t.Failed() {
+		return
+	}
+
+	// The orchestrator retries a compensation that failed (business) with a
+	// new attempt until it succeeds.
+	for pass := 0; ; pass++ {
+		if pass > 100 {
+			t.Fatal("compensations still failing after 100 passes")
+		}
+		for _, p := range plans {
+			if !p.compensationSent {
+				continue
+			}
+			rs := b.replies(t, p.id)
+			done := false
+			for _, r := range rs {
+				done = done || (r.Operation == millrace.OperationCompensation && r.Outcome == millrace.OutcomeSuccess)
+			}
+			if !done {
+				p.comps++
+				queue = append(queue, compensationOf(p.id, p.comps))
+			}
+		}
+		if len(queue) == 0 {
+			break
+		}
+		deliver(2)
+	}
+
+	for _, p := range plans {
+		reserve, release := b.effects(t, p.id, "reserve"), b.effects(t, p.id, "release")
+		held := b.count(t, `SELECT count(*) FROM `+b.reservation+` WHERE saga_id = $1`, p.id)
+		actionOutcome, _, actionRow := b.barrier(t, p.id, millrace.OperationAction)
+		rs := b.replies(t, p.id)
+		var actionReplies []replyRow
+		for _, r := range rs {
+			if r.Operation == millrace.OperationAction {
+				actionReplies = append(actionReplies, r)
+			}
+		}
+		fail := func(format string, args ...any) {
+			t.Helper()
+			t.Fatalf("saga %s (%+v): reserve=%d release=%d held=%d barrier action=%q/%v replies=%+v: "+format,
+				append([]any{p.id, *p, reserve, release, held, actionOutcome, actionRow, rs}, args...)...)
+		}
+		if reserve > 1 || release > reserve {
+			fail("an effect applied twice, or undone without being applied")
+		}
+		if reserve == 1 && (!actionRow || actionOutcome != millrace.OutcomeSuccess) {
+			fail("an effect without its barrier record")
+		}
+		if p.compensationSent {
+			if held != 0 || release != reserve {
+				fail("compensated saga with a net effect")
+			}
+		} else {
+			success := len(actionReplies) > 0 && actionReplies[0].Outcome == millrace.OutcomeSuccess
+			if success != (held == 1) || held != reserve || success == p.failAction {
+				fail("uncompensated saga: effect does not match the action's reply")
+			}
+		}
+		for _, r := range actionReplies {
+			if r.Outcome != actionReplies[0].Outcome || r.Payload != actionReplies[0].Payload {
+				fail("the action's replies disagree")
+			}
+		}
+	}
+	distinct := 0
+	for range delivered {
+		distinct++
+	}
+	if n := b.count(t, `SELECT count(*) FROM `+b.db.Schema+`.outbox_event`); n != distinct {
+		t.Fatalf("replies = %d, distinct messages handled = %d: want one reply each", n, distinct)
+	}
+	t.Logf("%d sagas, %d distinct commands; actions run %d, compensations run %d, metrics: empty %v late %v failures %v duplicates %v",
+		rounds, distinct, b.actionCalls.Load(), b.compensateCalls.Load(), b.metric(t, "empty_compensations_total"),
+		b.metric(t, "late_actions_total"), b.metric(t, "business_failures_total"), b.metric(t, "duplicates_total"))
+}
