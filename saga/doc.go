@@ -64,20 +64,23 @@
 //
 // # States
 //
-//	        start
-//	          │
-//	          ▼      failure / timeouts spent / deadline / Abort
-//	      running ─────────────────────────────────────┐
-//	     │   │   ▲                                     ▼
-//	     │   │   │ Retry, Skip               compensating ───────► compensated
-//	     │   │   │                               │   ▲
-//	     │   ▼   │                               ▼   │ Retry, MarkCompensated
-//	     │   stuck ◄─────────────────────────── stuck
-//	     ▼   (retriable step spent, pivot         (compensation spent,
-//	completed  uncertain, TimeoutStuck,            deadline)
-//	           deadline after pivot, reply
-//	           that cannot be applied,
-//	           unregistered version)
+//	  StartTx
+//	     │
+//	     ▼
+//	  running ──────────── every step done ────────────────► completed
+//	   │  ▲  │
+//	   │  │  └─ failure, timeouts spent, deadline, Abort ──┐
+//	   ▼  │ Retry, Skip                                     ▼
+//	  stuck (forward) ── Abort ───────────────────────► compensating ── all undone ──► compensated
+//	                                                     │  ▲
+//	                                                     ▼  │ Retry, MarkCompensated
+//	                                                  stuck (compensating)
+//
+// Going forward a saga is stuck when a retriable step spent its budget, a
+// pivot that may have taken effect timed out, a step says TimeoutStuck, the
+// deadline passed after the pivot, a success reply could not be applied,
+// or its version is not registered; compensating, when a compensation
+// spent its budget or the deadline passed.
 //
 // A step is pending, running (waiting for a reply), backoff (waiting to
 // retry), done, failed (a failure reply: no effect), uncertain (given up
