@@ -64,17 +64,17 @@
 //
 // # States
 //
-//	  StartTx
-//	     │
-//	     ▼
-//	  running ──────────── every step done ────────────────► completed
-//	   │  ▲  │
-//	   │  │  └─ failure, timeouts spent, deadline, Abort ──┐
-//	   ▼  │ Retry, Skip                                     ▼
-//	  stuck (forward) ── Abort ───────────────────────► compensating ── all undone ──► compensated
-//	                                                     │  ▲
-//	                                                     ▼  │ Retry, MarkCompensated
-//	                                                  stuck (compensating)
+//	StartTx
+//	   │
+//	   ▼
+//	running ──────────── every step done ────────────────► completed
+//	 │  ▲  │
+//	 │  │  └─ failure, timeouts spent, deadline, Abort ──┐
+//	 ▼  │ Retry, Skip                                     ▼
+//	stuck (forward) ── Abort ───────────────────────► compensating ── all undone ──► compensated
+//	                                                   │  ▲
+//	                                                   ▼  │ Retry, MarkCompensated
+//	                                                stuck (compensating)
 //
 // Going forward a saga is stuck when a retriable step spent its budget, a
 // pivot that may have taken effect timed out, a step says TimeoutStuck, the
