@@ -37,6 +37,9 @@ type e2e struct {
 	dropReply func(msg *message.Message) bool
 	kafka     bool
 	brokers   []string
+	// participantsOnly leaves the orchestrator out of the rig (it runs
+	// elsewhere, in a child process).
+	participantsOnly bool
 }
 
 type creditCmd struct {
@@ -172,8 +175,10 @@ func (e *e2e) start(t testing.TB, defs ...saga.Registrable) {
 		subscriber = func() message.Subscriber { return kafkatest.NewSubscriber(t, e.brokers) }
 	}
 	retry := &middleware.Retry{MaxRetries: 50, InitialInterval: time.Millisecond, MaxInterval: 20 * time.Millisecond, ShouldRetry: inbox.ShouldRetry}
-	if _, err := e.o.AddToRouter(e.router, saga.RouterConfig{Subscriber: subscriber(), Poison: pub, Retry: retry}); err != nil {
-		t.Fatal(err)
+	if !e.participantsOnly {
+		if _, err := e.o.AddToRouter(e.router, saga.RouterConfig{Subscriber: subscriber(), Poison: pub, Retry: retry}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	credit, stock := e.participants(t)
 	for _, p := range []struct {
@@ -203,9 +208,12 @@ func (e *e2e) start(t testing.TB, defs ...saga.Registrable) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wg.Add(2)
+	wg.Add(1)
 	go func() { defer wg.Done(); _ = relay.Run(ctx) }()
-	go func() { defer wg.Done(); _ = e.o.Run(ctx) }()
+	if !e.participantsOnly {
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = e.o.Run(ctx) }()
+	}
 	t.Cleanup(func() {
 		cancel()
 		_ = e.router.Close()
