@@ -30,8 +30,8 @@ import (
 type e2e struct {
 	*testBundle
 	creditTopic, stockTopic, replyTopic string
-	// failStock decides whether the stock action refuses a saga.
-	failStock func(id string) bool
+	// failStock and failCredit decide whether the action refuses a saga.
+	failStock, failCredit func(id string) bool
 	// dropReply, when set, loses replies in transit (after the relay
 	// marked them published).
 	dropReply func(msg *message.Message) bool
@@ -110,6 +110,9 @@ func (e *e2e) participants(t testing.TB) (credit, stock *compensation.Participan
 	}
 	err = compensation.Register(credit, "credit",
 		func(ctx context.Context, tx pgx.Tx, call compensation.Call, c creditCmd) (map[string]string, error) {
+			if e.failCredit != nil && e.failCredit(call.SagaID) {
+				return nil, compensation.Fail("insufficient credit")
+			}
 			return map[string]string{"tx": "credit-" + c.Order}, e.effect(ctx, tx, call.SagaID, "credit", "do")
 		},
 		func(ctx context.Context, tx pgx.Tx, call compensation.Call, c creditCmd) error {
@@ -326,4 +329,84 @@ func TestTimeoutRetryThenCompensateEffectOnce(t *testing.T) {
 	}
 }
 
-var _ = rand.IntN
+// 1,000 sagas at once through the Kafka protocol, with random business
+// failures at steps 1 and 3 and random lost replies: every one ends
+// completed or compensated, and the participants' effects match the
+// outcomes exactly.
+func TestThousandConcurrentSagas(t *testing.T) {
+	if testing.Short() {
+		t.Skip("1,000 sagas")
+	}
+	t.Parallel()
+	e := setupE2E(t, true)
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	var mu sync.Mutex
+	rng := rand.New(rand.NewPCG(seed, 3))
+	fails := map[string]string{}
+	e.failCredit = func(id string) bool { mu.Lock(); defer mu.Unlock(); return fails[id] == "credit" }
+	e.failStock = func(id string) bool { mu.Lock(); defer mu.Unlock(); return fails[id] == "stock" }
+	e.dropReply = func(m *message.Message) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return m.Metadata.Get(millrace.MetadataSagaOutcome) != "" && rng.IntN(100) == 0
+	}
+	def := mustDefine(t, e.spec(1, 10*time.Second))
+	e.start(t, def)
+	n := 1000
+	if raceEnabled {
+		n = 300
+	}
+	ids := make([]string, n)
+	for i := range n {
+		ids[i] = fmt.Sprintf("many-%d", i)
+		switch r := rng.IntN(10); {
+		case r == 0:
+			fails[ids[i]] = "credit"
+		case r < 3:
+			fails[ids[i]] = "stock"
+		}
+	}
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += 8 {
+				if _, err := saga.Start(context.Background(), e.o, def, ids[i], order{ID: ids[i], Amount: i}); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		var live int
+		if err := e.db.Pool.QueryRow(context.Background(), fmt.Sprintf(`SELECT count(*) FROM %s WHERE status NOT IN ('completed', 'compensated')`,
+			e.tbl("saga_instance"))).Scan(&live); err != nil {
+			t.Fatal(err)
+		}
+		if live == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d sagas still not ended", live)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	byStatus := map[saga.Status]int{}
+	for _, id := range ids {
+		in, err := e.o.Get(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		byStatus[in.Status]++
+		e.checkEffects(t, in)
+		if fails[id] != "" && in.Status != saga.StatusCompensated {
+			t.Errorf("saga %s: %s, but %s refused it", id, in.Status, fails[id])
+		}
+	}
+	t.Logf("%v", byStatus)
+}
