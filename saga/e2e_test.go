@@ -40,6 +40,8 @@ type e2e struct {
 	// participantsOnly leaves the orchestrator out of the rig (it runs
 	// elsewhere, in a child process).
 	participantsOnly bool
+	// batched runs the orchestrator with RunBatched instead of AddToRouter.
+	batched bool
 }
 
 type creditCmd struct {
@@ -178,7 +180,7 @@ func (e *e2e) start(t testing.TB, defs ...saga.Registrable) {
 		subscriber = func() message.Subscriber { return kafkatest.NewSubscriber(t, e.brokers) }
 	}
 	retry := &middleware.Retry{MaxRetries: 50, InitialInterval: time.Millisecond, MaxInterval: 20 * time.Millisecond, ShouldRetry: inbox.ShouldRetry}
-	if !e.participantsOnly {
+	if !e.participantsOnly && !e.batched {
 		if _, err := e.o.AddToRouter(e.router, saga.RouterConfig{Subscriber: subscriber(), Poison: pub, Retry: retry}); err != nil {
 			t.Fatal(err)
 		}
@@ -216,6 +218,16 @@ func (e *e2e) start(t testing.TB, defs ...saga.Registrable) {
 	if !e.participantsOnly {
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = e.o.Run(ctx) }()
+	}
+	if e.batched {
+		sub := subscriber()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := e.o.RunBatched(ctx, saga.BatchConfig{Subscriber: sub, Poison: pub}); err != nil {
+				t.Error(err)
+			}
+		}()
 	}
 	t.Cleanup(func() {
 		cancel()
