@@ -60,7 +60,7 @@ type bundleOptions struct {
 
 func setup(t testing.TB, opts bundleOptions) *testBundle {
 	t.Helper()
-	db := pgtest.New(t)
+	db := pgtest.NewWith(t, pgtest.Options{MaxConns: 6})
 	w, err := outbox.NewWriter(db.Pool, outbox.WriterConfig{Schema: db.Schema})
 	if err != nil {
 		t.Fatal(err)
