@@ -480,12 +480,26 @@ func (m *machine) save() error {
 	if err != nil {
 		return fmt.Errorf("saga %s: encode step state: %w", m.in.ID, err)
 	}
-	if err := m.tx.QueryRow(m.ctx, m.o.sql.update, m.in.ID, m.in.Status, m.in.Phase, m.in.Step, steps, m.in.Data,
-		m.in.NextWakeupAt, m.in.DeadlineAt, m.in.Attempts, oneLine(m.in.LastError), m.now, m.in.EndedAt).Scan(&m.in.Revision); err != nil {
+	// The state and its history in one round trip.
+	b := &pgx.Batch{}
+	b.Queue(m.o.sql.update, m.in.ID, m.in.Status, m.in.Phase, m.in.Step, steps, m.in.Data,
+		m.in.NextWakeupAt, m.in.DeadlineAt, m.in.Attempts, oneLine(m.in.LastError), m.now, m.in.EndedAt)
+	if len(m.hist) > 0 {
+		b.Queue(m.o.sql.history, historyArgs(m.hist)...)
+	}
+	br := m.tx.SendBatch(m.ctx, b)
+	if err := br.QueryRow().Scan(&m.in.Revision); err != nil {
+		_ = br.Close()
 		return fmt.Errorf("saga %s: save: %w", m.in.ID, err)
 	}
-	if err := m.o.writeHistory(m.ctx, m.tx, m.hist); err != nil {
-		return err
+	if len(m.hist) > 0 {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return fmt.Errorf("saga %s: write history: %w", m.in.ID, err)
+		}
+	}
+	if err := br.Close(); err != nil {
+		return fmt.Errorf("saga %s: save: %w", m.in.ID, err)
 	}
 	if len(m.events) > 0 {
 		if _, err := m.o.writer.WriteTx(m.ctx, m.tx, m.events...); err != nil {

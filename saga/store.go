@@ -215,6 +215,14 @@ func (o *Orchestrator) writeHistory(ctx context.Context, tx pgx.Tx, rows []histo
 	if len(rows) == 0 {
 		return nil
 	}
+	if _, err := tx.Exec(ctx, o.sql.history, historyArgs(rows)...); err != nil {
+		return fmt.Errorf("saga: write history: %w", err)
+	}
+	return nil
+}
+
+// historyArgs are the column arrays of o.sql.history for rows.
+func historyArgs(rows []historyRow) []any {
 	n := len(rows)
 	var (
 		ids, events, steps, ops, outcomes, statuses, actors, reasons = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -231,8 +239,5 @@ func (o *Orchestrator) writeHistory(ctx context.Context, tx pgx.Tx, rows []histo
 			details[i] = &s
 		}
 	}
-	if _, err := tx.Exec(ctx, o.sql.history, ids, ats, events, steps, ops, attempts, outcomes, statuses, actors, reasons, details); err != nil {
-		return fmt.Errorf("saga: write history: %w", err)
-	}
-	return nil
+	return []any{ids, ats, events, steps, ops, attempts, outcomes, statuses, actors, reasons, details}
 }
