@@ -35,7 +35,14 @@
 // for the compensation (default 8 attempts). Per saga: a Deadline (default
 // 24h, on unless negative), so no saga waits forever unnoticed.
 //
-// Parallel groups of steps are not supported yet: steps run one at a time.
+// Adjacent steps with the same Step.Group form a parallel group: their
+// commands go out together (local members run one after the other in the
+// same transaction), and the saga moves on when every member succeeded. When
+// a member fails, the members still in flight are waited for (their reply
+// or their timeout; nothing is retried any more), then those that took
+// effect, or may have, are compensated with the steps before, in reverse
+// order. While a group runs, the saga's current step is the group's name;
+// Retry, Skip and Abort apply to its unfinished members.
 //
 // # Running
 //
