@@ -151,7 +151,7 @@ func baseStatements(schema string) statements {
 		instance: inst, historyTable: hist,
 		insert: fmt.Sprintf(`INSERT INTO %s (id, type, def_version, status, phase, step, steps, data, input, version,
        next_wakeup_at, deadline_at, attempts, last_error, created_at, updated_at)
-VALUES ($1, $2, $3, 'running', 'forward', '', '{}', $4, $4, 1, NULL, $5, 0, '', $6, $6)
+VALUES ($1, $2, $3, 'running', 'forward', '', '{}', $4, $4, 0, NULL, $5, 0, '', $6, $6)
 ON CONFLICT (id) DO NOTHING`, inst),
 		selectExisting: fmt.Sprintf(`SELECT type, def_version, input = $2::jsonb FROM %s WHERE id = $1`, inst),
 		load:           fmt.Sprintf(`SELECT %s FROM %s WHERE id = $1 FOR UPDATE`, instanceCols, inst),
