@@ -54,6 +54,11 @@
 //	...
 //	saga.StartTx(ctx, tx, o, def, orderID, Order{...}) // in the business transaction
 //
+// RunBatched is the high-throughput alternative to AddToRouter: it reads
+// the reply topics itself and applies many replies per transaction (one
+// statement each for the dedup marks, the row locks, the states, the
+// history and the commands), with the same guarantees.
+//
 // StartTx writes the saga row and its first command (through the outbox)
 // in the caller's transaction: the order and its saga commit together. A
 // second start with the same id and data returns the existing saga; with
@@ -131,6 +136,12 @@
 // as an error and counted (millrace_saga_unregistered_total); Run does this
 // at start for every live saga of a registered type (ParkUnregistered).
 // Register the version again and Retry the saga to resume it.
+//
+// To move live instances to a new version on purpose, Migrate maps their
+// step state (steps may be renamed only where an instance has not started
+// them: a participant's barrier knows a step by its name) and upcasts their
+// data, each under its row lock, with a "migrated" history line; an
+// instance that cannot move stays on its version and is reported.
 //
 // # Unsticking a saga
 //
