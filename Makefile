@@ -7,10 +7,12 @@ export GOFLAGS ?= -mod=readonly
 
 .PHONY: demo test bench pg-up broker fmt
 
-# The main example, end to end (examples/outbox). Flags pass through DEMOFLAGS:
-# make demo DEMOFLAGS="-orders 20000 -keep". Exits 1 if a check fails.
+# The main example, end to end: the order saga across four services
+# (examples/ordersaga), faults on. Flags pass through DEMOFLAGS:
+# make demo DEMOFLAGS="-sagas 2000 -keep". Exits 1 if a check fails. The
+# outbox-only example: go run ./examples/outbox.
 demo:
-	@url="$$(scripts/pg-up.sh)" && DATABASE_URL="$$url" $(GO) run ./examples/outbox $(DEMOFLAGS)
+	@url="$$(scripts/pg-up.sh)" && DATABASE_URL="$$url" $(GO) run ./examples/ordersaga $(DEMOFLAGS)
 
 test:
 	@url="$$(scripts/pg-up.sh)" && \

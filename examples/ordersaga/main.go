@@ -22,9 +22,10 @@
 //
 //   - every 7th message a relay publishes is published twice: the inboxes
 //     drop the duplicates;
-//   - inventory hangs once, on one saga's reserve_stock, past the step's
-//     timeout: the saga sends attempt 2, the barrier answers it with the
-//     stored reply, the late reply of attempt 1 is fenced;
+//   - inventory answers one saga's reserve_stock too late (the stock is
+//     taken, the reply held back past the step's timeout): the saga sends
+//     attempt 2, the barrier answers it with the stored reply without
+//     taking the stock again, and the late reply of attempt 1 is fenced;
 //   - the orchestrator is stopped and restarted mid-run (a new
 //     saga.Orchestrator): it resumes every saga from PostgreSQL;
 //   - one saga's credit release fails twice, then succeeds: the
@@ -120,10 +121,10 @@ func main() {
 	}
 	flag.StringVar(&cfg.Service, "service", "all", "run one service only: orders, payment, inventory or shipping")
 	flag.StringVar(&cfg.Name, "name", "", "name of the run: prefix of schemas, topics and groups (default: random; \"ordersaga\" with -service)")
-	flag.IntVar(&cfg.Sagas, "sagas", 600, "orders to place (one saga each)")
+	flag.IntVar(&cfg.Sagas, "sagas", 500, "orders to place (one saga each)")
 	flag.Uint64Var(&cfg.Seed, "seed", 1, "seed of the orders, customers and stock")
-	flag.IntVar(&cfg.Writers, "writers", 4, "goroutines placing orders")
-	flag.IntVar(&cfg.Rate, "rate", 60, "orders per second (0: as fast as possible)")
+	flag.IntVar(&cfg.Writers, "writers", 8, "goroutines placing orders")
+	flag.IntVar(&cfg.Rate, "rate", 50, "orders per second (0: as fast as possible)")
 	flag.BoolVar(&cfg.Faults, "faults", true, "inject the faults")
 	flag.DurationVar(&cfg.Timeout, "timeout", 2*time.Minute, "give up waiting for the sagas to end after this long")
 	flag.BoolVar(&cfg.Keep, "keep", false, "keep the schemas instead of dropping them")

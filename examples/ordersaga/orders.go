@@ -2,7 +2,7 @@ package main
 
 import (
 	"context"
-		"fmt"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -121,8 +121,8 @@ type ordersService struct {
 
 	placed atomic.Int64
 
-	mu    sync.Mutex
-	orch  *orchestrator
+	mu       sync.Mutex
+	orch     *orchestrator
 	restarts int
 }
 
@@ -137,7 +137,7 @@ func startOrders(ctx context.Context, cfg config, lg *logger, p *plan) (*ordersS
 		s.close()
 		return nil, err
 	}
-	if svc.api, err = saga.New(s.pool, saga.Config{Schema: s.schema, Consumer: sagaConsumer}); err == nil {
+	if svc.api, err = saga.New(s.pool, saga.Config{Schema: s.schema, Consumer: sagaConsumer, Writer: s.writer}); err == nil {
 		err = svc.api.Register(svc.def)
 	}
 	if err != nil {
@@ -160,7 +160,7 @@ type orchestrator struct {
 }
 
 func (svc *ordersService) startOrchestrator(ctx context.Context) error {
-	o, err := saga.New(svc.pool, saga.Config{Schema: svc.schema, Consumer: sagaConsumer, PollInterval: 100 * time.Millisecond, Logger: svc.wlog})
+	o, err := saga.New(svc.pool, saga.Config{Schema: svc.schema, Consumer: sagaConsumer, Writer: svc.writer, PollInterval: 100 * time.Millisecond, Logger: svc.wlog})
 	if err != nil {
 		return err
 	}
@@ -315,11 +315,11 @@ func (svc *ordersService) countLive(ctx context.Context) (int64, error) {
 // the saga (Orchestrator.Retry). Any other stuck saga it leaves alone: the
 // checks report it.
 type operator struct {
-	svc       *ordersService
-	admin    *pgxpool.Pool
-	seen     map[string]bool
-	fixed    atomic.Int64
-	unknown  atomic.Int64
+	svc     *ordersService
+	admin   *pgxpool.Pool
+	seen    map[string]bool
+	fixed   atomic.Int64
+	unknown atomic.Int64
 }
 
 func (op *operator) watch(ctx context.Context) {
@@ -379,4 +379,3 @@ func (op *operator) check(ctx context.Context) error {
 	}
 	return nil
 }
-

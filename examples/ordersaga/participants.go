@@ -5,10 +5,11 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
-	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/compensation"
 )
 
@@ -107,7 +108,7 @@ func startParticipant(ctx context.Context, cfg config, lg *logger, name, ddl str
 		s.close()
 		return nil, fmt.Errorf("%s: seed: %w", name, err)
 	}
-	p, err := compensation.NewParticipant(s.pool, compensation.Config{Schema: s.schema, Name: name, Logger: s.wlog})
+	p, err := compensation.NewParticipant(s.pool, compensation.Config{Schema: s.schema, Name: name, Writer: s.writer, Logger: s.wlog})
 	if err == nil {
 		err = register(p)
 	}
@@ -216,11 +217,6 @@ SELECT c, l, l FROM unnest($1::text[], $2::bigint[]) AS t(c, l)`, customers, lim
 // startInventory starts the inventory service: reserve_stock takes stock,
 // and its compensation returns it.
 func startInventory(ctx context.Context, cfg config, lg *logger, plan *plan) (*participant, error) {
-	var slow string
-	var hung atomic.Bool
-	if cfg.Faults {
-		slow = plan.slowStock
-	}
 	seed := func(ctx context.Context, s *service) error {
 		var skus []string
 		var qty []int32
@@ -245,19 +241,6 @@ SELECT s, q, q FROM unnest($1::text[], $2::int[]) AS t(s, q)`, skus, qty)
 					call.SagaID, cmd.SKU, cmd.Qty); err != nil {
 					return struct{}{}, err
 				}
-				if call.SagaID == slow && hung.CompareAndSwap(false, true) {
-					// The stock is taken in this transaction; the answer
-					// comes too late. The saga times out and sends attempt
-					// 2, which the barrier answers with this attempt's
-					// stored reply: the stock is taken once.
-					lg.fault("inventory: hangs %s on %s's reserve_stock (attempt %d), past the step's %s timeout",
-						stockHang, call.SagaID, call.Attempt, stockTimeout)
-					select {
-					case <-time.After(stockHang):
-					case <-ctx.Done():
-						return struct{}{}, ctx.Err()
-					}
-				}
 				return struct{}{}, nil
 			},
 			func(ctx context.Context, tx pgx.Tx, call compensation.Call, cmd ReserveStock) error {
@@ -269,7 +252,24 @@ SELECT s, q, q FROM unnest($1::text[], $2::int[]) AS t(s, q)`, skus, qty)
 				return err
 			})
 	}
-	return startParticipant(ctx, cfg, lg, "inventory", inventoryDDL, seed, register)
+	p, err := startParticipant(ctx, cfg, lg, "inventory", inventoryDDL, seed, register)
+	if err == nil && cfg.Faults {
+		// The reply to one saga's first reserve_stock is late: inventory
+		// took the stock and answered, but the answer reaches Kafka only
+		// after the step's timeout. The saga sends attempt 2, which the
+		// barrier answers with the stored reply (the stock is taken once);
+		// the late reply of attempt 1 is fenced.
+		p.dup.late = func(msg *message.Message) bool {
+			return msg.Metadata.Get(millrace.MetadataSagaID) == plan.slowStock &&
+				msg.Metadata.Get(millrace.MetadataSagaAttempt) == "1" &&
+				msg.Metadata.Get(millrace.MetadataSagaOperation) == millrace.OperationAction
+		}
+		p.dup.onLate = func(msg *message.Message) {
+			lg.fault("inventory: its reply to %s's reserve_stock (attempt 1, stock taken) is held back %s, past the step's %s timeout",
+				plan.slowStock, stockLate, stockTimeout)
+		}
+	}
+	return p, err
 }
 
 // carrierFailures is how many times the carrier's API fails for a

@@ -17,7 +17,7 @@ type plan struct {
 	skus      []sku
 
 	// The sagas the faults hit.
-	slowStock    string // inventory hangs on its first reserve_stock past the timeout
+	slowStock    string // inventory's reply to its first reserve_stock comes after the timeout
 	flakyRelease string // its credit release fails twice, then succeeds
 	heldRelease  string // its credit release fails until an operator lifts a hold: stuck, then fixed
 }
@@ -33,12 +33,11 @@ type sku struct {
 }
 
 // Step timeouts: generous for every step (a reply is normally back in
-// milliseconds), short for reserve_stock, which the hanging inventory
-// overruns once.
+// milliseconds), shorter for reserve_stock, whose reply comes late once.
 const (
 	stepTimeout  = 10 * time.Second
-	stockTimeout = 2 * time.Second
-	stockHang    = stockTimeout + time.Second
+	stockTimeout = 5 * time.Second
+	stockLate    = stockTimeout + time.Second
 )
 
 // newPlan makes n orders over n/12 customers and n/15 SKUs; credit and

@@ -12,7 +12,6 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace/internal/devkafka"
 	"github.com/millrace/millrace/kafka"
@@ -315,5 +314,3 @@ func waitFor(ctx context.Context, timeout time.Duration, cond func(context.Conte
 		}
 	}
 }
-
-var _ = (*pgxpool.Pool)(nil)

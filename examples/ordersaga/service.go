@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -49,6 +48,7 @@ type service struct {
 	name   string
 	schema string
 	pool   *pgxpool.Pool
+	writer *outbox.Writer // the service's one outbox Writer, shared by its components
 	log    *logger
 
 	brokers   []string
@@ -78,7 +78,7 @@ func newService(ctx context.Context, cfg config, name, schema, ddl string, lg *l
 			s.close()
 		}
 	}()
-	if s.pool, err = connect(ctx, cfg.DatabaseURL, schema, 8); err != nil {
+	if s.pool, err = connect(ctx, cfg.DatabaseURL, schema, poolSize(name)); err != nil {
 		return s, err
 	}
 	if _, err := s.pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`); err != nil {
@@ -95,6 +95,13 @@ func newService(ctx context.Context, cfg config, name, schema, ddl string, lg *l
 		return s, fmt.Errorf("%s: create tables: %w", name, err)
 	}
 
+	// One Writer per service: its wake-up hints to the relay (a pg_notify,
+	// which takes a database-wide lock at commit) are coalesced to one per
+	// notifyInterval; the relay polls as a fallback.
+	if s.writer, err = outbox.NewWriter(s.pool, outbox.WriterConfig{Schema: schema, NotifyInterval: notifyInterval}); err != nil {
+		return s, err
+	}
+
 	// The relay ships this service's outbox to Kafka. Its publisher sends
 	// every dupEvery-th message twice, as a relay that crashed between the
 	// broker's ack and marking the batch would: at-least-once, on purpose.
@@ -107,7 +114,7 @@ func newService(ctx context.Context, cfg config, name, schema, ddl string, lg *l
 		s.dup.every = dupEvery
 	}
 	relay, err := outbox.NewRelay(s.pool, outbox.RelayConfig{Schema: schema, Publisher: s.dup, Logger: s.wlog,
-		PollInterval: 200 * time.Millisecond})
+		PollInterval: 100 * time.Millisecond})
 	if err != nil {
 		_ = pub.Close()
 		return s, err
@@ -115,7 +122,7 @@ func newService(ctx context.Context, cfg config, name, schema, ddl string, lg *l
 	rctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = relay.Run(rctx) }()
-	s.relayStop = func() { cancel(); <-done; _ = pub.Close() }
+	s.relayStop = func() { cancel(); <-done; s.dup.held.Wait(); _ = pub.Close() }
 
 	// Poison messages (ones that can never be handled) go straight to the
 	// broker, to <topic>.poison, with the reason.
@@ -124,6 +131,10 @@ func newService(ctx context.Context, cfg config, name, schema, ddl string, lg *l
 	}
 	return s, nil
 }
+
+// notifyInterval is the least time between two relay wake-ups a service's
+// Writer sends.
+const notifyInterval = 20 * time.Millisecond
 
 // dupEvery: with faults on, every dupEvery-th message a relay publishes is
 // published twice.
@@ -159,7 +170,7 @@ func (s *service) newRouter() (*message.Router, error) {
 // not retried (they go to the poison topic).
 func (s *service) retry() *middleware.Retry {
 	return &middleware.Retry{MaxRetries: 8, InitialInterval: 50 * time.Millisecond, MaxInterval: time.Second,
-		Multiplier: 2, ShouldRetry: inbox.ShouldRetry, Logger: s.wlog}
+		Multiplier: 2, ShouldRetry: inbox.ShouldRetry}
 }
 
 // runningRouter is a Router running in the background.
@@ -260,15 +271,41 @@ func connect(ctx context.Context, url, schema string, maxConns int32) (*pgxpool.
 // duplicating is the relays' publisher: after a batch is acknowledged, it
 // publishes every every-th message of it again (same event id), so the
 // consumers see duplicate deliveries, as after a relay crash between
-// the broker's ack and marking the batch published.
+// the broker's ack and marking the batch published. It also holds back the
+// messages late selects for stockLate, as a slow network would.
 type duplicating struct {
 	message.Publisher
 	every int64
 	n     atomic.Int64
 	dups  atomic.Int64
+
+	late   func(*message.Message) bool
+	onLate func(*message.Message)
+	held   sync.WaitGroup
 }
 
 func (p *duplicating) Publish(topic string, msgs ...*message.Message) error {
+	if p.late != nil {
+		keep := msgs[:0:0]
+		for _, m := range msgs {
+			if !p.late(m) {
+				keep = append(keep, m)
+				continue
+			}
+			p.onLate(m)
+			p.held.Add(1)
+			go func() {
+				defer p.held.Done()
+				time.Sleep(stockLate) // the fault: a message that takes its time
+				for p.Publisher.Publish(topic, m) != nil {
+					time.Sleep(100 * time.Millisecond)
+				}
+			}()
+		}
+		if msgs = keep; len(msgs) == 0 {
+			return nil
+		}
+	}
 	if err := p.Publisher.Publish(topic, msgs...); err != nil {
 		return err // a *millrace.BatchError passes through unchanged
 	}
@@ -304,4 +341,12 @@ func (l *logger) say(format string, args ...any) {
 // fault logs an injected fault or what the framework did about it.
 func (l *logger) fault(format string, args ...any) { l.say("fault: "+format, args...) }
 
-var errStopped = errors.New("stopped")
+// poolSize is a service's connection pool size: its handlers (one per
+// partition being consumed), its relay's workers, and for orders the
+// writers, the timers and the operator.
+func poolSize(service string) int32 {
+	if service == "orders" {
+		return 16
+	}
+	return 10
+}
