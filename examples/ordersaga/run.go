@@ -46,7 +46,7 @@ func broker(ctx context.Context, cfg *config, lg *logger) (closeFn func(), kind 
 		if cfg.Service == "orders" {
 			port = cfg.BrokerPort
 		}
-		b, err := devkafka.Start(devkafka.Config{Port: port})
+		b, err := devkafka.Start(devkafka.Config{Port: port, Partitions: partitions})
 		if err != nil {
 			return nil, "", err
 		}

@@ -142,10 +142,15 @@ const dupEvery = 7
 
 // subscriber returns a Kafka subscriber in the service's consumer group.
 func (s *service) subscriber() (message.Subscriber, error) {
+	sc := kafka.DefaultSaramaSubscriberConfig()
+	// A fetch returns as soon as a record is there, or after MaxWaitTime
+	// (sarama's default, 500ms, is a long wait per hop for a saga whose
+	// every step is a command and a reply).
+	sc.Consumer.MaxWaitTime = 20 * time.Millisecond
 	return wkafka.NewSubscriber(wkafka.SubscriberConfig{
 		Brokers:               s.brokers,
 		Unmarshaler:           kafka.DefaultMarshaler(),
-		OverwriteSaramaConfig: kafka.DefaultSaramaSubscriberConfig(),
+		OverwriteSaramaConfig: sc,
 		ConsumerGroup:         s.group,
 	}, s.wlog)
 }
@@ -346,7 +351,11 @@ func (l *logger) fault(format string, args ...any) { l.say("fault: "+format, arg
 // writers, the timers and the operator.
 func poolSize(service string) int32 {
 	if service == "orders" {
-		return 16
+		return partitions + 8
 	}
-	return 10
+	return partitions + 4
 }
+
+// partitions is the partition count of the embedded broker's topics: the
+// most messages of one topic a consumer group handles at once.
+const partitions = 16
