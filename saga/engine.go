@@ -29,8 +29,9 @@ type machine struct {
 	events []outbox.Event
 	hist   []historyRow
 	after  []func() // metrics, once committed
-	// fenced is set when the event changed nothing but the history.
-	fenced bool
+	// fenced is set when a reply changed nothing but the history;
+	// applied when one changed the saga.
+	fenced, applied bool
 }
 
 // technicalError is a failure of the transaction itself (not of a step):
@@ -378,6 +379,7 @@ func (m *machine) onReply(r reply) error {
 		return fence(fmt.Sprintf("not waiting for this reply (step %s is %q at action attempt %d, compensation attempt %d)",
 			s.name, st.Status, st.Attempt, st.CompensationAttempt))
 	}
+	m.applied = true
 	m.record("reply", r.step, r.op, r.attempt, r.outcome, r.reason)
 	if r.op == millrace.OperationCompensation {
 		if r.outcome == millrace.OutcomeSuccess {
@@ -469,7 +471,7 @@ func (m *machine) nextWakeup() *time.Time {
 
 // save writes the saga's new state, its history and its commands.
 func (m *machine) save() error {
-	if m.fenced {
+	if m.fenced && !m.applied {
 		return m.o.writeHistory(m.ctx, m.tx, m.hist)
 	}
 	m.in.NextWakeupAt = m.nextWakeup()

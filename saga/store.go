@@ -132,6 +132,7 @@ type HistoryEntry struct {
 type statements struct {
 	insert, load, update, history, claim, selectExisting string
 	get, historyOf                                       string
+	markMany, lockMany, updateMany                       string
 	instance, historyTable                               string
 }
 
@@ -139,6 +140,12 @@ const instanceCols = `id, type, def_version, status, phase, step, steps, data, i
        next_wakeup_at, deadline_at, attempts, last_error, created_at, updated_at, ended_at`
 
 func newStatements(schema string) statements {
+	s := baseStatements(schema)
+	batchStatements(schema, &s)
+	return s
+}
+
+func baseStatements(schema string) statements {
 	inst, hist := sqlident.Table(schema, "saga_instance"), sqlident.Table(schema, "saga_history")
 	return statements{
 		instance: inst, historyTable: hist,
