@@ -22,8 +22,12 @@ import (
 //	DedupHandler             inbox dedup + one row
 //	DedupHandlerWithReply    inbox dedup + one row + one reply through the outbox
 //	ParticipantHandler       inbox dedup + barrier + one row + reply (what AddToRouter runs)
-//	ParticipantProcessor     the batched path: commands stored by an inbox Receiver,
-//	                         applied by an inbox Processor with HandleTx, 100 per transaction
+//	ParticipantProcessor     commands stored by an inbox Receiver, applied by an
+//	                         inbox Processor with HandleTx, 100 per transaction
+//	ParticipantBatch         the batched path: 100 commands per transaction, their dedup
+//	                         marks in one statement, then HandleBatchTx
+//	ParticipantBatcher       16 concurrent callers of a Batcher (group commit, up to
+//	                         100 per transaction, 2 transactions in flight)
 
 func benchEffect(ctx context.Context, tx pgx.Tx, table, sagaID string) error {
 	_, err := tx.Exec(ctx, `INSERT INTO `+table+` (saga_id, step, kind, amount) VALUES ($1, 'credit', 'reserve', 40)`, sagaID)
@@ -47,6 +51,10 @@ func benchParticipant(b *testing.B, bb *bundle) *compensation.Participant {
 
 func runParallel(b *testing.B, h func(msg *message.Message) error) {
 	b.SetParallelism(4)
+	runParallelN(b, h)
+}
+
+func runParallelN(b *testing.B, h func(msg *message.Message) error) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
@@ -153,4 +161,49 @@ func BenchmarkParticipantProcessor(b *testing.B) {
 		b.Fatalf("effects = %d, want %d", got, b.N)
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+}
+
+func BenchmarkParticipantBatch(b *testing.B) {
+	bb := setup(b, 16)
+	p := benchParticipant(b, bb)
+	bb.p = p
+	const batch = 100
+	b.SetParallelism(2)
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		buf := make([]*message.Message, 0, batch)
+		flush := func() {
+			if len(buf) == 0 {
+				return
+			}
+			if err := bb.handleBatch(buf); err != nil {
+				b.Error(err)
+			}
+			buf = buf[:0]
+		}
+		for pb.Next() {
+			buf = append(buf, action(uuid.NewString(), 1))
+			if len(buf) == batch {
+				flush()
+			}
+		}
+		flush()
+	})
+	b.StopTimer()
+	if got := bb.count(b, `SELECT count(*) FROM `+bb.effect); got != b.N {
+		b.Fatalf("effects = %d, want %d", got, b.N)
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+}
+
+func BenchmarkParticipantBatcher(b *testing.B) {
+	bb := setup(b, 16)
+	p := benchParticipant(b, bb)
+	bt, err := p.NewBatcher(compensation.BatchConfig{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetParallelism(8)
+	runParallelN(b, bt.Handle)
 }

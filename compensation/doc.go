@@ -31,8 +31,11 @@
 // Several commands may share a topic: the handler routes on the command
 // name. To wire by hand, add Participant.Handle with Participant.Middleware
 // innermost. Participant.HandleTx runs a command in a transaction you own:
-// it is an inbox.HandlerFunc, so an inbox.Receiver and inbox.Processor give
-// the batched path, many commands per transaction (measured below).
+// it is an inbox.HandlerFunc, so an inbox.Receiver and inbox.Processor can
+// apply stored commands many per transaction; Participant.HandleBatchTx
+// handles a whole batch with a few statements, and a Batcher (or
+// RouterConfig.Batch) gathers the commands of a Router's concurrent
+// handlers into such batches (measured below).
 //
 // # The wire protocol
 //
@@ -153,19 +156,25 @@
 //     technical error as a business failure (the effect would be recorded
 //     as a final answer).
 //
-// # Performance
+// # Performance and the batched path
 //
 // One command costs the inbox's BEGIN with its mark, one round trip for the
-// barrier's claim, the function's own statements, one round trip for the
-// barrier's answer and the reply (pipelined), and the commit. Measured on
-// the 2-core development machine by
+// barrier's claim (with its savepoint), the function's own statements, one
+// round trip for the barrier's answer and the reply (pipelined), and the
+// commit: one round trip more than a dedup handler that replies through the
+// outbox. HandleBatchTx takes many commands in one transaction: one claim
+// statement and one answer-and-replies round trip per batch, one savepoint
+// round trip per function that runs, one commit; a batch consumer writes
+// the batch's dedup marks in one statement before it. Measured on the
+// 2-core development machine, busy with other work (load average 11), by
 // go test -run '^$' -bench . -benchtime 3s ./compensation/ (one run, side
-// by side, every handler writing one row, 8 concurrent callers):
+// by side, every handler writing one row):
 //
-//	DedupHandler            inbox dedup + one row                  4389 msgs/s
-//	DedupHandlerWithReply   + one reply through the outbox          2776 msgs/s
-//	ParticipantHandler      + the barrier (this package)            1946 msgs/s
-//	ParticipantProcessor    inbox Processor + HandleTx, 100/tx      3582 msgs/s
+//	DedupHandler            inbox dedup + one row, 8 callers                 3976 msgs/s
+//	DedupHandlerWithReply   + one reply through the outbox                   2548 msgs/s
+//	ParticipantHandler      + the barrier (Handle, as AddToRouter wires it)  1796 msgs/s
+//	ParticipantProcessor    inbox Processor + HandleTx, 100 per tx, 4 loops  3664 msgs/s
+//	ParticipantBatch        HandleBatchTx, 100 per tx, 4 callers             5155 msgs/s
 //
 // # Retention
 //

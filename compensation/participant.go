@@ -71,7 +71,6 @@ type command struct {
 type Participant struct {
 	pool    *pgxpool.Pool
 	name    string
-	schema  string
 	writer  *outbox.Writer
 	metrics *Metrics
 	logger  watermill.LoggerAdapter
@@ -109,7 +108,6 @@ func NewParticipant(pool *pgxpool.Pool, cfg Config) (*Participant, error) {
 	return &Participant{
 		pool:     pool,
 		name:     cfg.Name,
-		schema:   schema,
 		writer:   cfg.Writer,
 		metrics:  cfg.Metrics,
 		logger:   cfg.Logger.With(watermill.LogFields{"component": "compensation.Participant", "participant": cfg.Name}),
@@ -204,6 +202,8 @@ func (p *Participant) HandleTx(ctx context.Context, tx pgx.Tx, msg *message.Mess
 	if err != nil {
 		return err
 	}
+	ctx, restore := withTx(ctx, tx, msg)
+	defer restore()
 	b := &pgx.Batch{}
 	if it.call.Operation == millrace.OperationCompensation {
 		// The compensation's row first, then the action's: every transaction
@@ -247,10 +247,39 @@ func (p *Participant) HandleTx(ctx context.Context, tx pgx.Tx, msg *message.Mess
 	if r.finish {
 		before = append(before, queued{sql: p.sql.finish, args: []any{r.outcome, r.empty, r.payload, r.reason, it.call.SagaID, it.call.Step, it.call.Operation}})
 	}
-	if _, err := p.writer.WriteTx(ctx, &pipelineTx{Tx: tx, before: before}, p.replyEvent(it.call, r)); err != nil {
+	ptx := &pipelineTx{Tx: tx, before: before}
+	_, err = p.writer.WriteTx(ctx, ptx, p.replyEvent(it.call, r))
+	if err == nil {
+		err = ptx.flush(ctx)
+	}
+	if err != nil {
 		return fmt.Errorf("compensation: %s: reply to %s/%s %s: %w", p.name, it.call.SagaID, it.call.Step, it.call.Operation, err)
 	}
 	return nil
+}
+
+// withTx returns ctx carrying tx, and puts tx in msg's context too until
+// restore is called, so that the functions find the transaction where the
+// inbox's handlers do (millrace.TxFromContext, the outbox's
+// ContextPublisher).
+func withTx(ctx context.Context, tx pgx.Tx, msgs ...*message.Message) (context.Context, func()) {
+	if cur, ok := millrace.TxFromContext(ctx); !ok || cur != tx {
+		ctx = millrace.ContextWithTx(ctx, tx)
+	}
+	var restores []func()
+	for _, m := range msgs {
+		orig := m.Context()
+		if cur, ok := millrace.TxFromContext(orig); ok && cur == tx {
+			continue
+		}
+		m.SetContext(millrace.ContextWithTx(orig, tx))
+		restores = append(restores, func() { m.SetContext(orig) })
+	}
+	return ctx, func() {
+		for _, r := range restores {
+			r()
+		}
+	}
 }
 
 // item is one command message, parsed and decoded.
@@ -433,13 +462,18 @@ type RouterConfig struct {
 	// HandlerName names the Router handler. Defaults to the participant's
 	// name, a dot, and Topic.
 	HandlerName string
+	// Batch, when set, runs the commands through a Batcher (many per
+	// transaction, no inbox dedup marks) instead of one transaction each
+	// behind the dedup middleware. Defaults to nil.
+	Batch *BatchConfig
 }
 
 // AddToRouter adds a handler for the participant's commands on
 // cfg.Topic to r, behind PoisonQueue (permanent failures only), Retry and
 // the inbox's dedup middleware (consumer: the participant's name), in that
 // order, so each try is one transaction with the dedup mark, the barrier,
-// the effects and the reply. Call it once per command topic.
+// the effects and the reply; with cfg.Batch, behind PoisonQueue and Retry
+// only, through a Batcher. Call it once per command topic.
 func (p *Participant) AddToRouter(r *message.Router, cfg RouterConfig) (*message.Handler, error) {
 	switch {
 	case r == nil:
@@ -466,6 +500,15 @@ func (p *Participant) AddToRouter(r *message.Router, cfg RouterConfig) (*message
 	if err != nil {
 		return nil, fmt.Errorf("%w: compensation: %v", millrace.ErrConfig, err)
 	}
+	if cfg.Batch != nil {
+		b, err := p.NewBatcher(*cfg.Batch)
+		if err != nil {
+			return nil, err
+		}
+		h := r.AddConsumerHandler(cfg.HandlerName, cfg.Topic, cfg.Subscriber, b.Handle)
+		h.AddMiddleware(poison, retry.Middleware)
+		return h, nil
+	}
 	h := r.AddConsumerHandler(cfg.HandlerName, cfg.Topic, cfg.Subscriber, p.Handle)
 	h.AddMiddleware(poison, retry.Middleware, p.dedup.Middleware)
 	return h, nil
@@ -481,9 +524,11 @@ type queued struct {
 	args []any
 }
 
-// pipelineTx is tx whose next Exec sends the statements of before first,
-// in one round trip (a pgx batch). The participant hands it to the outbox
-// Writer, so the barrier's final write and the reply cost one round trip.
+// pipelineTx is tx that sends the statements of before ahead of the next
+// statement: with an Exec, in the same round trip (a pgx batch); with any
+// other call, in a round trip of their own first. The participant hands it
+// to the outbox Writer, so the barrier's answer and the reply cost one
+// round trip, and the order of statements is kept whatever the Writer does.
 type pipelineTx struct {
 	pgx.Tx
 	before []queued
@@ -512,3 +557,78 @@ func (t *pipelineTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.
 	}
 	return tag, br.Close()
 }
+
+// flush sends what is queued, if anything.
+func (t *pipelineTx) flush(ctx context.Context) error {
+	if len(t.before) == 0 {
+		return nil
+	}
+	_, err := t.Exec(ctx, "SELECT 1")
+	return err
+}
+
+func (t *pipelineTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if err := t.flush(ctx); err != nil {
+		return nil, err
+	}
+	return t.Tx.Query(ctx, sql, args...)
+}
+
+func (t *pipelineTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if err := t.flush(ctx); err != nil {
+		return errRow{err}
+	}
+	return t.Tx.QueryRow(ctx, sql, args...)
+}
+
+func (t *pipelineTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if len(t.before) > 0 {
+		pre := make([]*pgx.QueuedQuery, 0, len(t.before)+len(b.QueuedQueries))
+		for _, q := range t.before {
+			pre = append(pre, &pgx.QueuedQuery{SQL: q.sql, Arguments: q.args})
+		}
+		t.before = nil
+		// The queued statements' results are read and dropped here; the
+		// caller reads its own.
+		nb := &pgx.Batch{QueuedQueries: append(pre, b.QueuedQueries...)}
+		br := t.Tx.SendBatch(ctx, nb)
+		for range pre {
+			if _, err := br.Exec(); err != nil {
+				_ = br.Close()
+				return errBatch{err: err}
+			}
+		}
+		return br
+	}
+	return t.Tx.SendBatch(ctx, b)
+}
+
+func (t *pipelineTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	if err := t.flush(ctx); err != nil {
+		return 0, err
+	}
+	return t.Tx.CopyFrom(ctx, table, columns, src)
+}
+
+func (t *pipelineTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	if err := t.flush(ctx); err != nil {
+		return nil, err
+	}
+	return t.Tx.Begin(ctx)
+}
+
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
+
+// errBatch is the results of a batch that failed before its statements
+// ran (its other methods are those of a nil BatchResults).
+type errBatch struct {
+	pgx.BatchResults
+	err error
+}
+
+func (b errBatch) Exec() (pgconn.CommandTag, error) { return pgconn.CommandTag{}, b.err }
+func (b errBatch) Query() (pgx.Rows, error)         { return nil, b.err }
+func (b errBatch) QueryRow() pgx.Row                { return errRow{b.err} }
+func (b errBatch) Close() error                     { return b.err }

@@ -180,9 +180,15 @@ func TestWireProtocolHandBuiltMessagesThroughKafka(t *testing.T) {
 
 // AddToRouter wires PoisonQueue, Retry and dedup: a bad command of each
 // kind is poisoned with its reason and nothing is written; good commands
-// are answered once each.
+// are answered once each. With a Batcher likewise, except that a
+// redelivery is answered again from the barrier (no dedup marks).
 func TestAddToRouterPoisonsBadCommands(t *testing.T) {
 	t.Parallel()
+	t.Run("dedup", func(t *testing.T) { t.Parallel(); addToRouter(t, nil) })
+	t.Run("batch", func(t *testing.T) { t.Parallel(); addToRouter(t, &compensation.BatchConfig{}) })
+}
+
+func addToRouter(t *testing.T, batch *compensation.BatchConfig) {
 	b := setup(t, 4)
 	ps := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 64, Persistent: true}, watermill.NopLogger{})
 	t.Cleanup(func() { _ = ps.Close() })
@@ -196,7 +202,7 @@ func TestAddToRouterPoisonsBadCommands(t *testing.T) {
 	if _, err := b.p.AddToRouter(router, compensation.RouterConfig{Topic: "credit", Subscriber: ps}); !errors.Is(err, millrace.ErrConfig) {
 		t.Fatalf("no poison publisher: %v, want ErrConfig", err)
 	}
-	if _, err := b.p.AddToRouter(router, compensation.RouterConfig{Topic: "credit", Subscriber: ps, Poison: ps}); err != nil {
+	if _, err := b.p.AddToRouter(router, compensation.RouterConfig{Topic: "credit", Subscriber: ps, Poison: ps, Batch: batch}); err != nil {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
@@ -251,12 +257,19 @@ func TestAddToRouterPoisonsBadCommands(t *testing.T) {
 		}
 	}
 	mu.Unlock()
-	waitFor(t, 30*time.Second, "the good command's reply", func() bool { return len(b.replies(t, saga)) == 1 })
+	replies := 1
+	if batch != nil {
+		replies = 2
+	}
+	waitFor(t, 30*time.Second, "the good command's replies", func() bool { return len(b.replies(t, saga)) == replies })
 	if n := b.count(t, `SELECT count(*) FROM `+b.db.Schema+`.compensation_barrier`); n != 1 {
 		t.Fatalf("barrier rows = %d, want 1 (bad commands write nothing)", n)
 	}
-	if n := b.count(t, `SELECT count(*) FROM `+b.db.Schema+`.outbox_event`); n != 1 {
-		t.Fatalf("outbox rows = %d, want 1", n)
+	if n := b.count(t, `SELECT count(*) FROM `+b.db.Schema+`.outbox_event`); n != replies {
+		t.Fatalf("outbox rows = %d, want %d", n, replies)
+	}
+	if n := b.actionCalls.Load(); n != 1 {
+		t.Fatalf("action ran %d times, want 1", n)
 	}
 }
 
