@@ -332,7 +332,7 @@ func (r *result) evaluate() {
 		add("faults injected and survived",
 			r.duplicatesSent > 0 && (r.cfg.Service != "all" || r.deliveries > r.marks) && h.timeouts > 0 && h.fenced > 0 && r.restarted &&
 				h.compFailures >= 2+int64(undoAttempts) && h.stuck > 0 && h.operator > 0 && r.operatorFixed == 1,
-			"duplicates sent %d (deliveries %d > inbox marks %d), step timeouts %d, fenced replies %d, orchestrator restarted %t, failed compensation replies %d, stuck %d then fixed by %d operator action(s)",
+			"duplicates sent %d (deliveries %d, inbox marks %d), step timeouts %d, fenced replies %d, orchestrator restarted %t, failed compensation replies %d, stuck %d then fixed by %d operator action(s)",
 			r.duplicatesSent, r.deliveries, r.marks, h.timeouts, h.fenced, r.restarted, h.compFailures, h.stuck, h.operator)
 	}
 }
