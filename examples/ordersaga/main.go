@@ -11,9 +11,10 @@
 //     compensation.Participant: a barrier in front of the action and its
 //     compensation, the reply through its outbox.
 //
-// Each service has its own schema, as if in a database of its own: its
-// tables and its own millrace tables (outbox, inbox marks, the barrier or
-// the saga state), and its own relay shipping its outbox to Kafka. Credit
+// Each service has its own schemas, as if in a database of its own: one for
+// its tables (<name>_payment) and one for its millrace tables (outbox,
+// inbox marks, the barrier or the saga state: <name>_payment_millrace),
+// and its own relay shipping its outbox to Kafka. Credit
 // and stock are scarce, so some orders fail and are compensated: stock
 // returned, credit released, order cancelled.
 //
@@ -55,8 +56,8 @@
 // DATABASE_URL defaults to postgres://postgres@127.0.0.1:5432/test.
 // KAFKA_BROKERS (comma-separated host:port) selects a Kafka cluster;
 // without it the demo starts an embedded Kafka-protocol broker. The schemas
-// (ordersaga_<random>_orders, ..._payment, ...) are dropped at the end
-// unless -keep is given.
+// (ordersaga_<random>_orders, ..._orders_millrace, ..._payment, ...) are
+// dropped at the end unless -keep is given.
 //
 // # One process per service
 //

@@ -69,8 +69,8 @@ func TestOrderSaga(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		for _, s := range services {
-			_, _ = admin.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+pgx.Identifier{names{cfg.Name}.schema(s)}.Sanitize()+` CASCADE`)
+		for _, s := range (names{cfg.Name}).schemas() {
+			_, _ = admin.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+pgx.Identifier{s}.Sanitize()+` CASCADE`)
 		}
 		admin.Close()
 	})
@@ -152,16 +152,16 @@ func TestOrderSaga(t *testing.T) {
 		t.Fatalf("recounting the intact databases fails: %+v", r.checks)
 	}
 	var completed string
-	if err := admin.QueryRow(ctx, `SELECT id FROM `+c.table("orders", "saga_instance")+` WHERE status = 'completed' LIMIT 1`).Scan(&completed); err != nil {
+	if err := admin.QueryRow(ctx, `SELECT id FROM `+c.mtable("orders", "saga_instance")+` WHERE status = 'completed' LIMIT 1`).Scan(&completed); err != nil {
 		t.Fatal(err)
 	}
 	// Stock taken twice for a completed saga.
 	exec(`INSERT INTO `+c.table("inventory", "stock_ledger")+` (saga_id, sku, kind, qty) SELECT saga_id, sku, kind, qty FROM `+
 		c.table("inventory", "stock_ledger")+` WHERE saga_id = $1`, completed)
 	// A command whose inbox mark is gone: lost on the way.
-	exec(`DELETE FROM ` + c.table("payment", "processed_event") + ` WHERE event_id = (SELECT event_id FROM ` + c.table("payment", "processed_event") + ` LIMIT 1)`)
+	exec(`DELETE FROM ` + c.mtable("payment", "processed_event") + ` WHERE event_id = (SELECT event_id FROM ` + c.mtable("payment", "processed_event") + ` LIMIT 1)`)
 	// A saga left stuck.
-	exec(`UPDATE `+c.table("orders", "saga_instance")+` SET status = 'stuck' WHERE id = $1`, completed)
+	exec(`UPDATE `+c.mtable("orders", "saga_instance")+` SET status = 'stuck' WHERE id = $1`, completed)
 	r := count()
 	if r.lost.total() != 1 || r.sagas.stuck != 1 || r.effects.stock < 1 || r.effects.balances < 1 || r.ok() {
 		t.Errorf("after planting damage: lost %d, stuck %d, effects %+v, ok %t; want 1 lost, 1 stuck, stock and balance mismatches, not ok",

@@ -128,7 +128,7 @@ type ordersService struct {
 
 func startOrders(ctx context.Context, cfg config, lg *logger, p *plan) (*ordersService, error) {
 	n := names{cfg.Name}
-	s, err := newService(ctx, cfg, "orders", n.schema("orders"), ordersDDL, lg)
+	s, err := newService(ctx, cfg, "orders", ordersDDL, lg)
 	if err != nil {
 		return nil, err
 	}
@@ -137,7 +137,7 @@ func startOrders(ctx context.Context, cfg config, lg *logger, p *plan) (*ordersS
 		s.close()
 		return nil, err
 	}
-	if svc.api, err = saga.New(s.pool, saga.Config{Schema: s.schema, Consumer: sagaConsumer, Writer: s.writer}); err == nil {
+	if svc.api, err = saga.New(s.pool, saga.Config{Schema: s.mschema, Consumer: sagaConsumer, Writer: s.writer}); err == nil {
 		err = svc.api.Register(svc.def)
 	}
 	if err != nil {
@@ -160,7 +160,7 @@ type orchestrator struct {
 }
 
 func (svc *ordersService) startOrchestrator(ctx context.Context) error {
-	o, err := saga.New(svc.pool, saga.Config{Schema: svc.schema, Consumer: sagaConsumer, Writer: svc.writer, PollInterval: 100 * time.Millisecond, Logger: svc.wlog})
+	o, err := saga.New(svc.pool, saga.Config{Schema: svc.mschema, Consumer: sagaConsumer, Writer: svc.writer, PollInterval: 100 * time.Millisecond, Logger: svc.wlog})
 	if err != nil {
 		return err
 	}

@@ -100,7 +100,7 @@ type participant struct {
 func startParticipant(ctx context.Context, cfg config, lg *logger, name, ddl string,
 	seed func(context.Context, *service) error, register func(*compensation.Participant) error) (*participant, error) {
 	n := names{cfg.Name}
-	s, err := newService(ctx, cfg, name, n.schema(name), ddl, lg)
+	s, err := newService(ctx, cfg, name, ddl, lg)
 	if err != nil {
 		return nil, err
 	}
@@ -108,7 +108,7 @@ func startParticipant(ctx context.Context, cfg config, lg *logger, name, ddl str
 		s.close()
 		return nil, fmt.Errorf("%s: seed: %w", name, err)
 	}
-	p, err := compensation.NewParticipant(s.pool, compensation.Config{Schema: s.schema, Name: name, Writer: s.writer, Logger: s.wlog})
+	p, err := compensation.NewParticipant(s.pool, compensation.Config{Schema: s.mschema, Name: name, Writer: s.writer, Logger: s.wlog})
 	if err == nil {
 		err = register(p)
 	}

@@ -19,8 +19,14 @@ type counter struct {
 	n     names
 }
 
+// table is a service's own table; mtable one of millrace's tables of the
+// service.
 func (c *counter) table(service, table string) string {
 	return pgx.Identifier{c.n.schema(service), table}.Sanitize()
+}
+
+func (c *counter) mtable(service, table string) string {
+	return pgx.Identifier{c.n.millrace(service), table}.Sanitize()
 }
 
 // sagaCounts are the sagas by status, from saga_instance.
@@ -39,7 +45,7 @@ func (c *counter) sagas(ctx context.Context) (sagaCounts, error) {
        count(*) FILTER (WHERE status = 'completed'),
        count(*) FILTER (WHERE status = 'compensated'),
        count(*) FILTER (WHERE status = 'stuck')
-  FROM `+c.table("orders", "saga_instance")).Scan(&s.total, &s.running, &s.compensating, &s.completed, &s.compensated, &s.stuck)
+  FROM `+c.mtable("orders", "saga_instance")).Scan(&s.total, &s.running, &s.compensating, &s.completed, &s.compensated, &s.stuck)
 	return s, err
 }
 
@@ -47,7 +53,7 @@ func (c *counter) sagas(ctx context.Context) (sagaCounts, error) {
 func (c *counter) pending(ctx context.Context) (int64, error) {
 	var parts []string
 	for _, s := range services {
-		parts = append(parts, "(SELECT count(*) FROM "+c.table(s, "outbox_pending")+")")
+		parts = append(parts, "(SELECT count(*) FROM "+c.mtable(s, "outbox_pending")+")")
 	}
 	var n int64
 	err := c.admin.QueryRow(ctx, `SELECT `+strings.Join(parts, " + ")).Scan(&n)
@@ -95,8 +101,8 @@ func (c *counter) lost(ctx context.Context) (lostCounts, error) {
 		for _, r := range routes {
 			var events, lost int64
 			err := c.admin.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE p.event_id IS NULL)
-  FROM `+c.table(producer, "outbox_event")+` e
-  LEFT JOIN `+c.table(r.service, "processed_event")+` p ON p.consumer = $2 AND p.event_id = e.event_id
+  FROM `+c.mtable(producer, "outbox_event")+` e
+  LEFT JOIN `+c.mtable(r.service, "processed_event")+` p ON p.consumer = $2 AND p.event_id = e.event_id
  WHERE e.topic = $1`, r.topic, r.consumer).Scan(&events, &lost)
 			if err != nil {
 				return l, err
@@ -106,7 +112,7 @@ func (c *counter) lost(ctx context.Context) (lostCounts, error) {
 		}
 		// An event for a topic nobody consumes is lost too.
 		var stray int64
-		if err := c.admin.QueryRow(ctx, `SELECT count(*) FROM `+c.table(producer, "outbox_event")+` WHERE topic <> ALL($1)`,
+		if err := c.admin.QueryRow(ctx, `SELECT count(*) FROM `+c.mtable(producer, "outbox_event")+` WHERE topic <> ALL($1)`,
 			topics).Scan(&stray); err != nil {
 			return l, err
 		}
@@ -130,7 +136,7 @@ func (e effects) double() int64 { return e.credit + e.stock + e.shipping + e.ord
 
 func (c *counter) effects(ctx context.Context) (effects, error) {
 	var e effects
-	sagas := c.table("orders", "saga_instance")
+	sagas := c.mtable("orders", "saga_instance")
 	// A ledger of reserve/release (take/return) rows per saga must read:
 	// completed, one reserve and no release; compensated, as many releases
 	// as reserves, at most one; otherwise at most one of each. A ledger row
@@ -204,7 +210,7 @@ func (c *counter) history(ctx context.Context) (history, error) {
        count(*) FILTER (WHERE event = 'reply' AND operation = 'compensation' AND outcome = 'failure'),
        count(*) FILTER (WHERE event = 'stuck'),
        count(*) FILTER (WHERE event = 'operator')
-  FROM `+c.table("orders", "saga_history")).Scan(&h.timeouts, &h.fenced, &h.compFailures, &h.stuck, &h.operator)
+  FROM `+c.mtable("orders", "saga_history")).Scan(&h.timeouts, &h.fenced, &h.compFailures, &h.stuck, &h.operator)
 	return h, err
 }
 
@@ -212,7 +218,7 @@ func (c *counter) history(ctx context.Context) (history, error) {
 func (c *counter) marks(ctx context.Context) (int64, error) {
 	var parts []string
 	for _, s := range services {
-		parts = append(parts, "(SELECT count(*) FROM "+c.table(s, "processed_event")+")")
+		parts = append(parts, "(SELECT count(*) FROM "+c.mtable(s, "processed_event")+")")
 	}
 	var n int64
 	err := c.admin.QueryRow(ctx, `SELECT `+strings.Join(parts, " + ")).Scan(&n)

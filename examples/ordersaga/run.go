@@ -117,7 +117,7 @@ func run(ctx context.Context, cfg config) (_ *result, err error) {
 		return nil, err
 	}
 	defer admin.Close()
-	schemas := []string{n.schema("orders"), n.schema("payment"), n.schema("inventory"), n.schema("shipping")}
+	schemas := n.schemas()
 	defer func() {
 		if cfg.Service != "all" {
 			return
@@ -171,13 +171,13 @@ func run(ctx context.Context, cfg config) (_ *result, err error) {
 		if err := waitFor(ctx, cfg.Timeout, func(ctx context.Context) (bool, error) {
 			var ready int
 			err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE tablename = 'service_ready' AND schemaname = ANY($1)`,
-				schemas[1:]).Scan(&ready)
+				[]string{n.schema("payment"), n.schema("inventory"), n.schema("shipping")}).Scan(&ready)
 			return ready == 3, err
 		}); err != nil {
 			return nil, fmt.Errorf("the other services did not come up: %w", err)
 		}
 	}
-	lg.say("4 services, schemas %s_{orders,payment,inventory,shipping}; Kafka at %s (%s)", cfg.Name, cfg.Brokers[0], kind)
+	lg.say("4 services, schemas %s_{orders,payment,inventory,shipping}{,_millrace}; Kafka at %s (%s)", cfg.Name, cfg.Brokers[0], kind)
 	lg.say("placing %d orders at %d/s from %d goroutines; %d customers, %d SKUs, credit and stock for about 80%% of them; faults %s",
 		cfg.Sagas, cfg.Rate, cfg.Writers, len(p.customers)-3, len(p.skus)-2, onOff(cfg.Faults))
 

@@ -28,9 +28,21 @@ type names struct {
 	run string
 }
 
-// schema is a service's schema: its own tables and its own millrace tables
-// (outbox, inbox, barrier or saga state), as if in a database of its own.
+// schema is a service's schema for its own tables, and millrace its schema
+// for millrace's tables (outbox, inbox marks, barrier or saga state): the
+// two schemas a service would have in a database of its own.
 func (n names) schema(service string) string { return n.run + "_" + service }
+
+func (n names) millrace(service string) string { return n.run + "_" + service + "_millrace" }
+
+// schemas are every schema of a run.
+func (n names) schemas() []string {
+	var out []string
+	for _, s := range services {
+		out = append(out, n.schema(s), n.millrace(s))
+	}
+	return out
+}
 
 // commands is a participant's command topic.
 func (n names) commands(service string) string { return n.run + "." + service + ".commands" }
@@ -45,11 +57,12 @@ func (n names) group(service string) string { return n.run + "." + service }
 // its own schema, a relay that ships its outbox to Kafka, and a Watermill
 // Router that consumes its topics.
 type service struct {
-	name   string
-	schema string
-	pool   *pgxpool.Pool
-	writer *outbox.Writer // the service's one outbox Writer, shared by its components
-	log    *logger
+	name    string
+	schema  string // the service's own tables
+	mschema string // millrace's tables
+	pool    *pgxpool.Pool
+	writer  *outbox.Writer // the service's one outbox Writer, shared by its components
+	log     *logger
 
 	brokers   []string
 	group     string
@@ -63,11 +76,13 @@ type service struct {
 	deliveries atomic.Int64 // messages delivered to this service's handlers
 }
 
-// newService connects to the database, recreates the service's schema
-// with millrace's tables and the service's own (ddl), and starts its relay.
-func newService(ctx context.Context, cfg config, name, schema, ddl string, lg *logger) (_ *service, err error) {
-	s := &service{name: name, schema: schema, log: lg, brokers: cfg.Brokers,
-		group: names{cfg.Name}.group(name),
+// newService connects to the database, recreates the service's schemas
+// with its own tables (ddl) and millrace's, and starts its relay.
+func newService(ctx context.Context, cfg config, name, ddl string, lg *logger) (_ *service, err error) {
+	n := names{cfg.Name}
+	schema, mschema := n.schema(name), n.millrace(name)
+	s := &service{name: name, schema: schema, mschema: mschema, log: lg, brokers: cfg.Brokers,
+		group: n.group(name),
 		wlog:  watermill.NewSlogLogger(slog.New(slog.NewTextHandler(lg.w, &slog.HandlerOptions{Level: slog.LevelError}))),
 	}
 	if lg.w == io.Discard {
@@ -81,24 +96,26 @@ func newService(ctx context.Context, cfg config, name, schema, ddl string, lg *l
 	if s.pool, err = connect(ctx, cfg.DatabaseURL, schema, poolSize(name)); err != nil {
 		return s, err
 	}
-	if _, err := s.pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`); err != nil {
-		return s, fmt.Errorf("%s: drop schema %s: %w", name, schema, err)
+	for _, sc := range []string{schema, mschema} {
+		if _, err := s.pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{sc}.Sanitize()+` CASCADE`); err != nil {
+			return s, fmt.Errorf("%s: drop schema %s: %w", name, sc, err)
+		}
 	}
-	m, err := migrations.New(s.pool, migrations.Config{Schema: schema})
+	m, err := migrations.New(s.pool, migrations.Config{Schema: mschema})
 	if err != nil {
 		return s, err
 	}
 	if _, err := m.Up(ctx); err != nil {
-		return s, fmt.Errorf("%s: migrate schema %s: %w", name, schema, err)
+		return s, fmt.Errorf("%s: migrate schema %s: %w", name, mschema, err)
 	}
-	if _, err := s.pool.Exec(ctx, ddl); err != nil {
+	if _, err := s.pool.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{schema}.Sanitize()+`; `+ddl); err != nil {
 		return s, fmt.Errorf("%s: create tables: %w", name, err)
 	}
 
 	// One Writer per service: its wake-up hints to the relay (a pg_notify,
 	// which takes a database-wide lock at commit) are coalesced to one per
 	// notifyInterval; the relay polls as a fallback.
-	if s.writer, err = outbox.NewWriter(s.pool, outbox.WriterConfig{Schema: schema, NotifyInterval: notifyInterval}); err != nil {
+	if s.writer, err = outbox.NewWriter(s.pool, outbox.WriterConfig{Schema: mschema, NotifyInterval: notifyInterval}); err != nil {
 		return s, err
 	}
 
@@ -113,7 +130,7 @@ func newService(ctx context.Context, cfg config, name, schema, ddl string, lg *l
 	if cfg.Faults {
 		s.dup.every = dupEvery
 	}
-	relay, err := outbox.NewRelay(s.pool, outbox.RelayConfig{Schema: schema, Publisher: s.dup, Logger: s.wlog,
+	relay, err := outbox.NewRelay(s.pool, outbox.RelayConfig{Schema: mschema, Publisher: s.dup, Logger: s.wlog,
 		PollInterval: 100 * time.Millisecond})
 	if err != nil {
 		_ = pub.Close()
