@@ -40,12 +40,27 @@ func TestHandleBatchTxMatchesHandleTx(t *testing.T) {
 	single, batched := setup(t, 4), setup(t, 4)
 	single.setFailAction(fail)
 	batched.setFailAction(fail)
-	for _, m := range scripted() {
+	// A function that fails without writing anything, right after one that
+	// wrote: the batch must not roll back the other's writes.
+	refuse := func(context.Context, pgx.Tx, compensation.Call, struct{}) (struct{}, error) {
+		return struct{}{}, compensation.Fail("refused")
+	}
+	must(t, compensation.Register(single.p, "refuse", refuse, nil))
+	must(t, compensation.Register(batched.p, "refuse", refuse, nil))
+	script := func() []*message.Message {
+		r := action("saga-refused", 1)
+		r.Metadata.Set(millrace.MetadataSagaCommand, "refuse")
+		return append(scripted(), action("saga-wrote", 1), r)
+	}
+	for _, m := range script() {
 		must(t, single.handle(m))
 	}
 	ctx := context.Background()
-	must(t, pgx.BeginFunc(ctx, batched.db.Pool, func(tx pgx.Tx) error { return batched.p.HandleBatchTx(ctx, tx, scripted()) }))
-	for _, saga := range []string{"saga-ok", "saga-late", "saga-undo", "saga-fail"} {
+	must(t, pgx.BeginFunc(ctx, batched.db.Pool, func(tx pgx.Tx) error { return batched.p.HandleBatchTx(ctx, tx, script()) }))
+	if n := batched.effects(t, "saga-wrote", "reserve"); n != 1 {
+		t.Fatalf("saga-wrote: %d effects, want 1", n)
+	}
+	for _, saga := range []string{"saga-ok", "saga-late", "saga-undo", "saga-fail", "saga-wrote", "saga-refused"} {
 		a, b := single.replies(t, saga), batched.replies(t, saga)
 		if !slices.Equal(a, b) {
 			t.Fatalf("saga %s: replies differ\nsingle:  %+v\nbatched: %+v", saga, a, b)
