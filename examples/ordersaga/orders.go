@@ -121,9 +121,8 @@ type ordersService struct {
 
 	placed atomic.Int64
 
-	mu       sync.Mutex
-	orch     *orchestrator
-	restarts int
+	mu   sync.Mutex
+	orch *orchestrator
 }
 
 func startOrders(ctx context.Context, cfg config, lg *logger, p *plan) (*ordersService, error) {
@@ -221,9 +220,6 @@ func (svc *ordersService) restartOrchestrator(ctx context.Context, pause time.Du
 	if err := svc.startOrchestrator(ctx); err != nil {
 		return err
 	}
-	svc.mu.Lock()
-	svc.restarts++
-	svc.mu.Unlock()
 	svc.log.fault("orchestrator restarted (a new saga.Orchestrator, same consumer group): it resumes every saga from its row")
 	return nil
 }

@@ -37,7 +37,7 @@ type sku struct {
 const (
 	stepTimeout  = 10 * time.Second
 	stockTimeout = 5 * time.Second
-	stockLate    = stockTimeout + time.Second
+	stockLate    = stockTimeout + 3*time.Second // well past the timeout, even when the timers run late
 )
 
 // newPlan makes n orders over n/12 customers and n/15 SKUs; credit and
