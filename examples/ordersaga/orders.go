@@ -175,6 +175,7 @@ func (svc *ordersService) startOrchestrator(ctx context.Context) error {
 		return err
 	}
 	if _, err := o.AddToRouter(r, saga.RouterConfig{Subscriber: sub, Poison: svc.poison, Retry: svc.retry()}); err != nil {
+		_ = sub.Close()
 		return err
 	}
 	rr, err := start(ctx, r)

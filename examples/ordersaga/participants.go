@@ -123,7 +123,9 @@ func startParticipant(ctx context.Context, cfg config, lg *logger, name, ddl str
 	}
 	sub, err := s.subscriber()
 	if err == nil {
-		_, err = p.AddToRouter(r, compensation.RouterConfig{Topic: n.commands(name), Subscriber: sub, Poison: s.poison, Retry: s.retry()})
+		if _, err = p.AddToRouter(r, compensation.RouterConfig{Topic: n.commands(name), Subscriber: sub, Poison: s.poison, Retry: s.retry()}); err != nil {
+			_ = sub.Close()
+		}
 	}
 	if err == nil {
 		err = s.run(ctx, r)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"regexp"
 	"strconv"
@@ -219,7 +220,7 @@ func run(ctx context.Context, cfg config) (_ *result, err error) {
 		select {
 		case err := <-restartErr:
 			if err != nil {
-				return false, fmt.Errorf("restart the orchestrator: %w", err)
+				return false, fatal{fmt.Errorf("restart the orchestrator: %w", err)}
 			}
 			res.restarted = true
 		default:
@@ -285,8 +286,13 @@ func onOff(b bool) string {
 	return "off"
 }
 
-// waitFor polls cond every 100 ms until it holds, ctx ends, or timeout
-// passes.
+// fatal is an error of a waitFor condition that ends the wait at once.
+type fatal struct{ error }
+
+func (f fatal) Unwrap() error { return f.error }
+
+// waitFor polls cond every 100 ms until it holds, ctx ends, timeout passes,
+// or cond fails with a fatal error.
 func waitFor(ctx context.Context, timeout time.Duration, cond func(context.Context) (bool, error)) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -297,6 +303,9 @@ func waitFor(ctx context.Context, timeout time.Duration, cond func(context.Conte
 		ok, err := cond(ctx)
 		if ok && err == nil {
 			return nil
+		}
+		if f := (fatal{}); errors.As(err, &f) {
+			return f.error
 		}
 		if err != nil && ctx.Err() == nil {
 			lastErr = err
