@@ -15,8 +15,9 @@
 // its tables (<name>_payment) and one for its millrace tables (outbox,
 // inbox marks, the barrier or the saga state: <name>_payment_millrace),
 // and its own relay shipping its outbox to Kafka. Credit
-// and stock are scarce, so some orders fail and are compensated: stock
-// returned, credit released, order cancelled.
+// and stock are scarce, and the fraud check at approval (the pivot, a
+// local step) refuses one order in 25, so some orders fail and are
+// compensated: stock returned, credit released, order cancelled.
 //
 // Faults (on by default, -faults=false turns them off), each visible in the
 // progress output:

@@ -40,10 +40,10 @@ CREATE TABLE orders (
 
 // orderSaga defines the order saga: accept the order (local), reserve
 // credit (payment) and stock (inventory), approve the order (local: the
-// pivot), book the shipment (shipping: retried until it succeeds) and mark
+// pivot; the fraud check refuses a few), book the shipment (shipping: retried until it succeeds) and mark
 // the order shipped (local). A failure before the pivot compensates in
 // reverse: stock returned, credit released, order cancelled.
-func orderSaga(n names) (*saga.Definition[Order], error) {
+func orderSaga(n names, p *plan) (*saga.Definition[Order], error) {
 	setStatus := func(status string) func(ctx context.Context, tx pgx.Tx, o *Order) error {
 		return func(ctx context.Context, tx pgx.Tx, o *Order) error {
 			_, err := tx.Exec(ctx, `UPDATE orders SET status = $2 WHERE id = $1`, o.ID, status)
@@ -80,7 +80,12 @@ func orderSaga(n names) (*saga.Definition[Order], error) {
 			},
 			{
 				Name: "approve", Kind: saga.Pivot,
-				Local: setStatus("approved"),
+				Local: func(ctx context.Context, tx pgx.Tx, o *Order) error {
+					if p.fraudulent(o.ID) {
+						return saga.Fail("fraud check failed") // compensates: stock returned, credit released, order cancelled
+					}
+					return setStatus("approved")(ctx, tx, o)
+				},
 			},
 			{
 				Name: "book_shipment", Kind: saga.Retriable, Timeout: stepTimeout,
@@ -132,7 +137,7 @@ func startOrders(ctx context.Context, cfg config, lg *logger, p *plan) (*ordersS
 		return nil, err
 	}
 	svc := &ordersService{service: s, cfg: cfg, plan: p}
-	if svc.def, err = orderSaga(n); err != nil {
+	if svc.def, err = orderSaga(n, p); err != nil {
 		s.close()
 		return nil, err
 	}
@@ -302,7 +307,8 @@ feed:
 // countLive counts the sagas not ended (running, compensating, stuck).
 func (svc *ordersService) countLive(ctx context.Context) (int64, error) {
 	var n int64
-	err := svc.pool.QueryRow(ctx, `SELECT count(*) FROM saga_instance WHERE status IN ('running', 'compensating', 'stuck')`).Scan(&n)
+	err := svc.pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{svc.mschema, "saga_instance"}.Sanitize()+
+		` WHERE status IN ('running', 'compensating', 'stuck')`).Scan(&n)
 	return n, err
 }
 

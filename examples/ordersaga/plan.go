@@ -88,6 +88,13 @@ func newPlan(n int, seed uint64) *plan {
 
 func orderID(i int) string { return fmt.Sprintf("order-%05d", i) }
 
+// fraudulent reports whether the fraud check at approval refuses the
+// order: one in 25.
+func (p *plan) fraudulent(sagaID string) bool {
+	n, err := strconv.Atoi(strings.TrimPrefix(sagaID, "order-"))
+	return err == nil && n%25 == 11
+}
+
 // flakyCarrier reports whether the carrier fails for this saga's shipment
 // at first: every fifth order.
 func (p *plan) flakyCarrier(sagaID string) bool {
