@@ -107,6 +107,11 @@ func TestOrderSaga(t *testing.T) {
 	if res.sagas.completed == 0 || res.sagas.compensated == 0 || res.sagas.completed+res.sagas.compensated != int64(cfg.Sagas) {
 		t.Errorf("sagas %+v: want both outcomes, adding up to %d", res.sagas, cfg.Sagas)
 	}
+	// Compensations undid both kinds of effect: credit released, stock
+	// returned (the fraud check fails sagas after their stock is taken).
+	if e := res.effects; e.released == 0 || e.returned == 0 || e.reserved == 0 || e.taken == 0 || e.shipments != res.sagas.completed {
+		t.Errorf("effects %+v: want credit released and stock returned, one shipment per completed saga", e)
+	}
 
 	// Each fault happened and is told in the progress output.
 	for _, s := range []string{
