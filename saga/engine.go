@@ -324,11 +324,11 @@ func parseReply(md map[string]string, payload []byte) (reply, error) {
 	bad := func(format string, args ...any) (reply, error) {
 		return r, millrace.Permanent(fmt.Errorf("%w: %s", ErrBadReply, fmt.Sprintf(format, args...)))
 	}
-	if r.sagaID == "" {
-		return bad("no %s", millrace.MetadataSagaID)
+	if err := checkName(r.sagaID); err != nil {
+		return bad("%s %q: %v", millrace.MetadataSagaID, r.sagaID, err)
 	}
-	if r.step == "" {
-		return bad("saga %s: no %s", r.sagaID, millrace.MetadataSagaStep)
+	if err := checkName(r.step); err != nil {
+		return bad("saga %s: %s %q: %v", r.sagaID, millrace.MetadataSagaStep, r.step, err)
 	}
 	a, err := strconv.Atoi(md[millrace.MetadataSagaAttempt])
 	if err != nil || a < 1 {

@@ -223,8 +223,8 @@ func (o *Orchestrator) writeHistory(ctx context.Context, tx pgx.Tx, rows []histo
 		details                                                      = make([]*string, n)
 	)
 	for i, r := range rows {
-		ids[i], events[i], steps[i], ops[i] = r.sagaID, r.event, r.step, r.op
-		outcomes[i], statuses[i], actors[i], reasons[i] = r.outcome, r.status, r.actor, oneLine(r.reason)
+		ids[i], events[i], steps[i], ops[i] = clean(r.sagaID), r.event, clean(r.step), r.op
+		outcomes[i], statuses[i], actors[i], reasons[i] = clean(r.outcome), r.status, clean(r.actor), oneLine(r.reason)
 		ats[i], attempts[i] = r.at, int32(r.attempt)
 		if r.detail != nil {
 			s := string(r.detail)
