@@ -28,7 +28,11 @@ type BatchConfig struct {
 // batch that took theirs. Nothing waits on a timer: under light load each
 // command runs alone, under heavy load batches grow while transactions are
 // in flight. Handle returns when the command's transaction has committed,
-// so the broker is acknowledged only then.
+// so the broker is acknowledged only then. A batch holds at most the
+// commands in flight at once: with a Router on watermill-kafka, one per
+// partition being consumed (its subscriber sends a partition's next message
+// after the previous one is acknowledged), so give command topics enough
+// partitions for the batches you want.
 //
 // A batch that fails (a technical error, a malformed command) is run again
 // one command per transaction, so that each command gets its own result: a
