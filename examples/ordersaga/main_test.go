@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"regexp"
 	"strings"
 	"sync"
@@ -177,4 +178,101 @@ func TestOrderSaga(t *testing.T) {
 	if !strings.Contains(buf.String(), "stuck=1 lost_events=1 double_effects=") || strings.HasSuffix(strings.TrimSpace(buf.String()), "double_effects=0") {
 		t.Errorf("the demo line does not show the damage:\n%s", buf.String())
 	}
+}
+
+// The four services as separate runs sharing only the database and the
+// broker (the orders service's embedded broker on a port of its own), as
+// with -service in four processes: the same counts hold.
+func TestServicesRunSeparately(t *testing.T) {
+	t.Parallel()
+	if devkafka.EnvBrokers() == nil {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		_ = l.Close()
+		t.Logf("embedded broker on port %d", port)
+		testSeparately(t, port)
+		return
+	}
+	testSeparately(t, 0)
+}
+
+func testSeparately(t *testing.T, port int) {
+	log, out := &syncBuffer{}, &syncBuffer{}
+	base := config{
+		DatabaseURL: pgtest.URL(),
+		Brokers:     devkafka.EnvBrokers(),
+		Name:        "ordersaga_sep_" + randomHex(4),
+		Sagas:       36,
+		Seed:        3,
+		Writers:     4,
+		Rate:        30,
+		Faults:      true,
+		Timeout:     90 * time.Second,
+		BrokerPort:  port,
+		Log:         log,
+		Out:         out,
+	}
+	ctx := context.Background()
+	admin, err := pgtest.Connect(ctx, pgtest.URL(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, s := range (names{base.Name}).schemas() {
+			_, _ = admin.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+pgx.Identifier{s}.Sanitize()+` CASCADE`)
+		}
+		admin.Close()
+	})
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("progress:\n%s\nsummary:\n%s", log.String(), out.String())
+		}
+	})
+
+	pctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	errs := make(chan error, 3)
+	for _, svc := range []string{"payment", "inventory", "shipping"} {
+		cfg := base
+		cfg.Service = svc
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- serveParticipant(pctx, cfg)
+		}()
+	}
+	cfg := base
+	cfg.Service = "orders"
+	res, err := run(ctx, cfg)
+	stop()
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		if e != nil {
+			t.Errorf("participant: %v", e)
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.print(out)
+	if !res.ok() {
+		t.Errorf("checks failed: %+v", res.checks)
+	}
+	if !strings.HasSuffix(strings.TrimSpace(out.String()), "stuck=0 lost_events=0 double_effects=0") {
+		t.Errorf("last line: %q", lines(out.String()))
+	}
+	for _, s := range []string{"payment: schema", "inventory: schema", "shipping: schema", "waiting for the payment, inventory and shipping services"} {
+		if !strings.Contains(log.String(), s) {
+			t.Errorf("progress output lacks %q", s)
+		}
+	}
+}
+
+func lines(s string) string {
+	l := strings.Split(strings.TrimSpace(s), "\n")
+	return l[len(l)-1]
 }
