@@ -102,6 +102,7 @@ type config struct {
 	Sagas       int      // orders placed, one saga each
 	Seed        uint64   // of the plan (customers, SKUs, orders)
 	Writers     int      // goroutines placing orders
+	Conns       int      // PostgreSQL connections per service (orders: 4 more)
 	Rate        int      // orders placed per second in all; 0: as fast as they go
 	Faults      bool
 	Timeout     time.Duration // the longest wait for every saga to end
@@ -126,14 +127,15 @@ func main() {
 	flag.IntVar(&cfg.Sagas, "sagas", 500, "orders to place (one saga each)")
 	flag.Uint64Var(&cfg.Seed, "seed", 1, "seed of the orders, customers and stock")
 	flag.IntVar(&cfg.Writers, "writers", 8, "goroutines placing orders")
+	flag.IntVar(&cfg.Conns, "conns", 8, "PostgreSQL connections per service (the orders service: 4 more)")
 	flag.IntVar(&cfg.Rate, "rate", 50, "orders per second (0: as fast as possible)")
 	flag.BoolVar(&cfg.Faults, "faults", true, "inject the faults")
 	flag.DurationVar(&cfg.Timeout, "timeout", 2*time.Minute, "give up waiting for the sagas to end after this long")
 	flag.BoolVar(&cfg.Keep, "keep", false, "keep the schemas instead of dropping them")
 	flag.IntVar(&cfg.BrokerPort, "broker-port", 9092, "port of the embedded broker the services share with -service")
 	flag.Parse()
-	if cfg.Sagas < 12 || cfg.Writers < 1 || cfg.Rate < 0 {
-		fmt.Fprintln(os.Stderr, "demo: -sagas must be at least 12, -writers at least 1, -rate not negative")
+	if cfg.Sagas < 12 || cfg.Writers < 1 || cfg.Rate < 0 || cfg.Conns < 2 {
+		fmt.Fprintln(os.Stderr, "demo: -sagas must be at least 12, -writers at least 1, -rate not negative, -conns at least 2")
 		os.Exit(2)
 	}
 	switch cfg.Service {

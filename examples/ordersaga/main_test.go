@@ -57,6 +57,7 @@ func TestOrderSaga(t *testing.T) {
 		Sagas:       60,
 		Seed:        7,
 		Writers:     4,
+		Conns:       3, // the whole suite shares PostgreSQL's max_connections
 		Rate:        30,
 		Faults:      true,
 		Timeout:     90 * time.Second,
@@ -208,6 +209,7 @@ func testSeparately(t *testing.T, port int) {
 		Sagas:       36,
 		Seed:        3,
 		Writers:     4,
+		Conns:       3, // the whole suite shares PostgreSQL's max_connections
 		Rate:        30,
 		Faults:      true,
 		Timeout:     90 * time.Second,

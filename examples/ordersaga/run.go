@@ -113,7 +113,7 @@ func run(ctx context.Context, cfg config) (_ *result, err error) {
 		return nil, err
 	}
 	defer closeBroker()
-	admin, err := connect(ctx, cfg.DatabaseURL, "", 4)
+	admin, err := connect(ctx, cfg.DatabaseURL, "", 2)
 	if err != nil {
 		return nil, err
 	}

@@ -93,7 +93,7 @@ func newService(ctx context.Context, cfg config, name, ddl string, lg *logger) (
 			s.close()
 		}
 	}()
-	if s.pool, err = connect(ctx, cfg.DatabaseURL, schema, poolSize(name)); err != nil {
+	if s.pool, err = connect(ctx, cfg.DatabaseURL, schema, poolSize(cfg, name)); err != nil {
 		return s, err
 	}
 	for _, sc := range []string{schema, mschema} {
@@ -363,14 +363,14 @@ func (l *logger) say(format string, args ...any) {
 // fault logs an injected fault or what the framework did about it.
 func (l *logger) fault(format string, args ...any) { l.say("fault: "+format, args...) }
 
-// poolSize is a service's connection pool size: its handlers (one per
-// partition being consumed), its relay's workers, and for orders the
-// writers, the timers and the operator.
-func poolSize(service string) int32 {
+// poolSize is a service's connection pool size: cfg.Conns, and for orders
+// four more (its writers, timers and operator besides the reply handlers).
+// Handlers beyond it wait for a connection.
+func poolSize(cfg config, service string) int32 {
 	if service == "orders" {
-		return partitions + 8
+		return int32(cfg.Conns + 4)
 	}
-	return partitions + 4
+	return int32(cfg.Conns)
 }
 
 // partitions is the partition count of the embedded broker's topics: the
