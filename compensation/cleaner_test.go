@@ -92,17 +92,28 @@ func TestCleanerRemovesOnlyEndedSagas(t *testing.T) {
 	}
 }
 
-func TestCleanerRunStops(t *testing.T) {
+// Run cleans at once and on every interval, and stops when ctx ends.
+func TestCleanerRunCleansAndStops(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 2)
+	saga := uuid.NewString()
+	must(t, b.handle(action(saga, 1)))
+	if _, err := b.db.Pool.Exec(context.Background(), `UPDATE `+sqlident.Table(b.db.Schema, "compensation_barrier")+
+		` SET updated_at = now() - interval '8 days'`); err != nil {
+		t.Fatal(err)
+	}
 	c, err := compensation.NewCleaner(b.db.Pool, compensation.CleanerConfig{Schema: b.db.Schema, Interval: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
-	time.Sleep(20 * time.Millisecond) // let it run a few passes
+	waitFor(t, 30*time.Second, "the default 7-day window to remove the 8-day-old saga", func() bool {
+		_, _, ok := b.barrier(t, saga, millrace.OperationAction)
+		return !ok
+	})
 	cancel()
 	select {
 	case err := <-done:
