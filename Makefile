@@ -7,14 +7,16 @@ export GOFLAGS ?= -mod=readonly
 
 .PHONY: demo test bench pg-up broker fmt
 
-# The main example, end to end (examples/outbox). Flags pass through DEMOFLAGS:
-# make demo DEMOFLAGS="-orders 20000 -keep". Exits 1 if a check fails.
-# It builds first, saying so: a cold build is silent for about half a minute.
+# The main example, end to end: the order saga across four services
+# (examples/ordersaga), faults on. Flags pass through DEMOFLAGS:
+# make demo DEMOFLAGS="-sagas 2000 -keep". Exits 1 if a check fails. It
+# builds first, saying so: a cold build is silent for about half a minute.
+# The outbox-only example: go run ./examples/outbox.
 demo:
 	@url="$$(scripts/pg-up.sh)" || exit 1; \
 	dir="$$(mktemp -d)" || exit 1; trap 'rm -rf "$$dir"' EXIT; \
-	echo "demo: building examples/outbox (a first build takes about half a minute)..." >&2; \
-	$(GO) build -o "$$dir/demo" ./examples/outbox || exit 1; \
+	echo "demo: building examples/ordersaga (a first build takes about half a minute)..." >&2; \
+	$(GO) build -o "$$dir/demo" ./examples/ordersaga || exit 1; \
 	echo "demo: built; running" >&2; \
 	DATABASE_URL="$$url" "$$dir/demo" $(DEMOFLAGS)
 

@@ -1,0 +1,384 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/millrace/millrace/saga"
+)
+
+// Order is the order saga's data, stored as jsonb in saga_instance.
+type Order struct {
+	ID       string `json:"id"`
+	Customer string `json:"customer"`
+	SKU      string `json:"sku"`
+	Qty      int    `json:"qty"`
+	Amount   int64  `json:"amount"`
+	// Filled in from the participants' replies.
+	CreditReservation int64  `json:"credit_reservation,omitempty"`
+	Tracking          string `json:"tracking,omitempty"`
+}
+
+// The orders service's own table.
+const ordersDDL = `
+CREATE TABLE orders (
+    id        text        PRIMARY KEY,
+    customer  text        NOT NULL,
+    sku       text        NOT NULL,
+    qty       integer     NOT NULL,
+    amount    bigint      NOT NULL,
+    status    text        NOT NULL, -- new, accepted, approved, shipped; cancelled
+    tracking  text,
+    placed_at timestamptz NOT NULL DEFAULT now()
+);`
+
+// orderSaga defines the order saga: accept the order (local), reserve
+// credit (payment) and stock (inventory), approve the order (local: the
+// pivot; the fraud check refuses a few), book the shipment (shipping: retried until it succeeds) and mark
+// the order shipped (local). A failure before the pivot compensates in
+// reverse: stock returned, credit released, order cancelled.
+func orderSaga(n names, p *plan) (*saga.Definition[Order], error) {
+	setStatus := func(status string) func(ctx context.Context, tx pgx.Tx, o *Order) error {
+		return func(ctx context.Context, tx pgx.Tx, o *Order) error {
+			_, err := tx.Exec(ctx, `UPDATE orders SET status = $2 WHERE id = $1`, o.ID, status)
+			return err
+		}
+	}
+	forward := saga.RetryPolicy{MaxAttempts: 5, MinBackoff: 100 * time.Millisecond, MaxBackoff: time.Second}
+	undo := saga.RetryPolicy{MaxAttempts: 4, MinBackoff: 200 * time.Millisecond, MaxBackoff: time.Second}
+	return saga.Define(saga.Spec[Order]{
+		Type: "order", Version: 1, ReplyTopic: n.replies(),
+		Steps: []saga.Step[Order]{
+			{
+				Name: "accept", Kind: saga.Compensatable,
+				Local:             setStatus("accepted"),
+				LocalCompensation: setStatus("cancelled"),
+			},
+			{
+				Name: "reserve_credit", Kind: saga.Compensatable, Timeout: stepTimeout, Retry: forward, CompensationRetry: undo,
+				Action: &saga.Command[Order]{Topic: n.commands("payment"), Payload: func(o Order) (any, error) {
+					return ReserveCredit{Order: o.ID, Customer: o.Customer, Amount: o.Amount}, nil
+				}},
+				OnSuccess: saga.Reply(func(o *Order, r CreditReserved) error {
+					o.CreditReservation = r.Reservation
+					return nil
+				}),
+				Compensation: &saga.Command[Order]{}, // release: same topic, command and payload
+			},
+			{
+				Name: "reserve_stock", Kind: saga.Compensatable, Timeout: stockTimeout, Retry: forward, CompensationRetry: undo,
+				Action: &saga.Command[Order]{Topic: n.commands("inventory"), Payload: func(o Order) (any, error) {
+					return ReserveStock{Order: o.ID, SKU: o.SKU, Qty: o.Qty}, nil
+				}},
+				Compensation: &saga.Command[Order]{},
+			},
+			{
+				Name: "approve", Kind: saga.Pivot,
+				Local: func(ctx context.Context, tx pgx.Tx, o *Order) error {
+					if p.fraudulent(o.ID) {
+						return saga.Fail("fraud check failed") // compensates: stock returned, credit released, order cancelled
+					}
+					return setStatus("approved")(ctx, tx, o)
+				},
+			},
+			{
+				Name: "book_shipment", Kind: saga.Retriable, Timeout: stepTimeout,
+				Retry: saga.RetryPolicy{MaxAttempts: 10, MinBackoff: 200 * time.Millisecond, MaxBackoff: 2 * time.Second},
+				Action: &saga.Command[Order]{Topic: n.commands("shipping"), Payload: func(o Order) (any, error) {
+					return BookShipment{Order: o.ID, Customer: o.Customer, SKU: o.SKU, Qty: o.Qty}, nil
+				}},
+				OnSuccess: saga.Reply(func(o *Order, r ShipmentBooked) error {
+					o.Tracking = r.Tracking
+					return nil
+				}),
+			},
+			{
+				Name: "complete", Kind: saga.Retriable, Retry: forward,
+				Local: func(ctx context.Context, tx pgx.Tx, o *Order) error {
+					_, err := tx.Exec(ctx, `UPDATE orders SET status = 'shipped', tracking = $2 WHERE id = $1`, o.ID, o.Tracking)
+					return err
+				},
+			},
+		},
+	})
+}
+
+// sagaConsumer is the inbox consumer name of the orchestrator's replies.
+const sagaConsumer = "orders-saga"
+
+// ordersService places orders and runs their sagas: the orchestrator (a
+// Router on the reply topic and the timers) and an operator.
+type ordersService struct {
+	*service
+	cfg  config
+	def  *saga.Definition[Order]
+	plan *plan
+	// api places orders (StartTx) and takes operator actions. The
+	// orchestrator component, which handles replies and timers, is a
+	// separate saga.Orchestrator that the demo stops and restarts.
+	api *saga.Orchestrator
+
+	placed atomic.Int64
+
+	mu   sync.Mutex
+	orch *orchestrator
+}
+
+func startOrders(ctx context.Context, cfg config, lg *logger, p *plan) (*ordersService, error) {
+	n := names{cfg.Name}
+	s, err := newService(ctx, cfg, "orders", ordersDDL, lg)
+	if err != nil {
+		return nil, err
+	}
+	svc := &ordersService{service: s, cfg: cfg, plan: p}
+	if svc.def, err = orderSaga(n, p); err != nil {
+		s.close()
+		return nil, err
+	}
+	if svc.api, err = saga.New(s.pool, saga.Config{Schema: s.mschema, Consumer: sagaConsumer, Writer: s.writer}); err == nil {
+		err = svc.api.Register(svc.def)
+	}
+	if err != nil {
+		s.close()
+		return nil, err
+	}
+	if err := svc.startOrchestrator(ctx); err != nil {
+		s.close()
+		return nil, err
+	}
+	return svc, nil
+}
+
+// orchestrator is the saga orchestrator component: the reply handler in a
+// Router of its own, and the timers (saga.Orchestrator.Run).
+type orchestrator struct {
+	router *runningRouter
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func (svc *ordersService) startOrchestrator(ctx context.Context) error {
+	o, err := saga.New(svc.pool, saga.Config{Schema: svc.mschema, Consumer: sagaConsumer, Writer: svc.writer, PollInterval: 100 * time.Millisecond, Logger: svc.wlog})
+	if err != nil {
+		return err
+	}
+	if err := o.Register(svc.def); err != nil {
+		return err
+	}
+	r, err := svc.newRouter()
+	if err != nil {
+		return err
+	}
+	sub, err := svc.subscriber()
+	if err != nil {
+		return err
+	}
+	if _, err := o.AddToRouter(r, saga.RouterConfig{Subscriber: sub, Poison: svc.poison, Retry: svc.retry()}); err != nil {
+		_ = sub.Close()
+		return err
+	}
+	rr, err := start(ctx, r)
+	if err != nil {
+		return fmt.Errorf("orchestrator: %w", err)
+	}
+	rctx, cancel := context.WithCancel(context.Background())
+	orch := &orchestrator{router: rr, cancel: cancel, done: make(chan struct{})}
+	go func() { defer close(orch.done); _ = o.Run(rctx) }()
+	svc.mu.Lock()
+	svc.orch = orch
+	svc.mu.Unlock()
+	return nil
+}
+
+// stopOrchestrator stops the orchestrator component: its Router waits for
+// the replies in hand and closes its subscriber; the timers stop.
+func (svc *ordersService) stopOrchestrator() {
+	svc.mu.Lock()
+	orch := svc.orch
+	svc.orch = nil
+	svc.mu.Unlock()
+	if orch == nil {
+		return
+	}
+	orch.router.stop()
+	orch.cancel()
+	<-orch.done
+}
+
+// restartOrchestrator stops the orchestrator, waits pause, and starts a new
+// one (a new saga.Orchestrator, the same consumer group): it resumes every
+// saga from PostgreSQL.
+func (svc *ordersService) restartOrchestrator(ctx context.Context, pause time.Duration) error {
+	inFlight, _ := svc.countLive(ctx)
+	svc.stopOrchestrator()
+	svc.log.fault("orchestrator stopped with %d sagas in flight; replies wait in Kafka, timers wait in PostgreSQL", inFlight)
+	select {
+	case <-time.After(pause):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if err := svc.startOrchestrator(ctx); err != nil {
+		return err
+	}
+	svc.log.fault("orchestrator restarted (a new saga.Orchestrator, same consumer group): it resumes every saga from its row")
+	return nil
+}
+
+func (svc *ordersService) close() {
+	svc.stopOrchestrator()
+	svc.service.close()
+}
+
+// placeOrder places one order: the order row and its saga (the saga row,
+// the leading local step and the first command, through the outbox) in one
+// transaction.
+func (svc *ordersService) placeOrder(ctx context.Context, o Order) error {
+	err := pgx.BeginFunc(ctx, svc.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO orders (id, customer, sku, qty, amount, status) VALUES ($1, $2, $3, $4, $5, 'new')`,
+			o.ID, o.Customer, o.SKU, o.Qty, o.Amount); err != nil {
+			return err
+		}
+		_, err := saga.StartTx(ctx, tx, svc.api, svc.def, o.ID, o)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("place %s: %w", o.ID, err)
+	}
+	svc.placed.Add(1)
+	return nil
+}
+
+// placeOrders places the plan's orders from cfg.Writers goroutines, at
+// cfg.Rate orders per second in all (0: as fast as they go).
+func (svc *ordersService) placeOrders(ctx context.Context) error {
+	ch := make(chan Order)
+	var wg sync.WaitGroup
+	errc := make(chan error, svc.cfg.Writers)
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for range svc.cfg.Writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for o := range ch {
+				if err := svc.placeOrder(wctx, o); err != nil {
+					errc <- err
+					cancel()
+					return
+				}
+			}
+		}()
+	}
+	start := time.Now()
+feed:
+	for i, o := range svc.plan.orders {
+		if svc.cfg.Rate > 0 {
+			at := start.Add(time.Duration(i) * time.Second / time.Duration(svc.cfg.Rate))
+			if d := time.Until(at); d > 0 {
+				select {
+				case <-time.After(d):
+				case <-wctx.Done():
+					break feed
+				}
+			}
+		}
+		select {
+		case ch <- o:
+		case <-wctx.Done():
+			break feed
+		}
+	}
+	close(ch)
+	wg.Wait()
+	select {
+	case err := <-errc:
+		return err
+	default:
+		return ctx.Err()
+	}
+}
+
+// countLive counts the sagas not ended (running, compensating, stuck).
+func (svc *ordersService) countLive(ctx context.Context) (int64, error) {
+	var n int64
+	err := svc.pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{svc.mschema, "saga_instance"}.Sanitize()+
+		` WHERE status IN ('running', 'compensating', 'stuck')`).Scan(&n)
+	return n, err
+}
+
+// operator plays the person on call: it watches for stuck sagas through
+// the saga API (List, Get, History), and for the one it expects (a refund
+// on hold) lifts the hold in the payment service's database and retries
+// the saga (Orchestrator.Retry). Any other stuck saga it leaves alone: the
+// checks report it.
+type operator struct {
+	svc     *ordersService
+	admin   *pgxpool.Pool
+	seen    map[string]bool
+	fixed   atomic.Int64
+	unknown atomic.Int64
+}
+
+func (op *operator) watch(ctx context.Context) {
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if err := op.check(ctx); err != nil && ctx.Err() == nil {
+			op.svc.log.say("operator: %v", err)
+		}
+	}
+}
+
+func (op *operator) check(ctx context.Context) error {
+	page, err := op.svc.api.List(ctx, saga.ListParams{Type: "order", Status: saga.StatusStuck})
+	if err != nil {
+		return err
+	}
+	for _, in := range page.Sagas {
+		if op.seen[in.ID] {
+			continue
+		}
+		op.seen[in.ID] = true
+		hist, err := op.svc.api.History(ctx, in.ID)
+		if err != nil {
+			return err
+		}
+		fails := 0
+		for _, h := range hist {
+			if h.Event == "reply" && h.Operation == "compensation" && h.Outcome == "failure" {
+				fails++
+			}
+		}
+		op.svc.log.say("operator: saga %s is stuck at step %s (%s phase): %q; %d history entries, %d failed compensation replies",
+			in.ID, in.Step, in.Phase, in.LastError, len(hist), fails)
+		if in.ID != op.svc.plan.heldRelease {
+			op.unknown.Add(1)
+			op.svc.log.say("operator: %s is not a planned fault; left stuck for the checks to report", in.ID)
+			continue
+		}
+		// Fix the cause first, then retry the saga.
+		if _, err := op.admin.Exec(ctx, `DELETE FROM `+pgx.Identifier{names{op.svc.cfg.Name}.schema("payment"), "release_hold"}.Sanitize()+
+			` WHERE saga_id = $1`, in.ID); err != nil {
+			return fmt.Errorf("lift the hold on %s: %w", in.ID, err)
+		}
+		after, err := op.svc.api.Retry(ctx, in.ID, saga.Actor{Operator: "ops@example.com", Reason: "refund reviewed, hold lifted"})
+		if err != nil {
+			return fmt.Errorf("retry %s: %w", in.ID, err)
+		}
+		op.fixed.Add(1)
+		op.svc.log.say("operator: lifted the refund hold in payment's database and called Orchestrator.Retry(%s): %s again (status %s)",
+			in.ID, after.Step, after.Status)
+	}
+	return nil
+}
