@@ -1,0 +1,245 @@
+package sagatest
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Scenario sets up one run on a fresh harness: it registers definitions
+// and participants, creates the participants' tables (in h.Schema(), which
+// is emptied before every run) and starts sagas; Explore then runs it with
+// a fault plan and checks the invariants. It is called once per run, so
+// it must start the same sagas every time.
+type Scenario func(h *H) error
+
+// ExploreConfig configures Explore.
+type ExploreConfig struct {
+	// Config is each run's harness configuration (Effects, Check, Saga,
+	// ...); its Faults are ignored.
+	Config Config
+	// Seed is where the random runs start: run i draws its faults from
+	// Seed+i. Defaults to a seed from the time, which a failure prints.
+	Seed uint64
+	// Runs is the number of random runs. Defaults to 100; a negative
+	// value runs none.
+	Runs int
+	// Enumerate first runs the scenario once with no fault, then once per
+	// event of that run and fault kind that applies to it (a crash at each
+	// hook point): every single fault, systematically. Defaults to false.
+	Enumerate bool
+	// Random shapes the random runs' faults.
+	Random RandomOptions
+	// MaxShrinkRuns bounds the runs spent shrinking a failure. Defaults
+	// to 200.
+	MaxShrinkRuns int
+	// Log, if set, receives one line per run.
+	Log func(format string, args ...any)
+}
+
+// Failure is a run that broke an invariant, shrunk: Faults is the smallest
+// list of faults found that still breaks it (Script(Faults...) repeats it).
+type Failure struct {
+	// Seed is the failing random run's seed (0 for an enumerated run).
+	Seed uint64
+	// Original is the faults of the failing run before shrinking.
+	Original []Fault
+	// Faults is the smallest failing fault list; Report its run.
+	Faults []Fault
+	Report *Report
+	// Runs is how many runs the exploration took.
+	Runs int
+}
+
+func (f *Failure) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "seed %d: %d faults, shrunk to %d:\n", f.Seed, len(f.Original), len(f.Faults))
+	for _, x := range f.Faults {
+		fmt.Fprintf(&b, "\t%s\n", x)
+	}
+	fmt.Fprintf(&b, "replay: sagatest.Script(%s)\n", goFaults(f.Faults))
+	b.WriteString(f.Report.String())
+	return b.String()
+}
+
+// goFaults writes faults as Go, for a regression test.
+func goFaults(fs []Fault) string {
+	parts := make([]string, len(fs))
+	for i, f := range fs {
+		ev := f.At
+		at := fmt.Sprintf("sagatest.Event{Kind: %q, Saga: %q, Step: %q, Op: %q, Attempt: %d, Consumer: %q, Seq: %d}",
+			ev.Kind, ev.Saga, ev.Step, ev.Op, ev.Attempt, ev.Consumer, ev.Seq)
+		parts[i] = fmt.Sprintf("sagatest.Fault{Kind: %q, At: %s, Times: %d, Point: %d}", f.Kind, at, f.Times, f.Point)
+	}
+	return strings.Join(parts, ", ")
+}
+
+// Explore runs scenario many times with faults (see ExploreConfig) and
+// fails t with the smallest failing fault list it finds, the seed to
+// repeat it and the run's trace.
+func Explore(t testing.TB, cfg ExploreConfig, scenario Scenario) {
+	t.Helper()
+	if cfg.Seed == 0 {
+		cfg.Seed = uint64(time.Now().UnixNano())
+	}
+	if cfg.Log == nil {
+		cfg.Log = func(string, ...any) {}
+	}
+	t.Logf("sagatest: explore from seed %d", cfg.Seed)
+	f, err := FindFailure(context.Background(), cfg, scenario)
+	if err != nil {
+		t.Fatalf("sagatest: explore (seed %d): %v", cfg.Seed, err)
+	}
+	if f != nil {
+		t.Fatalf("sagatest: invariants violated after %d runs, %s", f.Runs, f)
+	}
+}
+
+// FindFailure is Explore for code that wants the failure: it returns nil
+// when every run kept the invariants, and an error when a run could not be
+// set up (the scenario failed, PostgreSQL is away).
+func FindFailure(ctx context.Context, cfg ExploreConfig, scenario Scenario) (*Failure, error) {
+	if cfg.Runs == 0 {
+		cfg.Runs = 100
+	}
+	if cfg.MaxShrinkRuns == 0 {
+		cfg.MaxShrinkRuns = 200
+	}
+	if cfg.Seed == 0 {
+		cfg.Seed = uint64(time.Now().UnixNano())
+	}
+	if cfg.Log == nil {
+		cfg.Log = func(string, ...any) {}
+	}
+	e, err := newEnv(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer e.close()
+	x := &explorer{ctx: ctx, env: e, cfg: cfg, scenario: scenario}
+	if cfg.Enumerate {
+		base, err := x.run(noFaults{})
+		if err != nil {
+			return nil, err
+		}
+		if len(base.Violations) > 0 {
+			return x.fail(0, nil, base), nil
+		}
+		for _, ev := range x.events {
+			for _, kind := range applies(ev.Kind) {
+				faults := []Fault{{Kind: kind, At: ev}}
+				if kind == Crash {
+					faults = []Fault{CrashAt(1, ev), CrashAt(2, ev), CrashAt(3, ev)}
+				}
+				for _, f := range faults {
+					r, err := x.run(Script(f))
+					if err != nil {
+						return nil, err
+					}
+					if len(r.Violations) > 0 {
+						return x.fail(0, r.Faults, r), nil
+					}
+				}
+			}
+		}
+	}
+	for i := range max(cfg.Runs, 0) {
+		seed := cfg.Seed + uint64(i)
+		r, err := x.run(Random(seed, cfg.Random))
+		if err != nil {
+			return nil, fmt.Errorf("seed %d: %w", seed, err)
+		}
+		cfg.Log("sagatest: run %d seed %d: %d events, %d faults, %d violations", x.runs, seed, r.Events, len(r.Faults), len(r.Violations))
+		if len(r.Violations) > 0 {
+			return x.fail(seed, r.Faults, r), nil
+		}
+	}
+	return nil, nil
+}
+
+type explorer struct {
+	ctx      context.Context
+	env      *env
+	cfg      ExploreConfig
+	scenario Scenario
+	runs     int
+	// events are the events of the last run without faults (Enumerate).
+	events []Event
+}
+
+// run runs the scenario once on an emptied schema.
+func (x *explorer) run(plan Faults) (*Report, error) {
+	x.runs++
+	if err := x.env.reset(x.ctx); err != nil {
+		return nil, fmt.Errorf("sagatest: reset: %w", err)
+	}
+	cfg := x.cfg.Config
+	cfg.Faults = plan
+	h, err := newH(x.ctx, x.env, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := x.scenario(h); err != nil {
+		return nil, fmt.Errorf("sagatest: scenario: %w", err)
+	}
+	rec := &recorder{planner: h.plan}
+	h.plan = rec
+	r := h.RunE()
+	x.events = rec.events
+	return r, nil
+}
+
+// recorder notes every event a planner is asked about.
+type recorder struct {
+	planner
+	events []Event
+}
+
+func (r *recorder) fault(ev Event, allowed []FaultKind) (Fault, bool) {
+	r.events = append(r.events, ev)
+	return r.planner.fault(ev, allowed)
+}
+
+// fail shrinks a failing run's faults: it drops faults one at a time (then
+// lowers Error counts) while the run still fails, until no single change
+// keeps it failing, or the shrink budget is spent.
+func (x *explorer) fail(seed uint64, faults []Fault, r *Report) *Failure {
+	f := &Failure{Seed: seed, Original: slices.Clone(faults), Faults: slices.Clone(faults), Report: r}
+	budget := x.cfg.MaxShrinkRuns
+	try := func(cand []Fault) bool {
+		if budget <= 0 {
+			return false
+		}
+		budget--
+		rr, err := x.run(Script(cand...))
+		if err != nil || len(rr.Violations) == 0 {
+			return false
+		}
+		f.Faults, f.Report = rr.Faults, rr
+		return true
+	}
+	for changed := true; changed && budget > 0; {
+		changed = false
+		for i := 0; i < len(f.Faults) && budget > 0; i++ {
+			cand := slices.Delete(slices.Clone(f.Faults), i, i+1)
+			if try(cand) {
+				changed = true
+				i--
+			}
+		}
+		for i := 0; i < len(f.Faults) && budget > 0; i++ {
+			if f.Faults[i].Kind == Error && f.Faults[i].Times > 1 {
+				cand := slices.Clone(f.Faults)
+				cand[i].Times--
+				if try(cand) {
+					changed = true
+				}
+			}
+		}
+	}
+	f.Runs = x.runs
+	return f
+}
