@@ -2,11 +2,16 @@ package sagatest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/millrace/millrace/saga"
 )
 
 // Scenario sets up one run on a fresh harness: it registers definitions
@@ -36,7 +41,10 @@ type ExploreConfig struct {
 	// MaxShrinkRuns bounds the runs spent shrinking a failure. Defaults
 	// to 200.
 	MaxShrinkRuns int
-	// Log, if set, receives one line per run.
+	// Workers is the number of runs at once, each on a schema of its own.
+	// Defaults to 2.
+	Workers int
+	// Log, if set, receives one line per run (from several goroutines).
 	Log func(format string, args ...any)
 }
 
@@ -56,7 +64,12 @@ type Failure struct {
 
 func (f *Failure) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "seed %d: %d faults, shrunk to %d:\n", f.Seed, len(f.Original), len(f.Faults))
+	if f.Seed == 0 {
+		b.WriteString("an enumerated run: ")
+	} else {
+		fmt.Fprintf(&b, "seed %d: ", f.Seed)
+	}
+	fmt.Fprintf(&b, "%d faults, shrunk to %d:\n", len(f.Original), len(f.Faults))
 	for _, x := range f.Faults {
 		fmt.Fprintf(&b, "\t%s\n", x)
 	}
@@ -114,13 +127,31 @@ func FindFailure(ctx context.Context, cfg ExploreConfig, scenario Scenario) (*Fa
 	if cfg.Log == nil {
 		cfg.Log = func(string, ...any) {}
 	}
-	e, err := newEnv(ctx)
-	if err != nil {
-		return nil, err
+	if cfg.Workers == 0 {
+		cfg.Workers = 2
 	}
-	defer e.close()
-	x := &explorer{ctx: ctx, env: e, cfg: cfg, scenario: scenario}
+	xs := make([]*explorer, cfg.Workers)
+	defer func() {
+		for _, x := range xs {
+			if x != nil {
+				x.env.close()
+			}
+		}
+	}()
+	for i := range xs {
+		e, err := newEnv(ctx)
+		if err != nil {
+			return nil, err
+		}
+		xs[i] = &explorer{ctx: ctx, env: e, cfg: cfg, scenario: scenario}
+	}
+	type job struct {
+		seed uint64
+		plan Faults
+	}
+	var jobs []job
 	if cfg.Enumerate {
+		x := xs[0]
 		base, err := x.run(noFaults{})
 		if err != nil {
 			return nil, err
@@ -130,34 +161,72 @@ func FindFailure(ctx context.Context, cfg ExploreConfig, scenario Scenario) (*Fa
 		}
 		for _, ev := range x.events {
 			for _, kind := range applies(ev.Kind) {
-				faults := []Fault{{Kind: kind, At: ev}}
 				if kind == Crash {
-					faults = []Fault{CrashAt(1, ev), CrashAt(2, ev), CrashAt(3, ev)}
-				}
-				for _, f := range faults {
-					r, err := x.run(Script(f))
-					if err != nil {
-						return nil, err
+					for p := saga.HookLoaded; p <= saga.HookAfterCommit; p++ {
+						jobs = append(jobs, job{plan: Script(CrashAt(p, ev))})
 					}
-					if len(r.Violations) > 0 {
-						return x.fail(0, r.Faults, r), nil
-					}
+					continue
 				}
+				jobs = append(jobs, job{plan: Script(Fault{Kind: kind, At: ev})})
 			}
 		}
 	}
 	for i := range max(cfg.Runs, 0) {
 		seed := cfg.Seed + uint64(i)
-		r, err := x.run(Random(seed, cfg.Random))
-		if err != nil {
-			return nil, fmt.Errorf("seed %d: %w", seed, err)
+		jobs = append(jobs, job{seed: seed, plan: Random(seed, cfg.Random)})
+	}
+	var (
+		next   atomic.Int64
+		mu     sync.Mutex
+		first  = -1
+		failed struct {
+			x *explorer
+			r *Report
 		}
-		cfg.Log("sagatest: run %d seed %d: %d events, %d faults, %d violations", x.runs, seed, r.Events, len(r.Faults), len(r.Violations))
-		if len(r.Violations) > 0 {
-			return x.fail(seed, r.Faults, r), nil
+		setupErr error
+		wg       sync.WaitGroup
+	)
+	for _, x := range xs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				mu.Lock()
+				stop := i >= len(jobs) || (first >= 0 && i > first) || setupErr != nil
+				mu.Unlock()
+				if stop {
+					return
+				}
+				r, err := x.run(jobs[i].plan)
+				mu.Lock()
+				switch {
+				case err != nil:
+					setupErr = errors.Join(setupErr, fmt.Errorf("seed %d: %w", jobs[i].seed, err))
+				case len(r.Violations) > 0 && (first < 0 || i < first):
+					first, failed.x, failed.r = i, x, r
+				}
+				mu.Unlock()
+				if err == nil {
+					cfg.Log("sagatest: run %d (seed %d): %d events, %d faults, %d violations", i, jobs[i].seed, r.Events, len(r.Faults), len(r.Violations))
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if setupErr != nil {
+		return nil, setupErr
+	}
+	if first < 0 {
+		return nil, nil
+	}
+	f := failed.x.fail(jobs[first].seed, failed.r.Faults, failed.r)
+	for _, x := range xs {
+		if x != failed.x {
+			f.Runs += x.runs
 		}
 	}
-	return nil, nil
+	return f, nil
 }
 
 type explorer struct {

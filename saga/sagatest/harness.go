@@ -355,8 +355,13 @@ func (h *H) loop() error {
 		if h.events >= h.cfg.MaxEvents {
 			return fmt.Errorf("no end after %d events: sagas keep moving (see the trace)", h.events)
 		}
-		if err := h.collect(); err != nil {
-			return err
+		// What the last deliveries published is collected only once the
+		// queue is empty, in one wave: the order of delivery never
+		// depends on how fast the relay was.
+		if len(h.queue) == 0 {
+			if err := h.collect(); err != nil {
+				return err
+			}
 		}
 		if len(h.queue) > 0 {
 			if err := h.step(); err != nil {
@@ -570,11 +575,11 @@ func (h *H) fireTimers() error {
 				if f, ok := h.plan.fault(ev, applies(Timer)); ok {
 					h.fired = append(h.fired, f)
 					h.crash = &armed{point: f.point(), saga: id}
-					h.logf("timer %s at +%s, CRASH at %s", ev, h.clock.Now().Sub(h.cfg.Start), f.point())
+					h.logf("fire %s at +%s, CRASH at %s", ev, h.clock.Now().Sub(h.cfg.Start), f.point())
 					continue
 				}
 			}
-			h.logf("timer %s at +%s", ev, h.clock.Now().Sub(h.cfg.Start))
+			h.logf("fire %s at +%s", ev, h.clock.Now().Sub(h.cfg.Start))
 		}
 		_, err = h.o.RunDue(h.ctx)
 		h.crash = nil
