@@ -39,7 +39,7 @@ type published struct {
 
 // newEnv makes a schema and starts a relay on it.
 func newEnv(ctx context.Context) (*env, error) {
-	db, closeDB, err := pgtest.Open(ctx, 2)
+	db, closeDB, err := pgtest.Open(ctx, 1)
 	if err != nil {
 		return nil, fmt.Errorf("sagatest: %w", err)
 	}
@@ -51,7 +51,7 @@ func newEnv(ctx context.Context) (*env, error) {
 		closeDB()
 		return nil, fmt.Errorf("sagatest: %w", err)
 	}
-	pcfg.MaxConns = 5
+	pcfg.MaxConns = 4 // the relay's listener and batch, a handler, a query
 	pcfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {

@@ -34,7 +34,8 @@ type ExploreConfig struct {
 	Runs int
 	// Enumerate first runs the scenario once with no fault, then once per
 	// event of that run and fault kind that applies to it (a crash at each
-	// hook point): every single fault, systematically. Defaults to false.
+	// hook point), among Random.Kinds: every single fault, systematically.
+	// Defaults to false.
 	Enumerate bool
 	// Random shapes the random runs' faults.
 	Random RandomOptions
@@ -159,8 +160,15 @@ func FindFailure(ctx context.Context, cfg ExploreConfig, scenario Scenario) (*Fa
 		if len(base.Violations) > 0 {
 			return x.fail(0, nil, base), nil
 		}
+		kinds := cfg.Random.Kinds
+		if len(kinds) == 0 {
+			kinds = AllFaults
+		}
 		for _, ev := range x.events {
 			for _, kind := range applies(ev.Kind) {
+				if !slices.Contains(kinds, kind) {
+					continue
+				}
 				if kind == Crash {
 					for p := saga.HookLoaded; p <= saga.HookAfterCommit; p++ {
 						jobs = append(jobs, job{plan: Script(CrashAt(p, ev))})
@@ -273,7 +281,7 @@ func (r *recorder) fault(ev Event, allowed []FaultKind) (Fault, bool) {
 }
 
 // fail shrinks a failing run's faults: it drops faults one at a time (then
-// lowers Error counts) while the run still fails, until no single change
+// lowers Error and Delay counts) while the run still fails, until no single change
 // keeps it failing, or the shrink budget is spent.
 func (x *explorer) fail(seed uint64, faults []Fault, r *Report) *Failure {
 	f := &Failure{Seed: seed, Original: slices.Clone(faults), Faults: slices.Clone(faults), Report: r}
@@ -300,7 +308,7 @@ func (x *explorer) fail(seed uint64, faults []Fault, r *Report) *Failure {
 			}
 		}
 		for i := 0; i < len(f.Faults) && budget > 0; i++ {
-			if f.Faults[i].Kind == Error && f.Faults[i].Times > 1 {
+			if (f.Faults[i].Kind == Error || f.Faults[i].Kind == Delay) && f.Faults[i].Times > 1 {
 				cand := slices.Clone(f.Faults)
 				cand[i].Times--
 				if try(cand) {

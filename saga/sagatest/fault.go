@@ -93,8 +93,8 @@ const (
 	Duplicate FaultKind = "duplicate"
 	// Drop loses the message: the step's timeout must recover.
 	Drop FaultKind = "drop"
-	// Delay holds the message back until the next timer fired (past its
-	// step's timeout), then delivers it.
+	// Delay holds the message back until Fault.Times timer firings (past
+	// its step's timeout), then delivers it.
 	Delay FaultKind = "delay"
 	// Reorder delivers the next queued message of another saga first.
 	Reorder FaultKind = "reorder"
@@ -129,8 +129,8 @@ func applies(k EventKind) []FaultKind {
 type Fault struct {
 	Kind FaultKind
 	At   Event
-	// Times is how many times an Error fault fails the handler. Defaults
-	// to 1.
+	// Times is how many times an Error fault fails the handler, and how
+	// many timer firings a Delay fault holds its message for. Defaults to 1.
 	Times int
 	// Point is where a Crash fault crashes the orchestrator. Defaults to
 	// saga.HookBeforeCommit.
@@ -139,6 +139,10 @@ type Fault struct {
 
 // On returns a fault of kind k at the events at names.
 func (k FaultKind) On(at Event) Fault { return Fault{Kind: k, At: at} }
+
+// DelayFor returns a Delay fault that holds the message at for n timer
+// firings.
+func DelayFor(n int, at Event) Fault { return Fault{Kind: Delay, At: at, Times: n} }
 
 // FailTimes returns an Error fault: the participant's handler fails n
 // times at the events at names, then succeeds.
@@ -152,6 +156,10 @@ func (f Fault) String() string {
 	switch f.Kind {
 	case Error:
 		s = fmt.Sprintf("error ×%d at %s", max(f.Times, 1), f.At)
+	case Delay:
+		if f.Times > 1 {
+			s = fmt.Sprintf("delay (%d timers) at %s", f.Times, f.At)
+		}
 	case Crash:
 		s = fmt.Sprintf("crash %s at %s", f.point(), f.At)
 	}
@@ -210,7 +218,7 @@ type RandomOptions struct {
 	Kinds []FaultKind
 	// MaxFaults caps the faults of one run. Defaults to 8.
 	MaxFaults int
-	// MaxTimes caps an Error fault's Times. Defaults to 3.
+	// MaxTimes caps the Times of Error and Delay faults. Defaults to 3.
 	MaxTimes int
 }
 
@@ -266,7 +274,7 @@ func (p *randomPlanner) fault(ev Event, allowed []FaultKind) (Fault, bool) {
 	}
 	f := Fault{Kind: kinds[p.rng.IntN(len(kinds))], At: ev}
 	switch f.Kind {
-	case Error:
+	case Error, Delay:
 		f.Times = 1 + p.rng.IntN(p.opts.MaxTimes)
 	case Crash:
 		f.Point = saga.HookPoint(1 + p.rng.IntN(3))

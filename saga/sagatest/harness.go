@@ -95,6 +95,7 @@ type entry struct {
 	sub   *subscriber
 	topic string
 	msg   *message.Message
+	hold  int // timer firings a delayed message still waits for
 }
 
 // armed is a crash waiting for its hook point.
@@ -377,24 +378,35 @@ func (h *H) loop() error {
 			if len(h.delayed) == 0 {
 				return nil
 			}
-			h.release()
+			h.release(true)
 			continue
 		}
 		h.clock.set(*next)
 		if err := h.fireTimers(); err != nil {
 			return err
 		}
-		h.release()
+		// What the timers sent goes before the messages they overtook.
+		if err := h.collect(); err != nil {
+			return err
+		}
+		h.release(false)
 	}
 }
 
-// release queues the delayed messages.
-func (h *H) release() {
+// release queues the delayed messages that waited for enough timer
+// firings (all of them if all is set: no timer is left to wait for).
+func (h *H) release(all bool) {
+	kept := h.delayed[:0]
 	for _, e := range h.delayed {
+		if e.hold--; e.hold > 0 && !all {
+			kept = append(kept, e)
+			continue
+		}
+		e.hold = 0
 		h.logf("release delayed %s", h.describe(e))
+		h.queue = append(h.queue, e)
 	}
-	h.queue = append(h.queue, h.delayed...)
-	h.delayed = nil
+	h.delayed = kept
 }
 
 // collect moves what the relay published into the queue: one entry per
@@ -463,7 +475,8 @@ func (h *H) step() error {
 			h.queue = h.queue[1:]
 			return nil
 		case Delay:
-			h.logf("DELAY %s", ev)
+			e.hold = max(f.Times, 1)
+			h.logf("DELAY %s for %d timer firings", ev, e.hold)
 			h.queue = h.queue[1:]
 			h.delayed = append(h.delayed, e)
 			return nil

@@ -70,7 +70,6 @@ func TestEachFaultRecovers(t *testing.T) {
 		{"crash in a timer", sagatest.CrashAt(saga.HookBeforeCommit, sagatest.Event{Kind: sagatest.Timer, Saga: "o1"}), "timeout"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
 			faults := []sagatest.Fault{tc.fault}
 			if tc.fault.At.Kind == sagatest.Timer {
 				// A timer to crash in: the stock command is lost first.
@@ -183,4 +182,78 @@ func TestRandomScenarios(t *testing.T) {
 	start := time.Now()
 	sagatest.Explore(t, sagatest.ExploreConfig{Config: sagatest.Config{Effects: effects}, Runs: runs, Enumerate: true}, orderScenario(3, false))
 	t.Logf("%d random runs (and every single fault) in %s", runs, time.Since(start))
+}
+
+// Every single fault at every event of a run with a saga that completes
+// and one that compensates.
+func TestEverySingleFault(t *testing.T) {
+	t.Parallel()
+	sagatest.Explore(t, sagatest.ExploreConfig{Config: sagatest.Config{Effects: effects}, Enumerate: true, Runs: -1}, orders(false, 10, 500))
+}
+
+// The orchestrator crashes at each hook point of every reply and timer of
+// a run full of timeouts, and a new one always finishes the sagas: the
+// deterministic twin of the saga package's SIGKILL test.
+func TestCrashAnywhere(t *testing.T) {
+	t.Parallel()
+	crashOnly := sagatest.RandomOptions{Kinds: []sagatest.FaultKind{sagatest.Crash}}
+	scenario := func(h *sagatest.H) error {
+		return orders(false, 10, 500)(h)
+	}
+	sagatest.Explore(t, sagatest.ExploreConfig{Config: sagatest.Config{Effects: effects,
+		// Every stock command is lost once, so that timers fire too.
+		Faults: nil}, Enumerate: true, Runs: 50, Random: crashOnly}, scenario)
+}
+
+// A step whose command is lost on every attempt times out three times,
+// then the saga compensates: the empty compensation of the step that never
+// ran succeeds, the credit is released, and a late action after its
+// compensation is cancelled, not applied.
+func TestTimeoutsThenCompensation(t *testing.T) {
+	t.Parallel()
+	stock := func(attempt int) sagatest.Event {
+		return sagatest.Event{Kind: sagatest.Command, Saga: "o1", Step: "stock", Op: millrace.OperationAction, Attempt: attempt}
+	}
+	h := setup(t, 1, sagatest.DelayFor(3, stock(1)), sagatest.Drop.On(stock(2)), sagatest.Drop.On(stock(3)))
+	r := h.Run(t)
+	if got := status(t, h, "o1"); got != saga.StatusCompensated {
+		t.Fatalf("saga o1: %s\n%s", got, r)
+	}
+	eff, err := effects(context.Background(), h, "o1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if eff["credit"] != 0 || eff["stock"] != 0 {
+		t.Fatalf("effects %v, want none left", eff)
+	}
+	var outcome string
+	var empty bool
+	err = h.Pool().QueryRow(context.Background(), `SELECT a.outcome, c.empty FROM `+h.Table("compensation_barrier")+` a JOIN `+
+		h.Table("compensation_barrier")+` c ON c.saga_id = a.saga_id AND c.step = a.step AND c.operation = 'compensation'
+ WHERE a.saga_id = 'o1' AND a.step = 'stock' AND a.operation = 'action'`).Scan(&outcome, &empty)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if outcome != millrace.OutcomeCancelled || !empty {
+		t.Fatalf("stock's barrier: action %q, compensation empty %t; want a cancelled late action and an empty compensation\n%s", outcome, empty, r)
+	}
+	if !slices.ContainsFunc(r.Trace, func(l string) bool { return strings.Contains(l, "reply o1 stock/action#1 cancelled") }) {
+		t.Fatalf("the late action's cancelled reply is not in the trace\n%s", r)
+	}
+}
+
+// A user's saga test with faults, from a fresh schema to the checked end.
+func TestUserTestIsFast(t *testing.T) {
+	t.Parallel()
+	start := time.Now()
+	h := setup(t, 1,
+		sagatest.Drop.On(sagatest.Event{Kind: sagatest.Reply, Step: "stock"}),
+		sagatest.Duplicate.On(sagatest.Event{Kind: sagatest.Command, Step: "ship"}),
+		sagatest.CrashAt(saga.HookBeforeCommit, sagatest.Event{Kind: sagatest.Reply, Step: "credit"}))
+	setupTook := time.Since(start)
+	r := h.Run(t)
+	if got := status(t, h, "o1"); got != saga.StatusCompleted || len(r.Faults) != 3 {
+		t.Fatalf("saga o1: %s\n%s", got, r)
+	}
+	t.Logf("schema and setup %s, run with %d faults %s (clock moved %s)", setupTook, len(r.Faults), time.Since(start)-setupTook, r.Elapsed)
 }

@@ -149,6 +149,19 @@ func brokenCredit(h *sagatest.H) error {
 
 // orderScenario starts n orders; every third one is refused by stock.
 func orderScenario(n int, broken bool) sagatest.Scenario {
+	amounts := make([]int, n)
+	for i := range amounts {
+		amounts[i] = 10 + i
+		if i%3 == 2 {
+			amounts[i] = 500
+		}
+	}
+	return orders(broken, amounts...)
+}
+
+// orders starts one order per amount, o1, o2, ...: stock refuses amounts
+// over 100.
+func orders(broken bool, amounts ...int) sagatest.Scenario {
 	return func(h *sagatest.H) error {
 		skip := ""
 		if broken {
@@ -163,11 +176,7 @@ func orderScenario(n int, broken bool) sagatest.Scenario {
 		if err := h.Register(orderDef); err != nil {
 			return err
 		}
-		for i := range n {
-			amount := 10 + i
-			if i%3 == 2 {
-				amount = 500
-			}
+		for i, amount := range amounts {
 			id := "o" + strconv.Itoa(i+1)
 			if _, err := saga.Start(h.Context(), h.Orchestrator(), orderDef, id, order{ID: id, Amount: amount}); err != nil {
 				return err
