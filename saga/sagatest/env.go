@@ -65,13 +65,15 @@ func newEnv(ctx context.Context) (*env, error) {
 		pendingSQL: fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s WHERE NOT dead)`, sqlident.Table(db.Schema, "outbox_pending")),
 		idsSQL:     fmt.Sprintf(`SELECT event_id::text, id FROM %s WHERE event_id = ANY($1::uuid[])`, sqlident.Table(db.Schema, "outbox_event")),
 	}
-	// A hint per transaction: the relay wakes at once for every write.
+	// A hint per transaction: the relay wakes at once for every write, and
+	// polls rarely when idle. (A participant given a Writer of its own,
+	// which hints at most every 2ms, may wait for the poll.)
 	if e.writer, err = outbox.NewWriter(db.Pool, outbox.WriterConfig{Schema: db.Schema, NotifyInterval: time.Nanosecond}); err != nil {
 		closeDB()
 		return nil, err
 	}
 	relay, err := outbox.NewRelay(db.Pool, outbox.RelayConfig{Schema: db.Schema, Publisher: (*transport)(e),
-		Workers: 1, LanesPerBatch: outbox.Lanes, PollInterval: 5 * time.Millisecond})
+		Workers: 1, LanesPerBatch: outbox.Lanes, PollInterval: 250 * time.Millisecond})
 	if err != nil {
 		closeDB()
 		return nil, err

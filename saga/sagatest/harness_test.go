@@ -180,8 +180,8 @@ func TestRandomScenarios(t *testing.T) {
 		runs = 50
 	}
 	start := time.Now()
-	sagatest.Explore(t, sagatest.ExploreConfig{Config: sagatest.Config{Effects: effects}, Runs: runs, Enumerate: true}, orderScenario(3, false))
-	t.Logf("%d random runs (and every single fault) in %s", runs, time.Since(start))
+	sagatest.Explore(t, sagatest.ExploreConfig{Config: sagatest.Config{Effects: effects}, Runs: runs}, orderScenario(3, false))
+	t.Logf("%d random runs in %s", runs, time.Since(start))
 }
 
 // Every single fault at every event of a run with a saga that completes
