@@ -78,10 +78,7 @@ func setup(t testing.TB, opts bundleOptions) *testBundle {
 		pubsub: gochannel.NewGoChannel(gochannel.Config{Persistent: true, OutputChannelBuffer: 1024}, watermill.NopLogger{}),
 	}
 	t.Cleanup(func() { b.pubsub.Close() })
-	b.router, err = message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	b.router = newRouter(t)
 	_, err = db.Pool.Exec(context.Background(), fmt.Sprintf(`
 CREATE TABLE %[1]s (saga_id text, step text, op text, outcome text, reason text, PRIMARY KEY (saga_id, step, op));
 CREATE TABLE %[2]s (seq bigint GENERATED ALWAYS AS IDENTITY, saga_id text, step text, what text);`,
@@ -301,4 +298,13 @@ func mustJSON(v any) []byte {
 		panic(err)
 	}
 	return b
+}
+
+func newRouter(t testing.TB) *message.Router {
+	t.Helper()
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }

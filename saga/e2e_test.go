@@ -30,13 +30,18 @@ import (
 type e2e struct {
 	*testBundle
 	creditTopic, stockTopic, replyTopic string
-	// failStock decides whether the stock action refuses a saga.
-	failStock func(id string) bool
+	// failStock and failCredit decide whether the action refuses a saga.
+	failStock, failCredit func(id string) bool
 	// dropReply, when set, loses replies in transit (after the relay
 	// marked them published).
 	dropReply func(msg *message.Message) bool
 	kafka     bool
 	brokers   []string
+	// participantsOnly leaves the orchestrator out of the rig (it runs
+	// elsewhere, in a child process).
+	participantsOnly bool
+	// batched runs the orchestrator with RunBatched instead of AddToRouter.
+	batched bool
 }
 
 type creditCmd struct {
@@ -107,6 +112,9 @@ func (e *e2e) participants(t testing.TB) (credit, stock *compensation.Participan
 	}
 	err = compensation.Register(credit, "credit",
 		func(ctx context.Context, tx pgx.Tx, call compensation.Call, c creditCmd) (map[string]string, error) {
+			if e.failCredit != nil && e.failCredit(call.SagaID) {
+				return nil, compensation.Fail("insufficient credit")
+			}
 			return map[string]string{"tx": "credit-" + c.Order}, e.effect(ctx, tx, call.SagaID, "credit", "do")
 		},
 		func(ctx context.Context, tx pgx.Tx, call compensation.Call, c creditCmd) error {
@@ -172,8 +180,10 @@ func (e *e2e) start(t testing.TB, defs ...saga.Registrable) {
 		subscriber = func() message.Subscriber { return kafkatest.NewSubscriber(t, e.brokers) }
 	}
 	retry := &middleware.Retry{MaxRetries: 50, InitialInterval: time.Millisecond, MaxInterval: 20 * time.Millisecond, ShouldRetry: inbox.ShouldRetry}
-	if _, err := e.o.AddToRouter(e.router, saga.RouterConfig{Subscriber: subscriber(), Poison: pub, Retry: retry}); err != nil {
-		t.Fatal(err)
+	if !e.participantsOnly && !e.batched {
+		if _, err := e.o.AddToRouter(e.router, saga.RouterConfig{Subscriber: subscriber(), Poison: pub, Retry: retry}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	credit, stock := e.participants(t)
 	for _, p := range []struct {
@@ -203,9 +213,22 @@ func (e *e2e) start(t testing.TB, defs ...saga.Registrable) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wg.Add(2)
+	wg.Add(1)
 	go func() { defer wg.Done(); _ = relay.Run(ctx) }()
-	go func() { defer wg.Done(); _ = e.o.Run(ctx) }()
+	if !e.participantsOnly {
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = e.o.Run(ctx) }()
+	}
+	if e.batched {
+		sub := subscriber()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := e.o.RunBatched(ctx, saga.BatchConfig{Subscriber: sub, Poison: pub}); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
 	t.Cleanup(func() {
 		cancel()
 		_ = e.router.Close()
@@ -318,4 +341,84 @@ func TestTimeoutRetryThenCompensateEffectOnce(t *testing.T) {
 	}
 }
 
-var _ = rand.IntN
+// 1,000 sagas at once through the Kafka protocol, with random business
+// failures at steps 1 and 3 and random lost replies: every one ends
+// completed or compensated, and the participants' effects match the
+// outcomes exactly.
+func TestThousandConcurrentSagas(t *testing.T) {
+	if testing.Short() {
+		t.Skip("1,000 sagas")
+	}
+	t.Parallel()
+	e := setupE2E(t, true)
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	var mu sync.Mutex
+	rng := rand.New(rand.NewPCG(seed, 3))
+	fails := map[string]string{}
+	e.failCredit = func(id string) bool { mu.Lock(); defer mu.Unlock(); return fails[id] == "credit" }
+	e.failStock = func(id string) bool { mu.Lock(); defer mu.Unlock(); return fails[id] == "stock" }
+	e.dropReply = func(m *message.Message) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return m.Metadata.Get(millrace.MetadataSagaOutcome) != "" && rng.IntN(100) == 0
+	}
+	def := mustDefine(t, e.spec(1, 10*time.Second))
+	e.start(t, def)
+	n := 1000
+	if raceEnabled {
+		n = 300
+	}
+	ids := make([]string, n)
+	for i := range n {
+		ids[i] = fmt.Sprintf("many-%d", i)
+		switch r := rng.IntN(10); {
+		case r == 0:
+			fails[ids[i]] = "credit"
+		case r < 3:
+			fails[ids[i]] = "stock"
+		}
+	}
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += 8 {
+				if _, err := saga.Start(context.Background(), e.o, def, ids[i], order{ID: ids[i], Amount: i}); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		var live int
+		if err := e.db.Pool.QueryRow(context.Background(), fmt.Sprintf(`SELECT count(*) FROM %s WHERE status NOT IN ('completed', 'compensated')`,
+			e.tbl("saga_instance"))).Scan(&live); err != nil {
+			t.Fatal(err)
+		}
+		if live == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d sagas still not ended", live)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	byStatus := map[saga.Status]int{}
+	for _, id := range ids {
+		in, err := e.o.Get(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		byStatus[in.Status]++
+		e.checkEffects(t, in)
+		if fails[id] != "" && in.Status != saga.StatusCompensated {
+			t.Errorf("saga %s: %s, but %s refused it", id, in.Status, fails[id])
+		}
+	}
+	t.Logf("%v", byStatus)
+}

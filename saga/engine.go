@@ -29,8 +29,9 @@ type machine struct {
 	events []outbox.Event
 	hist   []historyRow
 	after  []func() // metrics, once committed
-	// fenced is set when the event changed nothing but the history.
-	fenced bool
+	// fenced is set when a reply changed nothing but the history;
+	// applied when one changed the saga.
+	fenced, applied bool
 }
 
 // technicalError is a failure of the transaction itself (not of a step):
@@ -323,11 +324,11 @@ func parseReply(md map[string]string, payload []byte) (reply, error) {
 	bad := func(format string, args ...any) (reply, error) {
 		return r, millrace.Permanent(fmt.Errorf("%w: %s", ErrBadReply, fmt.Sprintf(format, args...)))
 	}
-	if r.sagaID == "" {
-		return bad("no %s", millrace.MetadataSagaID)
+	if err := checkName(r.sagaID); err != nil {
+		return bad("%s %q: %v", millrace.MetadataSagaID, r.sagaID, err)
 	}
-	if r.step == "" {
-		return bad("saga %s: no %s", r.sagaID, millrace.MetadataSagaStep)
+	if err := checkName(r.step); err != nil {
+		return bad("saga %s: %s %q: %v", r.sagaID, millrace.MetadataSagaStep, r.step, err)
 	}
 	a, err := strconv.Atoi(md[millrace.MetadataSagaAttempt])
 	if err != nil || a < 1 {
@@ -378,6 +379,7 @@ func (m *machine) onReply(r reply) error {
 		return fence(fmt.Sprintf("not waiting for this reply (step %s is %q at action attempt %d, compensation attempt %d)",
 			s.name, st.Status, st.Attempt, st.CompensationAttempt))
 	}
+	m.applied = true
 	m.record("reply", r.step, r.op, r.attempt, r.outcome, r.reason)
 	if r.op == millrace.OperationCompensation {
 		if r.outcome == millrace.OutcomeSuccess {
@@ -469,7 +471,7 @@ func (m *machine) nextWakeup() *time.Time {
 
 // save writes the saga's new state, its history and its commands.
 func (m *machine) save() error {
-	if m.fenced {
+	if m.fenced && !m.applied {
 		return m.o.writeHistory(m.ctx, m.tx, m.hist)
 	}
 	m.in.NextWakeupAt = m.nextWakeup()

@@ -228,10 +228,19 @@ func (o *Orchestrator) callHook(ctx context.Context, p HookPoint, id string) err
 	return nil
 }
 
+// oneLine makes s storable in a text column and readable in a listing:
+// valid UTF-8, no NUL, one line, at most about 2000 bytes.
 func oneLine(s string) string {
+	s = clean(s)
 	s = strings.ReplaceAll(s, "\n", " ")
 	if len(s) > 2000 {
-		s = s[:2000]
+		s = strings.ToValidUTF8(s[:2000], "")
 	}
 	return s
+}
+
+// clean makes s storable in a text column: valid UTF-8 without NUL.
+func clean(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	return strings.ReplaceAll(s, "\x00", "\uFFFD")
 }

@@ -118,27 +118,33 @@ func (o *Orchestrator) applyReply(ctx context.Context, tx pgx.Tx, r reply) ([]fu
 // it is recorded (a reply as fenced: it can be replayed by an operator's
 // Retry once the version is registered).
 func (o *Orchestrator) unregistered(ctx context.Context, tx pgx.Tx, in *Instance, now time.Time, r *reply) ([]func(), error) {
+	m := &machine{o: o, in: in, ctx: ctx, tx: tx, now: now}
+	m.parkUnregistered(r)
+	if err := m.save(); err != nil {
+		return nil, err
+	}
+	return m.after, nil
+}
+
+// parkUnregistered makes m's saga, whose version is not registered, stuck
+// (if it is live), and records r (if any) as fenced.
+func (m *machine) parkUnregistered(r *reply) {
+	in, o := m.in, m.o
 	reason := fmt.Sprintf("definition %s v%d is not registered with this orchestrator", in.Type, in.Version)
 	o.logger.Error("saga: instance of an unregistered definition version", ErrNotRegistered,
 		map[string]any{"saga_id": in.ID, "type": in.Type, "version": in.Version, "status": in.Status})
-	m := &machine{o: o, d: &def{typ: in.Type, version: in.Version}, in: in, ctx: ctx, tx: tx, now: now}
+	m.d = &def{typ: in.Type, version: in.Version, index: map[string]int{}, pivot: -1}
 	if r != nil {
-		m.hist = append(m.hist, historyRow{sagaID: in.ID, at: now, event: "fenced", step: r.step, op: r.op,
+		m.fenced = true
+		m.hist = append(m.hist, historyRow{sagaID: in.ID, at: m.now, event: "fenced", step: r.step, op: r.op,
 			attempt: r.attempt, outcome: r.outcome, status: string(in.Status), reason: reason})
 	}
 	if in.Status.live() {
-		if err := m.stuck(reason); err != nil {
-			return nil, err
-		}
+		m.applied = true
+		_ = m.stuck(reason)
 		if mt := o.metrics; mt != nil {
 			typ := in.Type
 			m.after = append(m.after, func() { mt.unregistered.WithLabelValues(typ).Inc() })
 		}
-		if err := m.save(); err != nil {
-			return nil, err
-		}
-	} else if err := o.writeHistory(ctx, tx, m.hist); err != nil {
-		return nil, err
 	}
-	return m.after, nil
 }

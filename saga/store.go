@@ -132,6 +132,7 @@ type HistoryEntry struct {
 type statements struct {
 	insert, load, update, history, claim, selectExisting string
 	get, historyOf                                       string
+	markMany, lockMany, updateMany                       string
 	instance, historyTable                               string
 }
 
@@ -139,6 +140,12 @@ const instanceCols = `id, type, def_version, status, phase, step, steps, data, i
        next_wakeup_at, deadline_at, attempts, last_error, created_at, updated_at, ended_at`
 
 func newStatements(schema string) statements {
+	s := baseStatements(schema)
+	batchStatements(schema, &s)
+	return s
+}
+
+func baseStatements(schema string) statements {
 	inst, hist := sqlident.Table(schema, "saga_instance"), sqlident.Table(schema, "saga_history")
 	return statements{
 		instance: inst, historyTable: hist,
@@ -216,8 +223,8 @@ func (o *Orchestrator) writeHistory(ctx context.Context, tx pgx.Tx, rows []histo
 		details                                                      = make([]*string, n)
 	)
 	for i, r := range rows {
-		ids[i], events[i], steps[i], ops[i] = r.sagaID, r.event, r.step, r.op
-		outcomes[i], statuses[i], actors[i], reasons[i] = r.outcome, r.status, r.actor, oneLine(r.reason)
+		ids[i], events[i], steps[i], ops[i] = clean(r.sagaID), r.event, clean(r.step), r.op
+		outcomes[i], statuses[i], actors[i], reasons[i] = clean(r.outcome), r.status, clean(r.actor), oneLine(r.reason)
 		ats[i], attempts[i] = r.at, int32(r.attempt)
 		if r.detail != nil {
 			s := string(r.detail)
