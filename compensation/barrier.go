@@ -17,6 +17,8 @@ const (
 // statements are the barrier's SQL for one schema.
 type statements struct {
 	claimAction, claimCompensation, claimForCompensation, finish string
+	// The batched path's: many rows per statement.
+	claimActions, claimCompensations, finishMany string
 }
 
 // newStatements builds the barrier statements. Every claim is an upsert on
@@ -53,5 +55,24 @@ RETURNING (b.xmax = 0), %[6]s`, t, op, extraCols, extraVals, onConflict, returni
 		// (set by the claim in this transaction), so the update stays HOT.
 		finish: fmt.Sprintf(`UPDATE %s SET outcome = $1, empty = $2, reply = $3, reason = $4
 WHERE saga_id = $5 AND step = $6 AND operation = $7`, t),
+		// Many actions' rows, and the action rows of many compensations
+		// (outcome cancelled, which counts no delivery), in the order given
+		// (the caller sorts them, for a fixed lock order).
+		claimActions:       claimMany(t, "action", "deliveries = b.deliveries + (excluded.outcome = '')::int, updated_at = now()"),
+		claimCompensations: claimMany(t, "compensation", "deliveries = b.deliveries + 1, updated_at = now()"),
+		finishMany: fmt.Sprintf(`UPDATE %s b SET outcome = u.outcome, empty = u.empty, reply = u.reply, reason = u.reason
+  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bool[], $6::bytea[], $7::text[])
+       AS u(saga_id, step, operation, outcome, empty, reply, reason)
+ WHERE b.saga_id = u.saga_id AND b.step = u.step AND b.operation = u.operation`, t),
 	}
+}
+
+func claimMany(table, op, onConflict string) string {
+	return fmt.Sprintf(`INSERT INTO %[1]s AS b (saga_id, step, operation, saga_type, command, outcome, reason)
+SELECT u.saga_id, u.step, '%[2]s', u.saga_type, u.command, u.outcome, u.reason
+  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) WITH ORDINALITY
+       AS u(saga_id, step, saga_type, command, outcome, reason, n)
+ ORDER BY u.n
+ON CONFLICT (saga_id, step, operation) DO UPDATE SET %[3]s
+RETURNING b.saga_id, b.step, (b.xmax = 0), b.outcome, b.reply, b.reason`, table, op, onConflict)
 }

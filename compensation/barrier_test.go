@@ -9,6 +9,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/compensation"
@@ -116,6 +118,9 @@ func TestCompensationDeliveredTwice(t *testing.T) {
 	}
 	if r, u := b.effects(t, saga, "reserve"), b.effects(t, saga, "release"); r != 1 || u != 1 {
 		t.Fatalf("effects reserve=%d release=%d, want 1 and 1", r, u)
+	}
+	if a, c, d := b.metric(t, "actions_total"), b.metric(t, "compensations_total"), b.metric(t, "duplicates_total"); a != 1 || c != 1 || d != 1 {
+		t.Fatalf("metrics: actions %v, compensations %v, duplicates %v; want 1, 1, 1", a, c, d)
 	}
 	if outcome, empty, _ := b.barrier(t, saga, millrace.OperationCompensation); outcome != millrace.OutcomeSuccess || empty {
 		t.Fatalf("compensation row %q empty=%v, want success, not empty", outcome, empty)
@@ -303,5 +308,25 @@ func TestActionAndCompensationRace(t *testing.T) {
 		if n := len(b.replies(t, id)); n != 4 {
 			t.Fatalf("saga %s: %d replies, want 4", id, n)
 		}
+	}
+}
+
+// The metrics carry the participant and command labels.
+func TestMetricsLabels(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 2)
+	must(t, b.handle(action(uuid.NewString(), 1)))
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(b.metrics)
+	n, err := testutil.GatherAndCount(reg, "millrace_compensation_actions_total")
+	if err != nil || n != 1 {
+		t.Fatalf("actions_total series = %d, %v", n, err)
+	}
+	want := `# HELP millrace_compensation_actions_total Saga action functions run.
+# TYPE millrace_compensation_actions_total counter
+millrace_compensation_actions_total{command="reserve_credit",participant="payments"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "millrace_compensation_actions_total"); err != nil {
+		t.Fatal(err)
 	}
 }

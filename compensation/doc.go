@@ -1,5 +1,212 @@
 // Package compensation is the participant side of sagas: the services that
-// receive a saga's commands (reserve credit) and their compensations
-// (release it), behind a barrier against duplicate, empty and late
-// compensations. The full manual follows in this file.
+// receive a saga's commands (reserve credit, reserve stock) and their
+// compensations (release them). A participant is two ordinary Go functions
+// per command, an action and its compensation, that run in the handler's
+// PostgreSQL transaction; the package puts a barrier in front of them and
+// sends the reply through the outbox in the same transaction.
+//
+// # Writing a participant
+//
+//	p, _ := compensation.NewParticipant(pool, compensation.Config{Name: "payments"})
+//	compensation.Register(p, "reserve_credit",
+//		func(ctx context.Context, tx pgx.Tx, call compensation.Call, cmd ReserveCredit) (Reserved, error) {
+//			ok, err := debit(ctx, tx, cmd.Account, cmd.Amount)
+//			if err != nil {
+//				return Reserved{}, err // technical: rolled back, retried, no reply
+//			}
+//			if !ok {
+//				return Reserved{}, compensation.Fail("insufficient credit") // replied, no effect
+//			}
+//			return Reserved{Amount: cmd.Amount}, nil // replied as JSON
+//		},
+//		func(ctx context.Context, tx pgx.Tx, call compensation.Call, cmd ReserveCredit) error {
+//			return credit(ctx, tx, cmd.Account, cmd.Amount) // the semantic undo
+//		})
+//	p.AddToRouter(router, compensation.RouterConfig{Topic: "payments.commands", Subscriber: sub, Poison: pub})
+//
+// AddToRouter adds one Watermill handler for the command topic, behind
+// PoisonQueue (permanent failures only), Retry and the inbox's dedup
+// middleware, in that order, so that each try is one transaction holding
+// the dedup mark, the barrier row, the function's effects and the reply.
+// Several commands may share a topic: the handler routes on the command
+// name. A participant owns its command topics: a command it has not
+// registered is poisoned, not skipped. To wire by hand, add Participant.Handle with Participant.Middleware
+// innermost. Participant.HandleTx runs a command in a transaction you own:
+// it is an inbox.HandlerFunc, so an inbox.Receiver and inbox.Processor can
+// apply stored commands many per transaction; Participant.HandleBatchTx
+// handles a whole batch with a few statements, and a Batcher (or
+// RouterConfig.Batch) gathers the commands of a Router's concurrent
+// handlers into such batches (measured below).
+//
+// # The wire protocol
+//
+// Commands and replies are Watermill messages (Kafka records) with the
+// metadata (Kafka headers) of package millrace, so that a participant or an
+// orchestrator in another language can take part by reading headers.
+//
+// A command, on the participant's command topic, carries:
+//
+//	saga_id           MetadataSagaID          the saga instance (at most 200 bytes of UTF-8, no NUL)
+//	saga_type         MetadataSagaType        the saga type's name (may be empty)
+//	saga_step         MetadataSagaStep        the step's name, never its position
+//	saga_attempt      MetadataSagaAttempt     1, 2, ... in decimal; every attempt is a new message
+//	saga_operation    MetadataSagaOperation   "action" or "compensation"
+//	saga_command      MetadataSagaCommand     the command's name, the same for its compensation
+//	saga_reply_topic  MetadataSagaReplyTopic  where the reply goes
+//	event_id                                  its dedup id (a UUID; set by the outbox relay)
+//	partition_key                             the saga id, so one saga's messages keep their order
+//
+// and its payload is the command as JSON. A compensation command carries
+// the action's command name and payload, with operation "compensation".
+//
+// The reply, on the command's reply topic, keyed by the saga id, copies
+// saga_id, saga_type, saga_step, saga_attempt (the command's attempt, even
+// when the answer is a stored one), saga_operation and saga_command, and
+// adds:
+//
+//	saga_outcome  MetadataSagaOutcome  "success", "failure" or "cancelled"
+//	saga_reason   MetadataSagaReason   why, for "failure" and "cancelled"
+//
+// Its payload is the action's reply as JSON for a successful action, "{}"
+// otherwise. Its event type is "saga.reply". The outbox stores payloads as
+// jsonb, so the reply's JSON may come back re-spaced and with keys
+// reordered; it is the same JSON value on every attempt.
+//
+// Call.IdempotencyKey is the same for every attempt of a step's operation:
+// the UUIDv5 of saga id, step and operation (see IdempotencyKey). Pass it to
+// external APIs, a payment provider say, whose side effects no database
+// transaction can roll back.
+//
+// # The barrier
+//
+// The inbox stops the same message from applying twice. It does not stop
+// what sagas do to participants: a retried command is a new message, and a
+// compensation can overtake its action. The barrier is a table,
+// compensation_barrier, keyed by (saga id, step, operation) and written in
+// the handler's transaction, so a row exists exactly when its effects
+// committed. It handles three cases.
+//
+// Duplicate action. The orchestrator times out and sends attempt 2; the
+// action must not run twice and must answer as it did the first time:
+//
+//	orchestrator                 participant
+//	action #1  ───────────────►  claims (S, step, action); runs the action;
+//	(timeout)                    stores outcome and reply; replies ──► (late)
+//	action #2  ───────────────►  finds the row: replies the stored answer,
+//	                             the function does not run
+//
+// Empty compensation. The compensation arrives for an action that never
+// ran (lost, or still in flight); it succeeds with no effect and is
+// remembered:
+//
+//	action #1  ──► (lost or delayed)
+//	compensation ─────────────►  claims (S, step, compensation), also writes
+//	                             (S, step, action) as "cancelled": no action
+//	                             ran, nothing to undo; replies success
+//
+// Late action (hanging). The action arrives after its compensation; it
+// must not run, or its effect would never be undone:
+//
+//	compensation ─────────────►  (as above: the action's row is "cancelled")
+//	action #1 (late) ─────────►  finds its row cancelled: replies
+//	                             "cancelled", the function does not run
+//
+// The barrier knows a step by saga id and step name only: saga ids must be
+// unique among all the orchestrators whose commands reach one participant's
+// schema (the saga package keys its instances by id; two services choosing
+// ids such as "order-42" for different sagas should prefix them, or use
+// UUIDs), or one saga's command would be answered with another's reply.
+//
+// An action and its compensation that arrive at the same moment on two
+// consumers are ordered by the action's row: both write it (INSERT ... ON
+// CONFLICT on the primary key), so the second waits for the first
+// transaction to end and then sees what it decided. A compensation locks its
+// own row before the action's, so two attempts of one compensation never
+// deadlock. A compensation delivered twice runs once; a compensation of an
+// action that failed (a business failure, no effect) is empty too.
+//
+// # Failures
+//
+// Return compensation.Fail(reason) for a business failure. From an action,
+// it rolls back what the action wrote (a savepoint), records the failure
+// in the barrier and replies "failure" with the reason; every later
+// attempt gets the same answer. From a compensation, it also rolls back and
+// replies "failure", but it is not final: the orchestrator retries the
+// compensation with backoff and parks the saga stuck when its budget is
+// spent; each retry runs the compensation again. Any other error is
+// technical: the whole transaction rolls back (dedup mark, barrier, effects),
+// nothing is replied, and the message is retried by Retry and redelivery.
+// A command that cannot be understood (bad metadata, an unknown command, a
+// payload that does not decode) fails with a millrace.Permanent error
+// wrapping ErrInvalidCommand or ErrUnknownCommand before anything is
+// written, and goes to the poison topic with the reason.
+//
+// # Writing a compensation
+//
+// A compensation is a semantic undo, not a rollback: the action committed
+// and others may have seen and used its effect. Release the reservation,
+// refund the payment, put the stock back; where the effect cannot be
+// removed, record a counter-entry. Call.ActionReply holds what the action
+// replied (a reservation id, say). The barrier guarantees the compensation
+// runs only if the action ran and succeeded, and at most once successfully,
+// so it need not guard against delivery; it must still be idempotent toward
+// external systems, through Call.IdempotencyKey.
+//
+// What a participant must not do:
+//
+//   - publish to the broker directly, or call another service and wait: its
+//     messages go through the outbox in the same transaction (the reply does
+//     so already);
+//   - keep effects outside the transaction (files, caches, HTTP calls
+//     without an idempotency key): a retried or crashed attempt repeats them;
+//   - commit or roll back the transaction it is given, or swallow a
+//     technical error as a business failure (the effect would be recorded
+//     as a final answer).
+//
+// # Performance and the batched path
+//
+// One command costs the inbox's BEGIN with its mark, one round trip for the
+// barrier's claim (with its savepoint), the function's own statements, one
+// round trip for the barrier's answer and the reply (pipelined), and the
+// commit: one round trip more than a dedup handler that replies through the
+// outbox. HandleBatchTx takes many commands in one transaction: one claim
+// statement and one answer-and-replies round trip per batch, one savepoint
+// round trip per function that runs, one commit; a batch consumer writes
+// the batch's dedup marks in one statement before it. Measured on the
+// 2-core development machine, busy with other work (load average 11), by
+// go test -run '^$' -bench . -benchtime 3s ./compensation/ (one run, side
+// by side, every handler writing one row):
+//
+//	DedupHandler            inbox dedup + one row, 8 callers                 3976 msgs/s
+//	DedupHandlerWithReply   + one reply through the outbox                   2548 msgs/s
+//	ParticipantHandler      + the barrier (Handle, as AddToRouter wires it)  1796 msgs/s
+//	ParticipantProcessor    inbox Processor + HandleTx, 100 per tx, 4 loops  3664 msgs/s
+//	ParticipantBatch        HandleBatchTx, 100 per tx, 4 callers             5155 msgs/s
+//
+// A Batcher's batches are no larger than the commands in flight (about 8
+// with its benchmark's 16 callers and 2 transactions): in a later run, at
+// load average 19, ParticipantBatcher did 1384 msgs/s beside 945 for
+// DedupHandlerWithReply and 4127 for ParticipantBatch. On this shared
+// machine the figures move by a factor of two from run to run; compare the
+// rows of one run.
+//
+// # Retention
+//
+// A Cleaner removes the barrier rows of sagas that ended; since a
+// participant is not told when a saga ends, it takes a saga as ended when
+// no command of it arrived for a window (default 7 days). The window must
+// outlast the longest time a command can still arrive; see Cleaner for what
+// goes wrong otherwise.
+//
+// # Metrics
+//
+// Metrics is a Prometheus collector of actions, compensations, empty
+// compensations, late actions, business failures and duplicates, by
+// participant and command.
+//
+// # Tables
+//
+// Migration 004_compensation (package migrations) creates
+// compensation_barrier in millrace's schema; the participant also uses the
+// outbox (001) and the inbox's processed_event (002).
 package compensation

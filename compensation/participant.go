@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -70,7 +71,6 @@ type command struct {
 type Participant struct {
 	pool    *pgxpool.Pool
 	name    string
-	schema  string
 	writer  *outbox.Writer
 	metrics *Metrics
 	logger  watermill.LoggerAdapter
@@ -108,7 +108,6 @@ func NewParticipant(pool *pgxpool.Pool, cfg Config) (*Participant, error) {
 	return &Participant{
 		pool:     pool,
 		name:     cfg.Name,
-		schema:   schema,
 		writer:   cfg.Writer,
 		metrics:  cfg.Metrics,
 		logger:   cfg.Logger.With(watermill.LogFields{"component": "compensation.Participant", "participant": cfg.Name}),
@@ -199,167 +198,216 @@ func (p *Participant) Handle(msg *message.Message) error {
 // function is returned as is: roll tx back and retry the message. A
 // business failure (Fail) is not an error here: it is replied.
 func (p *Participant) HandleTx(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
-	call, err := parseCall(msg)
+	it, err := p.item(msg)
 	if err != nil {
 		return err
+	}
+	ctx, restore := withTx(ctx, tx, msg)
+	defer restore()
+	b := &pgx.Batch{}
+	if it.call.Operation == millrace.OperationCompensation {
+		// The compensation's row first, then the action's: every transaction
+		// that touches both locks them in this order, so two compensations
+		// of one step never deadlock.
+		b.Queue(p.sql.claimCompensation, it.call.SagaID, it.call.Step, it.call.SagaType, it.call.Command)
+		b.Queue(p.sql.claimForCompensation, it.call.SagaID, it.call.Step, it.call.SagaType, it.call.Command, lateReason)
+	} else {
+		b.Queue(p.sql.claimAction, it.call.SagaID, it.call.Step, it.call.SagaType, it.call.Command)
+	}
+	b.Queue(savepoint)
+	var cl claim
+	br := tx.SendBatch(ctx, b)
+	if it.call.Operation == millrace.OperationCompensation {
+		err = br.QueryRow().Scan(&cl.inserted, &cl.outcome, &cl.reply, &cl.reason)
+		if err == nil {
+			err = br.QueryRow().Scan(&cl.actInserted, &cl.actOutcome, &cl.actReply)
+		}
+	} else {
+		err = br.QueryRow().Scan(&cl.inserted, &cl.outcome, &cl.reply, &cl.reason)
+		cl.actInserted, cl.actOutcome, cl.actReply = cl.inserted, cl.outcome, cl.reply
+	}
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("compensation: %s: claim %s %s/%s: %w", p.name, it.call.Operation, it.call.SagaID, it.call.Step, err)
+	}
+	r, err := p.decide(ctx, tx, it, cl, nil)
+	if err != nil {
+		return err
+	}
+	var before []queued
+	if r.failed {
+		before = append(before, queued{sql: rollbackTo})
+	}
+	before = append(before, queued{sql: release})
+	if r.finish {
+		before = append(before, queued{sql: p.sql.finish, args: []any{r.outcome, r.empty, r.payload, r.reason, it.call.SagaID, it.call.Step, it.call.Operation}})
+	}
+	ptx := &pipelineTx{Tx: tx, before: before}
+	_, err = p.writer.WriteTx(ctx, ptx, p.replyEvent(it.call, r))
+	if err == nil {
+		err = ptx.flush(ctx)
+	}
+	if err != nil {
+		return fmt.Errorf("compensation: %s: reply to %s/%s %s: %w", p.name, it.call.SagaID, it.call.Step, it.call.Operation, err)
+	}
+	return nil
+}
+
+// withTx returns ctx carrying tx, and puts tx in msg's context too until
+// restore is called, so that the functions find the transaction where the
+// inbox's handlers do (millrace.TxFromContext, the outbox's
+// ContextPublisher).
+func withTx(ctx context.Context, tx pgx.Tx, msgs ...*message.Message) (context.Context, func()) {
+	if cur, ok := millrace.TxFromContext(ctx); !ok || cur != tx {
+		ctx = millrace.ContextWithTx(ctx, tx)
+	}
+	var restores []func()
+	for _, m := range msgs {
+		orig := m.Context()
+		if cur, ok := millrace.TxFromContext(orig); ok && cur == tx {
+			continue
+		}
+		m.SetContext(millrace.ContextWithTx(orig, tx))
+		restores = append(restores, func() { m.SetContext(orig) })
+	}
+	return ctx, func() {
+		for _, r := range restores {
+			r()
+		}
+	}
+}
+
+// item is one command message, parsed and decoded.
+type item struct {
+	msg  *message.Message
+	call Call
+	c    *command
+	cmd  any
+}
+
+// item parses and decodes msg; its errors are permanent.
+func (p *Participant) item(msg *message.Message) (*item, error) {
+	call, err := parseCall(msg)
+	if err != nil {
+		return nil, err
 	}
 	p.mu.RLock()
 	c := p.commands[call.Command]
 	p.mu.RUnlock()
 	if c == nil {
-		return millrace.Permanent(fmt.Errorf("%w: %q (message %q, participant %s)", ErrUnknownCommand, call.Command, msg.UUID, p.name))
+		return nil, millrace.Permanent(fmt.Errorf("%w: %q (message %q, participant %s)", ErrUnknownCommand, call.Command, msg.UUID, p.name))
 	}
 	cmd, err := c.decode(msg.Payload)
 	if err != nil {
-		return invalid(msg, "payload of command %q: %v", call.Command, err)
+		return nil, invalid(msg, "payload of command %q: %v", call.Command, err)
 	}
-	var r reply
-	if call.Operation == millrace.OperationAction {
-		r, err = p.act(ctx, tx, c, call, cmd)
-	} else {
-		r, err = p.compensate(ctx, tx, c, call, cmd)
-	}
-	if err != nil {
-		return err
-	}
-	return p.reply(ctx, tx, call, r)
+	return &item{msg: msg, call: call, c: c, cmd: cmd}, nil
 }
 
-// reply is the answer to one command, and the statements to pipeline
-// before its outbox write.
+// claim is what the barrier's claim found: the operation's own row, and
+// the action's row (for an action, the same row).
+type claim struct {
+	inserted        bool
+	outcome, reason string
+	reply           []byte
+
+	actInserted bool
+	actOutcome  string
+	actReply    []byte
+}
+
+// reply is the answer to one command.
 type reply struct {
 	outcome, reason string
 	payload         []byte
-	before          []queued
+	// failed: a business failure; roll back to the savepoint before
+	// finishing. finish: write outcome, empty, payload and reason to the
+	// operation's barrier row.
+	failed, finish, empty bool
 }
 
 var emptyReply = []byte("{}")
 
-// act runs an action behind the barrier.
-func (p *Participant) act(ctx context.Context, tx pgx.Tx, c *command, call Call, cmd any) (reply, error) {
-	b := &pgx.Batch{}
-	b.Queue(p.sql.claimAction, call.SagaID, call.Step, call.SagaType, call.Command)
-	b.Queue(savepoint)
-	var (
-		inserted        bool
-		outcome, reason string
-		stored          []byte
-	)
-	br := tx.SendBatch(ctx, b)
-	err := br.QueryRow().Scan(&inserted, &outcome, &stored, &reason)
-	if err == nil {
-		_, err = br.Exec()
+// decide answers a command from its claim, running the action or the
+// compensation when the barrier lets it; beforeRun, if not nil, is called
+// just before. A technical error of the function is returned.
+func (p *Participant) decide(ctx context.Context, tx pgx.Tx, it *item, cl claim, beforeRun func() error) (reply, error) {
+	call := it.call
+	stored := func(outcome, reason string, payload []byte) reply {
+		if len(payload) == 0 {
+			payload = emptyReply
+		}
+		return reply{outcome: outcome, reason: reason, payload: payload}
 	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
+	// run runs fn; count counts a run that did not fail technically.
+	run := func(count func(participant, command string), fn func() ([]byte, error)) (reply, error) {
+		if beforeRun != nil {
+			if err := beforeRun(); err != nil {
+				return reply{}, err
+			}
+		}
+		payload, err := fn()
+		if err != nil {
+			f, ok := asFailure(err)
+			if !ok {
+				return reply{}, err
+			}
+			count(p.name, call.Command)
+			p.metrics.failure(p.name, call.Command, call.Operation)
+			p.logger.Debug("Business failure", watermill.LogFields{"saga_id": call.SagaID, "step": call.Step, "operation": call.Operation, "reason": f.Reason})
+			return reply{outcome: millrace.OutcomeFailure, reason: cleanReason(f.Reason), payload: emptyReply, failed: true, finish: true}, nil
+		}
+		count(p.name, call.Command)
+		if payload == nil {
+			payload = emptyReply
+		}
+		return reply{outcome: millrace.OutcomeSuccess, payload: payload, finish: true}, nil
 	}
-	if err != nil {
-		return reply{}, fmt.Errorf("compensation: %s: claim action %s/%s: %w", p.name, call.SagaID, call.Step, err)
-	}
-	if !inserted {
-		switch outcome {
-		case millrace.OutcomeCancelled:
+
+	if call.Operation == millrace.OperationAction {
+		switch {
+		case cl.inserted:
+			return run(p.metrics.action, func() ([]byte, error) { return it.c.action(ctx, tx, call, it.cmd) })
+		case cl.outcome == millrace.OutcomeCancelled:
 			p.metrics.late(p.name, call.Command)
 			p.logger.Debug("Late action cancelled", watermill.LogFields{"saga_id": call.SagaID, "step": call.Step, "attempt": call.Attempt})
-		case millrace.OutcomeSuccess, millrace.OutcomeFailure:
+			return stored(cl.outcome, cl.reason, nil), nil
+		case cl.outcome == millrace.OutcomeSuccess, cl.outcome == millrace.OutcomeFailure:
 			p.metrics.duplicate(p.name, call.Command, call.Operation)
-		default:
-			return reply{}, fmt.Errorf("compensation: %s: action %s/%s has outcome %q in the barrier", p.name, call.SagaID, call.Step, outcome)
+			return stored(cl.outcome, cl.reason, cl.reply), nil
 		}
-		if len(stored) == 0 {
-			stored = emptyReply
-		}
-		return reply{outcome: outcome, reason: reason, payload: stored, before: []queued{{sql: release}}}, nil
+		return reply{}, fmt.Errorf("compensation: %s: action %s/%s has outcome %q in the barrier", p.name, call.SagaID, call.Step, cl.outcome)
 	}
-	payload, err := c.action(ctx, tx, call, cmd)
-	r := reply{outcome: millrace.OutcomeSuccess, payload: payload}
-	if err != nil {
-		f, ok := asFailure(err)
-		if !ok {
-			return reply{}, err
-		}
-		r = reply{outcome: millrace.OutcomeFailure, reason: cleanReason(f.Reason), payload: emptyReply,
-			before: []queued{{sql: rollbackTo}}}
-		p.metrics.failure(p.name, call.Command, call.Operation)
-		p.logger.Debug("Action failed", watermill.LogFields{"saga_id": call.SagaID, "step": call.Step, "reason": r.reason})
-	}
-	p.metrics.action(p.name, call.Command)
-	r.before = append(r.before, queued{sql: release},
-		queued{sql: p.sql.finish, args: []any{r.outcome, false, r.payload, r.reason, call.SagaID, call.Step, call.Operation}})
-	return r, nil
-}
 
-// compensate runs a compensation behind the barrier.
-func (p *Participant) compensate(ctx context.Context, tx pgx.Tx, c *command, call Call, cmd any) (reply, error) {
-	// The compensation's row first, then the action's: every transaction
-	// that touches both locks them in this order, so two compensations of
-	// one step never deadlock.
-	b := &pgx.Batch{}
-	b.Queue(p.sql.claimCompensation, call.SagaID, call.Step, call.SagaType, call.Command)
-	b.Queue(p.sql.claimForCompensation, call.SagaID, call.Step, call.SagaType, call.Command, lateReason)
-	b.Queue(savepoint)
-	var (
-		compInserted, actInserted bool
-		compOutcome, compReason   string
-		actOutcome                string
-		compStored, actStored     []byte
-	)
-	br := tx.SendBatch(ctx, b)
-	err := br.QueryRow().Scan(&compInserted, &compOutcome, &compStored, &compReason)
-	if err == nil {
-		err = br.QueryRow().Scan(&actInserted, &actOutcome, &actStored)
-	}
-	if err == nil {
-		_, err = br.Exec()
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return reply{}, fmt.Errorf("compensation: %s: claim compensation %s/%s: %w", p.name, call.SagaID, call.Step, err)
-	}
-	if !compInserted && compOutcome == millrace.OutcomeSuccess {
+	if !cl.inserted && cl.outcome == millrace.OutcomeSuccess {
 		// Compensated before: the same answer again.
 		p.metrics.duplicate(p.name, call.Command, call.Operation)
-		if len(compStored) == 0 {
-			compStored = emptyReply
+		return stored(cl.outcome, "", cl.reply), nil
+	}
+	switch cl.actOutcome {
+	case millrace.OutcomeSuccess:
+		if cl.actInserted {
+			break // cannot happen: an inserted action row is cancelled
 		}
-		return reply{outcome: millrace.OutcomeSuccess, payload: compStored, before: []queued{{sql: release}}}, nil
-	}
-	finish := func(r reply, empty bool) reply {
-		r.before = append(r.before, queued{sql: release},
-			queued{sql: p.sql.finish, args: []any{r.outcome, empty, r.payload, r.reason, call.SagaID, call.Step, call.Operation}})
-		return r
-	}
-	switch {
-	case actInserted, actOutcome == millrace.OutcomeFailure, actOutcome == millrace.OutcomeCancelled:
+		if it.c.compensate == nil {
+			p.metrics.compensation(p.name, call.Command)
+			return reply{outcome: millrace.OutcomeSuccess, payload: emptyReply, finish: true}, nil
+		}
+		call.ActionReply = cl.actReply
+		return run(p.metrics.compensation, func() ([]byte, error) { return nil, it.c.compensate(ctx, tx, call, it.cmd) })
+	case millrace.OutcomeCancelled, millrace.OutcomeFailure:
 		// Empty: the action never ran (its row now blocks it), or it failed
 		// and had no effect.
 		p.metrics.empty(p.name, call.Command)
-		p.logger.Debug("Empty compensation", watermill.LogFields{"saga_id": call.SagaID, "step": call.Step, "action_outcome": actOutcome})
-		return finish(reply{outcome: millrace.OutcomeSuccess, payload: emptyReply}, true), nil
-	case actOutcome != millrace.OutcomeSuccess:
-		return reply{}, fmt.Errorf("compensation: %s: action %s/%s has outcome %q in the barrier", p.name, call.SagaID, call.Step, actOutcome)
+		p.logger.Debug("Empty compensation", watermill.LogFields{"saga_id": call.SagaID, "step": call.Step, "action_outcome": cl.actOutcome})
+		return reply{outcome: millrace.OutcomeSuccess, payload: emptyReply, finish: true, empty: true}, nil
 	}
-	if c.compensate == nil {
-		p.metrics.compensation(p.name, call.Command)
-		return finish(reply{outcome: millrace.OutcomeSuccess, payload: emptyReply}, false), nil
-	}
-	call.ActionReply = actStored
-	r := reply{outcome: millrace.OutcomeSuccess, payload: emptyReply}
-	if err := c.compensate(ctx, tx, call, cmd); err != nil {
-		f, ok := asFailure(err)
-		if !ok {
-			return reply{}, err
-		}
-		r = reply{outcome: millrace.OutcomeFailure, reason: cleanReason(f.Reason), payload: emptyReply,
-			before: []queued{{sql: rollbackTo}}}
-		p.metrics.failure(p.name, call.Command, call.Operation)
-		p.logger.Debug("Compensation failed", watermill.LogFields{"saga_id": call.SagaID, "step": call.Step, "reason": r.reason})
-	} else {
-		p.metrics.compensation(p.name, call.Command)
-	}
-	return finish(r, false), nil
+	return reply{}, fmt.Errorf("compensation: %s: action %s/%s has outcome %q in the barrier", p.name, call.SagaID, call.Step, cl.actOutcome)
 }
 
 // lateReason is the reason of the cancelled reply to a late action.
@@ -368,14 +416,13 @@ const lateReason = "compensated before the action arrived"
 // replyEventType is the outbox event type of replies.
 const replyEventType = "saga.reply"
 
-// reply writes r to the outbox, in the same round trip as the statements
-// queued before it.
-func (p *Participant) reply(ctx context.Context, tx pgx.Tx, call Call, r reply) error {
+// replyEvent is the outbox event of r.
+func (p *Participant) replyEvent(call Call, r reply) outbox.Event {
 	md := map[string]string{
 		millrace.MetadataSagaID:        call.SagaID,
 		millrace.MetadataSagaType:      call.SagaType,
 		millrace.MetadataSagaStep:      call.Step,
-		millrace.MetadataSagaAttempt:   fmt.Sprint(call.Attempt),
+		millrace.MetadataSagaAttempt:   strconv.Itoa(call.Attempt),
 		millrace.MetadataSagaOperation: call.Operation,
 		millrace.MetadataSagaCommand:   call.Command,
 		millrace.MetadataSagaOutcome:   r.outcome,
@@ -384,7 +431,7 @@ func (p *Participant) reply(ctx context.Context, tx pgx.Tx, call Call, r reply) 
 	if r.reason != "" {
 		md[millrace.MetadataSagaReason] = r.reason
 	}
-	ev := outbox.Event{
+	return outbox.Event{
 		Topic:         call.ReplyTopic,
 		PartitionKey:  call.SagaID,
 		AggregateType: call.SagaType,
@@ -393,10 +440,6 @@ func (p *Participant) reply(ctx context.Context, tx pgx.Tx, call Call, r reply) 
 		Payload:       r.payload,
 		Metadata:      md,
 	}
-	if _, err := p.writer.WriteTx(ctx, &pipelineTx{Tx: tx, before: r.before}, ev); err != nil {
-		return fmt.Errorf("compensation: %s: reply to %s/%s %s: %w", p.name, call.SagaID, call.Step, call.Operation, err)
-	}
-	return nil
 }
 
 // RouterConfig says how AddToRouter wires a participant into a Router.
@@ -419,13 +462,18 @@ type RouterConfig struct {
 	// HandlerName names the Router handler. Defaults to the participant's
 	// name, a dot, and Topic.
 	HandlerName string
+	// Batch, when set, runs the commands through a Batcher (many per
+	// transaction, no inbox dedup marks) instead of one transaction each
+	// behind the dedup middleware. Defaults to nil.
+	Batch *BatchConfig
 }
 
 // AddToRouter adds a handler for the participant's commands on
 // cfg.Topic to r, behind PoisonQueue (permanent failures only), Retry and
 // the inbox's dedup middleware (consumer: the participant's name), in that
 // order, so each try is one transaction with the dedup mark, the barrier,
-// the effects and the reply. Call it once per command topic.
+// the effects and the reply; with cfg.Batch, behind PoisonQueue and Retry
+// only, through a Batcher. Call it once per command topic.
 func (p *Participant) AddToRouter(r *message.Router, cfg RouterConfig) (*message.Handler, error) {
 	switch {
 	case r == nil:
@@ -452,6 +500,15 @@ func (p *Participant) AddToRouter(r *message.Router, cfg RouterConfig) (*message
 	if err != nil {
 		return nil, fmt.Errorf("%w: compensation: %v", millrace.ErrConfig, err)
 	}
+	if cfg.Batch != nil {
+		b, err := p.NewBatcher(*cfg.Batch)
+		if err != nil {
+			return nil, err
+		}
+		h := r.AddConsumerHandler(cfg.HandlerName, cfg.Topic, cfg.Subscriber, b.Handle)
+		h.AddMiddleware(poison, retry.Middleware)
+		return h, nil
+	}
 	h := r.AddConsumerHandler(cfg.HandlerName, cfg.Topic, cfg.Subscriber, p.Handle)
 	h.AddMiddleware(poison, retry.Middleware, p.dedup.Middleware)
 	return h, nil
@@ -467,9 +524,11 @@ type queued struct {
 	args []any
 }
 
-// pipelineTx is tx whose next Exec sends the statements of before first,
-// in one round trip (a pgx batch). The participant hands it to the outbox
-// Writer, so the barrier's final write and the reply cost one round trip.
+// pipelineTx is tx that sends the statements of before ahead of the next
+// statement: with an Exec, in the same round trip (a pgx batch); with any
+// other call, in a round trip of their own first. The participant hands it
+// to the outbox Writer, so the barrier's answer and the reply cost one
+// round trip, and the order of statements is kept whatever the Writer does.
 type pipelineTx struct {
 	pgx.Tx
 	before []queued
@@ -498,3 +557,78 @@ func (t *pipelineTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.
 	}
 	return tag, br.Close()
 }
+
+// flush sends what is queued, if anything.
+func (t *pipelineTx) flush(ctx context.Context) error {
+	if len(t.before) == 0 {
+		return nil
+	}
+	_, err := t.Exec(ctx, "SELECT 1")
+	return err
+}
+
+func (t *pipelineTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if err := t.flush(ctx); err != nil {
+		return nil, err
+	}
+	return t.Tx.Query(ctx, sql, args...)
+}
+
+func (t *pipelineTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if err := t.flush(ctx); err != nil {
+		return errRow{err}
+	}
+	return t.Tx.QueryRow(ctx, sql, args...)
+}
+
+func (t *pipelineTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if len(t.before) > 0 {
+		pre := make([]*pgx.QueuedQuery, 0, len(t.before)+len(b.QueuedQueries))
+		for _, q := range t.before {
+			pre = append(pre, &pgx.QueuedQuery{SQL: q.sql, Arguments: q.args})
+		}
+		t.before = nil
+		// The queued statements' results are read and dropped here; the
+		// caller reads its own.
+		nb := &pgx.Batch{QueuedQueries: append(pre, b.QueuedQueries...)}
+		br := t.Tx.SendBatch(ctx, nb)
+		for range pre {
+			if _, err := br.Exec(); err != nil {
+				_ = br.Close()
+				return errBatch{err: err}
+			}
+		}
+		return br
+	}
+	return t.Tx.SendBatch(ctx, b)
+}
+
+func (t *pipelineTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	if err := t.flush(ctx); err != nil {
+		return 0, err
+	}
+	return t.Tx.CopyFrom(ctx, table, columns, src)
+}
+
+func (t *pipelineTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	if err := t.flush(ctx); err != nil {
+		return nil, err
+	}
+	return t.Tx.Begin(ctx)
+}
+
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
+
+// errBatch is the results of a batch that failed before its statements
+// ran (its other methods are those of a nil BatchResults).
+type errBatch struct {
+	pgx.BatchResults
+	err error
+}
+
+func (b errBatch) Exec() (pgconn.CommandTag, error) { return pgconn.CommandTag{}, b.err }
+func (b errBatch) Query() (pgx.Rows, error)         { return nil, b.err }
+func (b errBatch) QueryRow() pgx.Row                { return errRow{b.err} }
+func (b errBatch) Close() error                     { return b.err }

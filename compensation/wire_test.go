@@ -73,8 +73,17 @@ func handBuilt(replyTo, sagaID, step, operation, attempt, command, payload strin
 // the outbox and the relay, read back from the reply topic. Covers a
 // success, a duplicate attempt, an empty compensation, a late action, a
 // compensation, a business failure and a poisoned command.
+//
+// Then the same through a Batcher wired by hand, which writes no dedup
+// marks: the redelivered message is answered a second time, from the
+// barrier, and runs nothing.
 func TestWireProtocolHandBuiltMessagesThroughKafka(t *testing.T) {
 	t.Parallel()
+	t.Run("dedup", func(t *testing.T) { t.Parallel(); wireProtocol(t, false) })
+	t.Run("batcher", func(t *testing.T) { t.Parallel(); wireProtocol(t, true) })
+}
+
+func wireProtocol(t *testing.T, batched bool) {
 	b := setup(t, 8)
 	brokers := kafkatest.Brokers(t)
 	cmdTopic, poisonTopic := kafkatest.Topic(), kafkatest.Topic()
@@ -113,8 +122,17 @@ func TestWireProtocolHandBuiltMessagesThroughKafka(t *testing.T) {
 		t.Fatal(err)
 	}
 	retry := middleware.Retry{MaxRetries: 3, InitialInterval: time.Millisecond, ShouldRetry: inbox.ShouldRetry}
-	router.AddConsumerHandler("payments", cmdTopic, kafkatest.NewSubscriber(t, brokers), b.p.Handle).
-		AddMiddleware(pq, retry.Middleware, b.p.Middleware())
+	if batched {
+		bt, err := b.p.NewBatcher(compensation.BatchConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		router.AddConsumerHandler("payments", cmdTopic, kafkatest.NewSubscriber(t, brokers), bt.Handle).
+			AddMiddleware(pq, retry.Middleware)
+	} else {
+		router.AddConsumerHandler("payments", cmdTopic, kafkatest.NewSubscriber(t, brokers), b.p.Handle).
+			AddMiddleware(pq, retry.Middleware, b.p.Middleware())
+	}
 	startRouter(t, router)
 
 	relay, err := outbox.NewRelay(b.db.Pool, outbox.RelayConfig{Schema: b.db.Schema, Publisher: pub, PollInterval: 20 * time.Millisecond})
@@ -126,7 +144,11 @@ func TestWireProtocolHandBuiltMessagesThroughKafka(t *testing.T) {
 	go func() { defer close(relayDone); _ = relay.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-relayDone })
 
-	replies := kafkatest.Read(t, brokers, replyTo, len(cmds))
+	want := len(cmds) // one reply per distinct command
+	if batched {
+		want++ // and one more for the redelivery
+	}
+	replies := kafkatest.Read(t, brokers, replyTo, want)
 	type key struct{ saga, op, attempt string }
 	got := map[key]*message.Message{}
 	for _, r := range replies {
@@ -137,7 +159,7 @@ func TestWireProtocolHandBuiltMessagesThroughKafka(t *testing.T) {
 		}
 		got[key{md.Get("saga_id"), md.Get("saga_operation"), md.Get("saga_attempt")}] = r
 	}
-	want := []struct {
+	wantReplies := []struct {
 		k                       key
 		outcome, reason, inBody string
 	}{
@@ -149,7 +171,7 @@ func TestWireProtocolHandBuiltMessagesThroughKafka(t *testing.T) {
 		{key{"saga-undo", "compensation", "1"}, "success", "", `{}`},
 		{key{"saga-fail", "action", "1"}, "failure", "insufficient credit", `{}`},
 	}
-	for _, w := range want {
+	for _, w := range wantReplies {
 		r := got[w.k]
 		if r == nil {
 			t.Fatalf("no reply for %+v among %d replies", w.k, len(replies))
@@ -173,16 +195,22 @@ func TestWireProtocolHandBuiltMessagesThroughKafka(t *testing.T) {
 		t.Fatalf("effects = %d, want 3 (reserve ok, reserve undo, release undo)", n)
 	}
 	// No reply beyond one per distinct command.
-	if n := b.count(t, `SELECT count(*) FROM `+b.db.Schema+`.outbox_event WHERE topic = $1`, replyTo); n != len(cmds) {
-		t.Fatalf("replies written = %d, want %d", n, len(cmds))
+	if n := b.count(t, `SELECT count(*) FROM `+b.db.Schema+`.outbox_event WHERE topic = $1`, replyTo); n != want {
+		t.Fatalf("replies written = %d, want %d", n, want)
 	}
 }
 
 // AddToRouter wires PoisonQueue, Retry and dedup: a bad command of each
 // kind is poisoned with its reason and nothing is written; good commands
-// are answered once each.
+// are answered once each. With a Batcher likewise, except that a
+// redelivery is answered again from the barrier (no dedup marks).
 func TestAddToRouterPoisonsBadCommands(t *testing.T) {
 	t.Parallel()
+	t.Run("dedup", func(t *testing.T) { t.Parallel(); addToRouter(t, nil) })
+	t.Run("batch", func(t *testing.T) { t.Parallel(); addToRouter(t, &compensation.BatchConfig{}) })
+}
+
+func addToRouter(t *testing.T, batch *compensation.BatchConfig) {
 	b := setup(t, 4)
 	ps := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 64, Persistent: true}, watermill.NopLogger{})
 	t.Cleanup(func() { _ = ps.Close() })
@@ -196,7 +224,7 @@ func TestAddToRouterPoisonsBadCommands(t *testing.T) {
 	if _, err := b.p.AddToRouter(router, compensation.RouterConfig{Topic: "credit", Subscriber: ps}); !errors.Is(err, millrace.ErrConfig) {
 		t.Fatalf("no poison publisher: %v, want ErrConfig", err)
 	}
-	if _, err := b.p.AddToRouter(router, compensation.RouterConfig{Topic: "credit", Subscriber: ps, Poison: ps}); err != nil {
+	if _, err := b.p.AddToRouter(router, compensation.RouterConfig{Topic: "credit", Subscriber: ps, Poison: ps, Batch: batch}); err != nil {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
@@ -251,12 +279,19 @@ func TestAddToRouterPoisonsBadCommands(t *testing.T) {
 		}
 	}
 	mu.Unlock()
-	waitFor(t, 30*time.Second, "the good command's reply", func() bool { return len(b.replies(t, saga)) == 1 })
+	replies := 1
+	if batch != nil {
+		replies = 2
+	}
+	waitFor(t, 30*time.Second, "the good command's replies", func() bool { return len(b.replies(t, saga)) == replies })
 	if n := b.count(t, `SELECT count(*) FROM `+b.db.Schema+`.compensation_barrier`); n != 1 {
 		t.Fatalf("barrier rows = %d, want 1 (bad commands write nothing)", n)
 	}
-	if n := b.count(t, `SELECT count(*) FROM `+b.db.Schema+`.outbox_event`); n != 1 {
-		t.Fatalf("outbox rows = %d, want 1", n)
+	if n := b.count(t, `SELECT count(*) FROM `+b.db.Schema+`.outbox_event`); n != replies {
+		t.Fatalf("outbox rows = %d, want %d", n, replies)
+	}
+	if n := b.actionCalls.Load(); n != 1 {
+		t.Fatalf("action ran %d times, want 1", n)
 	}
 }
 

@@ -1,0 +1,236 @@
+package compensation
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/outbox"
+)
+
+// HandleBatchTx handles msgs in tx, as HandleTx would one after the other,
+// in fewer round trips: the barrier rows of the whole batch are claimed in
+// one statement, their answers written in one more, and the replies in one
+// outbox write with it; each function that runs costs one round trip for
+// its savepoint beside its own statements. It is for consumers that take
+// messages in batches (the saga orchestrator's way of reaching the
+// throughput target); the same guarantees hold, and its answers are
+// identical to HandleTx's.
+//
+// Messages of one saga step are handled in the order given; the functions
+// run in message order. Before anything is written, every message is
+// parsed: if any is malformed (see HandleTx), HandleBatchTx returns a
+// *millrace.BatchError naming each bad message by its UUID, each error
+// millrace.Permanent, and tx is untouched: take them out (poison them) and
+// call again with the rest. Any other error is technical: roll tx back.
+// Deduplicating redelivered messages (the inbox's marks) is the caller's
+// part, in tx; without it the barrier still keeps the effects once, and a
+// redelivery is answered again (a duplicate reply, which the orchestrator
+// ignores).
+func (p *Participant) HandleBatchTx(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
+	items := make([]*item, 0, len(msgs))
+	var bad []millrace.MessageError
+	for _, msg := range msgs {
+		it, err := p.item(msg)
+		if err != nil {
+			bad = append(bad, millrace.MessageError{UUID: msg.UUID, Err: err})
+			continue
+		}
+		items = append(items, it)
+	}
+	if len(bad) > 0 {
+		return &millrace.BatchError{Errors: bad}
+	}
+	ctx, restore := withTx(ctx, tx, msgs...)
+	defer restore()
+	// Rounds: the n-th message of a saga step goes to round n, so that a
+	// round claims each barrier row once and sees the previous rounds'
+	// answers.
+	type stepKey struct{ saga, step string }
+	seen := map[stepKey]int{}
+	var rounds [][]*item
+	for _, it := range items {
+		k := stepKey{it.call.SagaID, it.call.Step}
+		n := seen[k]
+		seen[k] = n + 1
+		if n == len(rounds) {
+			rounds = append(rounds, nil)
+		}
+		rounds[n] = append(rounds[n], it)
+	}
+	for _, round := range rounds {
+		if err := p.handleRound(ctx, tx, round); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// handleRound handles items of distinct saga steps.
+func (p *Participant) handleRound(ctx context.Context, tx pgx.Tx, items []*item) error {
+	// Claims in a fixed lock order, the same as HandleTx's: compensation
+	// rows before action rows, each sorted by (saga id, step), so batches
+	// and single commands never wait on each other in a cycle.
+	sorted := slices.Clone(items)
+	slices.SortFunc(sorted, func(a, b *item) int {
+		if c := strings.Compare(a.call.SagaID, b.call.SagaID); c != 0 {
+			return c
+		}
+		return strings.Compare(a.call.Step, b.call.Step)
+	})
+	var comp, act claimColumns
+	for _, it := range sorted {
+		if it.call.Operation == millrace.OperationCompensation {
+			comp.add(it.call, "", "")
+			act.add(it.call, millrace.OutcomeCancelled, lateReason)
+		} else {
+			act.add(it.call, "", "")
+		}
+	}
+	b := &pgx.Batch{}
+	if len(comp.sagaIDs) > 0 {
+		b.Queue(p.sql.claimCompensations, comp.args()...)
+	}
+	b.Queue(p.sql.claimActions, act.args()...)
+	b.Queue(savepoint)
+	type rowKey struct{ saga, step string }
+	comps, acts := map[rowKey]claim{}, map[rowKey]claim{}
+	br := tx.SendBatch(ctx, b)
+	scan := func(into map[rowKey]claim) error {
+		rows, err := br.Query()
+		if err != nil {
+			return err
+		}
+		var (
+			k  rowKey
+			cl claim
+		)
+		_, err = pgx.ForEachRow(rows, []any{&k.saga, &k.step, &cl.inserted, &cl.outcome, &cl.reply, &cl.reason}, func() error {
+			into[k] = cl
+			return nil
+		})
+		return err
+	}
+	var err error
+	if len(comp.sagaIDs) > 0 {
+		err = scan(comps)
+	}
+	if err == nil {
+		err = scan(acts)
+	}
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("compensation: %s: claim a batch of %d: %w", p.name, len(items), err)
+	}
+
+	// The savepoint is clean until a function runs; before the next one
+	// runs it is released and taken again, so a business failure rolls back
+	// that function's writes only.
+	dirty := false
+	resetSavepoint := func() error {
+		if !dirty {
+			return nil
+		}
+		if _, err := tx.Exec(ctx, release+"; "+savepoint); err != nil {
+			return fmt.Errorf("compensation: %s: savepoint: %w", p.name, err)
+		}
+		dirty = false
+		return nil
+	}
+	var fin finishColumns
+	events := make([]outbox.Event, 0, len(items))
+	for _, it := range items {
+		k := rowKey{it.call.SagaID, it.call.Step}
+		a, ok := acts[k]
+		cl := a
+		if it.call.Operation == millrace.OperationCompensation {
+			c, okc := comps[k]
+			ok = ok && okc
+			cl = claim{inserted: c.inserted, outcome: c.outcome, reply: c.reply, reason: c.reason,
+				actInserted: a.inserted, actOutcome: a.outcome, actReply: a.reply}
+		} else {
+			cl.actInserted, cl.actOutcome, cl.actReply = a.inserted, a.outcome, a.reply
+		}
+		if !ok {
+			return fmt.Errorf("compensation: %s: claim of %s %s/%s returned no row", p.name, it.call.Operation, it.call.SagaID, it.call.Step)
+		}
+		ran := false
+		r, err := p.decide(ctx, tx, it, cl, func() error { ran = true; return resetSavepoint() })
+		if err != nil {
+			return err
+		}
+		if r.failed {
+			if _, err := tx.Exec(ctx, rollbackTo); err != nil {
+				return fmt.Errorf("compensation: %s: rollback to savepoint: %w", p.name, err)
+			}
+		} else if ran {
+			dirty = true
+		}
+		if r.finish {
+			fin.add(it.call, r)
+		}
+		events = append(events, p.replyEvent(it.call, r))
+	}
+	before := []queued{{sql: release}}
+	if len(fin.sagaIDs) > 0 {
+		before = append(before, queued{sql: p.sql.finishMany, args: fin.args()})
+	}
+	ptx := &pipelineTx{Tx: tx, before: before}
+	_, err = p.writer.WriteTx(ctx, ptx, events...)
+	if err == nil {
+		err = ptx.flush(ctx)
+	}
+	if err != nil {
+		return fmt.Errorf("compensation: %s: replies of a batch of %d: %w", p.name, len(items), err)
+	}
+	return nil
+}
+
+// claimColumns are the arrays of a many-row claim.
+type claimColumns struct {
+	sagaIDs, steps, sagaTypes, commands, outcomes, reasons []string
+}
+
+func (c *claimColumns) add(call Call, outcome, reason string) {
+	c.sagaIDs = append(c.sagaIDs, call.SagaID)
+	c.steps = append(c.steps, call.Step)
+	c.sagaTypes = append(c.sagaTypes, call.SagaType)
+	c.commands = append(c.commands, call.Command)
+	c.outcomes = append(c.outcomes, outcome)
+	c.reasons = append(c.reasons, reason)
+}
+
+func (c *claimColumns) args() []any {
+	return []any{c.sagaIDs, c.steps, c.sagaTypes, c.commands, c.outcomes, c.reasons}
+}
+
+// finishColumns are the arrays of a many-row finish.
+type finishColumns struct {
+	sagaIDs, steps, operations, outcomes, reasons []string
+	empties                                       []bool
+	replies                                       [][]byte
+}
+
+func (f *finishColumns) add(call Call, r reply) {
+	f.sagaIDs = append(f.sagaIDs, call.SagaID)
+	f.steps = append(f.steps, call.Step)
+	f.operations = append(f.operations, call.Operation)
+	f.outcomes = append(f.outcomes, r.outcome)
+	f.reasons = append(f.reasons, r.reason)
+	f.empties = append(f.empties, r.empty)
+	f.replies = append(f.replies, r.payload)
+}
+
+func (f *finishColumns) args() []any {
+	return []any{f.sagaIDs, f.steps, f.operations, f.outcomes, f.empties, f.replies, f.reasons}
+}

@@ -1,0 +1,162 @@
+package compensation_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/compensation"
+	"github.com/millrace/millrace/outbox"
+)
+
+// scripted is a sequence covering every case: a success and its retry, an
+// empty compensation and its late action, an action and its compensation
+// (twice), a business failure and its compensation.
+func scripted() []*message.Message {
+	return []*message.Message{
+		action("saga-ok", 1), action("saga-ok", 2),
+		compensationOf("saga-late", 1), action("saga-late", 1),
+		action("saga-undo", 1), compensationOf("saga-undo", 1), compensationOf("saga-undo", 2),
+		action("saga-fail", 1), compensationOf("saga-fail", 1),
+	}
+}
+
+// HandleBatchTx gives the same answers, effects and barrier as HandleTx one
+// message at a time, also with several messages of one step in a batch.
+func TestHandleBatchTxMatchesHandleTx(t *testing.T) {
+	t.Parallel()
+	fail := func(call compensation.Call) error {
+		if call.SagaID == "saga-fail" {
+			return compensation.Fail("insufficient credit")
+		}
+		return nil
+	}
+	single, batched := setup(t, 4), setup(t, 4)
+	single.setFailAction(fail)
+	batched.setFailAction(fail)
+	// A function that fails without writing anything, right after one that
+	// wrote: the batch must not roll back the other's writes.
+	refuse := func(context.Context, pgx.Tx, compensation.Call, struct{}) (struct{}, error) {
+		return struct{}{}, compensation.Fail("refused")
+	}
+	must(t, compensation.Register(single.p, "refuse", refuse, nil))
+	must(t, compensation.Register(batched.p, "refuse", refuse, nil))
+	script := func() []*message.Message {
+		r := action("saga-refused", 1)
+		r.Metadata.Set(millrace.MetadataSagaCommand, "refuse")
+		return append(scripted(), action("saga-wrote", 1), r)
+	}
+	for _, m := range script() {
+		must(t, single.handle(m))
+	}
+	ctx := context.Background()
+	must(t, pgx.BeginFunc(ctx, batched.db.Pool, func(tx pgx.Tx) error { return batched.p.HandleBatchTx(ctx, tx, script()) }))
+	if n := batched.effects(t, "saga-wrote", "reserve"); n != 1 {
+		t.Fatalf("saga-wrote: %d effects, want 1", n)
+	}
+	for _, saga := range []string{"saga-ok", "saga-late", "saga-undo", "saga-fail", "saga-wrote", "saga-refused"} {
+		a, b := single.replies(t, saga), batched.replies(t, saga)
+		if !slices.Equal(a, b) {
+			t.Fatalf("saga %s: replies differ\nsingle:  %+v\nbatched: %+v", saga, a, b)
+		}
+		for _, kind := range []string{"reserve", "release"} {
+			if x, y := single.effects(t, saga, kind), batched.effects(t, saga, kind); x != y {
+				t.Fatalf("saga %s: %s effects single %d, batched %d", saga, kind, x, y)
+			}
+		}
+		for _, op := range []string{millrace.OperationAction, millrace.OperationCompensation} {
+			o1, e1, ok1 := single.barrier(t, saga, op)
+			o2, e2, ok2 := batched.barrier(t, saga, op)
+			if o1 != o2 || e1 != e2 || ok1 != ok2 {
+				t.Fatalf("saga %s %s: barrier single %q/%v/%v, batched %q/%v/%v", saga, op, o1, e1, ok1, o2, e2, ok2)
+			}
+		}
+	}
+	if single.actionCalls.Load() != batched.actionCalls.Load() || single.compensateCalls.Load() != batched.compensateCalls.Load() {
+		t.Fatalf("calls differ: single %d/%d, batched %d/%d", single.actionCalls.Load(), single.compensateCalls.Load(),
+			batched.actionCalls.Load(), batched.compensateCalls.Load())
+	}
+}
+
+// A batch with malformed messages writes nothing and names each of them.
+func TestHandleBatchTxRefusesBadMessages(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 2)
+	bad1, bad2 := action("s-1", 1), action("s-2", 1)
+	bad1.Metadata.Set(millrace.MetadataSagaCommand, "nope")
+	bad2.Payload = []byte("{")
+	ctx := context.Background()
+	tx, err := b.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	err = b.p.HandleBatchTx(ctx, tx, []*message.Message{action("s-0", 1), bad1, bad2})
+	var be *millrace.BatchError
+	if !errors.As(err, &be) || len(be.Errors) != 2 || be.Errors[0].UUID != bad1.UUID || be.Errors[1].UUID != bad2.UUID {
+		t.Fatalf("err = %v, want a BatchError naming the two bad messages", err)
+	}
+	if !errors.Is(err, compensation.ErrUnknownCommand) || !errors.Is(err, compensation.ErrInvalidCommand) || !millrace.IsPermanent(be.Errors[0].Err) {
+		t.Fatalf("err = %v: want ErrUnknownCommand and ErrInvalidCommand, permanent", err)
+	}
+	// tx is untouched and usable.
+	if _, err := tx.Exec(ctx, `SELECT 1`); err != nil {
+		t.Fatalf("tx after a refused batch: %v", err)
+	}
+	must(t, tx.Commit(ctx))
+	if n := b.count(t, `SELECT count(*) FROM `+b.db.Schema+`.compensation_barrier`); n != 0 {
+		t.Fatalf("barrier rows = %d, want 0", n)
+	}
+}
+
+// Whatever the path, a function finds its transaction in ctx and in the
+// command message's context, so the outbox's ContextPublisher writes into
+// it; the message's context is restored afterwards.
+func TestFunctionsFindTheTransactionInContext(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 4)
+	w, err := outbox.NewWriter(b.db.Pool, outbox.WriterConfig{Schema: b.db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := w.ContextPublisher()
+	must(t, compensation.Register(b.p, "emit", func(ctx context.Context, tx pgx.Tx, call compensation.Call, _ struct{}) (struct{}, error) {
+		if c, ok := millrace.TxFromContext(ctx); !ok || c != tx {
+			return struct{}{}, errors.New("ctx does not carry the transaction")
+		}
+		ev := message.NewMessage(uuid.NewString(), []byte(`{}`))
+		ev.Metadata.Set(millrace.MetadataPartitionKey, call.SagaID)
+		ev.SetContext(call.Message.Context())
+		return struct{}{}, pub.Publish("emitted", ev)
+	}, nil))
+	emit := func(saga string) *message.Message {
+		m := action(saga, 1)
+		m.Metadata.Set(millrace.MetadataSagaCommand, "emit")
+		return m
+	}
+	ctx := context.Background()
+	must(t, b.handle(emit("via-dedup")))
+	bare := emit("via-handletx")
+	must(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error { return b.p.HandleTx(ctx, tx, bare) }))
+	batch := []*message.Message{emit("via-batch-1"), emit("via-batch-2")}
+	must(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error { return b.p.HandleBatchTx(ctx, tx, batch) }))
+	bt, err := b.p.NewBatcher(compensation.BatchConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	must(t, bt.Handle(emit("via-batcher")))
+	if n := b.count(t, `SELECT count(*) FROM `+b.db.Schema+`.outbox_event WHERE topic = 'emitted'`); n != 5 {
+		t.Fatalf("emitted events = %d, want 5", n)
+	}
+	for _, m := range append(batch, bare) {
+		if _, ok := millrace.TxFromContext(m.Context()); ok {
+			t.Fatalf("message %s still carries the transaction", m.UUID)
+		}
+	}
+}

@@ -1,0 +1,112 @@
+package compensation_test
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+
+	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/compensation"
+)
+
+// Concurrent callers of a Batcher share transactions; each gets its own
+// result: nil, its technical error, or a permanent error for a malformed
+// command; the barrier's guarantees hold (one effect per action, even with
+// duplicates and no dedup marks).
+func TestBatcherGroupsCommandsAndKeepsResultsApart(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 8)
+	if _, err := b.p.NewBatcher(compensation.BatchConfig{MaxBatch: -1}); !errors.Is(err, millrace.ErrConfig) {
+		t.Fatalf("negative MaxBatch: %v", err)
+	}
+	bt, err := b.p.NewBatcher(compensation.BatchConfig{MaxBatch: 50, Transactions: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// flaky's action fails technically twice: in its batch, and when the
+	// failed batch is run again one command at a time.
+	flaky := uuid.NewString()
+	var flakyCalls atomic.Int32
+	b.setFailAction(func(call compensation.Call) error {
+		if call.SagaID == flaky && flakyCalls.Add(1) <= 2 {
+			return errTechnical
+		}
+		return nil
+	})
+	const sagas, callers = 400, 16
+	ids := make([]string, sagas)
+	for i := range ids {
+		ids[i] = uuid.NewString()
+	}
+	ids[17] = flaky
+	type result struct {
+		msg *message.Message
+		err error
+	}
+	work := make(chan *message.Message)
+	results := make(chan result, 4*sagas)
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Go(func() {
+			for m := range work {
+				results <- result{m, bt.Handle(m)}
+			}
+		})
+	}
+	bad := action(uuid.NewString(), 1)
+	bad.Metadata.Set(millrace.MetadataSagaAttempt, "x")
+	start := time.Now()
+	for i, id := range ids {
+		work <- action(id, 1)
+		work <- action(id, 2) // a retry, as a new message
+		if i == sagas/2 {
+			work <- bad
+		}
+	}
+	close(work)
+	wg.Wait()
+	close(results)
+	var technical, permanent int
+	retry := []*message.Message{}
+	for r := range results {
+		switch {
+		case r.err == nil:
+		case errors.Is(r.err, errTechnical):
+			technical++
+			retry = append(retry, r.msg)
+		case r.msg == bad && errors.Is(r.err, compensation.ErrInvalidCommand) && millrace.IsPermanent(r.err):
+			permanent++
+		default:
+			t.Fatalf("message %s: %v", r.msg.UUID, r.err)
+		}
+	}
+	// One or both of flaky's commands (two batches in flight at once may
+	// each hold one) report the technical error.
+	if technical < 1 || technical > 2 || permanent != 1 {
+		t.Fatalf("technical errors %d, permanent %d; want 1 or 2, and 1", technical, permanent)
+	}
+	for _, m := range retry {
+		must(t, bt.Handle(m)) // the redelivery
+	}
+	t.Logf("%d commands in %v", 2*sagas+1, time.Since(start))
+	for _, id := range ids {
+		if n := b.effects(t, id, "reserve"); n != 1 {
+			t.Fatalf("saga %s: %d effects, want 1", id, n)
+		}
+		if rs := b.replies(t, id); len(rs) != 2 || rs[0].Payload != rs[1].Payload {
+			t.Fatalf("saga %s: replies %+v, want two identical", id, rs)
+		}
+	}
+	// Rows written by one transaction share its xmin: fewer transactions
+	// than rows means commands were grouped.
+	txs := b.count(t, `SELECT count(DISTINCT xmin::text) FROM `+b.db.Schema+`.compensation_barrier`)
+	if txs >= sagas {
+		t.Fatalf("%d transactions wrote %d barrier rows: no batching", txs, sagas)
+	}
+	t.Logf("%d barrier rows written by %d transactions", sagas, txs)
+}

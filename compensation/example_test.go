@@ -1,0 +1,105 @@
+package compensation_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/compensation"
+	"github.com/millrace/millrace/internal/pgtest"
+	"github.com/millrace/millrace/internal/sqlident"
+)
+
+type ReserveCredit struct {
+	Account string `json:"account"`
+	Amount  int    `json:"amount"`
+}
+
+type CreditReserved struct {
+	Left int `json:"left"`
+}
+
+// A payments participant: the action reserves credit, the compensation
+// releases it. The orchestrator's commands are built by hand here; in a
+// service they come from the saga package through the broker, and
+// AddToRouter wires the handler.
+func Example_participant() {
+	ctx := context.Background()
+	db, closeDB, err := pgtest.Open(ctx, 4)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer closeDB()
+	account := sqlident.Table(db.Schema, "account")
+	if _, err := db.Pool.Exec(ctx, `CREATE TABLE `+account+` (id text PRIMARY KEY, credit int NOT NULL);
+INSERT INTO `+account+` VALUES ('alice', 100)`); err != nil {
+		log.Fatal(err)
+	}
+
+	p, err := compensation.NewParticipant(db.Pool, compensation.Config{Schema: db.Schema, Name: "payments"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	err = compensation.Register(p, "reserve_credit",
+		func(ctx context.Context, tx pgx.Tx, call compensation.Call, cmd ReserveCredit) (CreditReserved, error) {
+			var left int
+			err := tx.QueryRow(ctx, `UPDATE `+account+` SET credit = credit - $2 WHERE id = $1 RETURNING credit`, cmd.Account, cmd.Amount).Scan(&left)
+			if err != nil {
+				return CreditReserved{}, err
+			}
+			if left < 0 {
+				return CreditReserved{}, compensation.Fail("insufficient credit")
+			}
+			return CreditReserved{Left: left}, nil
+		},
+		func(ctx context.Context, tx pgx.Tx, call compensation.Call, cmd ReserveCredit) error {
+			_, err := tx.Exec(ctx, `UPDATE `+account+` SET credit = credit + $2 WHERE id = $1`, cmd.Account, cmd.Amount)
+			return err
+		})
+	if err != nil {
+		log.Fatal(err)
+	}
+	// The handler behind the inbox's dedup middleware, as AddToRouter wires it.
+	handle := p.Middleware()(func(msg *message.Message) ([]*message.Message, error) { return nil, p.Handle(msg) })
+
+	sent := 0
+	send := func(sagaID, operation string, attempt, amount int) {
+		sent++ // every command is a new message
+		msg := message.NewMessage(fmt.Sprintf("0190a6b4-6b1c-7c4e-9a55-%012d", sent), fmt.Appendf(nil, `{"account":"alice","amount":%d}`, amount))
+		msg.Metadata.Set(millrace.MetadataSagaID, sagaID)
+		msg.Metadata.Set(millrace.MetadataSagaStep, "credit")
+		msg.Metadata.Set(millrace.MetadataSagaAttempt, fmt.Sprint(attempt))
+		msg.Metadata.Set(millrace.MetadataSagaOperation, operation)
+		msg.Metadata.Set(millrace.MetadataSagaCommand, "reserve_credit")
+		msg.Metadata.Set(millrace.MetadataSagaReplyTopic, "orders.replies")
+		if _, err := handle(msg); err != nil {
+			log.Fatal(err)
+		}
+		var outcome, reason, payload string
+		_ = db.Pool.QueryRow(ctx, `SELECT headers->>'saga_outcome', coalesce(headers->>'saga_reason', ''), payload::text FROM `+
+			sqlident.Table(db.Schema, "outbox_event")+` ORDER BY id DESC LIMIT 1`).Scan(&outcome, &reason, &payload)
+		var credit int
+		_ = db.Pool.QueryRow(ctx, `SELECT credit FROM `+account).Scan(&credit)
+		if reason != "" {
+			reason = " (" + reason + ")"
+		}
+		fmt.Printf("%s %s #%d: %s %s%s, credit %d\n", sagaID, operation, attempt, outcome, payload, reason, credit)
+	}
+	send("order-1", millrace.OperationAction, 1, 30)       // runs
+	send("order-1", millrace.OperationAction, 2, 30)       // a retry: the same answer, not run again
+	send("order-1", millrace.OperationCompensation, 1, 30) // undoes it
+	send("order-2", millrace.OperationCompensation, 1, 50) // empty: its action never ran
+	send("order-2", millrace.OperationAction, 1, 50)       // late: cancelled, not run
+	send("order-3", millrace.OperationAction, 1, 500)      // a business failure
+	// Output:
+	// order-1 action #1: success {"left": 70}, credit 70
+	// order-1 action #2: success {"left": 70}, credit 70
+	// order-1 compensation #1: success {}, credit 100
+	// order-2 compensation #1: success {}, credit 100
+	// order-2 action #1: cancelled {} (compensated before the action arrived), credit 100
+	// order-3 action #1: failure {} (insufficient credit), credit 100
+}
