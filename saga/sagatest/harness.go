@@ -45,6 +45,11 @@ type Config struct {
 	// MaxEvents bounds one Run: more events than this is reported as a
 	// saga that never settles. Defaults to 10000.
 	MaxEvents int
+	// BatchReplies delivers the replies queued for the orchestrator
+	// together, up to 64 in one Orchestrator.HandleReplies call (the
+	// batched path of RunBatched), instead of one by one to its Handler.
+	// Defaults to false.
+	BatchReplies bool
 	// MaxRetries is how many times in a row a handler may fail with a
 	// technical error (injected Error faults aside) before the Run gives
 	// up on it. Defaults to 20.
@@ -463,6 +468,9 @@ func (h *H) label(e *entry) Event {
 // step delivers the head of the queue, with its fault if one is planned.
 func (h *H) step() error {
 	e := h.queue[0]
+	if h.cfg.BatchReplies && e.sub.orch {
+		return h.stepBatch()
+	}
 	ev := h.label(e)
 	h.events++
 	f, faulty := h.plan.fault(ev, applies(ev.Kind))
@@ -548,6 +556,90 @@ func (h *H) deliver(e *entry, ev Event, f Fault) error {
 		}
 		h.logf("  failed: %v; retried", err)
 		h.lastError = err
+	}
+}
+
+// stepBatch delivers the replies at the head of the queue in one
+// HandleReplies call, each with its fault if one is planned.
+func (h *H) stepBatch() error {
+	var batch []*entry
+	h.crash = nil
+	defer func() { h.crash = nil }()
+	for len(h.queue) > 0 && len(batch) < 64 && h.queue[0].sub.orch {
+		e := h.queue[0]
+		ev := h.label(e)
+		h.events++
+		f, faulty := h.plan.fault(ev, applies(ev.Kind))
+		if faulty && f.Kind == Crash && h.crash != nil {
+			faulty = false // one crash per batch
+		}
+		if faulty {
+			h.fired = append(h.fired, f)
+			switch f.Kind {
+			case Drop:
+				h.seen[ev.key()]++
+				h.logf("DROP %s", ev)
+				h.queue = h.queue[1:]
+				continue
+			case Delay:
+				e.hold = max(f.Times, 1)
+				h.logf("DELAY %s for %d timer firings", ev, e.hold)
+				h.queue = h.queue[1:]
+				h.delayed = append(h.delayed, e)
+				continue
+			case Reorder:
+				i := slices.IndexFunc(h.queue, func(o *entry) bool {
+					return o.msg.Metadata.Get(millrace.MetadataPartitionKey) != e.msg.Metadata.Get(millrace.MetadataPartitionKey)
+				})
+				if i > 0 {
+					h.logf("REORDER %s: %s first", ev, h.describe(h.queue[i]))
+					h.queue[0], h.queue[i] = h.queue[i], e
+					continue
+				}
+				h.logf("REORDER %s: nothing else queued", ev)
+			case Duplicate:
+				h.logf("DUPLICATE %s", ev)
+				h.queue = append(h.queue, &entry{sub: e.sub, topic: e.topic, msg: e.msg})
+			case Crash:
+				h.crash = &armed{point: f.point(), saga: ev.Saga}
+				h.logf("batch %s, CRASH at %s", ev, f.point())
+			}
+		}
+		if !faulty || f.Kind != Crash {
+			h.logf("batch %s", ev)
+		}
+		h.seen[ev.key()]++
+		h.queue = h.queue[1:]
+		batch = append(batch, e)
+	}
+	if len(batch) == 0 {
+		return nil
+	}
+	for try := 1; ; try++ {
+		msgs := make([]*message.Message, len(batch))
+		for i, e := range batch {
+			msgs[i] = e.msg.Copy()
+			msgs[i].SetContext(h.ctx)
+		}
+		res, err := h.o.HandleReplies(h.ctx, msgs)
+		switch {
+		case err == nil:
+			for i, perr := range res.Poisoned {
+				h.logf("  POISONED: %v", perr)
+				h.poisoned = append(h.poisoned, fmt.Sprintf("%s: %v", h.describe(batch[i]), perr))
+			}
+			h.logf("  delivered %d replies in one transaction", len(batch))
+			return nil
+		case errors.Is(err, errCrash):
+			h.logf("  orchestrator crashed (%v); restarted, %d replies redelivered", err, len(batch))
+			h.crash = nil
+			h.restarts++
+			h.queue = append(batch, h.queue...)
+			return h.restart()
+		case try >= h.cfg.MaxRetries:
+			return fmt.Errorf("a batch of %d replies failed %d times: %w", len(batch), try, err)
+		}
+		h.logf("  failed: %v; retried", err)
 	}
 }
 

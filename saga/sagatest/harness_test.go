@@ -15,7 +15,12 @@ import (
 // setup is a harness with the order participants and sagas started.
 func setup(t *testing.T, n int, faults ...sagatest.Fault) *sagatest.H {
 	t.Helper()
-	h := sagatest.New(t, sagatest.Config{Faults: sagatest.Script(faults...), Effects: effects})
+	return setupWith(t, sagatest.Config{Faults: sagatest.Script(faults...), Effects: effects}, n)
+}
+
+func setupWith(t *testing.T, cfg sagatest.Config, n int) *sagatest.H {
+	t.Helper()
+	h := sagatest.New(t, cfg)
 	if err := orderScenario(n, false)(h); err != nil {
 		t.Fatal(err)
 	}
@@ -69,37 +74,43 @@ func TestEachFaultRecovers(t *testing.T) {
 		{"crash after commit", sagatest.CrashAt(saga.HookAfterCommit, creditReply), ""},
 		{"crash in a timer", sagatest.CrashAt(saga.HookBeforeCommit, sagatest.Event{Kind: sagatest.Timer, Saga: "o1"}), "timeout"},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			faults := []sagatest.Fault{tc.fault}
-			if tc.fault.At.Kind == sagatest.Timer {
-				// A timer to crash in: the stock command is lost first.
-				faults = append([]sagatest.Fault{sagatest.Drop.On(stockCmd)}, faults...)
+		for _, batched := range []bool{false, true} {
+			name := tc.name
+			if batched {
+				name += " batched"
 			}
-			h := setup(t, 2, faults...)
-			start := time.Now()
-			r := h.Run(t)
-			t.Logf("%s: %d events, clock +%s, %s", tc.name, r.Events, r.Elapsed, time.Since(start))
-			if len(r.Faults) != len(faults) {
-				t.Fatalf("the fault did not fire:\n%s", r)
-			}
-			if tc.fault.Kind == sagatest.Crash && r.Restarts != 1 {
-				t.Fatalf("%d restarts, want 1\n%s", r.Restarts, r)
-			}
-			for _, id := range []string{"o1", "o2"} {
-				if got := status(t, h, id); got != saga.StatusCompleted {
-					t.Fatalf("saga %s: %s\n%s", id, got, r)
+			t.Run(name, func(t *testing.T) {
+				faults := []sagatest.Fault{tc.fault}
+				if tc.fault.At.Kind == sagatest.Timer {
+					// A timer to crash in: the stock command is lost first.
+					faults = append([]sagatest.Fault{sagatest.Drop.On(stockCmd)}, faults...)
 				}
-			}
-			if tc.history != "" {
-				hist, err := h.History("o1")
-				if err != nil {
-					t.Fatal(err)
+				h := setupWith(t, sagatest.Config{Faults: sagatest.Script(faults...), Effects: effects, BatchReplies: batched}, 2)
+				start := time.Now()
+				r := h.Run(t)
+				t.Logf("%s: %d events, clock +%s, %s", tc.name, r.Events, r.Elapsed, time.Since(start))
+				if len(r.Faults) != len(faults) {
+					t.Fatalf("the fault did not fire:\n%s", r)
 				}
-				if !slices.ContainsFunc(hist, func(e saga.HistoryEntry) bool { return e.Event == tc.history }) {
-					t.Fatalf("no %q in the history of o1:\n%s", tc.history, r)
+				if tc.fault.Kind == sagatest.Crash && r.Restarts != 1 {
+					t.Fatalf("%d restarts, want 1\n%s", r.Restarts, r)
 				}
-			}
-		})
+				for _, id := range []string{"o1", "o2"} {
+					if got := status(t, h, id); got != saga.StatusCompleted {
+						t.Fatalf("saga %s: %s\n%s", id, got, r)
+					}
+				}
+				if tc.history != "" {
+					hist, err := h.History("o1")
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !slices.ContainsFunc(hist, func(e saga.HistoryEntry) bool { return e.Event == tc.history }) {
+						t.Fatalf("no %q in the history of o1:\n%s", tc.history, r)
+					}
+				}
+			})
+		}
 	}
 }
 
@@ -256,4 +267,24 @@ func TestUserTestIsFast(t *testing.T) {
 		t.Fatalf("saga o1: %s\n%s", got, r)
 	}
 	t.Logf("schema and setup %s, run with %d faults %s (clock moved %s)", setupTook, len(r.Faults), time.Since(start)-setupTook, r.Elapsed)
+}
+
+// With BatchReplies the replies of a wave share one HandleReplies call.
+func TestBatchedReplies(t *testing.T) {
+	t.Parallel()
+	h := setupWith(t, sagatest.Config{Effects: effects, BatchReplies: true}, 3)
+	r := h.Run(t)
+	if !slices.ContainsFunc(r.Trace, func(l string) bool { return strings.Contains(l, "delivered 3 replies in one transaction") }) {
+		t.Fatalf("no three replies in one batch:\n%s", r)
+	}
+}
+
+// The batched reply path (HandleReplies) under random faults.
+func TestRandomScenariosBatched(t *testing.T) {
+	t.Parallel()
+	runs := 100
+	if testing.Short() {
+		runs = 20
+	}
+	sagatest.Explore(t, sagatest.ExploreConfig{Config: sagatest.Config{Effects: effects, BatchReplies: true}, Runs: runs, Workers: 1}, orderScenario(3, false))
 }
