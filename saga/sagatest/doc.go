@@ -40,7 +40,13 @@
 // AddParticipant (behind their inbox dedup middleware, as their
 // AddToRouter does); any other handler with AddHandler. Each subscriber
 // gets its own copy of a message, as a Kafka consumer group would. A
-// message on a topic nobody subscribed to is kept aside (Unrouted).
+// message on a topic nobody subscribed to is kept aside (Unrouted). Give
+// participants h.Writer() (NewParticipant does): its every transaction
+// wakes the relay, where another Writer may leave it to its poll.
+//
+// Replies go to the orchestrator's Handler one by one, or, with
+// Config.BatchReplies, those queued together in one HandleReplies call:
+// the batched path of RunBatched, under the same faults.
 //
 // # Faults
 //

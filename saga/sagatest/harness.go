@@ -73,19 +73,18 @@ type H struct {
 	oh   message.NoPublishHandlerFunc // o's reply handler
 	subs map[string][]*subscriber     // by topic
 
-	plan      planner
-	queue     []*entry
-	delayed   []*entry
-	seen      map[string]int
-	fired     []Fault
-	trace     []string
-	poisoned  []string
-	unrouted  []string
-	restarts  int
-	events    int
-	crash     *armed
-	failNext  int // Error fault: failures left for the handler being called
-	lastError error
+	plan     planner
+	queue    []*entry
+	delayed  []*entry
+	seen     map[string]int
+	fired    []Fault
+	trace    []string
+	poisoned []string
+	unrouted []string
+	restarts int
+	events   int
+	crash    *armed
+	failNext int // Error fault: failures left for the handler being called
 }
 
 // subscriber is a handler on a topic: the orchestrator or a participant.
@@ -555,7 +554,6 @@ func (h *H) deliver(e *entry, ev Event, f Fault) error {
 			return fmt.Errorf("%s: handler failed %d times: %w", ev, try, err)
 		}
 		h.logf("  failed: %v; retried", err)
-		h.lastError = err
 	}
 }
 
