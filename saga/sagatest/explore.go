@@ -24,7 +24,10 @@ type Scenario func(h *H) error
 // ExploreConfig configures Explore.
 type ExploreConfig struct {
 	// Config is each run's harness configuration (Effects, Check, Saga,
-	// ...); its Faults are ignored.
+	// ...). Its Faults, if set, are injected in every run, before the
+	// explored ones (a Script that loses a command, say, so that the runs
+	// explore crashes in the timers it makes fire); the shrinking may drop
+	// them too.
 	Config Config
 	// Seed is where the random runs start: run i draws its faults from
 	// Seed+i. Defaults to a seed from the time, which a failure prints.
@@ -254,7 +257,11 @@ func (x *explorer) run(plan Faults) (*Report, error) {
 		return nil, fmt.Errorf("sagatest: reset: %w", err)
 	}
 	cfg := x.cfg.Config
-	cfg.Faults = plan
+	if cfg.Faults != nil {
+		cfg.Faults = combined{cfg.Faults, plan}
+	} else {
+		cfg.Faults = plan
+	}
 	h, err := newH(x.ctx, x.env, cfg)
 	if err != nil {
 		return nil, err
@@ -267,6 +274,23 @@ func (x *explorer) run(plan Faults) (*Report, error) {
 	r := h.RunE()
 	x.events = rec.events
 	return r, nil
+}
+
+// combined injects the faults of a fixed plan, and of an explored one
+// where the fixed one has none.
+type combined struct{ fixed, explored Faults }
+
+func (c combined) newPlanner() planner {
+	return &combinedPlanner{c.fixed.newPlanner(), c.explored.newPlanner()}
+}
+
+type combinedPlanner struct{ fixed, explored planner }
+
+func (c *combinedPlanner) fault(ev Event, allowed []FaultKind) (Fault, bool) {
+	if f, ok := c.fixed.fault(ev, allowed); ok {
+		return f, true
+	}
+	return c.explored.fault(ev, allowed)
 }
 
 // recorder notes every event a planner is asked about.

@@ -2,8 +2,11 @@ package sagatest_test
 
 import (
 	"context"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -186,12 +189,17 @@ func TestSameSeedSameRun(t *testing.T) {
 // A correct participant passes 500 random scenarios of three sagas each.
 func TestRandomScenarios(t *testing.T) {
 	t.Parallel()
-	runs := 500
+	// Runs are latency-bound (each waits on PostgreSQL), so four schemas
+	// at once finish about twice as fast as two, even on two cores.
+	runs, workers := 500, 4
 	if testing.Short() {
 		runs = 50
 	}
+	if w, err := strconv.Atoi(os.Getenv("SAGATEST_WORKERS")); err == nil {
+		workers = w
+	}
 	start := time.Now()
-	sagatest.Explore(t, sagatest.ExploreConfig{Config: sagatest.Config{Effects: effects}, Runs: runs}, orderScenario(3, false))
+	sagatest.Explore(t, sagatest.ExploreConfig{Config: sagatest.Config{Effects: effects}, Runs: runs, Workers: workers}, orderScenario(3, false))
 	t.Logf("%d random runs in %s", runs, time.Since(start))
 }
 
@@ -208,12 +216,29 @@ func TestEverySingleFault(t *testing.T) {
 func TestCrashAnywhere(t *testing.T) {
 	t.Parallel()
 	crashOnly := sagatest.RandomOptions{Kinds: []sagatest.FaultKind{sagatest.Crash}}
+	var mu sync.Mutex
+	runs := 0
 	scenario := func(h *sagatest.H) error {
 		return orders(false, 10, 500)(h)
 	}
+	lose := func(id string) sagatest.Fault {
+		return sagatest.Drop.On(sagatest.Event{Kind: sagatest.Command, Saga: id, Step: "stock", Op: millrace.OperationAction, Attempt: 1})
+	}
 	sagatest.Explore(t, sagatest.ExploreConfig{Config: sagatest.Config{Effects: effects,
-		// Every stock command is lost once, so that timers fire too.
-		Faults: nil}, Enumerate: true, Runs: 50, Random: crashOnly}, scenario)
+		// Each saga's first stock command is lost, so that timers fire too.
+		Faults: sagatest.Script(lose("o1"), lose("o2"))}, Enumerate: true, Runs: 30, Random: crashOnly,
+		Log: func(format string, args ...any) {
+			mu.Lock()
+			defer mu.Unlock()
+			runs++
+			if args[3].(int) < 2 { // faults: the two drops at least
+				t.Errorf("the drops did not fire: "+format, args...)
+			}
+		}}, scenario)
+	if runs < 50 { // 1 without crashes, ~20 enumerated crashes, 30 random
+		t.Fatalf("%d runs", runs)
+	}
+	t.Logf("%d runs", runs)
 }
 
 // A step whose command is lost on every attempt times out three times,
@@ -282,9 +307,9 @@ func TestBatchedReplies(t *testing.T) {
 // The batched reply path (HandleReplies) under random faults.
 func TestRandomScenariosBatched(t *testing.T) {
 	t.Parallel()
-	runs := 100
+	runs := 60
 	if testing.Short() {
 		runs = 20
 	}
-	sagatest.Explore(t, sagatest.ExploreConfig{Config: sagatest.Config{Effects: effects, BatchReplies: true}, Runs: runs, Workers: 1}, orderScenario(3, false))
+	sagatest.Explore(t, sagatest.ExploreConfig{Config: sagatest.Config{Effects: effects, BatchReplies: true}, Runs: runs}, orderScenario(3, false))
 }
