@@ -490,8 +490,10 @@ func (h *H) step() error {
 		case Reorder:
 			for i := 1; i < len(h.queue); i++ {
 				if o := h.queue[i]; o.msg.Metadata.Get(millrace.MetadataPartitionKey) != e.msg.Metadata.Get(millrace.MetadataPartitionKey) {
+					// o jumps the queue: the messages of e's saga keep
+					// their order.
 					h.logf("REORDER %s: %s first", ev, h.describe(o))
-					h.queue[0], h.queue[i] = o, e
+					h.queue = slices.Insert(slices.Delete(h.queue, i, i+1), 0, o)
 					return h.deliver(o, h.label(o), Fault{})
 				}
 			}
@@ -591,7 +593,8 @@ func (h *H) stepBatch() error {
 				})
 				if i > 0 {
 					h.logf("REORDER %s: %s first", ev, h.describe(h.queue[i]))
-					h.queue[0], h.queue[i] = h.queue[i], e
+					o := h.queue[i]
+					h.queue = slices.Insert(slices.Delete(h.queue, i, i+1), 0, o)
 					continue
 				}
 				h.logf("REORDER %s: nothing else queued", ev)
