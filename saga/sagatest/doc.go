@@ -109,8 +109,9 @@
 // first failing run it shrinks the faults, dropping them one at a time
 // (and lowering the Times of Error and Delay faults) while the run still
 // fails, and fails t with the smallest fault list found, the Script that
-// replays it, the seed and the trace. FindFailure returns the Failure
-// instead.
+// replays it, the seed and the trace; SAGATEST_SEED=<seed> in the
+// environment repeats an exploration whose Seed is unset. FindFailure
+// returns the Failure instead.
 //
 // # Limits
 //

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -30,7 +32,8 @@ type ExploreConfig struct {
 	// them too.
 	Config Config
 	// Seed is where the random runs start: run i draws its faults from
-	// Seed+i. Defaults to a seed from the time, which a failure prints.
+	// Seed+i. Defaults to $SAGATEST_SEED if set (to repeat a failure
+	// Explore printed), else a seed from the time, which a failure prints.
 	Seed uint64
 	// Runs is the number of random runs. Defaults to 100; a negative
 	// value runs none.
@@ -94,13 +97,21 @@ func goFaults(fs []Fault) string {
 	return strings.Join(parts, ", ")
 }
 
+// envSeed returns $SAGATEST_SEED, or a seed from the time.
+func envSeed() uint64 {
+	if s, err := strconv.ParseUint(os.Getenv("SAGATEST_SEED"), 10, 64); err == nil && s != 0 {
+		return s
+	}
+	return uint64(time.Now().UnixNano())
+}
+
 // Explore runs scenario many times with faults (see ExploreConfig) and
 // fails t with the smallest failing fault list it finds, the seed to
 // repeat it and the run's trace.
 func Explore(t testing.TB, cfg ExploreConfig, scenario Scenario) {
 	t.Helper()
 	if cfg.Seed == 0 {
-		cfg.Seed = uint64(time.Now().UnixNano())
+		cfg.Seed = envSeed()
 	}
 	if cfg.Log == nil {
 		cfg.Log = func(string, ...any) {}
@@ -126,7 +137,7 @@ func FindFailure(ctx context.Context, cfg ExploreConfig, scenario Scenario) (*Fa
 		cfg.MaxShrinkRuns = 200
 	}
 	if cfg.Seed == 0 {
-		cfg.Seed = uint64(time.Now().UnixNano())
+		cfg.Seed = envSeed()
 	}
 	if cfg.Log == nil {
 		cfg.Log = func(string, ...any) {}

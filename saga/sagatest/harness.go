@@ -286,6 +286,8 @@ type Report struct {
 	Events, Restarts int
 	// Elapsed is the time the Clock moved.
 	Elapsed time.Duration
+	// Seed is the seed of a Random plan (0 for any other).
+	Seed uint64
 }
 
 // Err returns the violations as one error, or nil.
@@ -298,6 +300,9 @@ func (r *Report) Err() error {
 
 func (r *Report) String() string {
 	var b strings.Builder
+	if r.Seed != 0 {
+		fmt.Fprintf(&b, "seed %d: ", r.Seed)
+	}
 	fmt.Fprintf(&b, "%d events, %d restarts, clock +%s\n", r.Events, r.Restarts, r.Elapsed)
 	if len(r.Faults) > 0 {
 		b.WriteString("faults:\n")
@@ -336,6 +341,9 @@ func (h *H) RunE() *Report {
 	start := h.clock.Now()
 	err := h.loop()
 	r := &Report{Faults: slices.Clone(h.fired), Events: h.events, Restarts: h.restarts}
+	if p, ok := h.cfg.Faults.(randomPlan); ok {
+		r.Seed = p.seed
+	}
 	if err != nil {
 		r.Violations = append(r.Violations, err.Error())
 	} else {
