@@ -132,6 +132,17 @@ type Step[D any] struct {
 	Name string
 	// Kind is Compensatable, Pivot or Retriable. Required.
 	Kind Kind
+	// Group, when set, puts the step in a parallel group: adjacent steps
+	// with the same Group run together, and the saga moves on when every
+	// member succeeded. When a member fails, the members still in flight
+	// are waited for (a reply or a timeout, with no further retry), then
+	// the members that took effect (or may have) and the steps before
+	// are compensated, in reverse order. A group's members are all
+	// compensatable or all retriable (a retriable group's failure parks
+	// the saga as stuck); the pivot is never in a group. The group's name
+	// is the saga's current step while it runs: it must differ from every
+	// step name.
+	Group string
 
 	// Action is a remote step's command.
 	Action *Command[D]
@@ -366,6 +377,33 @@ func Define[D any](spec Spec[D]) (*Definition[D], error) {
 		d.steps = append(d.steps, eraseStep(s))
 	}
 	d.pivot = pivot
+	d.groups = map[string][2]int{}
+	for i := 0; i < len(spec.Steps); {
+		g := spec.Steps[i].Group
+		if g == "" {
+			i++
+			continue
+		}
+		if err := checkName(g); err != nil {
+			return fail("group of step %q: %v", spec.Steps[i].Name, err)
+		}
+		if _, clash := d.index[g]; clash {
+			return fail("group %q has the name of a step", g)
+		}
+		if _, seen := d.groups[g]; seen {
+			return fail("group %q is split: its steps must be adjacent", g)
+		}
+		j := i
+		for j < len(spec.Steps) && spec.Steps[j].Group == g {
+			if k := spec.Steps[j].Kind; k == Pivot || k != spec.Steps[i].Kind {
+				return fail("group %q: step %q is %s; a group's steps are all compensatable or all retriable, never the pivot", g, spec.Steps[j].Name, k)
+			}
+			d.steps[j].group = g
+			j++
+		}
+		d.groups[g] = [2]int{i, j}
+		i = j
+	}
 	return &Definition[D]{def: d}, nil
 }
 
@@ -395,6 +433,24 @@ type def struct {
 	steps      []*stepDef
 	index      map[string]int
 	pivot      int // index of the pivot step, -1 if none
+	// groups maps a parallel group's name to its steps' index range [from, to).
+	groups map[string][2]int
+}
+
+// startsRemote reports whether a start runs no local step: the first step
+// (or every member of the first group) is remote.
+func (d *def) startsRemote() bool {
+	first := d.steps[0]
+	if first.group == "" {
+		return first.remote
+	}
+	r := d.groups[first.group]
+	for _, s := range d.steps[r[0]:r[1]] {
+		if !s.remote {
+			return false
+		}
+	}
+	return true
 }
 
 func (d *def) step(name string) (*stepDef, int) {
@@ -412,6 +468,7 @@ type command struct {
 
 type stepDef struct {
 	name      string
+	group     string
 	kind      Kind
 	remote    bool
 	action    *command
@@ -492,10 +549,11 @@ func eraseCommand[D any](step string, c *Command[D]) *command {
 		name = step
 	}
 	payload := c.Payload
-	return &command{topic: c.Topic, name: name, payload: func(data []byte) ([]byte, error) {
+	return &command{topic: c.Topic, name: name, payload: func(data []byte) (_ []byte, err error) {
 		if payload == nil {
 			return data, nil
 		}
+		defer recoverInto(&err)
 		var d D
 		if err := json.Unmarshal(data, &d); err != nil {
 			return nil, fmt.Errorf("saga: decode data: %w", err)
@@ -509,7 +567,9 @@ func eraseCommand[D any](step string, c *Command[D]) *command {
 }
 
 // withData decodes data, runs fn on it and encodes the result.
-func withData[D any](data []byte, fn func(*D) error) ([]byte, error) {
+// A panic in fn is returned as an error wrapping ErrPanic.
+func withData[D any](data []byte, fn func(*D) error) (_ []byte, err error) {
+	defer recoverInto(&err)
 	var d D
 	if err := json.Unmarshal(data, &d); err != nil {
 		return nil, fmt.Errorf("saga: decode data: %w", err)
@@ -518,4 +578,15 @@ func withData[D any](data []byte, fn func(*D) error) ([]byte, error) {
 		return nil, err
 	}
 	return json.Marshal(d)
+}
+
+// ErrPanic is wrapped by the error a definition's function (Local,
+// LocalCompensation, OnSuccess, a Payload) turns into when it panics: the
+// orchestrator treats it as that function's failure instead of crashing.
+var ErrPanic = errors.New("saga: panic in a definition's function")
+
+func recoverInto(err *error) {
+	if r := recover(); r != nil {
+		*err = fmt.Errorf("%w: %v", ErrPanic, r)
+	}
 }

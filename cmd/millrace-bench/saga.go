@@ -385,12 +385,13 @@ func (r *sagaRig) throughput(ctx context.Context, d time.Duration) (float64, int
 		completed.Store(int64(n))
 		return n, err
 	}
-	// Warm up for a fifth of the phase, then measure.
+	// Warm up for a fifth of the phase and until sagas complete, then
+	// measure for the phase (longer if none completes in it, up to a minute).
 	var from int
 	var t0 time.Time
-	deadline := time.Now().Add(d + d/5)
 	warm := time.Now().Add(d / 5)
-	for time.Now().Before(deadline) {
+	giveUp := time.Now().Add(time.Minute + d)
+	for {
 		select {
 		case err := <-errs:
 			return 0, 0, err
@@ -402,8 +403,15 @@ func (r *sagaRig) throughput(ctx context.Context, d time.Duration) (float64, int
 		if err != nil {
 			return 0, 0, err
 		}
-		if t0.IsZero() && time.Now().After(warm) {
-			from, t0 = n, time.Now()
+		if t0.IsZero() {
+			if n > 0 && time.Now().After(warm) {
+				from, t0 = n, time.Now()
+			}
+		} else if time.Since(t0) >= d && n > from {
+			break
+		}
+		if time.Now().After(giveUp) {
+			return 0, 0, fmt.Errorf("%d sagas completed in a minute", n)
 		}
 	}
 	n, err := read()
