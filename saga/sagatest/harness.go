@@ -38,7 +38,8 @@ type Config struct {
 	// Defaults to none.
 	Check func(ctx context.Context, h *H, in *saga.Instance) error
 	// Saga configures the orchestrator; the harness sets its Schema,
-	// Writer, Clock and Hook. Defaults to the zero Config.
+	// Writer and Clock, and its Hook (a Hook given here is called after
+	// the harness's own). Defaults to the zero Config.
 	Saga saga.Config
 	// Start is where the Clock starts. Defaults to DefaultStart.
 	Start time.Time
@@ -251,6 +252,14 @@ func (h *H) hook(_ context.Context, p saga.HookPoint, sagaID string) error {
 func (h *H) restart() error {
 	cfg := h.cfg.Saga
 	cfg.Schema, cfg.Writer, cfg.Clock, cfg.Hook = h.env.db.Schema, h.env.writer, h.clock, h.hook
+	if user := h.cfg.Saga.Hook; user != nil {
+		cfg.Hook = func(ctx context.Context, p saga.HookPoint, id string) error {
+			if err := h.hook(ctx, p, id); err != nil {
+				return err
+			}
+			return user(ctx, p, id)
+		}
+	}
 	o, err := saga.New(h.Pool(), cfg)
 	if err != nil {
 		return err
