@@ -7,6 +7,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/saga"
 	"github.com/millrace/millrace/saga/sagatest"
 )
@@ -45,6 +48,16 @@ SELECT saga_id, at, event, step, operation, attempt, outcome, 'completed' FROM s
 			}
 		})
 	}
+	t.Run("poisoned", func(t *testing.T) {
+		h := setup(t, 1)
+		h.AddHandler("auditor", "ship", nil, func(msg *message.Message) error {
+			return millrace.Permanent(errors.New("cannot read this"))
+		})
+		r := h.RunE()
+		if !slices.ContainsFunc(r.Violations, func(v string) bool { return strings.Contains(v, "poisoned: command o1 ship/action#1 →auditor") }) {
+			t.Fatalf("violations %q", r.Violations)
+		}
+	})
 	t.Run("user check", func(t *testing.T) {
 		h := setupWith(t, sagatest.Config{Check: func(_ context.Context, _ *sagatest.H, in *saga.Instance) error {
 			return errors.New("not on a Sunday")
