@@ -36,7 +36,7 @@ import (
 )
 
 // groups are the figure groups, in the order they run.
-var groups = []string{"relay", "forwarder", "raw", "latency", "write", "dedup", "inbox"}
+var groups = []string{"relay", "forwarder", "raw", "latency", "write", "dedup", "inbox", "saga"}
 
 // childEnv marks a process started by the bench itself (the broker or the
 // relay). The test binary checks it in TestMain to run main instead of the
@@ -197,6 +197,8 @@ func (b *bench) runGroup(ctx context.Context, g string) error {
 		return b.benchWrite(ctx)
 	case "dedup":
 		return b.benchDedup(ctx)
+	case "saga":
+		return b.benchSagas(ctx)
 	case "inbox":
 		return b.benchInbox(ctx)
 	}

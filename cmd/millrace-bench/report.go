@@ -26,6 +26,7 @@ var targets = map[string]target{
 	"write_ratio":        {true, 0.9},
 	"relay_rss_mib":      {false, 64},
 	"dedup_ratio":        {true, 0.85},
+	"sagas_per_s":        {true, 1000},
 }
 
 // figureOrder is the order of the table; every figure the bench can produce
@@ -36,6 +37,7 @@ var figureOrder = []string{
 	"latency_p50_ms", "latency_p99_ms", "baseline_poll_latency_p50_ms", "baseline_poll_latency_p99_ms",
 	"write_ratio", "write_tps_outbox", "write_tps_plain",
 	"dedup_ratio", "inbox_accept_events_per_s",
+	"sagas_per_s", "saga_latency_p50_ms", "saga_latency_p99_ms",
 }
 
 // ratios adds the figures derived from others in the same run.

@@ -1,1 +1,2 @@
-SELECT 1;
+DROP TABLE saga_history;
+DROP TABLE saga_instance;

@@ -1,0 +1,483 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/millrace/millrace/compensation"
+	"github.com/millrace/millrace/inbox"
+	"github.com/millrace/millrace/internal/sqlident"
+	"github.com/millrace/millrace/kafka"
+	"github.com/millrace/millrace/outbox"
+	"github.com/millrace/millrace/saga"
+)
+
+// The saga group's sizes.
+const (
+	sagaStarters     = 4    // goroutines starting sagas
+	sagaStartBatch   = 50   // sagas started per transaction in the throughput phase
+	sagaMaxInFlight  = 3000 // started and not ended, at most, in the throughput phase
+	sagaLatencyRate  = 200  // sagas started per second in the latency phase
+	sagaBatchSize    = 500  // replies or commands per transaction
+	sagaBatchWorkers = 4    // batches in flight per consumer
+)
+
+// sagaFetchWait is the consumers' Consumer.MaxWaitTime: how long a fetch
+// waits for records (the broker answers as soon as it has some; shorter
+// waits only burn CPU polling idle partitions).
+const sagaFetchWait = 100 * time.Millisecond
+
+// sagaPartitions is the number of partitions of the saga topics
+// (watermill-kafka has one message in flight per partition).
+const sagaPartitions = 32
+
+// sagaBatchWait is how long a batch waits to fill after its first message.
+const sagaBatchWait = 5 * time.Millisecond
+
+// sagaOrder is the benchmark saga's data.
+type sagaOrder struct {
+	ID     string `json:"id"`
+	Amount int    `json:"amount"`
+}
+
+// benchSagas measures sagas_per_s: three-step sagas (three remote steps,
+// each to a participant built with package compensation that passes its
+// barrier and writes a row) completed per second, end to end through the
+// outbox, the relay, the broker and the inbox, with the orchestrator
+// (RunBatched), the participants (batched too) and the relay in this
+// process; and saga_latency_p50_ms / p99 from start to completion at a
+// steady sagaLatencyRate sagas per second.
+func (b *bench) benchSagas(ctx context.Context) error {
+	n, err := b.sagaPhase(ctx, "throughput", 0)
+	if err != nil {
+		return err
+	}
+	b.results["sagas_per_s"] = round(n, 0)
+	if _, err := b.sagaPhase(ctx, "latency", sagaLatencyRate); err != nil {
+		return err
+	}
+	b.config["saga_steps"] = 3
+	b.config["saga_partitions"] = sagaPartitions
+	b.config["saga_batch_size"] = sagaBatchSize
+	b.config["saga_latency_rate_per_s"] = sagaLatencyRate
+	return nil
+}
+
+// sagaRig is the orchestrator, three participants and a relay on one schema.
+type sagaRig struct {
+	pool   *pgxpool.Pool
+	schema string
+	o      *saga.Orchestrator
+	def    *saga.Definition[sagaOrder]
+	effect string
+}
+
+// sagaPhase runs one rig. rate 0: start as fast as the rig completes (up
+// to sagaMaxInFlight in flight) and return completed sagas per second;
+// rate > 0: start rate sagas a second and record the latency figures.
+func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, error) {
+	pool, schema, done, err := b.workspace(ctx, 20)
+	if err != nil {
+		return 0, err
+	}
+	defer done()
+	rig := &sagaRig{pool: pool, schema: schema, effect: sqlident.Table(schema, "bench_saga_effect")}
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+rig.effect+` (saga_id text NOT NULL, step text NOT NULL, PRIMARY KEY (saga_id, step))`); err != nil {
+		return 0, err
+	}
+	topics := map[string]string{}
+	for _, t := range []string{"credit", "stock", "ship", "reply"} {
+		topics[t] = newTopic("saga_" + t)
+	}
+	if err := b.createTopics(topics, sagaPartitions); err != nil {
+		return 0, err
+	}
+	steps := make([]saga.Step[sagaOrder], 0, 3)
+	for _, s := range []string{"credit", "stock", "ship"} {
+		steps = append(steps, saga.Step[sagaOrder]{Name: s, Kind: saga.Compensatable,
+			Action: &saga.Command[sagaOrder]{Topic: topics[s]}, Compensation: &saga.Command[sagaOrder]{}})
+	}
+	rig.def, err = saga.Define(saga.Spec[sagaOrder]{Type: "bench-order", Version: 1, ReplyTopic: topics["reply"], Steps: steps})
+	if err != nil {
+		return 0, err
+	}
+	w, err := outbox.NewWriter(pool, outbox.WriterConfig{Schema: schema})
+	if err != nil {
+		return 0, err
+	}
+	rig.o, err = saga.New(pool, saga.Config{Schema: schema, Writer: w})
+	if err != nil {
+		return 0, err
+	}
+	if err := rig.o.Register(rig.def); err != nil {
+		return 0, err
+	}
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: b.brokers}, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer pub.Close()
+	relay, err := outbox.NewRelay(pool, outbox.RelayConfig{Schema: schema, Publisher: pub})
+	if err != nil {
+		return 0, err
+	}
+
+	rctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	var runErr error
+	var errMu sync.Mutex
+	fail := func(err error) {
+		if err != nil && rctx.Err() == nil {
+			errMu.Lock()
+			runErr = errors.Join(runErr, err)
+			errMu.Unlock()
+			stop()
+		}
+	}
+	defer func() { stop(); wg.Wait() }()
+	var subs []*wkafka.Subscriber
+	subscriber := func() (*wkafka.Subscriber, error) {
+		cfg := kafka.DefaultSaramaSubscriberConfig()
+		cfg.Consumer.MaxWaitTime = sagaFetchWait
+		s, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{Brokers: b.brokers, Unmarshaler: kafka.DefaultMarshaler(),
+			OverwriteSaramaConfig: cfg, ConsumerGroup: newTopic("saga_group")}, watermill.NopLogger{})
+		if err == nil {
+			subs = append(subs, s)
+		}
+		return s, err
+	}
+	defer func() {
+		for _, s := range subs {
+			_ = s.Close()
+		}
+	}()
+	for _, s := range []string{"credit", "stock", "ship"} {
+		p, err := compensation.NewParticipant(pool, compensation.Config{Schema: schema, Name: s, Writer: w})
+		if err != nil {
+			return 0, err
+		}
+		step := s
+		err = compensation.Register(p, step,
+			func(ctx context.Context, tx pgx.Tx, call compensation.Call, o sagaOrder) (struct{}, error) {
+				_, err := tx.Exec(ctx, `INSERT INTO `+rig.effect+` (saga_id, step) VALUES ($1, $2)`, call.SagaID, step)
+				return struct{}{}, err
+			},
+			func(ctx context.Context, tx pgx.Tx, call compensation.Call, o sagaOrder) error {
+				_, err := tx.Exec(ctx, `DELETE FROM `+rig.effect+` WHERE saga_id = $1 AND step = $2`, call.SagaID, step)
+				return err
+			})
+		if err != nil {
+			return 0, err
+		}
+		sub, err := subscriber()
+		if err != nil {
+			return 0, err
+		}
+		ch, err := sub.Subscribe(rctx, topics[s])
+		if err != nil {
+			return 0, err
+		}
+		for range sagaBatchWorkers {
+			wg.Add(1)
+			go func() { defer wg.Done(); fail(consumeBatches(rctx, pool, schema, s, ch, p.HandleTx)) }()
+		}
+	}
+	sub, err := subscriber()
+	if err != nil {
+		return 0, err
+	}
+	wg.Add(3)
+	go func() { defer wg.Done(); _ = relay.Run(rctx) }()
+	go func() { defer wg.Done(); _ = rig.o.Run(rctx) }()
+	go func() {
+		defer wg.Done()
+		fail(rig.o.RunBatched(rctx, saga.BatchConfig{Subscriber: sub, Poison: pub, BatchSize: sagaBatchSize, BatchWait: sagaBatchWait, Workers: sagaBatchWorkers}))
+	}()
+
+	b.progress("sagas (%s): %s, %d partitions per topic", name, b.opts.duration, sagaPartitions)
+	var result float64
+	if rate == 0 {
+		cpu := b.startCPU()
+		var total int
+		result, total, err = rig.throughput(rctx, b.opts.duration)
+		stop()
+		wg.Wait()
+		self, broker, db := cpu.stop(ctx, b, pool)
+		if total > 0 {
+			per := func(d time.Duration) float64 { return round(float64(d)/float64(time.Millisecond)/float64(total), 3) }
+			b.config["saga_cpu_ms_per_saga_bench_process"] = per(self)
+			b.config["saga_cpu_ms_per_saga_broker"] = per(broker)
+			b.config["saga_cpu_ms_per_saga_postgres"] = per(db)
+			b.progress("sagas: %d completed; CPU per saga: %.2f ms here, %.2f ms broker, %.2f ms PostgreSQL backends",
+				total, per(self), per(broker), per(db))
+		}
+	} else {
+		var p50, p99 time.Duration
+		p50, p99, err = rig.latency(rctx, rate, b.opts.duration)
+		b.results["saga_latency_p50_ms"], b.results["saga_latency_p99_ms"] = ms(p50), ms(p99)
+	}
+	stop()
+	wg.Wait()
+	if err != nil {
+		return 0, err
+	}
+	if runErr != nil {
+		return 0, runErr
+	}
+	return result, nil
+}
+
+// createTopics creates the topics with the given number of partitions.
+func (b *bench) createTopics(topics map[string]string, partitions int32) error {
+	cfg := kafka.DefaultSaramaSubscriberConfig()
+	admin, err := sarama.NewClusterAdmin(b.brokers, cfg)
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+	for _, t := range topics {
+		if err := admin.CreateTopic(t, &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: 1}, false); err != nil {
+			return fmt.Errorf("create topic %s: %w", t, err)
+		}
+	}
+	return nil
+}
+
+// consumeBatches applies the messages of ch many per transaction: the
+// dedup marks of a batch in one statement (consumer name), then handle for
+// each new message in the same transaction. A failure rolls the whole batch
+// back and nacks it.
+func consumeBatches(ctx context.Context, pool *pgxpool.Pool, schema, consumer string, ch <-chan *message.Message,
+	handle func(ctx context.Context, tx pgx.Tx, msg *message.Message) error) error {
+	mark := fmt.Sprintf(`INSERT INTO %s (consumer, event_id) SELECT $1, e FROM unnest($2::uuid[]) e
+ON CONFLICT DO NOTHING RETURNING event_id`, sqlident.Table(schema, "processed_event"))
+	for {
+		var batch []*message.Message
+		select {
+		case m, ok := <-ch:
+			if !ok {
+				return nil
+			}
+			batch = append(batch, m)
+		case <-ctx.Done():
+			return nil
+		}
+		timer := time.NewTimer(sagaBatchWait)
+	fill:
+		for len(batch) < sagaBatchSize {
+			select {
+			case m, ok := <-ch:
+				if !ok {
+					break fill
+				}
+				batch = append(batch, m)
+			case <-timer.C:
+				break fill
+			}
+		}
+		timer.Stop()
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			ids := make([]uuid.UUID, len(batch))
+			for i, m := range batch {
+				id, err := inbox.DefaultEventID(m)
+				if err != nil {
+					return err
+				}
+				if ids[i], err = uuid.Parse(id); err != nil {
+					return err
+				}
+			}
+			rows, err := tx.Query(ctx, mark, consumer, ids)
+			if err != nil {
+				return err
+			}
+			fresh, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+			if err != nil {
+				return err
+			}
+			isFresh := map[uuid.UUID]bool{}
+			for _, id := range fresh {
+				isFresh[id] = true
+			}
+			for i, m := range batch {
+				if !isFresh[ids[i]] {
+					continue
+				}
+				delete(isFresh, ids[i])
+				if err := handle(ctx, tx, m); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		for _, m := range batch {
+			if err != nil {
+				m.Nack()
+			} else {
+				m.Ack()
+			}
+		}
+		if err != nil && ctx.Err() == nil {
+			return fmt.Errorf("%s: batch of %d: %w", consumer, len(batch), err)
+		}
+	}
+}
+
+// count returns the number of sagas in a status.
+func (r *sagaRig) count(ctx context.Context, status saga.Status) (int, error) {
+	var n int
+	err := r.pool.QueryRow(ctx, `SELECT count(*) FROM `+sqlident.Table(r.schema, "saga_instance")+` WHERE status = $1`, status).Scan(&n)
+	return n, err
+}
+
+// throughput starts sagas as fast as they complete, keeping at most
+// sagaMaxInFlight live, and returns the completed sagas per second over
+// the phase after a warm-up.
+func (r *sagaRig) throughput(ctx context.Context, d time.Duration) (float64, int, error) {
+	var started atomic.Int64
+	var completed atomic.Int64 // as last read
+	sctx, stopStarting := context.WithCancel(ctx)
+	defer stopStarting()
+	var wg sync.WaitGroup
+	errs := make(chan error, sagaStarters)
+	for w := range sagaStarters {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w * sagaStartBatch; sctx.Err() == nil; i += sagaStarters * sagaStartBatch {
+				if started.Load()-completed.Load() >= sagaMaxInFlight {
+					time.Sleep(time.Millisecond)
+					continue
+				}
+				err := pgx.BeginFunc(sctx, r.pool, func(tx pgx.Tx) error {
+					for j := i; j < i+sagaStartBatch; j++ {
+						id := fmt.Sprintf("s-%d", j)
+						if _, err := saga.StartTx(sctx, tx, r.o, r.def, id, sagaOrder{ID: id, Amount: j}); err != nil {
+							return err
+						}
+					}
+					return nil
+				})
+				if err != nil {
+					if sctx.Err() == nil {
+						errs <- err
+					}
+					return
+				}
+				started.Add(sagaStartBatch)
+			}
+		}()
+	}
+	read := func() (int, error) {
+		n, err := r.count(ctx, saga.StatusCompleted)
+		completed.Store(int64(n))
+		return n, err
+	}
+	// Warm up for a fifth of the phase and until sagas complete, then
+	// measure for the phase (longer if none completes in it, up to a minute).
+	var from int
+	var t0 time.Time
+	warm := time.Now().Add(d / 5)
+	giveUp := time.Now().Add(time.Minute + d)
+	for {
+		select {
+		case err := <-errs:
+			return 0, 0, err
+		case <-ctx.Done():
+			return 0, 0, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+		n, err := read()
+		if err != nil {
+			return 0, 0, err
+		}
+		if t0.IsZero() {
+			if n > 0 && time.Now().After(warm) {
+				from, t0 = n, time.Now()
+			}
+		} else if time.Since(t0) >= d && n > from {
+			break
+		}
+		if time.Now().After(giveUp) {
+			return 0, 0, fmt.Errorf("%d sagas completed in a minute", n)
+		}
+	}
+	n, err := read()
+	if err != nil {
+		return 0, 0, err
+	}
+	rate := float64(n-from) / time.Since(t0).Seconds()
+	stopStarting()
+	wg.Wait()
+	n, err = read()
+	return rate, n, err
+}
+
+// latency starts rate sagas a second for d and returns the p50 and p99 of
+// start-to-completion (created_at to ended_at, both from this process's
+// clock), waiting for the last ones to end.
+func (r *sagaRig) latency(ctx context.Context, rate int, d time.Duration) (p50, p99 time.Duration, err error) {
+	interval := time.Second / time.Duration(rate)
+	ids := make(chan string, 4*rate)
+	var wg sync.WaitGroup
+	errs := make(chan error, sagaStarters)
+	for range sagaStarters {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for id := range ids {
+				if _, err := saga.Start(ctx, r.o, r.def, id, sagaOrder{ID: id}); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	n := 0
+	tick := time.NewTicker(interval)
+	end := time.Now().Add(d)
+	for time.Now().Before(end) && ctx.Err() == nil {
+		<-tick.C
+		ids <- fmt.Sprintf("l-%d", n)
+		n++
+	}
+	tick.Stop()
+	close(ids)
+	wg.Wait()
+	select {
+	case err := <-errs:
+		return 0, 0, err
+	default:
+	}
+	inst := sqlident.Table(r.schema, "saga_instance")
+	for wait := time.Now().Add(time.Minute); ; {
+		c, err := r.count(ctx, saga.StatusCompleted)
+		if err != nil {
+			return 0, 0, err
+		}
+		if c == n {
+			break
+		}
+		if time.Now().After(wait) {
+			return 0, 0, fmt.Errorf("only %d of %d sagas completed a minute after the last start", c, n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	var s50, s99 float64
+	err = r.pool.QueryRow(ctx, `SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM ended_at - created_at)),
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM ended_at - created_at))
+  FROM `+inst+` WHERE status = 'completed'`).Scan(&s50, &s99)
+	return time.Duration(s50 * float64(time.Second)), time.Duration(s99 * float64(time.Second)), err
+}

@@ -1,0 +1,348 @@
+package saga
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Get returns one saga with its data and per-step state. It returns an
+// error wrapping ErrNotFound when there is none.
+func (o *Orchestrator) Get(ctx context.Context, id string) (*Instance, error) {
+	in, err := scanInstance(o.pool.QueryRow(ctx, o.sql.get, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("%w: %q", ErrNotFound, id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("saga %s: get: %w", id, err)
+	}
+	return in, nil
+}
+
+// History returns a saga's history, oldest first: every transition,
+// command, reply (fenced ones too), timeout and operator action. It is
+// empty, not an error, for an unknown id.
+func (o *Orchestrator) History(ctx context.Context, id string) ([]HistoryEntry, error) {
+	rows, err := o.pool.Query(ctx, o.sql.historyOf, id)
+	if err != nil {
+		return nil, fmt.Errorf("saga %s: history: %w", id, err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (HistoryEntry, error) {
+		var h HistoryEntry
+		var status string
+		err := row.Scan(&h.ID, &h.SagaID, &h.At, &h.Event, &h.Step, &h.Operation, &h.Attempt, &h.Outcome, &status, &h.Actor, &h.Reason, &h.Detail)
+		h.Status = Status(status)
+		return h, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("saga %s: history: %w", id, err)
+	}
+	return out, nil
+}
+
+// ListParams selects sagas for List. The zero value lists every saga,
+// newest first, 100 at a time.
+type ListParams struct {
+	// Type, if set, keeps only sagas of this type.
+	Type string
+	// Status, if set, keeps only sagas in this status.
+	Status Status
+	// CreatedBefore, if set, keeps only sagas created before it (older
+	// than an age).
+	CreatedBefore time.Time
+	// Cursor continues a listing: pass the Next of the previous page.
+	Cursor string
+	// Limit is the page size. Defaults to 100; at most 1000.
+	Limit int
+}
+
+// ListResult is one page of List.
+type ListResult struct {
+	Sagas []*Instance
+	// Next is the cursor of the next page, "" after the last one.
+	Next string
+}
+
+// ErrInvalidCursor is returned by List for a cursor it did not make.
+var ErrInvalidCursor = errors.New("saga: invalid list cursor")
+
+// List lists sagas newest first, filtered by type, status and age,
+// page by page (a keyset on created_at and id, served by the indexes of
+// migration 005: cheap at any depth).
+func (o *Orchestrator) List(ctx context.Context, p ListParams) (*ListResult, error) {
+	if p.Limit <= 0 {
+		p.Limit = 100
+	}
+	if p.Limit > 1000 {
+		p.Limit = 1000
+	}
+	var conds []string
+	var args []any
+	arg := func(v any) string {
+		args = append(args, v)
+		return fmt.Sprintf("$%d", len(args))
+	}
+	if p.Type != "" {
+		conds = append(conds, "type = "+arg(p.Type))
+	}
+	if p.Status != "" {
+		conds = append(conds, "status = "+arg(string(p.Status)))
+	}
+	if !p.CreatedBefore.IsZero() {
+		conds = append(conds, "created_at < "+arg(p.CreatedBefore))
+	}
+	if p.Cursor != "" {
+		at, id, err := decodeCursor(p.Cursor)
+		if err != nil {
+			return nil, err
+		}
+		conds = append(conds, fmt.Sprintf("(created_at, id) < (%s, %s)", arg(at), arg(id)))
+	}
+	where := ""
+	if len(conds) > 0 {
+		where = "WHERE " + strings.Join(conds, " AND ")
+	}
+	q := fmt.Sprintf(`SELECT %s FROM %s %s ORDER BY created_at DESC, id DESC LIMIT %s`, instanceCols, o.sql.instance, where, arg(p.Limit+1))
+	rows, err := o.pool.Query(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("saga: list: %w", err)
+	}
+	defer rows.Close()
+	res := &ListResult{}
+	for rows.Next() {
+		in, err := scanInstance(rows)
+		if err != nil {
+			return nil, err
+		}
+		res.Sagas = append(res.Sagas, in)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("saga: list: %w", err)
+	}
+	if len(res.Sagas) > p.Limit {
+		res.Sagas = res.Sagas[:p.Limit]
+		last := res.Sagas[p.Limit-1]
+		res.Next = encodeCursor(last.CreatedAt, last.ID)
+	}
+	return res, nil
+}
+
+func encodeCursor(at time.Time, id string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(at.UTC().Format(time.RFC3339Nano) + "\x00" + id))
+}
+
+func decodeCursor(c string) (time.Time, string, error) {
+	raw, err := base64.RawURLEncoding.DecodeString(c)
+	if err != nil {
+		return time.Time{}, "", fmt.Errorf("%w: %v", ErrInvalidCursor, err)
+	}
+	ts, id, ok := strings.Cut(string(raw), "\x00")
+	if !ok {
+		return time.Time{}, "", ErrInvalidCursor
+	}
+	at, err := time.Parse(time.RFC3339Nano, ts)
+	if err != nil {
+		return time.Time{}, "", fmt.Errorf("%w: %v", ErrInvalidCursor, err)
+	}
+	return at, id, nil
+}
+
+// Actor says who takes an operator action and why; both are recorded in
+// the saga's history. Both are required.
+type Actor struct {
+	Operator string
+	Reason   string
+}
+
+// Retry retries the saga's current operation now, with a new attempt
+// number and a fresh retry budget: the current step's action (forward) or
+// its compensation (compensating). It applies to a stuck saga, and to a
+// running or compensating one (to skip a wait). A saga stuck on an
+// unregistered version is refused with ErrNotRegistered.
+func (o *Orchestrator) Retry(ctx context.Context, id string, by Actor) (*Instance, error) {
+	return o.operate(ctx, id, by, "retry", (*machine).opRetry)
+}
+
+// RetryTx is Retry in the caller's transaction.
+func (o *Orchestrator) RetryTx(ctx context.Context, tx pgx.Tx, id string, by Actor) (*Instance, error) {
+	return o.operateTx(ctx, tx, id, by, "retry", (*machine).opRetry)
+}
+
+// Skip treats the current step's action as succeeded without running it
+// (someone did its work by hand) and moves on to the next step. Forward
+// phase only (stuck or running).
+func (o *Orchestrator) Skip(ctx context.Context, id string, by Actor) (*Instance, error) {
+	return o.operate(ctx, id, by, "skip", (*machine).opSkip)
+}
+
+// SkipTx is Skip in the caller's transaction.
+func (o *Orchestrator) SkipTx(ctx context.Context, tx pgx.Tx, id string, by Actor) (*Instance, error) {
+	return o.operateTx(ctx, tx, id, by, "skip", (*machine).opSkip)
+}
+
+// MarkCompensated treats the current step's compensation as done (someone
+// undid the step by hand) and continues compensating the steps before it.
+// Compensating phase only (stuck or compensating).
+func (o *Orchestrator) MarkCompensated(ctx context.Context, id string, by Actor) (*Instance, error) {
+	return o.operate(ctx, id, by, "mark-compensated", (*machine).opMarkCompensated)
+}
+
+// MarkCompensatedTx is MarkCompensated in the caller's transaction.
+func (o *Orchestrator) MarkCompensatedTx(ctx context.Context, tx pgx.Tx, id string, by Actor) (*Instance, error) {
+	return o.operateTx(ctx, tx, id, by, "mark-compensated", (*machine).opMarkCompensated)
+}
+
+// Abort stops the saga's forward run and compensates the steps that took
+// effect (the current one too if its action was sent: the participant's
+// barrier makes that safe). Forward phase before the pivot only.
+func (o *Orchestrator) Abort(ctx context.Context, id string, by Actor) (*Instance, error) {
+	return o.operate(ctx, id, by, "abort", (*machine).opAbort)
+}
+
+// AbortTx is Abort in the caller's transaction.
+func (o *Orchestrator) AbortTx(ctx context.Context, tx pgx.Tx, id string, by Actor) (*Instance, error) {
+	return o.operateTx(ctx, tx, id, by, "abort", (*machine).opAbort)
+}
+
+func (o *Orchestrator) operate(ctx context.Context, id string, by Actor, action string, fn func(*machine) error) (*Instance, error) {
+	var in *Instance
+	var after []func()
+	err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
+		var err error
+		in, after, err = o.operateIn(ctx, tx, id, by, action, fn)
+		if err != nil {
+			return err
+		}
+		return o.callHook(ctx, HookBeforeCommit, id)
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, f := range after {
+		f()
+	}
+	return in, o.callHook(ctx, HookAfterCommit, id)
+}
+
+func (o *Orchestrator) operateTx(ctx context.Context, tx pgx.Tx, id string, by Actor, action string, fn func(*machine) error) (*Instance, error) {
+	in, after, err := o.operateIn(ctx, tx, id, by, action, fn)
+	if err != nil {
+		return nil, err
+	}
+	for _, f := range after {
+		f()
+	}
+	return in, nil
+}
+
+func (o *Orchestrator) operateIn(ctx context.Context, tx pgx.Tx, id string, by Actor, action string, fn func(*machine) error) (*Instance, []func(), error) {
+	if strings.TrimSpace(by.Operator) == "" || strings.TrimSpace(by.Reason) == "" {
+		return nil, nil, fmt.Errorf("%w: %s of saga %q: Actor.Operator and Actor.Reason are required", ErrActionNotAllowed, action, id)
+	}
+	in, err := o.lock(ctx, tx, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := o.callHook(ctx, HookLoaded, id); err != nil {
+		return nil, nil, err
+	}
+	d := o.definition(in.Type, in.Version)
+	if d == nil {
+		return nil, nil, fmt.Errorf("%w: %s of saga %q: %s v%d", ErrNotRegistered, action, id, in.Type, in.Version)
+	}
+	m := &machine{o: o, d: d, in: in, ctx: ctx, tx: tx, now: o.clock.Now()}
+	if in.Status == StatusCompleted || in.Status == StatusCompensated {
+		return nil, nil, fmt.Errorf("%w: %s of saga %q: it has ended (%s)", ErrActionNotAllowed, action, id, in.Status)
+	}
+	m.hist = append(m.hist, historyRow{sagaID: id, at: m.now, event: "operator", step: in.Step, actor: by.Operator,
+		reason: by.Reason, status: string(in.Status), detail: []byte(fmt.Sprintf(`{"action":%q}`, action))})
+	if err := fn(m); err != nil {
+		return nil, nil, fmt.Errorf("%s of saga %q: %w", action, id, err)
+	}
+	if err := m.save(); err != nil {
+		return nil, nil, err
+	}
+	return in, m.after, nil
+}
+
+func (m *machine) current() (*stepDef, int, *StepState, error) {
+	s, i := m.d.step(m.in.Step)
+	if s == nil {
+		return nil, 0, nil, fmt.Errorf("%w: no current step", ErrActionNotAllowed)
+	}
+	return s, i, m.in.state(s.name), nil
+}
+
+func (m *machine) opRetry() error {
+	s, i, st, err := m.current()
+	if err != nil {
+		return err
+	}
+	st.Tries, st.Due = 0, nil
+	if m.in.Phase == PhaseCompensating {
+		if st.Status != StepCompensating && st.Status != StepCompBackoff {
+			// Stuck before the compensation was ever sent (a payload bug).
+			st.Status = StepCompensating
+		}
+		m.in.Status = StatusCompensating
+		return m.compensateFrom(i)
+	}
+	_ = s
+	return m.advance(i)
+}
+
+func (m *machine) opSkip() error {
+	s, i, st, err := m.current()
+	if err != nil {
+		return err
+	}
+	if m.in.Phase != PhaseForward {
+		return fmt.Errorf("%w: the saga is compensating (use MarkCompensated)", ErrActionNotAllowed)
+	}
+	st.Status, st.Due = StepSkipped, nil
+	m.record("skipped", s.name, "", 0, "", "")
+	return m.advance(i + 1)
+}
+
+func (m *machine) opMarkCompensated() error {
+	s, i, st, err := m.current()
+	if err != nil {
+		return err
+	}
+	if m.in.Phase != PhaseCompensating {
+		return fmt.Errorf("%w: the saga is not compensating (use Abort first, or Skip)", ErrActionNotAllowed)
+	}
+	st.Status, st.Due = StepCompensated, nil
+	m.record("step_compensated", s.name, "", 0, "", "marked by operator")
+	return m.compensateFrom(i - 1)
+}
+
+func (m *machine) opAbort() error {
+	s, _, st, err := m.current()
+	if err != nil {
+		return err
+	}
+	if m.in.Phase != PhaseForward {
+		return fmt.Errorf("%w: the saga is compensating already (use Retry or MarkCompensated)", ErrActionNotAllowed)
+	}
+	if m.pastPivot() {
+		return fmt.Errorf("%w: the saga is past its pivot and never compensates (use Retry or Skip)", ErrActionNotAllowed)
+	}
+	if s.kind == Pivot && s.remote && st.Attempt > 0 && st.Status != StepFailed {
+		return fmt.Errorf("%w: the pivot step %s may have taken effect (use Retry or Skip)", ErrActionNotAllowed, s.name)
+	}
+	if st.Status == StepRunning || st.Status == StepBackoff {
+		if s.remote {
+			st.Status = StepUncertain
+		} else {
+			st.Status = StepFailed
+		}
+	}
+	st.Due = nil
+	return m.compensate("aborted by an operator")
+}

@@ -1,0 +1,404 @@
+package saga
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/inbox"
+	"github.com/millrace/millrace/internal/backoff"
+	"github.com/millrace/millrace/internal/sqlident"
+	"github.com/millrace/millrace/outbox"
+)
+
+// BatchConfig configures RunBatched.
+type BatchConfig struct {
+	// Subscriber reads the reply topics. Required.
+	Subscriber message.Subscriber
+	// Poison receives the messages that are not saga replies (ErrBadReply,
+	// or no usable event id), with the reason in metadata
+	// "reason_poisoned". Required: nothing is lost.
+	Poison message.Publisher
+	// PoisonTopic is the topic of Poison. Defaults to the reply topic +
+	// ".poison".
+	PoisonTopic string
+	// BatchSize is the most replies one transaction applies. Defaults to 500.
+	BatchSize int
+	// BatchWait is how long a batch waits for more replies after its
+	// first. Defaults to 1ms.
+	BatchWait time.Duration
+	// Workers is the number of batches in flight at once. Defaults to 2.
+	Workers int
+}
+
+// RunBatched consumes the reply topics (ReplyTopics) from cfg.Subscriber
+// and applies the replies many per transaction, until ctx ends: one
+// statement records the inbox dedup marks of a whole batch, one locks its
+// sagas (SELECT ... FOR UPDATE, in id order, so concurrent batches never
+// deadlock), and one each writes the sagas' new state, their history and
+// the next commands. The guarantees are Handler's: a reply is applied at
+// most once, with its state change and its next command in one
+// transaction; a failed batch rolls back whole and its messages are
+// nacked for redelivery. Use it instead of AddToRouter when throughput
+// matters; the consumer's in-flight limit bounds the batches (with
+// watermill-kafka, one message per partition: give the reply topics many
+// partitions).
+func (o *Orchestrator) RunBatched(ctx context.Context, cfg BatchConfig) error {
+	if cfg.Subscriber == nil || cfg.Poison == nil {
+		return fmt.Errorf("%w: saga: BatchConfig.Subscriber and Poison are required", millrace.ErrConfig)
+	}
+	if cfg.BatchSize <= 0 {
+		cfg.BatchSize = 500
+	}
+	if cfg.BatchWait <= 0 {
+		cfg.BatchWait = time.Millisecond
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = 2
+	}
+	topics := o.ReplyTopics()
+	if len(topics) == 0 {
+		return fmt.Errorf("%w: saga: RunBatched: no definitions registered", millrace.ErrConfig)
+	}
+	type tagged struct {
+		topic string
+		msg   *message.Message
+	}
+	in := make(chan tagged)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, topic := range topics {
+		ch, err := cfg.Subscriber.Subscribe(ctx, topic)
+		if err != nil {
+			return fmt.Errorf("saga: subscribe to %s: %w", topic, err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for msg := range ch {
+				select {
+				case in <- tagged{topic, msg}:
+				case <-ctx.Done():
+					msg.Nack()
+					return
+				}
+			}
+		}()
+	}
+	for range cfg.Workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			failures := 0
+			for {
+				var batch []tagged
+				select {
+				case t := <-in:
+					batch = append(batch, t)
+				case <-ctx.Done():
+					return
+				}
+				timer := time.NewTimer(cfg.BatchWait)
+			fill:
+				for len(batch) < cfg.BatchSize {
+					select {
+					case t := <-in:
+						batch = append(batch, t)
+					case <-timer.C:
+						break fill
+					case <-ctx.Done():
+						break fill
+					}
+				}
+				timer.Stop()
+				msgs := make([]*message.Message, len(batch))
+				for i, t := range batch {
+					msgs[i] = t.msg
+				}
+				res, err := o.HandleReplies(ctx, msgs)
+				if err != nil {
+					failures++
+					if ctx.Err() == nil {
+						o.logger.Error("saga: reply batch", err, map[string]any{"replies": len(msgs)})
+					}
+					for _, m := range msgs {
+						m.Nack()
+					}
+					backoff.Sleep(ctx, backoff.Exponential(failures, 10*time.Millisecond, time.Second))
+					continue
+				}
+				failures = 0
+				for i, t := range batch {
+					if perr := res.Poisoned[i]; perr != nil {
+						topic := cfg.PoisonTopic
+						if topic == "" {
+							topic = t.topic + ".poison"
+						}
+						p := t.msg.Copy()
+						p.Metadata.Set(middleware.ReasonForPoisonedKey, perr.Error())
+						if err := cfg.Poison.Publish(topic, p); err != nil {
+							o.logger.Error("saga: poison a bad reply", err, map[string]any{"message": t.msg.UUID})
+							t.msg.Nack()
+							continue
+						}
+					}
+					t.msg.Ack()
+				}
+			}
+		}()
+	}
+	<-ctx.Done()
+	wg.Wait()
+	return nil
+}
+
+// BatchResult says what HandleReplies did with each message.
+type BatchResult struct {
+	// Poisoned holds, per message index, the permanent error of a message
+	// that is not a saga reply (it was not applied; dead-letter it).
+	Poisoned map[int]error
+	// Duplicates is the number of messages the inbox had seen before.
+	Duplicates int
+	// Fenced is the number of replies recorded and ignored.
+	Fenced int
+}
+
+// HandleReplies applies many reply messages in one transaction of its
+// own; see RunBatched. An error means nothing was applied.
+func (o *Orchestrator) HandleReplies(ctx context.Context, msgs []*message.Message) (*BatchResult, error) {
+	var res *BatchResult
+	var after []func()
+	var ids []string
+	err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
+		var err error
+		res, after, ids, err = o.handleRepliesTx(ctx, tx, msgs)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, f := range after {
+		f()
+	}
+	if o.hook != nil {
+		for _, id := range ids {
+			if err := o.callHook(ctx, HookAfterCommit, id); err != nil {
+				return res, err
+			}
+		}
+	}
+	return res, nil
+}
+
+func (o *Orchestrator) handleRepliesTx(ctx context.Context, tx pgx.Tx, msgs []*message.Message) (*BatchResult, []func(), []string, error) {
+	res := &BatchResult{Poisoned: map[int]error{}}
+	now := o.clock.Now()
+	type item struct {
+		r       reply
+		eventID uuid.UUID
+	}
+	items := make([]*item, len(msgs))
+	var eventIDs []uuid.UUID
+	for i, msg := range msgs {
+		r, err := parseReply(msg.Metadata, msg.Payload)
+		if err != nil {
+			res.Poisoned[i] = fmt.Errorf("message %s: %w", msg.UUID, err)
+			continue
+		}
+		id, err := inbox.DefaultEventID(msg)
+		var eid uuid.UUID
+		if err == nil {
+			eid, err = uuid.Parse(id)
+		}
+		if err != nil {
+			res.Poisoned[i] = millrace.Permanent(fmt.Errorf("%w: message %q: event id %q", inbox.ErrNoEventID, msg.UUID, id))
+			continue
+		}
+		r.eventID = msg.UUID
+		items[i] = &item{r: r, eventID: eid}
+		eventIDs = append(eventIDs, eid)
+	}
+	if len(eventIDs) == 0 {
+		return res, nil, nil, nil
+	}
+	// The batch's dedup marks, in one statement. A mark that existed (or
+	// repeats within the batch) is not returned: that reply is a duplicate.
+	rows, err := tx.Query(ctx, o.sql.markMany, o.consumer, eventIDs)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("saga: record dedup marks: %w", err)
+	}
+	fresh, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("saga: record dedup marks: %w", err)
+	}
+	isFresh := make(map[uuid.UUID]bool, len(fresh))
+	for _, id := range fresh {
+		isFresh[id] = true
+	}
+	var sagaIDs []string
+	seenSaga := map[string]bool{}
+	for i, it := range items {
+		if it == nil {
+			continue
+		}
+		if !isFresh[it.eventID] {
+			items[i] = nil
+			res.Duplicates++
+			continue
+		}
+		delete(isFresh, it.eventID) // a repeat within the batch is a duplicate too
+		if !seenSaga[it.r.sagaID] {
+			seenSaga[it.r.sagaID] = true
+			sagaIDs = append(sagaIDs, it.r.sagaID)
+		}
+	}
+	// Lock the batch's sagas in id order: concurrent batches never deadlock.
+	rows, err = tx.Query(ctx, o.sql.lockMany, sagaIDs)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("saga: lock sagas: %w", err)
+	}
+	machines := map[string]*machine{}
+	for rows.Next() {
+		in, err := scanInstance(rows)
+		if err != nil {
+			rows.Close()
+			return nil, nil, nil, err
+		}
+		machines[in.ID] = &machine{o: o, in: in, ctx: ctx, tx: tx, now: now}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, nil, fmt.Errorf("saga: lock sagas: %w", err)
+	}
+	var unknown []historyRow
+	var order []*machine
+	for _, it := range items {
+		if it == nil {
+			continue
+		}
+		r := it.r
+		m := machines[r.sagaID]
+		if m == nil {
+			o.logger.Error("saga: reply for an unknown saga", ErrNotFound, map[string]any{"saga_id": r.sagaID, "step": r.step})
+			unknown = append(unknown, historyRow{sagaID: r.sagaID, at: now, event: "fenced", step: r.step, op: r.op,
+				attempt: r.attempt, outcome: r.outcome, reason: "unknown saga"})
+			res.Fenced++
+			continue
+		}
+		if m.d == nil {
+			if err := o.callHook(ctx, HookLoaded, m.in.ID); err != nil {
+				return nil, nil, nil, err
+			}
+			m.d = o.definition(m.in.Type, m.in.Version)
+			order = append(order, m)
+		}
+		if m.d == nil {
+			m.parkUnregistered(&r)
+			res.Fenced++
+			continue
+		}
+		m.fenced = false
+		if err := m.onReply(r); err != nil {
+			return nil, nil, nil, err
+		}
+		if m.fenced {
+			res.Fenced++
+		}
+	}
+	var after []func()
+	var ids []string
+	for _, m := range order {
+		if err := o.callHook(ctx, HookBeforeCommit, m.in.ID); err != nil {
+			return nil, nil, nil, err
+		}
+		after = append(after, m.after...)
+		ids = append(ids, m.in.ID)
+	}
+	if err := o.saveMany(ctx, tx, order, unknown); err != nil {
+		return nil, nil, nil, err
+	}
+	return res, after, ids, nil
+}
+
+// saveMany writes the new state of many sagas, their history and their
+// commands: three statements, whatever the number of sagas.
+func (o *Orchestrator) saveMany(ctx context.Context, tx pgx.Tx, ms []*machine, extra []historyRow) error {
+	n := 0
+	for _, m := range ms {
+		if m.applied {
+			n++
+		}
+	}
+	var (
+		ids, statuses, phases, steps, stepStates, datas, lastErrors = make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
+		wakeups, deadlines, endeds                                  = make([]*time.Time, 0, n), make([]*time.Time, 0, n), make([]*time.Time, 0, n)
+		attempts                                                    = make([]int32, 0, n)
+		updated                                                     = make([]time.Time, 0, n)
+		hist                                                        = extra
+		events                                                      []outbox.Event
+	)
+	for _, m := range ms {
+		hist = append(hist, m.hist...)
+		if !m.applied {
+			continue
+		}
+		in := m.in
+		in.NextWakeupAt = m.nextWakeup()
+		in.UpdatedAt = m.now
+		st, err := json.Marshal(in.Steps)
+		if err != nil {
+			return fmt.Errorf("saga %s: encode step state: %w", in.ID, err)
+		}
+		ids, statuses, phases, steps = append(ids, in.ID), append(statuses, string(in.Status)), append(phases, string(in.Phase)), append(steps, in.Step)
+		stepStates, datas, lastErrors = append(stepStates, string(st)), append(datas, string(in.Data)), append(lastErrors, oneLine(in.LastError))
+		wakeups, deadlines, endeds = append(wakeups, in.NextWakeupAt), append(deadlines, in.DeadlineAt), append(endeds, in.EndedAt)
+		attempts, updated = append(attempts, int32(in.Attempts)), append(updated, m.now)
+		events = append(events, m.events...)
+	}
+	if n > 0 {
+		tag, err := tx.Exec(ctx, o.sql.updateMany, ids, statuses, phases, steps, stepStates, datas, wakeups, deadlines, attempts, lastErrors, updated, endeds)
+		if err != nil {
+			return fmt.Errorf("saga: save %d sagas: %w", n, err)
+		}
+		if tag.RowsAffected() != int64(n) {
+			return fmt.Errorf("saga: saved %d of %d sagas", tag.RowsAffected(), n)
+		}
+		for _, m := range ms {
+			if m.applied {
+				m.in.Revision++
+			}
+		}
+	}
+	if err := o.writeHistory(ctx, tx, hist); err != nil {
+		return err
+	}
+	if len(events) > 0 {
+		if _, err := o.writer.WriteTx(ctx, tx, events...); err != nil {
+			return fmt.Errorf("saga: write %d commands: %w", len(events), err)
+		}
+	}
+	return nil
+}
+
+func batchStatements(schema string, s *statements) {
+	inst := sqlident.Table(schema, "saga_instance")
+	s.markMany = fmt.Sprintf(`INSERT INTO %s (consumer, event_id) SELECT $1, e FROM unnest($2::uuid[]) e
+ON CONFLICT DO NOTHING
+RETURNING event_id`, sqlident.Table(schema, "processed_event"))
+	s.lockMany = fmt.Sprintf(`SELECT %s FROM %s WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE`, instanceCols, inst)
+	s.updateMany = fmt.Sprintf(`UPDATE %s s SET status = u.status, phase = u.phase, step = u.step, steps = u.steps, data = u.data,
+       version = s.version + 1, next_wakeup_at = u.next_wakeup_at, deadline_at = u.deadline_at, attempts = u.attempts,
+       last_error = u.last_error, updated_at = u.updated_at, ended_at = u.ended_at
+  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]::jsonb[], $6::text[]::jsonb[], $7::timestamptz[],
+              $8::timestamptz[], $9::int[], $10::text[], $11::timestamptz[], $12::timestamptz[])
+       AS u(id, status, phase, step, steps, data, next_wakeup_at, deadline_at, attempts, last_error, updated_at, ended_at)
+ WHERE s.id = u.id`, inst)
+}

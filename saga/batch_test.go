@@ -1,0 +1,102 @@
+package saga_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/saga"
+)
+
+// Many replies in one transaction: each applied at most once, in order per
+// saga, fenced ones recorded, bad ones reported for the poison queue, and
+// the outcome the same as one reply per transaction.
+func TestHandleRepliesBatch(t *testing.T) {
+	t.Parallel()
+	d, def := orderDriver(t, nil)
+	ctx := context.Background()
+	ids := []string{"b-1", "b-2", "b-3"}
+	for _, id := range ids {
+		start(t, d.testBundle, def, id, 1)
+	}
+	ok1 := replyMsg("b-1", d.last("b-1"), millrace.OutcomeSuccess, "", `{"tx":"one"}`)
+	bad := replyMsg("b-2", d.last("b-2"), "maybe", "", "")
+	batch := []*message.Message{
+		ok1,
+		ok1, // the same message twice in one batch
+		replyMsg("b-1", d.last("b-1"), millrace.OutcomeSuccess, "", ""),         // a new message, same reply: fenced
+		replyMsg("b-2", d.last("b-2"), millrace.OutcomeFailure, "no money", ""), // b-2 compensates
+		bad,
+		replyMsg("nobody", d.last("b-3"), millrace.OutcomeSuccess, "", ""), // unknown saga
+	}
+	res, err := d.o.HandleReplies(ctx, batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Poisoned) != 1 || !errors.Is(res.Poisoned[4], saga.ErrBadReply) || !millrace.IsPermanent(res.Poisoned[4]) {
+		t.Fatalf("poisoned %v", res.Poisoned)
+	}
+	if res.Duplicates != 1 || res.Fenced != 2 {
+		t.Fatalf("duplicates %d, fenced %d", res.Duplicates, res.Fenced)
+	}
+	if c := d.last("b-1"); c.Step != "stock" || c.Attempt != 1 {
+		t.Fatalf("b-1 went on with %+v", c)
+	}
+	if in := d.get("b-1"); dataOf(t, in).CreditTx != "one" || !dataOf(t, in).Approved {
+		t.Fatalf("b-1 data %s", in.Data)
+	}
+	if in := d.get("b-2"); in.Status != saga.StatusCompensated || in.LastError != "step credit failed: failure: no money" {
+		t.Fatalf("b-2: %s %q", in.Status, in.LastError)
+	}
+	// Two replies of one saga in one batch, in order: b-1's stock and b-3's
+	// credit, then again with b-3's stock reply, which comes after its
+	// credit reply in the same batch.
+	b3credit := d.last("b-3")
+	res, err = d.o.HandleReplies(ctx, []*message.Message{
+		replyMsg("b-1", d.last("b-1"), millrace.OutcomeSuccess, "", ""),
+		replyMsg("b-3", b3credit, millrace.OutcomeSuccess, "", ""),
+		replyMsg("b-3", cmd{Step: "stock", Op: "action", Attempt: 1}, millrace.OutcomeSuccess, "", ""),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Fenced != 0 {
+		t.Fatalf("fenced %d", res.Fenced)
+	}
+	for _, id := range []string{"b-1", "b-3"} {
+		if in := d.get(id); in.Status != saga.StatusCompleted {
+			t.Fatalf("%s: %s", id, in.Status)
+		}
+	}
+	// Redelivered, the whole batch is a duplicate.
+	res, err = d.o.HandleReplies(ctx, batch)
+	if err != nil || res.Duplicates != 5 {
+		t.Fatalf("redelivery: %v, %+v", err, res)
+	}
+}
+
+// End to end through Kafka with RunBatched instead of the Router.
+func TestEndToEndKafkaBatched(t *testing.T) {
+	t.Parallel()
+	e := setupE2E(t, true)
+	e.batched = true
+	e.failStock = func(id string) bool { return hashFail(id, 30) }
+	def := mustDefine(t, e.spec(1, 10*time.Second))
+	e.start(t, def)
+	const n = 100
+	for i := range n {
+		start(t, e.testBundle, def, "kb-"+string(rune('a'+i%26))+string(rune('a'+i/26)), i)
+	}
+	for i := range n {
+		id := "kb-" + string(rune('a'+i%26)) + string(rune('a'+i/26))
+		in := e.waitStatus(id, saga.StatusCompleted, saga.StatusCompensated)
+		e.checkEffects(t, in)
+		if (in.Status == saga.StatusCompensated) != e.failStock(id) {
+			t.Errorf("saga %s: %s (%s)", id, in.Status, in.LastError)
+		}
+	}
+}

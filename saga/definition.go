@@ -1,0 +1,521 @@
+package saga
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/millrace/millrace"
+)
+
+// Kind says what a step's failure means for the saga.
+type Kind int
+
+const (
+	// Compensatable steps come before the pivot. When the saga fails,
+	// every compensatable step whose action took effect (or may have) is
+	// compensated, in reverse order.
+	Compensatable Kind = iota + 1
+	// Pivot is the point of no return: once it succeeds the saga only
+	// moves forward. A saga has at most one pivot; it has no compensation.
+	Pivot
+	// Retriable steps come after the pivot. They are retried by their
+	// RetryPolicy and never compensated; a retriable step whose retry
+	// budget is spent parks the saga as stuck.
+	Retriable
+)
+
+func (k Kind) String() string {
+	switch k {
+	case Compensatable:
+		return "compensatable"
+	case Pivot:
+		return "pivot"
+	case Retriable:
+		return "retriable"
+	}
+	return fmt.Sprintf("Kind(%d)", int(k))
+}
+
+// TimeoutAction is what a remote step's timeout does.
+type TimeoutAction int
+
+const (
+	// TimeoutRetry sends the command again with a new attempt number,
+	// while the step's RetryPolicy allows; then the step fails (the saga
+	// compensates before the pivot, and is stuck after it). The default.
+	TimeoutRetry TimeoutAction = iota
+	// TimeoutCompensate fails the step at its first timeout: the saga
+	// compensates (the step's own compensation included: its action may
+	// have taken effect, and the participant's barrier turns a
+	// compensation of an action that never ran into a no-op).
+	TimeoutCompensate
+	// TimeoutStuck parks the saga as stuck at the step's first timeout,
+	// for an operator to decide.
+	TimeoutStuck
+)
+
+func (a TimeoutAction) String() string {
+	switch a {
+	case TimeoutRetry:
+		return "retry"
+	case TimeoutCompensate:
+		return "compensate"
+	case TimeoutStuck:
+		return "stuck"
+	}
+	return fmt.Sprintf("TimeoutAction(%d)", int(a))
+}
+
+// RetryPolicy says how often an operation is tried and how long to wait
+// between tries.
+type RetryPolicy struct {
+	// MaxAttempts is the number of tries in all, the first included. Zero
+	// means "no policy": the step's default applies (see Step). A
+	// retriable step must set it.
+	MaxAttempts int
+	// MinBackoff is the wait before the second try; it doubles per try up
+	// to MaxBackoff. Defaults to 1s.
+	MinBackoff time.Duration
+	// MaxBackoff caps the wait. Defaults to 1m.
+	MaxBackoff time.Duration
+	// Retryable reports whether a failure is worth another try. err is a
+	// *StepError for a participant's failure reply, or what a local step
+	// returned. A timeout is always retried. Defaults: for a retriable
+	// step every failure is retried; otherwise a failure reply or a
+	// millrace.Permanent error is not (the saga compensates at once) and
+	// any other local error is.
+	Retryable func(err error) bool
+}
+
+func (p RetryPolicy) withDefaults(attempts int) RetryPolicy {
+	if p.MaxAttempts == 0 {
+		p.MaxAttempts = attempts
+	}
+	if p.MinBackoff == 0 {
+		p.MinBackoff = time.Second
+	}
+	if p.MaxBackoff == 0 {
+		p.MaxBackoff = time.Minute
+	}
+	if p.MaxBackoff < p.MinBackoff {
+		p.MaxBackoff = p.MinBackoff
+	}
+	return p
+}
+
+// Command is a message a remote step sends to a participant: its topic,
+// its name (which the participant routes on, millrace.MetadataSagaCommand)
+// and its payload, built from the saga's data.
+type Command[D any] struct {
+	// Topic is the participant's command topic. Required.
+	Topic string
+	// Name is the command's name. Defaults to the step's name.
+	Name string
+	// Payload builds the command's payload from the data; the result is
+	// encoded as JSON. Defaults to the data itself.
+	Payload func(data D) (any, error)
+}
+
+// Step is one step of a saga. A step is remote (Action set: a command to a
+// participant, which replies) or local (Local set: a function the
+// orchestrator runs in its own transaction), never both.
+type Step[D any] struct {
+	// Name identifies the step in the stored state and on the wire; steps
+	// are never identified by position. Required, unique in the
+	// definition, at most 200 bytes of UTF-8 without NUL.
+	Name string
+	// Kind is Compensatable, Pivot or Retriable. Required.
+	Kind Kind
+
+	// Action is a remote step's command.
+	Action *Command[D]
+	// OnSuccess applies a success reply's payload to the data (see
+	// Reply for a typed version). Defaults to leaving the data as is.
+	OnSuccess func(data *D, reply json.RawMessage) error
+	// Compensation is a remote step's compensation command, for a
+	// compensatable step whose action needs undoing. Its Topic, Name and
+	// Payload default to the Action's: a participant built with package
+	// compensation registers an action and its compensation under one
+	// command name and receives the action's payload again, so
+	// &saga.Command[D]{} is all such a step needs.
+	Compensation *Command[D]
+
+	// Local is a local step's function. It runs in the orchestrator's
+	// transaction (under a savepoint) and may change the data; its
+	// database writes commit with the saga's state. Return Fail(reason)
+	// or a millrace.Permanent error for a business failure.
+	Local func(ctx context.Context, tx pgx.Tx, data *D) error
+	// LocalCompensation undoes a local compensatable step, in the same
+	// way. It must succeed eventually: a failing one is retried by
+	// CompensationRetry and then the saga is stuck.
+	LocalCompensation func(ctx context.Context, tx pgx.Tx, data *D) error
+
+	// Timeout is how long a remote step waits for a reply to one attempt
+	// (of its action or its compensation). Defaults to 30s.
+	Timeout time.Duration
+	// OnTimeout is what the action's timeout does. Defaults to
+	// TimeoutRetry. A compensation's timeout always retries it.
+	OnTimeout TimeoutAction
+	// Retry is the action's retry policy. Defaults to 3 attempts, 1s to
+	// 1m apart. Required for a retriable step.
+	Retry RetryPolicy
+	// CompensationRetry is the compensation's retry policy (a failure
+	// reply of a compensation is always retried). When its attempts are
+	// spent the saga is stuck. Defaults to 8 attempts, 1s to 1m apart.
+	CompensationRetry RetryPolicy
+}
+
+// Spec is what a saga type is made of; Define checks it.
+type Spec[D any] struct {
+	// Type names the saga type. Required.
+	Type string
+	// Version is the definition's version, explicit: an instance records
+	// it and finishes on it. Bump it whenever the steps change. Required,
+	// at least 1.
+	Version int
+	// ReplyTopic is where participants reply to this type's commands.
+	// Defaults to "saga.<Type>.replies".
+	ReplyTopic string
+	// Steps in order. Required.
+	Steps []Step[D]
+	// Deadline bounds a saga's life from its start: when it passes, a saga
+	// before its pivot compensates, any other still running is stuck with
+	// reason "deadline exceeded". Defaults to 24h; a negative value turns
+	// it off.
+	Deadline time.Duration
+}
+
+// Definition is a checked saga type of data D. Register it with an
+// Orchestrator and start instances with Start or StartTx. It is immutable
+// and safe for concurrent use.
+type Definition[D any] struct {
+	def *def
+}
+
+// Type returns the saga type's name.
+func (d *Definition[D]) Type() string { return d.def.typ }
+
+// Version returns the definition's version.
+func (d *Definition[D]) Version() int { return d.def.version }
+
+// ReplyTopic returns the topic participants reply to.
+func (d *Definition[D]) ReplyTopic() string { return d.def.replyTopic }
+
+// Steps returns the step names in order.
+func (d *Definition[D]) Steps() []string {
+	names := make([]string, len(d.def.steps))
+	for i, s := range d.def.steps {
+		names[i] = s.name
+	}
+	return names
+}
+
+func (d *Definition[D]) erased() *def { return d.def }
+
+// Registrable is a *Definition of any data type.
+type Registrable interface{ erased() *def }
+
+// Reply adapts a typed success handler to Step.OnSuccess: the reply
+// payload is decoded from JSON into R first.
+func Reply[D, R any](fn func(data *D, reply R) error) func(*D, json.RawMessage) error {
+	return func(d *D, raw json.RawMessage) error {
+		var r R
+		if len(raw) > 0 {
+			if err := json.Unmarshal(raw, &r); err != nil {
+				return fmt.Errorf("saga: decode reply: %w", err)
+			}
+		}
+		return fn(d, r)
+	}
+}
+
+// ErrStepFailed is wrapped by every business failure of a step: a
+// participant's failure (or cancelled) reply, as a *StepError, and Fail.
+var ErrStepFailed = errors.New("saga: step failed")
+
+// StepError is a participant's failure reply, as RetryPolicy.Retryable
+// sees it.
+type StepError struct {
+	Step    string
+	Outcome string // millrace.OutcomeFailure or millrace.OutcomeCancelled
+	Reason  string
+}
+
+func (e *StepError) Error() string {
+	return fmt.Sprintf("saga: step %s: %s: %s", e.Step, e.Outcome, e.Reason)
+}
+
+func (e *StepError) Unwrap() error { return ErrStepFailed }
+
+// Fail returns a business failure for a local step: it is not retried
+// (unless the step's RetryPolicy.Retryable says so), and the saga
+// compensates.
+func Fail(reason string) error {
+	return millrace.Permanent(fmt.Errorf("%w: %s", ErrStepFailed, reason))
+}
+
+// Define checks spec and returns its Definition. Every problem is refused
+// here, not at run time, with an error wrapping millrace.ErrConfig that
+// names the step: a missing name, a duplicate name, a step with no command
+// (or both a command and a local function), a compensatable step after the
+// pivot, a second pivot, a retriable step before the pivot or without a
+// retry policy, a compensation on a pivot or retriable step, a remote
+// compensation on a local step (or the reverse), a TimeoutCompensate after
+// the pivot.
+func Define[D any](spec Spec[D]) (*Definition[D], error) {
+	fail := func(format string, args ...any) (*Definition[D], error) {
+		return nil, fmt.Errorf("%w: saga %q v%d: %s", millrace.ErrConfig, spec.Type, spec.Version, fmt.Sprintf(format, args...))
+	}
+	if err := checkName(spec.Type); err != nil {
+		return fail("type: %v", err)
+	}
+	if spec.Version < 1 {
+		return fail("Version must be at least 1, got %d", spec.Version)
+	}
+	if len(spec.Steps) == 0 {
+		return fail("no steps")
+	}
+	d := &def{typ: spec.Type, version: spec.Version, replyTopic: spec.ReplyTopic, deadline: spec.Deadline}
+	if d.replyTopic == "" {
+		d.replyTopic = "saga." + spec.Type + ".replies"
+	}
+	if d.deadline == 0 {
+		d.deadline = 24 * time.Hour
+	}
+	d.index = make(map[string]int, len(spec.Steps))
+	pivot := -1
+	for i, s := range spec.Steps {
+		if err := checkName(s.Name); err != nil {
+			return fail("step %d: name: %v", i, err)
+		}
+		if _, dup := d.index[s.Name]; dup {
+			return fail("two steps are named %q", s.Name)
+		}
+		d.index[s.Name] = i
+		remote, local := s.Action != nil, s.Local != nil
+		switch {
+		case !remote && !local:
+			return fail("step %q has no command: set Action (remote) or Local", s.Name)
+		case remote && local:
+			return fail("step %q has both Action and Local: a step is remote or local", s.Name)
+		case remote && s.LocalCompensation != nil:
+			return fail("step %q is remote but has a LocalCompensation: use Compensation", s.Name)
+		case local && s.Compensation != nil:
+			return fail("step %q is local but has a remote Compensation: use LocalCompensation", s.Name)
+		case local && s.OnSuccess != nil:
+			return fail("step %q is local: OnSuccess applies to remote replies; change the data in Local", s.Name)
+		}
+		if remote {
+			if s.Action.Topic == "" {
+				return fail("step %q: Action.Topic is required", s.Name)
+			}
+		}
+		compensable := s.Compensation != nil || s.LocalCompensation != nil
+		switch s.Kind {
+		case Compensatable:
+			if pivot >= 0 {
+				return fail("compensatable step %q comes after the pivot %q: a saga never compensates after its pivot", s.Name, spec.Steps[pivot].Name)
+			}
+		case Pivot:
+			if pivot >= 0 {
+				return fail("step %q is a second pivot (the first is %q)", s.Name, spec.Steps[pivot].Name)
+			}
+			if compensable {
+				return fail("pivot step %q has a compensation: the pivot is the point of no return", s.Name)
+			}
+			pivot = i
+		case Retriable:
+			if pivot < 0 {
+				return fail("retriable step %q comes before any pivot: retriable steps follow the pivot", s.Name)
+			}
+			if compensable {
+				return fail("retriable step %q has a compensation: steps after the pivot are never compensated", s.Name)
+			}
+			if s.Retry.MaxAttempts == 0 {
+				return fail("retriable step %q has no retry policy (set Retry.MaxAttempts)", s.Name)
+			}
+			if s.OnTimeout == TimeoutCompensate {
+				return fail("retriable step %q: OnTimeout is TimeoutCompensate, but steps after the pivot never compensate", s.Name)
+			}
+		default:
+			return fail("step %q: Kind is required (Compensatable, Pivot or Retriable)", s.Name)
+		}
+		if s.OnTimeout < TimeoutRetry || s.OnTimeout > TimeoutStuck {
+			return fail("step %q: unknown OnTimeout %d", s.Name, s.OnTimeout)
+		}
+		if s.Kind == Pivot && s.OnTimeout == TimeoutCompensate {
+			// A pivot that timed out may have taken effect; it cannot be
+			// undone, so only the steps before it would be.
+			return fail("pivot step %q: OnTimeout TimeoutCompensate would compensate around a pivot that may have taken effect; use TimeoutRetry or TimeoutStuck", s.Name)
+		}
+		if s.Timeout < 0 {
+			return fail("step %q: negative Timeout", s.Name)
+		}
+		if s.Retry.MaxAttempts < 0 || s.CompensationRetry.MaxAttempts < 0 {
+			return fail("step %q: negative MaxAttempts", s.Name)
+		}
+		if s.Retry.MinBackoff < 0 || s.Retry.MaxBackoff < 0 || s.CompensationRetry.MinBackoff < 0 || s.CompensationRetry.MaxBackoff < 0 {
+			return fail("step %q: negative backoff", s.Name)
+		}
+		d.steps = append(d.steps, eraseStep(s))
+	}
+	d.pivot = pivot
+	return &Definition[D]{def: d}, nil
+}
+
+func checkName(s string) error {
+	switch {
+	case s == "":
+		return errors.New("empty")
+	case len(s) > 200:
+		return errors.New("longer than 200 bytes")
+	case !utf8.ValidString(s):
+		return errors.New("not valid UTF-8")
+	}
+	for _, r := range s {
+		if r == 0 {
+			return errors.New("contains NUL")
+		}
+	}
+	return nil
+}
+
+// def is a definition with its data type erased: the engine works on JSON.
+type def struct {
+	typ        string
+	version    int
+	replyTopic string
+	deadline   time.Duration
+	steps      []*stepDef
+	index      map[string]int
+	pivot      int // index of the pivot step, -1 if none
+}
+
+func (d *def) step(name string) (*stepDef, int) {
+	i, ok := d.index[name]
+	if !ok {
+		return nil, -1
+	}
+	return d.steps[i], i
+}
+
+type command struct {
+	topic, name string
+	payload     func(data []byte) ([]byte, error)
+}
+
+type stepDef struct {
+	name      string
+	kind      Kind
+	remote    bool
+	action    *command
+	comp      *command
+	onSuccess func(data, reply []byte) ([]byte, error)
+	local     func(ctx context.Context, tx pgx.Tx, data []byte) ([]byte, error)
+	localComp func(ctx context.Context, tx pgx.Tx, data []byte) ([]byte, error)
+	timeout   time.Duration
+	onTimeout TimeoutAction
+	retry     RetryPolicy
+	compRetry RetryPolicy
+}
+
+func (s *stepDef) compensable() bool { return s.comp != nil || s.localComp != nil }
+
+// retryable reports whether err (a failure of the action) is worth another
+// try under the step's policy.
+func (s *stepDef) retryable(err error) bool {
+	if s.retry.Retryable != nil {
+		return s.retry.Retryable(err)
+	}
+	if s.kind == Retriable {
+		return true
+	}
+	return !errors.Is(err, ErrStepFailed) && !millrace.IsPermanent(err)
+}
+
+func eraseStep[D any](s Step[D]) *stepDef {
+	sd := &stepDef{
+		name: s.Name, kind: s.Kind, remote: s.Action != nil,
+		timeout: s.Timeout, onTimeout: s.OnTimeout,
+		retry:     s.Retry.withDefaults(3),
+		compRetry: s.CompensationRetry.withDefaults(8),
+	}
+	if sd.timeout == 0 {
+		sd.timeout = 30 * time.Second
+	}
+	if s.Action != nil {
+		sd.action = eraseCommand(s.Name, s.Action)
+	}
+	if s.Compensation != nil {
+		c := *s.Compensation
+		if c.Topic == "" {
+			c.Topic = s.Action.Topic
+		}
+		if c.Name == "" {
+			c.Name = s.Action.Name
+		}
+		if c.Payload == nil {
+			c.Payload = s.Action.Payload
+		}
+		sd.comp = eraseCommand(s.Name, &c)
+	}
+	if s.OnSuccess != nil {
+		fn := s.OnSuccess
+		sd.onSuccess = func(data, reply []byte) ([]byte, error) {
+			return withData(data, func(d *D) error { return fn(d, reply) })
+		}
+	}
+	if s.Local != nil {
+		fn := s.Local
+		sd.local = func(ctx context.Context, tx pgx.Tx, data []byte) ([]byte, error) {
+			return withData(data, func(d *D) error { return fn(ctx, tx, d) })
+		}
+	}
+	if s.LocalCompensation != nil {
+		fn := s.LocalCompensation
+		sd.localComp = func(ctx context.Context, tx pgx.Tx, data []byte) ([]byte, error) {
+			return withData(data, func(d *D) error { return fn(ctx, tx, d) })
+		}
+	}
+	return sd
+}
+
+func eraseCommand[D any](step string, c *Command[D]) *command {
+	name := c.Name
+	if name == "" {
+		name = step
+	}
+	payload := c.Payload
+	return &command{topic: c.Topic, name: name, payload: func(data []byte) ([]byte, error) {
+		if payload == nil {
+			return data, nil
+		}
+		var d D
+		if err := json.Unmarshal(data, &d); err != nil {
+			return nil, fmt.Errorf("saga: decode data: %w", err)
+		}
+		v, err := payload(d)
+		if err != nil {
+			return nil, err
+		}
+		return json.Marshal(v)
+	}}
+}
+
+// withData decodes data, runs fn on it and encodes the result.
+func withData[D any](data []byte, fn func(*D) error) ([]byte, error) {
+	var d D
+	if err := json.Unmarshal(data, &d); err != nil {
+		return nil, fmt.Errorf("saga: decode data: %w", err)
+	}
+	if err := fn(&d); err != nil {
+		return nil, err
+	}
+	return json.Marshal(d)
+}

@@ -1,0 +1,151 @@
+// Package saga runs sagas: multi-step business transactions across
+// services that always end, completed or compensated (or visibly stuck for
+// an operator), with no workflow server. A saga's state lives in the
+// service's own PostgreSQL; its commands leave through the outbox and its
+// participants' replies come back through the inbox.
+//
+// # The model
+//
+// A saga type is a Definition: a name, an explicit version, a Go data type
+// D (stored as jsonb) and steps, checked by Define. Each step has a name
+// (its identity in the stored state and on the wire: never its position)
+// and is
+//
+//   - remote: a Command (topic, command name, payload built from the data)
+//     to a participant (package compensation), whose success reply may
+//     update the data (OnSuccess, Reply), with an optional compensation
+//     command; or
+//   - local: a Go function the orchestrator runs in its own transaction,
+//     under a savepoint (approve the order in the service that owns the
+//     saga), with an optional local compensation.
+//
+// Each step has a Kind. Compensatable steps come first: when the saga
+// fails, those that took effect (or may have: an action sent and never
+// answered) are compensated in reverse order. At most one Pivot follows:
+// the point of no return. Retriable steps come after it: they are retried
+// by their RetryPolicy and never compensated. Define refuses, with an error
+// wrapping millrace.ErrConfig, a compensatable step after the pivot, a
+// second pivot, a retriable step before the pivot or without a retry
+// policy, two steps with one name, a step with no command, and the like.
+//
+// Per step: Timeout (default 30s) for each attempt of a remote operation,
+// OnTimeout (retry with a new attempt, compensate, or park as stuck),
+// Retry for the action (default 3 attempts, capped exponential backoff;
+// RetryPolicy.Retryable says which failures retry) and CompensationRetry
+// for the compensation (default 8 attempts). Per saga: a Deadline (default
+// 24h, on unless negative), so no saga waits forever unnoticed.
+//
+// Parallel groups of steps are not supported yet: steps run one at a time.
+//
+// # Running
+//
+//	def, err := saga.Define(saga.Spec[Order]{Type: "order", Version: 1, Steps: ...})
+//	o, err := saga.New(pool, saga.Config{})
+//	o.Register(def)
+//	o.AddToRouter(router, saga.RouterConfig{Subscriber: sub, Poison: pub})
+//	go o.Run(ctx) // timers
+//	...
+//	saga.StartTx(ctx, tx, o, def, orderID, Order{...}) // in the business transaction
+//
+// StartTx writes the saga row and its first command (through the outbox)
+// in the caller's transaction: the order and its saga commit together. A
+// second start with the same id and data returns the existing saga; with
+// other data it fails with ErrAlreadyStarted.
+//
+// Each reply is handled in one transaction: the inbox dedup mark, SELECT
+// ... FOR UPDATE on the saga row, fencing, the new state and history, and
+// the next command or compensation through the outbox. Commands and
+// replies are keyed by saga id, so one saga's messages stay in order. A row
+// lock, not an optimistic version check: a reply, a timer and an operator
+// action on one saga wait for each other and never burn a retry budget
+// fighting. Run claims due sagas (next_wakeup_at <= now) with FOR UPDATE
+// SKIP LOCKED: any number of orchestrator processes share the replies and
+// the timers.
+//
+// # States
+//
+//	StartTx
+//	   │
+//	   ▼
+//	running ──────────── every step done ────────────────► completed
+//	 │  ▲  │
+//	 │  │  └─ failure, timeouts spent, deadline, Abort ──┐
+//	 ▼  │ Retry, Skip                                     ▼
+//	stuck (forward) ── Abort ───────────────────────► compensating ── all undone ──► compensated
+//	                                                   │  ▲
+//	                                                   ▼  │ Retry, MarkCompensated
+//	                                                stuck (compensating)
+//
+// Going forward a saga is stuck when a retriable step spent its budget, a
+// pivot that may have taken effect timed out, a step says TimeoutStuck, the
+// deadline passed after the pivot, a success reply could not be applied,
+// or its version is not registered; compensating, when a compensation
+// spent its budget or the deadline passed.
+//
+// A step is pending, running (waiting for a reply), backoff (waiting to
+// retry), done, failed (a failure reply: no effect), uncertain (given up
+// after timeouts: it may have taken effect, so it is compensated),
+// compensating, comp_backoff, compensated or skipped (StepState).
+//
+// # Guarantees
+//
+//   - Every saga reaches completed, compensated, or stuck with a reason in
+//     LastError and its history: step timeouts, retry budgets and the
+//     deadline bound every wait, and a failing compensation is retried
+//     with backoff, never in a tight loop, then parked.
+//   - A crash anywhere loses nothing: all state is in PostgreSQL and every
+//     change commits with its inbox mark and its outgoing commands.
+//   - A reply is applied at most once, and only if the saga waits for it:
+//     a duplicate message is dropped by the inbox, and a reply for another
+//     step, operation or attempt (a late reply of a timed-out attempt, a
+//     reply after the end) is recorded as "fenced" in the history and
+//     ignored.
+//   - A saga past its pivot never compensates; it retries forward or
+//     parks as stuck.
+//
+// What does not hold: a participant sees a command at least once, and a
+// timed-out action may run after all (the barrier of package compensation
+// makes both safe: repeated attempts answer the first outcome, a late
+// action after its compensation is cancelled). Local steps run at least
+// once per try, in the orchestrator's transaction; their external side
+// effects (an HTTP call) are not rolled back with it. Timers fire when Run
+// polls (PollInterval, 1s by default) after they are due, not exactly on
+// time. Metrics counters count what committed, but not across a crash
+// between the commit and the count.
+//
+// # Versions
+//
+// A definition's Version is explicit, never a hash of the code. Each
+// instance records the version it started on and finishes on it: register
+// every version that still has live instances (old and new side by side),
+// and start new sagas on the new one. Change the version whenever the
+// steps change. A live saga whose version is not registered with the
+// orchestrator that touches it is parked as stuck with that reason, logged
+// as an error and counted (millrace_saga_unregistered_total); Run does this
+// at start for every live saga of a registered type (ParkUnregistered).
+// Register the version again and Retry the saga to resume it.
+//
+// # Unsticking a saga
+//
+// List(ctx, ListParams{Status: StatusStuck}) finds stuck sagas; Get and
+// History show why. Each action takes an Actor (who and why, both
+// recorded in the history) and is checked against the saga's state
+// (ErrActionNotAllowed, ErrNotFound, ErrNotRegistered):
+//
+//   - Retry: send the current operation again now, with a new attempt and
+//     a fresh retry budget (fix the participant first).
+//   - Skip: going forward, treat the current step as done (its work was
+//     done by hand) and move on.
+//   - MarkCompensated: compensating, treat the current step as undone by
+//     hand and continue with the steps before it.
+//   - Abort: going forward before the pivot, stop and compensate.
+//
+// # Tables and hooks
+//
+// Migration 005_saga creates saga_instance (one row per saga; indexes for
+// due timers and for listing by type, status and age) and saga_history.
+// Config.Clock replaces the real time (for tests that skip time) and
+// Config.Hook is called at each persistence boundary (HookLoaded,
+// HookBeforeCommit, HookAfterCommit), for harnesses that inject crashes;
+// unset, both cost nothing.
+package saga

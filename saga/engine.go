@@ -1,0 +1,504 @@
+package saga
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/internal/backoff"
+	"github.com/millrace/millrace/outbox"
+)
+
+// machine applies one event (a start, a reply, a timer, an operator action)
+// to one saga locked in tx, and collects what to write: the new state, its
+// history, the commands to send.
+type machine struct {
+	o   *Orchestrator
+	d   *def
+	in  *Instance
+	ctx context.Context
+	tx  pgx.Tx
+	now time.Time
+
+	events []outbox.Event
+	hist   []historyRow
+	after  []func() // metrics, once committed
+	// fenced is set when a reply changed nothing but the history;
+	// applied when one changed the saga.
+	fenced, applied bool
+}
+
+// technicalError is a failure of the transaction itself (not of a step):
+// the whole event is rolled back and retried.
+type technicalError struct{ err error }
+
+func (e technicalError) Error() string { return e.err.Error() }
+func (e technicalError) Unwrap() error { return e.err }
+
+func (m *machine) record(event, step, op string, attempt int, outcome, reason string) {
+	m.hist = append(m.hist, historyRow{sagaID: m.in.ID, at: m.now, event: event, step: step, op: op,
+		attempt: attempt, outcome: outcome, status: string(m.in.Status), reason: reason})
+}
+
+func (m *machine) pastPivot() bool {
+	if m.d.pivot < 0 {
+		return false
+	}
+	st := m.in.Steps[m.d.steps[m.d.pivot].name]
+	return st != nil && (st.Status == StepDone || st.Status == StepSkipped)
+}
+
+func (m *machine) due(d time.Duration) *time.Time {
+	t := m.now.Add(d)
+	return &t
+}
+
+// command queues a step's command (action or compensation) at attempt.
+func (m *machine) command(s *stepDef, c *command, op string, attempt int) error {
+	payload, err := c.payload(m.in.Data)
+	if err != nil {
+		// A bug in the definition's payload function, or data it cannot
+		// handle: no command goes out, and an operator decides.
+		return m.stuck(fmt.Sprintf("step %s: build the %s command: %v", s.name, op, err))
+	}
+	m.events = append(m.events, outbox.Event{
+		Topic:         c.topic,
+		PartitionKey:  m.in.ID,
+		AggregateType: "saga:" + m.d.typ,
+		AggregateID:   m.in.ID,
+		EventType:     c.name,
+		Payload:       payload,
+		Metadata: map[string]string{
+			millrace.MetadataSagaID:         m.in.ID,
+			millrace.MetadataSagaType:       m.d.typ,
+			millrace.MetadataSagaStep:       s.name,
+			millrace.MetadataSagaAttempt:    strconv.Itoa(attempt),
+			millrace.MetadataSagaOperation:  op,
+			millrace.MetadataSagaCommand:    c.name,
+			millrace.MetadataSagaReplyTopic: m.d.replyTopic,
+			millrace.MetadataPartitionKey:   m.in.ID,
+		},
+	})
+	m.in.Attempts = attempt
+	m.record("command", s.name, op, attempt, "", "")
+	return nil
+}
+
+// runLocal runs fn under a savepoint. stepErr is fn's failure (its writes
+// are rolled back); err is a failure of the transaction itself.
+func (m *machine) runLocal(fn func(context.Context, pgx.Tx, []byte) ([]byte, error)) (stepErr, err error) {
+	sp, err := m.tx.Begin(m.ctx)
+	if err != nil {
+		return nil, technicalError{fmt.Errorf("saga %s: savepoint: %w", m.in.ID, err)}
+	}
+	data, ferr := fn(m.ctx, sp, m.in.Data)
+	if ferr != nil {
+		if rerr := sp.Rollback(m.ctx); rerr != nil {
+			return nil, technicalError{fmt.Errorf("saga %s: rollback to savepoint after %v: %w", m.in.ID, ferr, rerr)}
+		}
+		return ferr, nil
+	}
+	if err := sp.Commit(m.ctx); err != nil {
+		return nil, technicalError{fmt.Errorf("saga %s: release savepoint: %w", m.in.ID, err)}
+	}
+	m.in.Data = data
+	return nil, nil
+}
+
+// advance runs the saga forward from step i.
+func (m *machine) advance(i int) error {
+	m.in.Status, m.in.Phase = StatusRunning, PhaseForward
+	for ; i < len(m.d.steps); i++ {
+		s := m.d.steps[i]
+		st := m.in.state(s.name)
+		m.in.Step = s.name
+		if st.StartedAt == nil {
+			st.StartedAt = &m.now
+		}
+		st.Tries++
+		if s.remote {
+			st.Attempt++
+			st.Status, st.Due = StepRunning, m.due(s.timeout)
+			return m.command(s, s.action, millrace.OperationAction, st.Attempt)
+		}
+		st.Attempt++
+		m.in.Attempts = st.Attempt
+		stepErr, err := m.runLocal(s.local)
+		if err != nil {
+			return err
+		}
+		if stepErr != nil {
+			m.record("failed", s.name, millrace.OperationAction, st.Attempt, "", stepErr.Error())
+			return m.actionFailed(s, st, stepErr)
+		}
+		m.stepDone(s, st)
+	}
+	return m.end(StatusCompleted, "")
+}
+
+func (m *machine) stepDone(s *stepDef, st *StepState) {
+	st.Status, st.Due, st.Reason = StepDone, nil, ""
+	if st.StartedAt != nil && m.o.metrics != nil {
+		typ, lat := m.d.typ, m.now.Sub(*st.StartedAt)
+		m.after = append(m.after, func() { m.o.metrics.stepLatency.WithLabelValues(typ, s.name).Observe(lat.Seconds()) })
+	}
+	m.record("step_done", s.name, millrace.OperationAction, st.Attempt, millrace.OutcomeSuccess, "")
+}
+
+// actionFailed handles a failure of a step's action: another try after a
+// backoff if the policy allows, else the step fails.
+func (m *machine) actionFailed(s *stepDef, st *StepState, cause error) error {
+	st.Reason = cause.Error()
+	if s.retryable(cause) && st.Tries < s.retry.MaxAttempts {
+		st.Status, st.Due = StepBackoff, m.due(backoff.Exponential(st.Tries, s.retry.MinBackoff, s.retry.MaxBackoff))
+		m.record("backoff", s.name, millrace.OperationAction, st.Attempt, "", st.Reason)
+		return nil
+	}
+	st.Status, st.Due = StepFailed, nil
+	return m.giveUp(s, fmt.Sprintf("step %s failed: %s", s.name, errReason(cause)))
+}
+
+// giveUp ends the forward run at step s: compensate before the pivot,
+// stuck after it (or when the pivot itself may have taken effect).
+func (m *machine) giveUp(s *stepDef, reason string) error {
+	st := m.in.state(s.name)
+	if s.kind == Retriable || (s.kind == Pivot && st.Status == StepUncertain) {
+		return m.stuck(reason)
+	}
+	return m.compensate(reason)
+}
+
+// timeout handles the expiry of the action's current try.
+func (m *machine) actionTimeout(s *stepDef, st *StepState) error {
+	m.record("timeout", s.name, millrace.OperationAction, st.Attempt, "", "")
+	st.Reason = fmt.Sprintf("attempt %d timed out after %s", st.Attempt, s.timeout)
+	switch s.onTimeout {
+	case TimeoutStuck:
+		return m.stuck(fmt.Sprintf("step %s: %s", s.name, st.Reason))
+	case TimeoutCompensate:
+		st.Status, st.Due = StepUncertain, nil
+		return m.giveUp(s, fmt.Sprintf("step %s: %s", s.name, st.Reason))
+	}
+	if st.Tries < s.retry.MaxAttempts {
+		return m.advance(m.d.index[s.name]) // a new attempt, at once
+	}
+	st.Status, st.Due = StepUncertain, nil
+	return m.giveUp(s, fmt.Sprintf("step %s: %d attempts timed out", s.name, st.Tries))
+}
+
+// compensate starts (or continues) compensation from the current step down.
+func (m *machine) compensate(reason string) error {
+	m.in.Status, m.in.Phase, m.in.LastError = StatusCompensating, PhaseCompensating, reason
+	m.record("compensate", m.in.Step, "", 0, "", reason)
+	i, ok := m.d.index[m.in.Step]
+	if !ok {
+		i = len(m.d.steps) - 1
+	}
+	return m.compensateFrom(i)
+}
+
+// needsCompensation reports whether step s's action took effect, or may
+// have: a remote action sent and not answered by a failure, a local step
+// done, or a step left mid-compensation.
+func needsCompensation(s *stepDef, st *StepState) bool {
+	if st == nil {
+		return false
+	}
+	switch st.Status {
+	case StepDone, StepUncertain, StepCompensating, StepCompBackoff:
+		return true
+	case StepRunning, StepBackoff:
+		return s.remote && st.Attempt > 0
+	}
+	return false
+}
+
+func (m *machine) compensateFrom(i int) error {
+	m.in.Status, m.in.Phase = StatusCompensating, PhaseCompensating
+	for ; i >= 0; i-- {
+		s := m.d.steps[i]
+		st := m.in.Steps[s.name]
+		if s.kind != Compensatable || !needsCompensation(s, st) {
+			continue
+		}
+		m.in.Step = s.name
+		if !s.compensable() {
+			// Nothing to undo (a read-only step).
+			st.Status, st.Due = StepCompensated, nil
+			continue
+		}
+		if st.Status != StepCompensating && st.Status != StepCompBackoff {
+			st.Tries = 0
+		}
+		st.Tries++
+		st.CompensationAttempt++
+		if s.comp != nil {
+			st.Status, st.Due = StepCompensating, m.due(s.timeout)
+			return m.command(s, s.comp, millrace.OperationCompensation, st.CompensationAttempt)
+		}
+		m.in.Attempts = st.CompensationAttempt
+		stepErr, err := m.runLocal(s.localComp)
+		if err != nil {
+			return err
+		}
+		if stepErr != nil {
+			m.record("failed", s.name, millrace.OperationCompensation, st.CompensationAttempt, "", stepErr.Error())
+			return m.compensationFailed(s, st, stepErr.Error())
+		}
+		st.Status, st.Due, st.Reason = StepCompensated, nil, ""
+		m.record("step_compensated", s.name, millrace.OperationCompensation, st.CompensationAttempt, millrace.OutcomeSuccess, "")
+	}
+	return m.end(StatusCompensated, m.in.LastError)
+}
+
+func (m *machine) compensationFailed(s *stepDef, st *StepState, reason string) error {
+	st.Reason = reason
+	if st.Tries < s.compRetry.MaxAttempts {
+		st.Status, st.Due = StepCompBackoff, m.due(backoff.Exponential(st.Tries, s.compRetry.MinBackoff, s.compRetry.MaxBackoff))
+		m.record("backoff", s.name, millrace.OperationCompensation, st.CompensationAttempt, "", reason)
+		return nil
+	}
+	st.Due = nil
+	return m.stuck(fmt.Sprintf("compensation of step %s failed %d times: %s", s.name, st.Tries, reason))
+}
+
+func (m *machine) compensationTimeout(s *stepDef, st *StepState) error {
+	m.record("timeout", s.name, millrace.OperationCompensation, st.CompensationAttempt, "", "")
+	return m.compensationFailed(s, st, fmt.Sprintf("attempt %d timed out after %s", st.CompensationAttempt, s.timeout))
+}
+
+func (m *machine) stuck(reason string) error {
+	m.in.Status, m.in.LastError = StatusStuck, reason
+	if st := m.in.Steps[m.in.Step]; st != nil {
+		st.Due = nil
+	}
+	m.record("stuck", m.in.Step, "", 0, "", reason)
+	if mt := m.o.metrics; mt != nil {
+		typ := m.d.typ
+		m.after = append(m.after, func() { mt.stuck.WithLabelValues(typ).Inc() })
+	}
+	return nil
+}
+
+func (m *machine) end(status Status, reason string) error {
+	m.in.Status, m.in.Step, m.in.LastError = status, "", reason
+	m.in.EndedAt = &m.now
+	m.record(string(status), "", "", 0, "", reason)
+	if mt := m.o.metrics; mt != nil {
+		typ := m.d.typ
+		c := mt.completed
+		if status == StatusCompensated {
+			c = mt.compensated
+		}
+		m.after = append(m.after, func() { c.WithLabelValues(typ).Inc() })
+	}
+	return nil
+}
+
+// reply is a participant's reply as the orchestrator reads it.
+type reply struct {
+	sagaID, sagaType, step, op, outcome, reason string
+	attempt                                     int
+	payload                                     []byte
+	eventID                                     string
+}
+
+// ErrBadReply is wrapped (as millrace.Permanent) by the reply handler's
+// error for a message that is not a saga reply: a missing or malformed
+// saga header.
+var ErrBadReply = errors.New("saga: not a saga reply")
+
+func parseReply(md map[string]string, payload []byte) (reply, error) {
+	r := reply{
+		sagaID: md[millrace.MetadataSagaID], sagaType: md[millrace.MetadataSagaType],
+		step: md[millrace.MetadataSagaStep], op: md[millrace.MetadataSagaOperation],
+		outcome: md[millrace.MetadataSagaOutcome], reason: md[millrace.MetadataSagaReason],
+		payload: payload, eventID: md[millrace.MetadataEventID],
+	}
+	bad := func(format string, args ...any) (reply, error) {
+		return r, millrace.Permanent(fmt.Errorf("%w: %s", ErrBadReply, fmt.Sprintf(format, args...)))
+	}
+	if err := checkName(r.sagaID); err != nil {
+		return bad("%s %q: %v", millrace.MetadataSagaID, r.sagaID, err)
+	}
+	if err := checkName(r.step); err != nil {
+		return bad("saga %s: %s %q: %v", r.sagaID, millrace.MetadataSagaStep, r.step, err)
+	}
+	a, err := strconv.Atoi(md[millrace.MetadataSagaAttempt])
+	if err != nil || a < 1 {
+		return bad("saga %s: %s %q is not a positive number", r.sagaID, millrace.MetadataSagaAttempt, md[millrace.MetadataSagaAttempt])
+	}
+	r.attempt = a
+	if r.op != millrace.OperationAction && r.op != millrace.OperationCompensation {
+		return bad("saga %s: %s %q", r.sagaID, millrace.MetadataSagaOperation, r.op)
+	}
+	switch r.outcome {
+	case millrace.OutcomeSuccess, millrace.OutcomeFailure, millrace.OutcomeCancelled:
+	default:
+		return bad("saga %s: %s %q", r.sagaID, millrace.MetadataSagaOutcome, r.outcome)
+	}
+	if len(r.payload) > 0 && !json.Valid(r.payload) {
+		return bad("saga %s: reply payload is not JSON", r.sagaID)
+	}
+	return r, nil
+}
+
+// onReply applies a reply, or records it as fenced.
+func (m *machine) onReply(r reply) error {
+	fence := func(why string) error {
+		m.fenced = true
+		m.hist = append(m.hist, historyRow{sagaID: m.in.ID, at: m.now, event: "fenced", step: r.step, op: r.op,
+			attempt: r.attempt, outcome: r.outcome, status: string(m.in.Status), reason: why})
+		if mt := m.o.metrics; mt != nil {
+			typ := m.d.typ
+			m.after = append(m.after, func() { mt.fenced.WithLabelValues(typ).Inc() })
+		}
+		return nil
+	}
+	if !m.in.Status.live() {
+		return fence("saga is " + string(m.in.Status))
+	}
+	s, _ := m.d.step(r.step)
+	if s == nil {
+		return fence("no such step in v" + strconv.Itoa(m.d.version))
+	}
+	if r.step != m.in.Step {
+		return fence("not waiting for this step (current step: " + m.in.Step + ")")
+	}
+	st := m.in.state(s.name)
+	switch {
+	case r.op == millrace.OperationAction && st.Status == StepRunning && st.Attempt == r.attempt:
+	case r.op == millrace.OperationCompensation && st.Status == StepCompensating && st.CompensationAttempt == r.attempt:
+	default:
+		return fence(fmt.Sprintf("not waiting for this reply (step %s is %q at action attempt %d, compensation attempt %d)",
+			s.name, st.Status, st.Attempt, st.CompensationAttempt))
+	}
+	m.applied = true
+	m.record("reply", r.step, r.op, r.attempt, r.outcome, r.reason)
+	if r.op == millrace.OperationCompensation {
+		if r.outcome == millrace.OutcomeSuccess {
+			st.Status, st.Due, st.Reason = StepCompensated, nil, ""
+			m.record("step_compensated", s.name, r.op, r.attempt, r.outcome, "")
+			return m.compensateFrom(m.d.index[s.name] - 1)
+		}
+		return m.compensationFailed(s, st, r.outcome+": "+r.reason)
+	}
+	if r.outcome != millrace.OutcomeSuccess {
+		return m.actionFailed(s, st, &StepError{Step: s.name, Outcome: r.outcome, Reason: r.reason})
+	}
+	if s.onSuccess != nil {
+		data, err := s.onSuccess(m.in.Data, r.payload)
+		if err != nil {
+			// The action took effect, but its reply cannot be applied:
+			// nothing automatic is right, so an operator decides.
+			st.Status, st.Due = StepDone, nil
+			return m.stuck(fmt.Sprintf("step %s: applying its reply: %v", s.name, err))
+		}
+		m.in.Data = data
+	}
+	m.stepDone(s, st)
+	return m.advance(m.d.index[s.name] + 1)
+}
+
+// onWake fires the saga's due timer, if any.
+func (m *machine) onWake() error {
+	if !m.in.Status.live() {
+		return nil
+	}
+	if m.in.DeadlineAt != nil && !m.now.Before(*m.in.DeadlineAt) {
+		return m.onDeadline()
+	}
+	s, _ := m.d.step(m.in.Step)
+	if s == nil {
+		return nil
+	}
+	st := m.in.state(s.name)
+	if st.Due == nil || m.now.Before(*st.Due) {
+		return nil // woken early (a clock skew between processes): the save sets the timer again
+	}
+	switch st.Status {
+	case StepRunning:
+		return m.actionTimeout(s, st)
+	case StepBackoff:
+		m.record("retry", s.name, millrace.OperationAction, st.Attempt, "", st.Reason)
+		return m.advance(m.d.index[s.name])
+	case StepCompensating:
+		return m.compensationTimeout(s, st)
+	case StepCompBackoff:
+		m.record("retry", s.name, millrace.OperationCompensation, st.CompensationAttempt, "", st.Reason)
+		return m.compensateFrom(m.d.index[s.name])
+	}
+	return nil
+}
+
+func (m *machine) onDeadline() error {
+	m.in.DeadlineAt = nil // fires once; an operator's retry is not re-stuck by it
+	const reason = "deadline exceeded"
+	m.record("deadline", m.in.Step, "", 0, "", reason)
+	s, _ := m.d.step(m.in.Step)
+	if m.in.Phase == PhaseForward && !m.pastPivot() && s != nil && (s.kind == Compensatable || m.in.Steps[s.name].Status != StepRunning) {
+		st := m.in.state(s.name)
+		if st.Status == StepRunning {
+			st.Status = StepUncertain
+		}
+		st.Due = nil
+		return m.compensate(reason)
+	}
+	return m.stuck(reason)
+}
+
+// nextWakeup is when the saga next needs a timer: its current step's due
+// time or its deadline, whichever comes first; never for an ended or stuck saga.
+func (m *machine) nextWakeup() *time.Time {
+	if !m.in.Status.live() {
+		return nil
+	}
+	var next *time.Time
+	if st := m.in.Steps[m.in.Step]; st != nil && st.Due != nil {
+		next = st.Due
+	}
+	if d := m.in.DeadlineAt; d != nil && (next == nil || d.Before(*next)) {
+		next = d
+	}
+	return next
+}
+
+// save writes the saga's new state, its history and its commands.
+func (m *machine) save() error {
+	if m.fenced && !m.applied {
+		return m.o.writeHistory(m.ctx, m.tx, m.hist)
+	}
+	m.in.NextWakeupAt = m.nextWakeup()
+	m.in.UpdatedAt = m.now
+	steps, err := json.Marshal(m.in.Steps)
+	if err != nil {
+		return fmt.Errorf("saga %s: encode step state: %w", m.in.ID, err)
+	}
+	if err := m.tx.QueryRow(m.ctx, m.o.sql.update, m.in.ID, m.in.Status, m.in.Phase, m.in.Step, steps, m.in.Data,
+		m.in.NextWakeupAt, m.in.DeadlineAt, m.in.Attempts, oneLine(m.in.LastError), m.now, m.in.EndedAt).Scan(&m.in.Revision); err != nil {
+		return fmt.Errorf("saga %s: save: %w", m.in.ID, err)
+	}
+	if err := m.o.writeHistory(m.ctx, m.tx, m.hist); err != nil {
+		return err
+	}
+	if len(m.events) > 0 {
+		if _, err := m.o.writer.WriteTx(m.ctx, m.tx, m.events...); err != nil {
+			return fmt.Errorf("saga %s: write commands: %w", m.in.ID, err)
+		}
+	}
+	return nil
+}
+
+func errReason(err error) string {
+	var se *StepError
+	if errors.As(err, &se) {
+		return se.Outcome + ": " + se.Reason
+	}
+	return err.Error()
+}

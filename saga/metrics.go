@@ -1,0 +1,130 @@
+package saga
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics counts what orchestrators do and reads the sagas in flight, as a
+// Prometheus collector. Register it with a prometheus.Registerer and pass it
+// to Config.Metrics; one Metrics can serve several orchestrators. A nil
+// *Metrics counts nothing.
+//
+// The series, all prefixed millrace_saga_ and labelled by saga type:
+//
+//	started_total               sagas started
+//	completed_total             sagas completed
+//	compensated_total           sagas compensated
+//	stuck_total                 times a saga became stuck
+//	fenced_replies_total        replies recorded and ignored (stale, duplicate attempt, ended saga)
+//	unregistered_total          sagas found on a definition version not registered (parked as stuck)
+//	step_latency_seconds        from a step's first command to its success (histogram, also by step)
+//	in_flight                   sagas running or compensating (gauge)
+//	stuck                       sagas stuck now (gauge)
+//	no_progress                 live sagas not changed for longer than the threshold (gauge)
+//
+// Counters are counted when the change commits (for StartTx: when it
+// returns, as the caller commits). The gauges are read at scrape time with
+// one query over saga_instance's status index.
+type Metrics struct {
+	started, completed, compensated, stuck, fenced, unregistered *prometheus.CounterVec
+	stepLatency                                                  *prometheus.HistogramVec
+
+	gauges    *gaugeReader
+	inFlight  *prometheus.Desc
+	stuckNow  *prometheus.Desc
+	noProgres *prometheus.Desc
+}
+
+type gaugeReader struct {
+	o         *Orchestrator
+	threshold time.Duration
+}
+
+// NewMetrics returns the saga collector. constLabels (may be nil) are added
+// to every series.
+func NewMetrics(constLabels prometheus.Labels) *Metrics {
+	counter := func(name, help string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "millrace", Subsystem: "saga", Name: name, Help: help, ConstLabels: constLabels,
+		}, []string{"type"})
+	}
+	desc := func(name, help string) *prometheus.Desc {
+		return prometheus.NewDesc(prometheus.BuildFQName("millrace", "saga", name), help, []string{"type"}, constLabels)
+	}
+	return &Metrics{
+		started:      counter("started_total", "Sagas started."),
+		completed:    counter("completed_total", "Sagas completed."),
+		compensated:  counter("compensated_total", "Sagas compensated."),
+		stuck:        counter("stuck_total", "Times a saga became stuck."),
+		fenced:       counter("fenced_replies_total", "Saga replies recorded and ignored (fenced)."),
+		unregistered: counter("unregistered_total", "Sagas found on a definition version that is not registered."),
+		stepLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "millrace", Subsystem: "saga", Name: "step_latency_seconds", ConstLabels: constLabels,
+			Help:    "Time from a saga step's first command to its success.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
+		}, []string{"type", "step"}),
+		inFlight:  desc("in_flight", "Sagas running or compensating."),
+		stuckNow:  desc("stuck", "Sagas stuck now."),
+		noProgres: desc("no_progress", "Live sagas with no change for longer than the no-progress threshold."),
+	}
+}
+
+// ReadGauges makes the collector read the in_flight, stuck and no_progress
+// gauges from o's schema at scrape time; a live saga with no change for
+// longer than threshold counts as no progress.
+func (m *Metrics) ReadGauges(o *Orchestrator, threshold time.Duration) {
+	m.gauges = &gaugeReader{o: o, threshold: threshold}
+}
+
+func (m *Metrics) counters() []prometheus.Collector {
+	return []prometheus.Collector{m.started, m.completed, m.compensated, m.stuck, m.fenced, m.unregistered, m.stepLatency}
+}
+
+// Describe implements prometheus.Collector.
+func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, c := range m.counters() {
+		c.Describe(ch)
+	}
+	ch <- m.inFlight
+	ch <- m.stuckNow
+	ch <- m.noProgres
+}
+
+// Collect implements prometheus.Collector.
+func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
+	for _, c := range m.counters() {
+		c.Collect(ch)
+	}
+	if m.gauges == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	o := m.gauges.o
+	rows, err := o.pool.Query(ctx, fmt.Sprintf(`SELECT type,
+       count(*) FILTER (WHERE status IN ('running', 'compensating')),
+       count(*) FILTER (WHERE status = 'stuck'),
+       count(*) FILTER (WHERE status IN ('running', 'compensating') AND updated_at < $1)
+  FROM %s WHERE status IN ('running', 'compensating', 'stuck') GROUP BY type`, o.sql.instance),
+		o.clock.Now().Add(-m.gauges.threshold))
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(m.inFlight, err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var typ string
+		var live, stuck, stale int64
+		if err := rows.Scan(&typ, &live, &stuck, &stale); err != nil {
+			ch <- prometheus.NewInvalidMetric(m.inFlight, err)
+			return
+		}
+		ch <- prometheus.MustNewConstMetric(m.inFlight, prometheus.GaugeValue, float64(live), typ)
+		ch <- prometheus.MustNewConstMetric(m.stuckNow, prometheus.GaugeValue, float64(stuck), typ)
+		ch <- prometheus.MustNewConstMetric(m.noProgres, prometheus.GaugeValue, float64(stale), typ)
+	}
+}

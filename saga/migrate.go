@@ -1,0 +1,169 @@
+package saga
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/millrace/millrace"
+)
+
+// Migration moves the live instances of one definition version to
+// another, on purpose: see Migrate.
+type Migration[From, To any] struct {
+	// From and To are two versions of one saga type. Required.
+	From *Definition[From]
+	To   *Definition[To]
+	// Steps renames steps: a From step name to its To name. A step not
+	// listed keeps its name. Only a step that an instance has not started
+	// may be renamed: a participant's barrier keys on the step name, so a
+	// renamed started step could never be compensated.
+	Steps map[string]string
+	// Data upcasts an instance's data. Defaults to decoding the stored
+	// JSON into To.
+	Data func(From) (To, error)
+	// Operator and Reason are recorded in each instance's history.
+	// Required.
+	Operator, Reason string
+}
+
+// ErrCannotMigrate is wrapped by Migrate's error for each instance it left
+// on its version, saying why.
+var ErrCannotMigrate = errors.New("saga: cannot migrate instance")
+
+// Migrate moves every live instance (running, compensating or stuck) of
+// m.From to m.To: each step's state goes to its (renamed) step, the data is
+// upcast, the instance records the new version and a "migrated" history
+// line, under its row lock. It is for definitions whose change would strand
+// instances otherwise; register To first. An instance whose state has no
+// place in To (a started step that To lacks or renames, a current step To
+// lacks) or whose data does not upcast is left as it was and reported in
+// the returned error (each wrapping ErrCannotMigrate); the others move.
+// It returns how many moved. A reply in flight for a moved instance is
+// still applied: steps keep their names and attempts.
+func Migrate[From, To any](ctx context.Context, o *Orchestrator, m Migration[From, To]) (int, error) {
+	if m.From == nil || m.To == nil {
+		return 0, fmt.Errorf("%w: saga.Migrate: From and To are required", millrace.ErrConfig)
+	}
+	from, to := m.From.def, m.To.def
+	if from.typ != to.typ || from.version == to.version {
+		return 0, fmt.Errorf("%w: saga.Migrate: %s v%d to %s v%d: want two versions of one type", millrace.ErrConfig, from.typ, from.version, to.typ, to.version)
+	}
+	if m.Operator == "" || m.Reason == "" {
+		return 0, fmt.Errorf("%w: saga.Migrate: Operator and Reason are required", millrace.ErrConfig)
+	}
+	for old, renamed := range m.Steps {
+		if _, i := from.step(old); i < 0 {
+			return 0, fmt.Errorf("%w: saga.Migrate: Steps renames %q, which v%d does not have", millrace.ErrConfig, old, from.version)
+		}
+		if _, i := to.step(renamed); i < 0 {
+			return 0, fmt.Errorf("%w: saga.Migrate: Steps renames %q to %q, which v%d does not have", millrace.ErrConfig, old, renamed, to.version)
+		}
+	}
+	upcast := func(raw []byte) ([]byte, error) {
+		if m.Data == nil {
+			var d To
+			if err := json.Unmarshal(raw, &d); err != nil {
+				return nil, err
+			}
+			return json.Marshal(d)
+		}
+		var f From
+		if err := json.Unmarshal(raw, &f); err != nil {
+			return nil, err
+		}
+		d, err := m.Data(f)
+		if err != nil {
+			return nil, err
+		}
+		return json.Marshal(d)
+	}
+	query := fmt.Sprintf(`SELECT %s FROM %s
+ WHERE type = $1 AND def_version = $2 AND status IN ('running', 'compensating', 'stuck') AND id > $3
+ ORDER BY id LIMIT 100 FOR UPDATE`, instanceCols, o.sql.instance)
+	moved, after := 0, ""
+	var problems []error
+	for {
+		n := 0
+		err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
+			rows, err := tx.Query(ctx, query, from.typ, from.version, after)
+			if err != nil {
+				return err
+			}
+			var found []*Instance
+			for rows.Next() {
+				in, err := scanInstance(rows)
+				if err != nil {
+					rows.Close()
+					return err
+				}
+				found = append(found, in)
+			}
+			if err := rows.Err(); err != nil {
+				return err
+			}
+			n = len(found)
+			now := o.clock.Now()
+			for _, in := range found {
+				after = in.ID
+				if err := migrateOne(in, from, to, m.Steps, upcast); err != nil {
+					problems = append(problems, fmt.Errorf("%w %s: %v", ErrCannotMigrate, in.ID, err))
+					continue
+				}
+				mc := &machine{o: o, d: to, in: in, ctx: ctx, tx: tx, now: now}
+				mc.hist = append(mc.hist, historyRow{sagaID: in.ID, at: now, event: "migrated", step: in.Step, actor: m.Operator,
+					reason: m.Reason, status: string(in.Status), detail: fmt.Appendf(nil, `{"from":%d,"to":%d}`, from.version, to.version)})
+				if err := mc.save(); err != nil {
+					return err
+				}
+				if _, err := tx.Exec(ctx, fmt.Sprintf(`UPDATE %s SET def_version = $2 WHERE id = $1`, o.sql.instance), in.ID, to.version); err != nil {
+					return err
+				}
+				moved++
+			}
+			return nil
+		})
+		if err != nil {
+			return moved, fmt.Errorf("saga.Migrate %s v%d to v%d: %w", from.typ, from.version, to.version, err)
+		}
+		if n == 0 {
+			return moved, errors.Join(problems...)
+		}
+	}
+}
+
+// migrateOne rewrites in's step state and data for to, or says why not.
+func migrateOne(in *Instance, from, to *def, renames map[string]string, upcast func([]byte) ([]byte, error)) error {
+	steps := make(map[string]*StepState, len(in.Steps))
+	for name, st := range in.Steps {
+		target := name
+		if r, ok := renames[name]; ok {
+			target = r
+			if st.Attempt > 0 || st.Status != StepPending {
+				return fmt.Errorf("step %q has started (%s): its participant's barrier knows it by that name, it cannot be renamed", name, st.Status)
+			}
+		}
+		if _, i := to.step(target); i < 0 {
+			return fmt.Errorf("step %q has state (%s) and v%d has no step %q", name, st.Status, to.version, target)
+		}
+		steps[target] = st
+	}
+	current := in.Step
+	if r, ok := renames[current]; ok {
+		current = r
+	}
+	if current != "" {
+		if _, i := to.step(current); i < 0 {
+			return fmt.Errorf("current step %q is not in v%d", in.Step, to.version)
+		}
+	}
+	data, err := upcast(in.Data)
+	if err != nil {
+		return fmt.Errorf("upcast data: %v", err)
+	}
+	in.Steps, in.Step, in.Data, in.Version = steps, current, data, to.version
+	return nil
+}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package saga_test
+
+const raceEnabled = false

@@ -1,0 +1,246 @@
+package saga
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/inbox"
+	"github.com/millrace/millrace/internal/sqlident"
+	"github.com/millrace/millrace/outbox"
+)
+
+// Clock tells the orchestrator the time. Timeouts, backoff and deadlines
+// are computed from it, never from the database's clock, so a test can
+// drive them with a clock of its own.
+type Clock interface {
+	Now() time.Time
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+
+// HookPoint names a persistence boundary of the orchestrator, where a Hook
+// is called.
+type HookPoint int
+
+const (
+	// HookLoaded: a saga row is read and locked in the transaction, and
+	// (for a reply) the reply decoded; nothing is written yet. Between
+	// reading a reply and writing the next command.
+	HookLoaded HookPoint = iota + 1
+	// HookBeforeCommit: the saga's new state, history and commands are
+	// written in the transaction, which is about to commit.
+	HookBeforeCommit
+	// HookAfterCommit: the transaction committed.
+	HookAfterCommit
+)
+
+func (p HookPoint) String() string {
+	switch p {
+	case HookLoaded:
+		return "loaded"
+	case HookBeforeCommit:
+		return "before-commit"
+	case HookAfterCommit:
+		return "after-commit"
+	}
+	return fmt.Sprintf("HookPoint(%d)", int(p))
+}
+
+// Hook is called at each HookPoint with the saga's id. An error returned
+// before the commit rolls the transaction back (as a crash there would); an
+// error after the commit is returned to the caller (a reply is then
+// redelivered and deduplicated). Test harnesses use it to inject crashes.
+type Hook func(ctx context.Context, point HookPoint, sagaID string) error
+
+// Config configures an Orchestrator.
+type Config struct {
+	// Schema holds millrace's tables. Defaults to "millrace".
+	Schema string
+	// Writer writes commands to the outbox. Defaults to a new
+	// outbox.Writer on Schema.
+	Writer *outbox.Writer
+	// Consumer is the inbox consumer name the reply handler deduplicates
+	// under. Defaults to "millrace-saga".
+	Consumer string
+	// Clock is the time source for timers. Defaults to the real time.
+	Clock Clock
+	// PollInterval is how often Run looks for due timers. Defaults to 1s.
+	PollInterval time.Duration
+	// ClaimBatch is the most due sagas one timer transaction claims.
+	// Defaults to 100.
+	ClaimBatch int
+	// Hook, when set, is called at each persistence boundary. Defaults to
+	// none (and costs nothing).
+	Hook Hook
+	// Metrics counts what the orchestrator does. Defaults to none.
+	Metrics *Metrics
+	// Logger logs unregistered versions and timer errors. Defaults to
+	// watermill.NopLogger.
+	Logger watermill.LoggerAdapter
+}
+
+// Orchestrator runs sagas: it starts them (Start, StartTx), handles their
+// participants' replies (Handler), fires their timers (Run, RunDue), and
+// carries out operator actions. Several orchestrators, in one process or
+// many, may share a schema: every change to a saga happens under a row
+// lock on it. It is safe for concurrent use.
+type Orchestrator struct {
+	pool     *pgxpool.Pool
+	schema   string
+	writer   *outbox.Writer
+	dedup    *inbox.Deduplicator
+	clock    Clock
+	poll     time.Duration
+	batch    int
+	hook     Hook
+	metrics  *Metrics
+	logger   watermill.LoggerAdapter
+	sql      statements
+	consumer string
+
+	mu   sync.RWMutex
+	defs map[string]map[int]*def
+}
+
+// New returns an Orchestrator on pool. It does not touch the database.
+func New(pool *pgxpool.Pool, cfg Config) (*Orchestrator, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%w: saga.New: nil pool", millrace.ErrConfig)
+	}
+	schema, err := sqlident.Schema(cfg.Schema)
+	if err != nil {
+		return nil, fmt.Errorf("%w: saga.Config.Schema: %v", millrace.ErrConfig, err)
+	}
+	if cfg.PollInterval < 0 || cfg.ClaimBatch < 0 {
+		return nil, fmt.Errorf("%w: saga.Config: PollInterval and ClaimBatch must not be negative", millrace.ErrConfig)
+	}
+	if cfg.Writer == nil {
+		if cfg.Writer, err = outbox.NewWriter(pool, outbox.WriterConfig{Schema: schema}); err != nil {
+			return nil, fmt.Errorf("%w: saga.Config: %v", millrace.ErrConfig, err)
+		}
+	}
+	if cfg.Consumer == "" {
+		cfg.Consumer = "millrace-saga"
+	}
+	dedup, err := inbox.NewDeduplicator(pool, inbox.DedupConfig{Schema: schema, Consumer: cfg.Consumer})
+	if err != nil {
+		return nil, fmt.Errorf("%w: saga.Config: %v", millrace.ErrConfig, err)
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = realClock{}
+	}
+	if cfg.PollInterval == 0 {
+		cfg.PollInterval = time.Second
+	}
+	if cfg.ClaimBatch == 0 {
+		cfg.ClaimBatch = 100
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = watermill.NopLogger{}
+	}
+	return &Orchestrator{
+		pool: pool, schema: schema, writer: cfg.Writer, dedup: dedup, clock: cfg.Clock,
+		poll: cfg.PollInterval, batch: cfg.ClaimBatch, hook: cfg.Hook, metrics: cfg.Metrics,
+		logger: cfg.Logger, sql: newStatements(schema), consumer: cfg.Consumer,
+		defs: map[string]map[int]*def{},
+	}, nil
+}
+
+// Register adds definitions. Several versions of one type may be
+// registered at once: each instance runs on the version it started with.
+// Registering a type and version twice is an error wrapping
+// millrace.ErrConfig, unless it is the very same *Definition.
+func (o *Orchestrator) Register(defs ...Registrable) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, r := range defs {
+		if r == nil {
+			return fmt.Errorf("%w: saga.Register: nil definition", millrace.ErrConfig)
+		}
+		d := r.erased()
+		byVersion := o.defs[d.typ]
+		if byVersion == nil {
+			byVersion = map[int]*def{}
+			o.defs[d.typ] = byVersion
+		}
+		if prev, ok := byVersion[d.version]; ok && prev != d {
+			return fmt.Errorf("%w: saga %q v%d is registered already", millrace.ErrConfig, d.typ, d.version)
+		}
+		byVersion[d.version] = d
+	}
+	return nil
+}
+
+// definition returns the registered definition of typ at version.
+func (o *Orchestrator) definition(typ string, version int) *def {
+	o.mu.RLock()
+	defer o.mu.RUnlock()
+	return o.defs[typ][version]
+}
+
+// types returns the registered types and, per type, its versions.
+func (o *Orchestrator) registered() map[string][]int {
+	o.mu.RLock()
+	defer o.mu.RUnlock()
+	out := make(map[string][]int, len(o.defs))
+	for t, vs := range o.defs {
+		for v := range vs {
+			out[t] = append(out[t], v)
+		}
+	}
+	return out
+}
+
+// ReplyTopics returns the distinct reply topics of the registered
+// definitions: subscribe the Handler to each.
+func (o *Orchestrator) ReplyTopics() []string {
+	o.mu.RLock()
+	defer o.mu.RUnlock()
+	seen := map[string]bool{}
+	var out []string
+	for _, vs := range o.defs {
+		for _, d := range vs {
+			if !seen[d.replyTopic] {
+				seen[d.replyTopic] = true
+				out = append(out, d.replyTopic)
+			}
+		}
+	}
+	return out
+}
+
+func (o *Orchestrator) callHook(ctx context.Context, p HookPoint, id string) error {
+	if o.hook == nil {
+		return nil
+	}
+	if err := o.hook(ctx, p, id); err != nil {
+		return fmt.Errorf("saga %s: hook %s: %w", id, p, err)
+	}
+	return nil
+}
+
+// oneLine makes s storable in a text column and readable in a listing:
+// valid UTF-8, no NUL, one line, at most about 2000 bytes.
+func oneLine(s string) string {
+	s = clean(s)
+	s = strings.ReplaceAll(s, "\n", " ")
+	if len(s) > 2000 {
+		s = strings.ToValidUTF8(s[:2000], "")
+	}
+	return s
+}
+
+// clean makes s storable in a text column: valid UTF-8 without NUL.
+func clean(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	return strings.ReplaceAll(s, "\x00", "\uFFFD")
+}

@@ -1,0 +1,125 @@
+package saga
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// Errors of Start and of the operator API.
+var (
+	// ErrNotFound: no saga has the given id.
+	ErrNotFound = errors.New("saga: not found")
+	// ErrAlreadyStarted: Start was called with an id that belongs to a
+	// saga of another type, version or start data. A second start with the
+	// same type, version and data is not an error: it returns the saga.
+	ErrAlreadyStarted = errors.New("saga: id already started with different data")
+	// ErrNotRegistered: the saga's type and version are not registered
+	// with this Orchestrator.
+	ErrNotRegistered = errors.New("saga: definition not registered")
+	// ErrActionNotAllowed: the operator action does not apply to the
+	// saga in its current state (the error says why).
+	ErrActionNotAllowed = errors.New("saga: action not allowed")
+	// ErrInvalidID: a saga id must be non-empty, at most 200 bytes of
+	// valid UTF-8 without NUL.
+	ErrInvalidID = errors.New("saga: invalid saga id")
+)
+
+// Start starts a saga of def with data, in a transaction of its own; see
+// StartTx.
+func Start[D any](ctx context.Context, o *Orchestrator, def *Definition[D], id string, data D) (*Instance, error) {
+	var in *Instance
+	err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
+		var err error
+		in, err = StartTx(ctx, tx, o, def, id, data)
+		if err != nil {
+			return err
+		}
+		return o.callHook(ctx, HookBeforeCommit, in.ID)
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := o.callHook(ctx, HookAfterCommit, in.ID); err != nil {
+		return in, err
+	}
+	return in, nil
+}
+
+// StartTx starts a saga of def with data in the caller's transaction: the
+// saga row and its first command (through the outbox) commit with the
+// caller's own changes, or not at all. Leading local steps run at once, in
+// tx. id is the caller's choice (for example the order id), or empty for a
+// new UUID.
+//
+// Starting is idempotent by id: if a saga with this id exists with the same
+// type, version and start data, StartTx changes nothing and returns it (its
+// current state); with anything else it returns an error wrapping
+// ErrAlreadyStarted. def need not be registered with o to start a saga, but
+// some orchestrator sharing the schema must have it registered to run it.
+func StartTx[D any](ctx context.Context, tx pgx.Tx, o *Orchestrator, def *Definition[D], id string, data D) (*Instance, error) {
+	if def == nil {
+		return nil, fmt.Errorf("saga: StartTx: nil definition")
+	}
+	d := def.def
+	if id == "" {
+		u, err := uuid.NewV7()
+		if err != nil {
+			return nil, err
+		}
+		id = u.String()
+	} else if err := checkName(id); err != nil {
+		return nil, fmt.Errorf("%w %q: %v", ErrInvalidID, id, err)
+	}
+	raw, err := json.Marshal(data)
+	if err != nil {
+		return nil, fmt.Errorf("saga %s: encode data: %w", id, err)
+	}
+	now := o.clock.Now()
+	in := &Instance{ID: id, Type: d.typ, Version: d.version, Status: StatusRunning, Phase: PhaseForward,
+		Steps: map[string]*StepState{}, Data: raw, Input: raw, Revision: 1, CreatedAt: now, UpdatedAt: now}
+	if d.deadline > 0 {
+		dl := now.Add(d.deadline)
+		in.DeadlineAt = &dl
+	}
+	tag, err := tx.Exec(ctx, o.sql.insert, id, d.typ, d.version, raw, in.DeadlineAt, now)
+	if err != nil {
+		return nil, fmt.Errorf("saga %s: insert: %w", id, err)
+	}
+	if tag.RowsAffected() == 0 {
+		var typ string
+		var version int
+		var same bool
+		if err := tx.QueryRow(ctx, o.sql.selectExisting, id, raw).Scan(&typ, &version, &same); err != nil {
+			return nil, fmt.Errorf("saga %s: read existing: %w", id, err)
+		}
+		if typ != d.typ || version != d.version || !same {
+			return nil, fmt.Errorf("%w: saga %q exists as %s v%d (starting %s v%d, same data: %t)", ErrAlreadyStarted, id, typ, version, d.typ, d.version, same)
+		}
+		existing, err := scanInstance(tx.QueryRow(ctx, o.sql.get, id))
+		if err != nil {
+			return nil, fmt.Errorf("saga %s: read existing: %w", id, err)
+		}
+		existing.Existing = true
+		return existing, nil
+	}
+	m := &machine{o: o, d: d, in: in, ctx: ctx, tx: tx, now: now}
+	m.record("started", "", "", 0, "", "")
+	if err := m.advance(0); err != nil {
+		return nil, err
+	}
+	if err := m.save(); err != nil {
+		return nil, err
+	}
+	if mt := o.metrics; mt != nil {
+		mt.started.WithLabelValues(d.typ).Inc()
+		for _, f := range m.after {
+			f()
+		}
+	}
+	return in, nil
+}

@@ -1,0 +1,238 @@
+package saga
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/millrace/millrace/internal/sqlident"
+)
+
+// Status is a saga's status.
+type Status string
+
+const (
+	// StatusRunning: the saga moves forward through its steps.
+	StatusRunning Status = "running"
+	// StatusCompensating: the saga undoes its completed steps, in reverse.
+	StatusCompensating Status = "compensating"
+	// StatusCompleted: every step succeeded (or was skipped). Final.
+	StatusCompleted Status = "completed"
+	// StatusCompensated: the saga failed and every step that took effect
+	// was compensated. Final.
+	StatusCompensated Status = "compensated"
+	// StatusStuck: the saga needs an operator (LastError says why); no
+	// timer fires for it. See Orchestrator.Retry, Skip, MarkCompensated
+	// and Abort.
+	StatusStuck Status = "stuck"
+)
+
+func (s Status) live() bool { return s == StatusRunning || s == StatusCompensating }
+
+// Phase is the direction a saga moves in; a stuck saga keeps its phase.
+type Phase string
+
+const (
+	PhaseForward      Phase = "forward"
+	PhaseCompensating Phase = "compensating"
+)
+
+// Step statuses in StepState.Status.
+const (
+	StepPending      = ""             // not started
+	StepRunning      = "running"      // action sent (or local step tried), waiting for the reply
+	StepBackoff      = "backoff"      // the action waits for its next try (Due)
+	StepDone         = "done"         // the action succeeded
+	StepFailed       = "failed"       // the action failed without effect (a failure reply)
+	StepUncertain    = "uncertain"    // the action was given up after timeouts: it may have taken effect
+	StepCompensating = "compensating" // compensation sent, waiting for the reply
+	StepCompBackoff  = "comp_backoff" // the compensation waits for its next try (Due)
+	StepCompensated  = "compensated"  // the compensation succeeded (or an operator marked it so)
+	StepSkipped      = "skipped"      // an operator skipped the step
+)
+
+// StepState is one step's state in an Instance, stored as jsonb.
+type StepState struct {
+	Status string `json:"status"`
+	// Attempt is the attempt number of the action's latest command;
+	// CompensationAttempt that of the compensation. They only grow.
+	Attempt             int `json:"attempt,omitempty"`
+	CompensationAttempt int `json:"comp_attempt,omitempty"`
+	// Tries counts tries of the current operation against its retry
+	// budget (an operator's Retry resets it).
+	Tries int `json:"tries,omitempty"`
+	// Due is when the current try times out, or when the next try is sent.
+	Due *time.Time `json:"due,omitempty"`
+	// StartedAt is when the action was first sent.
+	StartedAt *time.Time `json:"started_at,omitempty"`
+	// Reason is the last failure's reason.
+	Reason string `json:"reason,omitempty"`
+}
+
+// Instance is one saga as stored.
+type Instance struct {
+	ID      string
+	Type    string
+	Version int // the definition version it runs on
+	Status  Status
+	Phase   Phase
+	// Step is the current step's name ("" once the saga ended).
+	Step  string
+	Steps map[string]*StepState
+	// Data is the saga's data (JSON of the definition's data type); Input
+	// is the data it was started with.
+	Data, Input json.RawMessage
+	// Revision grows with every change.
+	Revision     int64
+	NextWakeupAt *time.Time
+	DeadlineAt   *time.Time
+	// Attempts is the attempt number of the current operation.
+	Attempts  int
+	LastError string
+	CreatedAt time.Time
+	UpdatedAt time.Time
+	EndedAt   *time.Time
+	// Existing is set by Start and StartTx when the saga existed already
+	// (a repeated start); it is not stored.
+	Existing bool
+}
+
+func (in *Instance) state(step string) *StepState {
+	st := in.Steps[step]
+	if st == nil {
+		st = &StepState{}
+		in.Steps[step] = st
+	}
+	return st
+}
+
+// HistoryEntry is one line of a saga's history.
+type HistoryEntry struct {
+	ID     int64
+	SagaID string
+	At     time.Time
+	// Event is what happened: started, command, reply, fenced, timeout,
+	// retry, failed, compensate, completed, compensated, stuck, deadline,
+	// operator, unregistered.
+	Event     string
+	Step      string
+	Operation string
+	Attempt   int
+	Outcome   string
+	Status    Status // the saga's status after the event
+	Actor     string // the operator, for operator actions
+	Reason    string
+	Detail    json.RawMessage
+}
+
+type statements struct {
+	insert, load, update, history, claim, selectExisting string
+	get, historyOf                                       string
+	markMany, lockMany, updateMany                       string
+	instance, historyTable                               string
+}
+
+const instanceCols = `id, type, def_version, status, phase, step, steps, data, input, version,
+       next_wakeup_at, deadline_at, attempts, last_error, created_at, updated_at, ended_at`
+
+func newStatements(schema string) statements {
+	s := baseStatements(schema)
+	batchStatements(schema, &s)
+	return s
+}
+
+func baseStatements(schema string) statements {
+	inst, hist := sqlident.Table(schema, "saga_instance"), sqlident.Table(schema, "saga_history")
+	return statements{
+		instance: inst, historyTable: hist,
+		insert: fmt.Sprintf(`INSERT INTO %s (id, type, def_version, status, phase, step, steps, data, input, version,
+       next_wakeup_at, deadline_at, attempts, last_error, created_at, updated_at)
+VALUES ($1, $2, $3, 'running', 'forward', '', '{}', $4, $4, 1, NULL, $5, 0, '', $6, $6)
+ON CONFLICT (id) DO NOTHING`, inst),
+		selectExisting: fmt.Sprintf(`SELECT type, def_version, input = $2::jsonb FROM %s WHERE id = $1`, inst),
+		load:           fmt.Sprintf(`SELECT %s FROM %s WHERE id = $1 FOR UPDATE`, instanceCols, inst),
+		get:            fmt.Sprintf(`SELECT %s FROM %s WHERE id = $1`, instanceCols, inst),
+		update: fmt.Sprintf(`UPDATE %s SET status = $2, phase = $3, step = $4, steps = $5, data = $6, version = version + 1,
+       next_wakeup_at = $7, deadline_at = $8, attempts = $9, last_error = $10, updated_at = $11, ended_at = $12
+ WHERE id = $1
+RETURNING version`, inst),
+		history: fmt.Sprintf(`INSERT INTO %s (saga_id, at, event, step, operation, attempt, outcome, status, actor, reason, detail)
+SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[], $5::text[], $6::int[], $7::text[], $8::text[], $9::text[], $10::text[], $11::jsonb[])`, hist),
+		// Relies on the partial index saga_instance_wakeup_idx.
+		claim: fmt.Sprintf(`SELECT %s FROM %s
+ WHERE next_wakeup_at <= $1
+ ORDER BY next_wakeup_at
+ LIMIT $2
+   FOR UPDATE SKIP LOCKED`, instanceCols, inst),
+		historyOf: fmt.Sprintf(`SELECT id, saga_id, at, event, step, operation, attempt, outcome, status, actor, reason, detail
+  FROM %s WHERE saga_id = $1 ORDER BY id`, hist),
+	}
+}
+
+func scanInstance(row pgx.Row) (*Instance, error) {
+	in := &Instance{}
+	var steps []byte
+	err := row.Scan(&in.ID, &in.Type, &in.Version, &in.Status, &in.Phase, &in.Step, &steps, &in.Data, &in.Input,
+		&in.Revision, &in.NextWakeupAt, &in.DeadlineAt, &in.Attempts, &in.LastError, &in.CreatedAt, &in.UpdatedAt, &in.EndedAt)
+	if err != nil {
+		return nil, err
+	}
+	in.Steps = map[string]*StepState{}
+	if err := json.Unmarshal(steps, &in.Steps); err != nil {
+		return nil, fmt.Errorf("saga %s: decode step state: %w", in.ID, err)
+	}
+	return in, nil
+}
+
+// lock reads a saga and locks its row for the transaction. It returns
+// ErrNotFound when there is none.
+func (o *Orchestrator) lock(ctx context.Context, tx pgx.Tx, id string) (*Instance, error) {
+	in, err := scanInstance(tx.QueryRow(ctx, o.sql.load, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("%w: %q", ErrNotFound, id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("saga %s: load: %w", id, err)
+	}
+	return in, nil
+}
+
+// historyRow is a history entry to write.
+type historyRow struct {
+	sagaID, event, step, op string
+	at                      time.Time
+	attempt                 int
+	outcome, status, actor  string
+	reason                  string
+	detail                  []byte
+}
+
+func (o *Orchestrator) writeHistory(ctx context.Context, tx pgx.Tx, rows []historyRow) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	n := len(rows)
+	var (
+		ids, events, steps, ops, outcomes, statuses, actors, reasons = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		ats                                                          = make([]time.Time, n)
+		attempts                                                     = make([]int32, n)
+		details                                                      = make([]*string, n)
+	)
+	for i, r := range rows {
+		ids[i], events[i], steps[i], ops[i] = clean(r.sagaID), r.event, clean(r.step), r.op
+		outcomes[i], statuses[i], actors[i], reasons[i] = clean(r.outcome), r.status, clean(r.actor), oneLine(r.reason)
+		ats[i], attempts[i] = r.at, int32(r.attempt)
+		if r.detail != nil {
+			s := string(r.detail)
+			details[i] = &s
+		}
+	}
+	if _, err := tx.Exec(ctx, o.sql.history, ids, ats, events, steps, ops, attempts, outcomes, statuses, actors, reasons, details); err != nil {
+		return fmt.Errorf("saga: write history: %w", err)
+	}
+	return nil
+}
