@@ -7,6 +7,9 @@
 //	millrace outbox dead list --topic orders
 //	millrace outbox dead requeue 0192f5c4-...
 //	millrace inbox dead list --consumer billing --json
+//	millrace saga list --status stuck --older-than 1h
+//	millrace saga show order-1234
+//	millrace saga retry order-1234 --reason "stock service fixed"
 //	millrace console --listen :8080
 //
 // The database comes from --database-url or DATABASE_URL, the schema from
@@ -34,6 +37,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/millrace/millrace/internal/sqlident"
+	"github.com/millrace/millrace/saga"
 )
 
 func main() {
@@ -67,12 +71,21 @@ type app struct {
 	schema         string
 	json           bool
 	pool           *pgxpool.Pool
+	// register adds the saga definitions this binary knows to an
+	// Orchestrator; nil in the stock binary (tests set it).
+	register func(*saga.Orchestrator) error
 }
 
 // run executes the command line args and returns the exit status.
 // getenv reads the environment (DATABASE_URL).
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
-	a := &app{stdout: stdout, stderr: stderr, getenv: getenv}
+	return runWith(ctx, args, stdout, stderr, getenv, nil)
+}
+
+// runWith is run with register adding saga definitions to the
+// orchestrator the saga commands act through.
+func runWith(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string, register func(*saga.Orchestrator) error) int {
+	a := &app{stdout: stdout, stderr: stderr, getenv: getenv, register: register}
 	root := a.rootCmd()
 	root.SetArgs(args)
 	root.SetOut(stdout)
@@ -99,7 +112,7 @@ func oneLine(s string) string {
 func (a *app) rootCmd() *cobra.Command {
 	root := group(&cobra.Command{
 		Use:           "millrace",
-		Short:         "Operate millrace's outbox, inboxes and migrations",
+		Short:         "Operate millrace's outbox, inboxes, sagas and migrations",
 		Long:          "millrace operates the tables of the millrace library in a PostgreSQL schema: migrations, the outbox\nbacklog and dead letters, replay, the inboxes' dead letters, and a web console.",
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -109,7 +122,7 @@ func (a *app) rootCmd() *cobra.Command {
 	pf.StringVar(&a.databaseURL, "database-url", "", "PostgreSQL connection URL (default $DATABASE_URL)")
 	pf.StringVar(&a.schema, "schema", "millrace", "schema that holds millrace's tables")
 	pf.BoolVar(&a.json, "json", false, "print JSON instead of a table")
-	root.AddCommand(a.migrateCmd(), a.outboxCmd(), a.inboxCmd(), a.consoleCmd(), loggingTopic())
+	root.AddCommand(a.migrateCmd(), a.outboxCmd(), a.inboxCmd(), a.sagaCmd(), a.consoleCmd(), loggingTopic())
 	return root
 }
 
