@@ -9,8 +9,14 @@ export GOFLAGS ?= -mod=readonly
 
 # The main example, end to end (examples/outbox). Flags pass through DEMOFLAGS:
 # make demo DEMOFLAGS="-orders 20000 -keep". Exits 1 if a check fails.
+# It builds first, saying so: a cold build is silent for about half a minute.
 demo:
-	@url="$$(scripts/pg-up.sh)" && DATABASE_URL="$$url" $(GO) run ./examples/outbox $(DEMOFLAGS)
+	@url="$$(scripts/pg-up.sh)" || exit 1; \
+	dir="$$(mktemp -d)" || exit 1; trap 'rm -rf "$$dir"' EXIT; \
+	echo "demo: building examples/outbox (a first build takes about half a minute)..." >&2; \
+	$(GO) build -o "$$dir/demo" ./examples/outbox || exit 1; \
+	echo "demo: built; running" >&2; \
+	DATABASE_URL="$$url" "$$dir/demo" $(DEMOFLAGS)
 
 # The console's browser test drives the Chromium that scripts/chromium.sh
 # finds or installs (as root); without one it is skipped, with the reason.

@@ -61,14 +61,14 @@ type Admin struct {
 // NewAdmin returns an Admin on pool.
 func NewAdmin(pool *pgxpool.Pool, cfg AdminConfig) (*Admin, error) {
 	if pool == nil {
-		return nil, errors.New("outbox: NewAdmin needs a pool")
+		return nil, configError("NewAdmin needs a pool")
 	}
 	schema, err := sqlident.Schema(cfg.Schema)
 	if err != nil {
-		return nil, err
+		return nil, configError("AdminConfig.Schema: %w", err)
 	}
 	if cfg.StatsCountLimit < 0 || cfg.ReplayChunk < 0 {
-		return nil, fmt.Errorf("outbox: AdminConfig: StatsCountLimit and ReplayChunk must not be negative")
+		return nil, configError("AdminConfig.StatsCountLimit and ReplayChunk must not be negative, got %d and %d", cfg.StatsCountLimit, cfg.ReplayChunk)
 	}
 	if cfg.StatsCountLimit == 0 {
 		cfg.StatsCountLimit = 100_000
@@ -229,7 +229,9 @@ func (a *Admin) ListDeadLetters(ctx context.Context, p ListParams) ([]DeadLetter
 // the relay retries them from the first attempt (their last error is kept
 // for history). Ids that are not dead letters are ignored; the count says
 // how many were requeued. An id that is not a UUID fails the whole call
-// with an error wrapping ErrInvalidEventID.
+// with an error wrapping ErrInvalidEventID. An id written to several topics
+// (copies of one message) names each copy: every one of them that is a
+// dead letter is requeued (Discard likewise).
 func (a *Admin) Requeue(ctx context.Context, eventIDs ...string) (int, error) {
 	return a.requeueOn(ctx, a.pool, eventIDs)
 }

@@ -204,7 +204,7 @@ func TestListDeadLetters(t *testing.T) {
 	d := got[0]
 	if d.ID != b.rowID(ids[0]) || d.Topic != "orders" || d.PartitionKey != "k1" || d.AggregateType != "order" ||
 		d.AggregateID != "o-1" || d.EventType != "OrderCreated" || d.Attempts != 10 ||
-		d.LastError != "schema registry: unknown subject" || d.Binary || string(d.Payload) != `{"total": 42}` ||
+		d.LastError != "schema registry: unknown subject" || d.Binary || string(d.Payload) != `{"total":42}` ||
 		d.Metadata["traceparent"] != "00-abc-def-01" || d.CreatedAt.IsZero() || d.DeadAt.Before(d.CreatedAt) {
 		t.Errorf("dead letter 0 = %+v", d)
 	}

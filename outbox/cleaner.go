@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -24,7 +23,7 @@ type CleanerConfig struct {
 	// Interval is the time between two passes of Run. Defaults to 1 minute.
 	Interval time.Duration
 	// Logger receives a line per pass that deleted something, and errors.
-	// Defaults to watermill.NopLogger.
+	// Defaults to DefaultLogger() (errors to slog.Default()).
 	Logger watermill.LoggerAdapter
 }
 
@@ -45,14 +44,14 @@ type Cleaner struct {
 // NewCleaner returns a Cleaner on pool.
 func NewCleaner(pool *pgxpool.Pool, cfg CleanerConfig) (*Cleaner, error) {
 	if pool == nil {
-		return nil, errors.New("outbox: NewCleaner needs a pool")
+		return nil, configError("NewCleaner needs a pool")
 	}
 	schema, err := sqlident.Schema(cfg.Schema)
 	if err != nil {
-		return nil, err
+		return nil, configError("CleanerConfig.Schema: %w", err)
 	}
 	if cfg.Retention < 0 || cfg.BatchSize < 0 || cfg.Interval < 0 {
-		return nil, errors.New("outbox: CleanerConfig: Retention, BatchSize and Interval must not be negative")
+		return nil, configError("CleanerConfig.Retention, BatchSize and Interval must not be negative")
 	}
 	if cfg.Retention == 0 {
 		cfg.Retention = 7 * 24 * time.Hour
@@ -64,7 +63,7 @@ func NewCleaner(pool *pgxpool.Pool, cfg CleanerConfig) (*Cleaner, error) {
 		cfg.Interval = time.Minute
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = watermill.NopLogger{}
+		cfg.Logger = DefaultLogger()
 	}
 	c := &Cleaner{
 		pool:      pool,

@@ -6,26 +6,53 @@
 // A Writer inserts events in the caller's pgx transaction, so the domain
 // change and its events commit together or not at all:
 //
-//	w, _ := outbox.NewWriter(pool, outbox.WriterConfig{})
+//	w, _ := outbox.NewWriter(pool, outbox.WriterConfig{
+//		ValidateTopic: kafka.ValidateTopic, // relaying to Kafka: refuse names Kafka refuses
+//	})
 //	tx, _ := pool.Begin(ctx)
 //	tx.Exec(ctx, `UPDATE orders SET status = 'placed' WHERE id = $1`, id)
 //	w.WriteTx(ctx, tx, outbox.Event{
 //		Topic:        "orders",
-//		PartitionKey: customerID, // events of one key are published in commit order
+//		PartitionKey: customerID, // events of one topic and key are published in commit order
 //		EventType:    "OrderPlaced",
-//		Payload:      payload,    // JSON, stored as jsonb; set Binary for opaque bytes
+//		Payload:      payload,    // JSON, delivered byte for byte; set Binary for opaque bytes
 //	})
 //	tx.Commit(ctx)
 //
 // Many events go in one round trip. Bad input (no topic, an empty partition
-// key, an id that is not a UUID, a payload that is not JSON) is an
-// *EventError reported before anything is sent.
+// key, an id that is not a UUID, a payload that is not JSON, text with a NUL
+// byte or invalid UTF-8, a topic or key over MaxKeyBytes, metadata that
+// cannot travel unchanged, a topic WriterConfig.ValidateTopic refuses, one
+// id twice for one topic) is an *EventError reported before anything is
+// sent: the transaction is untouched and can still commit. WriteTx with a nil transaction returns
+// ErrNilTx, with no events ErrNoEvents.
 //
-// Code written against Watermill writes to the outbox unchanged through
+// What is written is what is delivered: the payload byte for byte (JSON is
+// stored as PostgreSQL json, which keeps the text as written: key order,
+// duplicate keys, number spelling, \u0000 escapes), the metadata as given.
+//
+// An event is identified by its id and topic together. The id travels as
+// the Watermill message UUID and the event_id metadata; one id may be
+// written to several topics (a message copied to two topics, msg.Copy()
+// keeps the UUID), once per topic. A consumer's inbox deduplicates on
+// (consumer, event id): a consumer that reads several topics under one
+// consumer name applies such copies once, which is what a copy means; give
+// each topic's handler a consumer name of its own to apply each copy.
+//
+// Code written against Watermill writes to the outbox through
 // Writer.TxPublisher (bound to one transaction) or Writer.ContextPublisher
 // (the transaction travels in the message context, see
-// millrace.ContextWithTx; the inbox middleware puts its transaction there),
-// including Watermill's CQRS event bus.
+// millrace.ContextWithTx; the inbox middleware puts its transaction there).
+// Plain Watermill messages work, including those of Watermill's CQRS event
+// bus: a message with partition_key (else aggregate_id) metadata is ordered
+// by that key; one without is keyed by its UUID, a key of its own, and so
+// comes with no ordering promise. A payload is stored as JSON when it is
+// JSON and as bytes when it is not (content_type metadata
+// application/octet-stream or application/json decides explicitly). Both
+// publishers write with the message's context, and publishing no messages
+// returns ErrNoEvents, as WriteTx does. Watermill's conformance suite
+// (pubsub/tests) runs against this path: publish in a transaction, relay to
+// Kafka, read with watermill-kafka's subscriber.
 //
 // # The relay
 //
@@ -36,11 +63,28 @@
 //	relay, _ := outbox.NewRelay(pool, outbox.RelayConfig{Publisher: pub})
 //	go relay.Run(ctx) // returns when ctx ends, after finishing the batch in flight
 //
+// Run probes the outbox tables at start and returns an error at once when
+// they are missing or the role lacks a privilege; later failures are logged
+// (by default to slog.Default(), errors only) and retried.
+//
 // Run as many relays as you like, in one process or many. Partition keys
 // hash into 128 lanes; a batch locks the lanes it works on with SELECT ...
 // FOR NO KEY UPDATE SKIP LOCKED (R-DIST-OBX-1) for as long as it takes to
 // claim, publish and mark it, so a key's events are in flight from one relay
 // at a time, and a relay that dies drops its locks with its connection.
+// Order is per topic and partition key: events of one topic and key are
+// published in commit order; events of one key written to two topics leave
+// grouped by topic (one Publish call per topic), as Kafka orders within a
+// topic partition only.
+//
+// Pool sizing: a relay holds one pool connection per worker
+// (RelayConfig.Workers) for the length of a batch, and one more for LISTEN,
+// which it opens through the pool and then takes out of it for good. Give
+// the pool MaxConns >= Workers plus what the process itself uses, and count
+// Workers + 1 connections per relay against max_connections. If the
+// process holds every connection of the pool, batches wait for one
+// (nothing is lost, the backlog grows), and Run still returns promptly when
+// its context ends.
 // Claims go by state, never by a cursor over ids: a transaction that commits
 // late with a lower id is still published.
 //

@@ -5,8 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
+
+	"github.com/millrace/millrace"
 )
 
 // Lanes is the number of lanes the partition keys are hashed into. A relay
@@ -14,6 +18,13 @@ import (
 // a time, which is what keeps each key's events in order with many relays.
 // It is fixed by the schema (outbox_lane has one row per lane).
 const Lanes = 128
+
+// MaxKeyBytes is the longest Topic and PartitionKey, in bytes. Both go into
+// indexes (the topic into the event's identity, the key into the index that
+// holds a failed event's key back), and PostgreSQL cannot index a value
+// over about 2.7 kB: a longer one would fail when written, or worse, when
+// the relay returns the failed event to the pending set.
+const MaxKeyBytes = 1024
 
 // Lane returns the lane of a partition key: FNV-1a of the key modulo Lanes.
 func Lane(partitionKey string) int16 {
@@ -23,28 +34,49 @@ func Lane(partitionKey string) int16 {
 }
 
 // Event is one event to write to the outbox.
+//
+// The text fields (Topic, PartitionKey, AggregateType, AggregateID,
+// EventType, and Metadata's keys and values) must be valid UTF-8 without
+// NUL bytes: PostgreSQL's text cannot hold NUL, and Kafka headers and most
+// other transports carry text. WriteTx refuses anything else with an
+// *EventError before it sends anything.
 type Event struct {
-	// ID is the event id, a UUID that travels with the event and that
-	// consumers deduplicate on. Defaults to a new time-ordered UUID (v7).
+	// ID is the event id, a UUID that travels with the event (as the
+	// Watermill message UUID and metadata event_id) and that consumers
+	// deduplicate on. Defaults to a new time-ordered UUID (v7).
+	//
+	// An event is identified by its ID and Topic together: the same ID may
+	// go to several topics (Watermill's msg.Copy() keeps the UUID, and
+	// publishing a copy to a second topic is a fan-out), each a separate
+	// event; the same ID twice on one topic is refused (ErrDuplicateEvent).
 	ID string
-	// Topic is where the relay publishes the event. Required.
+	// Topic is where the relay publishes the event. Required, at most
+	// MaxKeyBytes; with WriterConfig.ValidateTopic it must also suit the
+	// transport.
 	Topic string
-	// PartitionKey orders events: those with the same key are published in
-	// commit order, and the Kafka publisher uses it as the record key.
-	// Required.
+	// PartitionKey orders events: those with the same topic and key are
+	// published in commit order (order is per topic and key; events of one
+	// key written to two topics are published grouped by topic, as Kafka
+	// orders per topic partition only), and the Kafka publisher uses it as
+	// the record key. Required, at most MaxKeyBytes.
 	PartitionKey string
 	// AggregateType, AggregateID and EventType describe the event for
 	// consumers, replay and operators. Optional.
 	AggregateType string
 	AggregateID   string
 	EventType     string
-	// Payload is the event body. It must be valid JSON (stored as jsonb)
-	// unless Binary is set.
+	// Payload is the event body, delivered byte for byte as written. It
+	// must be valid JSON in UTF-8 (stored as json, which keeps the text
+	// exactly) unless Binary is set.
 	Payload []byte
 	// Binary marks Payload as opaque bytes (stored as bytea).
 	Binary bool
 	// Metadata travels with the event as Watermill metadata (Kafka headers),
-	// for example trace context.
+	// for example trace context. The relay adds millrace's keys (event_id,
+	// partition_key, content_type and, when set, event_type, aggregate_type,
+	// aggregate_id); a Metadata entry under one of those keys must agree
+	// with the event, or the event is refused (ErrInvalidMetadata), so that
+	// what a consumer reads is what was written.
 	Metadata map[string]string
 }
 
@@ -54,8 +86,21 @@ var (
 	ErrMissingTopic      = errors.New("outbox: event has no topic")
 	ErrEmptyPartitionKey = errors.New("outbox: event has an empty partition key")
 	ErrInvalidEventID    = errors.New("outbox: event id is not a UUID")
-	ErrInvalidJSON       = errors.New("outbox: payload is not valid JSON (set Binary for opaque payloads)")
-	ErrNoEvents          = errors.New("outbox: no events to write")
+	ErrInvalidJSON       = errors.New("outbox: payload is not valid JSON in UTF-8 (set Binary for opaque payloads)")
+	// ErrInvalidText: a text field holds a NUL byte or invalid UTF-8.
+	ErrInvalidText = errors.New("outbox: text holds NUL or invalid UTF-8")
+	// ErrTooLong: a Topic or PartitionKey longer than MaxKeyBytes.
+	ErrTooLong = errors.New("outbox: topic or partition key too long")
+	// ErrInvalidMetadata: a metadata key or value holds a NUL byte or
+	// invalid UTF-8, or a millrace key disagrees with the event.
+	ErrInvalidMetadata = errors.New("outbox: metadata cannot travel unchanged")
+	// ErrInvalidTopic: WriterConfig.ValidateTopic refused the topic.
+	ErrInvalidTopic = errors.New("outbox: invalid topic")
+	// ErrDuplicateEvent: the event id was given twice for one topic, in
+	// one call (reported before anything is sent) or in an earlier write
+	// (reported by the database: the transaction is then aborted).
+	ErrDuplicateEvent = errors.New("outbox: event id already used on this topic")
+	ErrNoEvents       = errors.New("outbox: no events to write")
 )
 
 // EventError is a problem with one event of a Write call. Nothing of the
@@ -63,7 +108,7 @@ var (
 type EventError struct {
 	Index int    // position of the event in the call
 	ID    string // its id, as given
-	Err   error  // one of the Err... values
+	Err   error  // wraps one of the Err... values
 }
 
 func (e *EventError) Error() string {
@@ -72,14 +117,37 @@ func (e *EventError) Error() string {
 
 func (e *EventError) Unwrap() error { return e.Err }
 
+// validText reports whether s can be stored as PostgreSQL text and travel
+// as a header unchanged: valid UTF-8 without NUL.
+func validText(s string) bool {
+	return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0
+}
+
 // normalize checks e and fills its defaults. It returns the parsed id.
-func (e *Event) normalize(index int) (uuid.UUID, error) {
+// validateTopic, if not nil, checks the topic against the transport's rules.
+func (e *Event) normalize(index int, validateTopic func(string) error) (uuid.UUID, error) {
 	fail := func(err error) (uuid.UUID, error) { return uuid.UUID{}, &EventError{Index: index, ID: e.ID, Err: err} }
 	if e.Topic == "" {
 		return fail(ErrMissingTopic)
 	}
 	if e.PartitionKey == "" {
 		return fail(ErrEmptyPartitionKey)
+	}
+	for _, f := range [...]struct{ name, value string }{
+		{"Topic", e.Topic}, {"PartitionKey", e.PartitionKey}, {"AggregateType", e.AggregateType},
+		{"AggregateID", e.AggregateID}, {"EventType", e.EventType},
+	} {
+		if !validText(f.value) {
+			return fail(fmt.Errorf("%w: %s %q", ErrInvalidText, f.name, f.value))
+		}
+	}
+	if len(e.Topic) > MaxKeyBytes || len(e.PartitionKey) > MaxKeyBytes {
+		return fail(fmt.Errorf("%w: topic %d bytes, partition key %d bytes, at most %d each", ErrTooLong, len(e.Topic), len(e.PartitionKey), MaxKeyBytes))
+	}
+	if validateTopic != nil {
+		if err := validateTopic(e.Topic); err != nil {
+			return fail(fmt.Errorf("%w %q: %w", ErrInvalidTopic, e.Topic, err))
+		}
 	}
 	var id uuid.UUID
 	var err error
@@ -91,9 +159,58 @@ func (e *Event) normalize(index int) (uuid.UUID, error) {
 	} else if id, err = uuid.Parse(e.ID); err != nil {
 		return fail(fmt.Errorf("%w: %v", ErrInvalidEventID, err))
 	}
+	given := e.ID
 	e.ID = id.String()
-	if !e.Binary && !json.Valid(e.Payload) {
+	if !e.Binary && (!utf8.Valid(e.Payload) || !json.Valid(e.Payload)) {
 		return fail(ErrInvalidJSON)
 	}
+	if err := e.checkMetadata(); err != nil {
+		e.ID = given
+		return fail(err)
+	}
 	return id, nil
+}
+
+// checkMetadata refuses metadata that would not reach a consumer as
+// written: text PostgreSQL or a transport cannot carry, and millrace keys
+// that the relay would overwrite with another value.
+func (e *Event) checkMetadata() error {
+	for k, v := range e.Metadata {
+		if k == "" || !validText(k) {
+			return fmt.Errorf("%w: key %q is empty or holds NUL or invalid UTF-8", ErrInvalidMetadata, k)
+		}
+		if !validText(v) {
+			return fmt.Errorf("%w: value of %q holds NUL or invalid UTF-8", ErrInvalidMetadata, k)
+		}
+	}
+	if len(e.Metadata) == 0 {
+		return nil
+	}
+	contentType := millrace.ContentTypeJSON
+	if e.Binary {
+		contentType = millrace.ContentTypeBinary
+	}
+	for _, r := range [...]struct {
+		key, value string
+		always     bool // the relay sets it even when value is empty
+	}{
+		{millrace.MetadataEventID, e.ID, true},
+		{millrace.MetadataPartitionKey, e.PartitionKey, true},
+		{millrace.MetadataEventType, e.EventType, false},
+		{millrace.MetadataAggregateType, e.AggregateType, false},
+		{millrace.MetadataAggregateID, e.AggregateID, false},
+	} {
+		v, ok := e.Metadata[r.key]
+		if ok && v != r.value && (r.always || r.value != "") {
+			return fmt.Errorf("%w: %s is %q, the event's is %q", ErrInvalidMetadata, r.key, v, r.value)
+		}
+	}
+	// A content type of the user's own (text/plain, a schema-registry
+	// type) travels as given; only the two millrace types must match how
+	// the payload is stored.
+	if v, ok := e.Metadata[millrace.MetadataContentType]; ok && v != contentType &&
+		(v == millrace.ContentTypeJSON || v == millrace.ContentTypeBinary) {
+		return fmt.Errorf("%w: %s is %q, but the payload is stored as %s", ErrInvalidMetadata, millrace.MetadataContentType, v, contentType)
+	}
+	return nil
 }

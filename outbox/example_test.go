@@ -98,5 +98,5 @@ func Example_relay() {
 	// Output:
 	// event id: 0190b7e2-5f00-7000-8000-00000000002a
 	// type: OrderPlaced key: customer-7
-	// payload: {"amount": 1999, "order_id": 42}
+	// payload: {"order_id": 42, "amount": 1999}
 }

@@ -6,15 +6,18 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace"
@@ -22,7 +25,22 @@ import (
 	"github.com/millrace/millrace/internal/sqlident"
 )
 
+// MaxBatchSize is the largest RelayConfig.BatchSize: a batch is held in
+// memory whole, and larger batches gain nothing (make bench: the drain rate
+// is flat from 1,000 up).
+const MaxBatchSize = 10_000
+
 // RelayConfig configures a Relay.
+//
+// Pool sizing: each worker holds one connection of the pool for the length
+// of a batch (claim, publish, mark), and the LISTEN connection, opened
+// through the pool, then leaves it for good (pgxpool's Hijack) and is
+// reopened the same way when it breaks. So a relay uses up to Workers
+// connections of the pool at once and one more outside it: give the pool
+// MaxConns >= Workers plus what the rest of the process uses, and count
+// Workers + 1 per relay against PostgreSQL's max_connections. When the
+// process holds every connection of the pool, the relay's batches wait
+// for one (and Run still returns promptly when its context ends).
 type RelayConfig struct {
 	// Schema holds millrace's tables. Defaults to "millrace".
 	Schema string
@@ -39,21 +57,22 @@ type RelayConfig struct {
 	Publisher message.Publisher
 	// BatchSize is the most events claimed and published at once; with
 	// Workers it bounds the relay's memory (make bench: ~33 MiB peak RSS at
-	// 1000, ~44 MiB at 2000, 64 MiB at 4000, draining a 200k backlog).
-	// Defaults to 2000.
+	// 1000, ~44 MiB at 2000, 64 MiB at 4000, draining a 200k backlog). At
+	// most MaxBatchSize. Defaults to 2000.
 	BatchSize int
 	// Workers is the number of batches in flight at once in this relay,
-	// each on its own lanes, so that one batch is published while another
-	// is claimed or marked. Defaults to 2.
+	// each on its own lanes and its own pool connection, so that one batch
+	// is published while another is claimed or marked. Defaults to 2.
 	Workers int
 	// PollInterval is how often the relay looks for events when it has no
 	// hint of new ones. Defaults to 500ms. After finding work it looks
 	// again sooner (from 1ms, doubling up to PollInterval), so the tail of
 	// a burst is not left waiting for the next poll.
 	PollInterval time.Duration
-	// PollOnly turns off LISTEN/NOTIFY: the relay only polls. Use it behind
-	// a connection pooler in transaction mode, where LISTEN does not work,
-	// and give the Writer a negative NotifyInterval. Defaults to false.
+	// PollOnly turns off LISTEN/NOTIFY: the relay only polls, and needs no
+	// connection beyond the pool's. Use it behind a connection pooler in
+	// transaction mode, where LISTEN does not work, and give the Writer a
+	// negative NotifyInterval. Defaults to false.
 	PollOnly bool
 	// MaxAttempts is how many times an event failing with an error neither
 	// permanent nor temporary is tried before it is dead-lettered. Defaults
@@ -83,7 +102,10 @@ type RelayConfig struct {
 	SyncCommit bool
 	// Metrics, if set, counts what the relay does.
 	Metrics *Metrics
-	// Logger receives the relay's logs. Defaults to watermill.NopLogger.
+	// Logger receives the relay's logs. Defaults to DefaultLogger(): errors
+	// (a failed batch, a lost LISTEN connection, a dead-lettered event) go
+	// to slog.Default(), Info lines are logged at slog's Debug level. Set
+	// watermill.NopLogger{} for silence.
 	Logger watermill.LoggerAdapter
 }
 
@@ -113,24 +135,33 @@ func (c *RelayConfig) setDefaults() {
 		c.LanesPerBatch = max(1, Lanes/c.Workers)
 	}
 	if c.Logger == nil {
-		c.Logger = watermill.NopLogger{}
+		c.Logger = DefaultLogger()
 	}
+}
+
+// DefaultLogger is the logger of the outbox's long-running parts (Relay,
+// Cleaner) when their config sets none: Watermill's slog adapter over
+// slog.Default() as it is when called, with Watermill's Info level mapped
+// to slog's Debug, so that by default errors are printed and routine lines
+// are not.
+func DefaultLogger() watermill.LoggerAdapter {
+	return watermill.NewSlogLoggerWithLevelMapping(nil, map[slog.Level]slog.Level{slog.LevelInfo: slog.LevelDebug})
 }
 
 func (c *RelayConfig) validate() error {
 	switch {
 	case c.Publisher == nil:
-		return errors.New("outbox: RelayConfig.Publisher is required")
-	case c.BatchSize < 1:
-		return fmt.Errorf("outbox: RelayConfig.BatchSize must be positive, got %d", c.BatchSize)
+		return configError("RelayConfig.Publisher is required")
+	case c.BatchSize < 1 || c.BatchSize > MaxBatchSize:
+		return configError("RelayConfig.BatchSize must be in 1..%d, got %d", MaxBatchSize, c.BatchSize)
 	case c.Workers < 1:
-		return fmt.Errorf("outbox: RelayConfig.Workers must be positive, got %d", c.Workers)
+		return configError("RelayConfig.Workers must be positive, got %d", c.Workers)
 	case c.PollInterval < 0 || c.RetryMin < 0 || c.RetryMax < c.RetryMin || c.OutageBackoffMax < 0:
-		return errors.New("outbox: RelayConfig intervals must be positive and RetryMax >= RetryMin")
+		return configError("RelayConfig.PollInterval, RetryMin, RetryMax and OutageBackoffMax must not be negative, and RetryMax must be >= RetryMin")
 	case c.MaxAttempts < 1:
-		return fmt.Errorf("outbox: RelayConfig.MaxAttempts must be positive, got %d", c.MaxAttempts)
+		return configError("RelayConfig.MaxAttempts must be positive, got %d", c.MaxAttempts)
 	case c.LanesPerBatch < 1 || c.LanesPerBatch > Lanes:
-		return fmt.Errorf("outbox: RelayConfig.LanesPerBatch must be in 1..%d, got %d", Lanes, c.LanesPerBatch)
+		return configError("RelayConfig.LanesPerBatch must be in 1..%d, got %d", Lanes, c.LanesPerBatch)
 	}
 	return nil
 }
@@ -139,7 +170,10 @@ func (c *RelayConfig) validate() error {
 // number of relays, in one process or many: each batch locks the lanes it
 // works on (SELECT ... FOR NO KEY UPDATE SKIP LOCKED on outbox_lane) for as
 // long as it takes to claim, publish and mark it, so a key's events are in
-// flight from one relay at a time and leave in id order. Claims go by state
+// flight from one relay at a time and leave in id order: events of one topic
+// and partition key are published in commit order (order is per topic and
+// key; one Publish call per topic, as Kafka orders per topic partition
+// only). Claims go by state
 // (what is in outbox_pending), never by a cursor, so a transaction that
 // commits late with a lower id is still published.
 //
@@ -149,6 +183,8 @@ type Relay struct {
 	cfg  RelayConfig
 	pool *pgxpool.Pool
 	log  watermill.LoggerAdapter
+
+	schema string
 
 	lockLanes, claim, unclaim string
 	begin                     pgx.TxOptions
@@ -161,11 +197,11 @@ type Relay struct {
 // until Run.
 func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 	if pool == nil {
-		return nil, errors.New("outbox: NewRelay needs a pool")
+		return nil, configError("NewRelay needs a pool")
 	}
 	schema, err := sqlident.Schema(cfg.Schema)
 	if err != nil {
-		return nil, err
+		return nil, configError("RelayConfig.Schema: %w", err)
 	}
 	cfg.setDefaults()
 	if err := cfg.validate(); err != nil {
@@ -175,6 +211,7 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 	r := &Relay{
 		cfg:     cfg,
 		pool:    pool,
+		schema:  schema,
 		log:     cfg.Logger.With(watermill.LogFields{"component": "outbox.Relay", "schema": schema}),
 		channel: notifyChannel(schema),
 		wake:    make(chan struct{}, 1),
@@ -239,9 +276,18 @@ UPDATE %[2]s e SET published_at = NULL,
 }
 
 // Run ships events until ctx ends, then finishes the batches in flight and
-// returns nil. It returns an error only for a misconfiguration it cannot
-// recover from; database and broker failures are logged and retried.
+// returns nil. It returns promptly when ctx ends, also while it waits for a
+// connection of an exhausted pool: only a claimed batch outlives ctx.
+//
+// At start it probes the outbox tables with the statements it will run (in
+// a transaction it rolls back) and returns an error wrapping the database's
+// at once if they are missing (not migrated, wrong Schema) or the role
+// lacks a privilege on them. Other database and broker failures, then and
+// later, are logged and retried.
 func (r *Relay) Run(ctx context.Context) error {
+	if err := r.probe(ctx); err != nil {
+		return err
+	}
 	var wg sync.WaitGroup
 	if !r.cfg.PollOnly {
 		wg.Add(1)
@@ -254,6 +300,42 @@ func (r *Relay) Run(ctx context.Context) error {
 	wg.Wait()
 	return nil
 }
+
+// probe runs the relay's statements on no rows, in a transaction it rolls
+// back: PostgreSQL checks that the tables exist and the privileges the
+// statements need when it plans and starts them, whatever the rows. It
+// returns an error only for a missing object or privilege (SQLSTATE classes
+// 42 and 3F); other failures (the database is not up yet) are logged and
+// retried until ctx ends.
+func (r *Relay) probe(ctx context.Context) error {
+	for attempt := 1; ; attempt++ {
+		err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, r.lockLanes, 0, 0); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, r.claim, []int16{}, 0, false); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, r.unclaim, []int64{}, []bool{}, []bool{}, []*time.Time{}, []*string{})
+			if err == nil {
+				err = errProbeDone // roll back: the probe changes nothing
+			}
+			return err
+		})
+		if errors.Is(err, errProbeDone) || ctx.Err() != nil {
+			return nil
+		}
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "42") || strings.HasPrefix(pgErr.Code, "3F")) {
+			return fmt.Errorf("outbox: relay cannot use the outbox tables in schema %q (migrations applied? privileges granted?): %w", r.schema, err)
+		}
+		wait := backoff.Exponential(attempt, 100*time.Millisecond, r.cfg.OutageBackoffMax)
+		r.log.Error("Relay cannot reach the database at start; retrying", err, watermill.LogFields{"retry_in": wait.String()})
+		backoff.Sleep(ctx, wait)
+	}
+}
+
+var errProbeDone = errors.New("probe done")
 
 // errOutage is returned by a batch when every publish failed with a
 // temporary error: the broker (or the database) is unavailable.
@@ -302,13 +384,17 @@ func (r *Relay) work(ctx context.Context, worker int) {
 }
 
 // listen turns NOTIFY hints into wake-ups on a connection of its own,
-// reconnecting with backoff when it breaks.
+// reconnecting with backoff when it breaks. The backoff starts again after
+// a connection that reached LISTEN: it grows only while reconnects fail.
 func (r *Relay) listen(ctx context.Context) {
 	failures := 0
 	for ctx.Err() == nil {
-		err := r.listenOnce(ctx)
+		listening, err := r.listenOnce(ctx)
 		if ctx.Err() != nil {
 			return
+		}
+		if listening {
+			failures = 0
 		}
 		failures++
 		wait := backoff.Exponential(failures, 100*time.Millisecond, 10*time.Second)
@@ -317,21 +403,23 @@ func (r *Relay) listen(ctx context.Context) {
 	}
 }
 
-func (r *Relay) listenOnce(ctx context.Context) error {
+// listenOnce listens on one connection until it fails, and reports whether
+// it got as far as LISTEN.
+func (r *Relay) listenOnce(ctx context.Context) (listening bool, err error) {
 	conn, err := r.pool.Acquire(ctx)
 	if err != nil {
-		return err
+		return false, err
 	}
 	// The connection leaves the pool for good: it is in LISTEN state.
 	pc := conn.Hijack()
 	defer pc.Close(context.WithoutCancel(ctx))
 	if _, err := pc.Exec(ctx, "LISTEN "+sqlident.Quote(r.channel)); err != nil {
-		return err
+		return false, err
 	}
 	r.signal() // catch up on anything written before LISTEN took effect
 	for {
 		if _, err := pc.WaitForNotification(ctx); err != nil {
-			return err
+			return true, err
 		}
 		r.signal()
 	}
@@ -357,29 +445,35 @@ type pendingRow struct {
 }
 
 // runBatch claims, publishes and marks one batch in one transaction, and
-// returns how many events it handled. The batch outlives ctx: once claimed,
-// it is published and marked even while Run is stopping, so a graceful stop
-// adds no duplicates.
+// returns how many events it handled. Until the batch is claimed, ctx
+// bounds every step (the pool's acquire, the begin, the lane locks, the
+// claim), so a stopping relay never waits for a connection. Once claimed,
+// the batch outlives ctx: it is published and marked even while Run is
+// stopping, so a graceful stop adds no duplicates.
 func (r *Relay) runBatch(ctx context.Context, offset int) (int, error) {
 	if ctx.Err() != nil {
 		return 0, nil
 	}
+	tx, err := r.pool.BeginTx(ctx, r.begin)
+	if err != nil {
+		return 0, stopping(ctx, fmt.Errorf("outbox: begin: %w", err))
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		tx.Rollback(rctx) //nolint:errcheck // after Commit this is a no-op
+	}()
+
+	lanes, err := r.takeLanes(ctx, tx, offset)
+	if err != nil || len(lanes) == 0 {
+		return 0, stopping(ctx, err)
+	}
+	rows, err := r.claimRows(ctx, tx, lanes)
+	if err != nil || len(rows) == 0 {
+		return 0, stopping(ctx, err)
+	}
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
 	defer cancel()
-	tx, err := r.pool.BeginTx(bctx, r.begin)
-	if err != nil {
-		return 0, fmt.Errorf("outbox: begin: %w", err)
-	}
-	defer tx.Rollback(bctx) //nolint:errcheck // after Commit this is a no-op
-
-	lanes, err := r.takeLanes(bctx, tx, offset)
-	if err != nil || len(lanes) == 0 {
-		return 0, err
-	}
-	rows, err := r.claimRows(bctx, tx, lanes)
-	if err != nil || len(rows) == 0 {
-		return 0, err
-	}
 
 	failed, outage := r.publish(rows)
 	if len(failed) == len(rows) && !anyPermanent(failed) {
@@ -410,6 +504,16 @@ func (r *Relay) runBatch(ctx context.Context, offset int) (int, error) {
 		return len(rows), fmt.Errorf("%w: %d of %d events not sent: %v", errOutage, len(back.ids), len(rows), outage)
 	}
 	return len(rows), nil
+}
+
+// stopping returns err, or nil when ctx has ended: a step cut short by the
+// relay stopping is no failure to log and back off from (its transaction
+// rolls back, nothing was in flight).
+func stopping(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
 }
 
 // unclaimed are the events of a batch that go back to the pending set, as
@@ -535,7 +639,9 @@ func (r *Relay) claimRows(ctx context.Context, tx pgx.Tx, lanes []int16) ([]pend
 		return nil, fmt.Errorf("outbox: claim: %w", err)
 	}
 	defer rows.Close()
-	out := make([]pendingRow, 0, r.cfg.BatchSize)
+	// Grown as rows arrive: most polls claim few rows or none, and
+	// reserving BatchSize rows for each would cost ~200 bytes a row.
+	var out []pendingRow
 	for rows.Next() {
 		var p pendingRow
 		if err := rows.Scan(&p.id, &p.eventID, &p.topic, &p.key, &p.aggType, &p.aggID, &p.eventType,
@@ -569,7 +675,10 @@ func (p *pendingRow) message() *message.Message {
 	}
 	msg.Metadata.Set(millrace.MetadataEventID, p.eventID)
 	msg.Metadata.Set(millrace.MetadataPartitionKey, p.key)
-	msg.Metadata.Set(millrace.MetadataContentType, contentType)
+	if msg.Metadata.Get(millrace.MetadataContentType) == "" {
+		// A content type of the writer's own travels as it was written.
+		msg.Metadata.Set(millrace.MetadataContentType, contentType)
+	}
 	if p.eventType != "" {
 		msg.Metadata.Set(millrace.MetadataEventType, p.eventType)
 	}

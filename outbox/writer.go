@@ -3,14 +3,17 @@ package outbox
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/internal/sqlident"
 )
 
@@ -25,6 +28,16 @@ type WriterConfig struct {
 	// interval per Writer, and relays poll as a fallback. Defaults to 2ms.
 	// A negative value turns hints off (for relays in poll-only mode).
 	NotifyInterval time.Duration
+	// ValidateTopic, if set, checks each event's topic when it is written,
+	// against the rules of the transport the relay publishes to; an event
+	// it refuses is an *EventError wrapping ErrInvalidTopic, and nothing is
+	// sent. With the Kafka relay set it to kafka.ValidateTopic: a topic
+	// name Kafka refuses would otherwise only fail at publish time, where
+	// it stops its key. Defaults to nil: the outbox does not know the
+	// transport (Kafka, AMQP, NATS and others have different rules), so
+	// only what every transport needs is checked (a non-empty topic, valid
+	// UTF-8 without NUL).
+	ValidateTopic func(topic string) error
 }
 
 // Writer writes events to the outbox in the caller's transaction. It is safe
@@ -35,6 +48,7 @@ type Writer struct {
 	channel        string
 	notifyInterval int64
 	lastNotify     atomic.Int64
+	validateTopic  func(string) error
 	// The statements that write one event, and many.
 	insertOne, insertOneNotify, insert, insertNotify string
 }
@@ -44,7 +58,7 @@ type Writer struct {
 func NewWriter(pool *pgxpool.Pool, cfg WriterConfig) (*Writer, error) {
 	schema, err := sqlident.Schema(cfg.Schema)
 	if err != nil {
-		return nil, err
+		return nil, configError("WriterConfig.Schema: %w", err)
 	}
 	if cfg.NotifyInterval == 0 {
 		cfg.NotifyInterval = 2 * time.Millisecond
@@ -54,6 +68,7 @@ func NewWriter(pool *pgxpool.Pool, cfg WriterConfig) (*Writer, error) {
 		schema:         schema,
 		channel:        notifyChannel(schema),
 		notifyInterval: int64(cfg.NotifyInterval),
+		validateTopic:  cfg.ValidateTopic,
 	}
 	// One round trip writes the log rows and their pending rows, and when
 	// due the wake-up hint.
@@ -73,7 +88,7 @@ INSERT INTO %s (id, lane, partition_key) SELECT id, lane, partition_key FROM ev`
 SELECT pg_notify($11, '')`, events, cols, pending)
 	many := fmt.Sprintf(`WITH ev AS (
     INSERT INTO %s (%s)
-    SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int2[], $8::text[]::jsonb[], $9::bytea[], $10::text[]::jsonb[])
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int2[], $8::text[]::json[], $9::bytea[], $10::text[]::jsonb[])
     RETURNING id, lane, partition_key
 ), p AS (
     INSERT INTO %s (id, lane, partition_key) SELECT id, lane, partition_key FROM ev
@@ -85,6 +100,21 @@ SELECT pg_notify($11, '')`
 	return w, nil
 }
 
+// Errors of the Writer's calls.
+var (
+	// ErrNilTx is returned by WriteTx (and a TxPublisher) given a nil
+	// transaction.
+	ErrNilTx = errors.New("outbox: nil transaction")
+	// ErrNoPool is returned by Write on a Writer made without a pool.
+	ErrNoPool = errors.New("outbox: Write needs a Writer made with a pool; use WriteTx")
+)
+
+// configError returns a config error that wraps millrace.ErrConfig; the
+// message names the field.
+func configError(format string, args ...any) error {
+	return fmt.Errorf("outbox: "+format+" (%w)", append(args, millrace.ErrConfig)...)
+}
+
 // notifyChannel is the LISTEN/NOTIFY channel for a schema's outbox. A hash
 // keeps it within PostgreSQL's 63-byte identifier limit for any schema name.
 func notifyChannel(schema string) string { return "millrace_outbox_" + sqlident.Hash(schema) }
@@ -92,7 +122,7 @@ func notifyChannel(schema string) string { return "millrace_outbox_" + sqlident.
 // Write writes events in a transaction of its own.
 func (w *Writer) Write(ctx context.Context, events ...Event) ([]string, error) {
 	if w.pool == nil {
-		return nil, fmt.Errorf("outbox: Write needs a Writer made with a pool; use WriteTx")
+		return nil, ErrNoPool
 	}
 	var ids []string
 	err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
@@ -108,21 +138,35 @@ func (w *Writer) Write(ctx context.Context, events ...Event) ([]string, error) {
 // and vanish if it rolls back.
 //
 // An event that fails validation (no topic, empty partition key, an id that
-// is not a UUID, a payload that is not JSON) is reported as an *EventError
-// wrapping ErrMissingTopic, ErrEmptyPartitionKey, ErrInvalidEventID or
-// ErrInvalidJSON, before anything is sent: tx is untouched. A database error
-// (such as an event id written before) aborts tx; roll it back.
+// is not a UUID, a payload that is not JSON, text with NUL or invalid UTF-8,
+// a topic or key over MaxKeyBytes, metadata that cannot travel unchanged, a
+// topic WriterConfig.ValidateTopic refuses, an id given twice for one topic
+// in the call) is reported as an *EventError wrapping ErrMissingTopic,
+// ErrEmptyPartitionKey, ErrInvalidEventID, ErrInvalidJSON, ErrInvalidText,
+// ErrTooLong, ErrInvalidMetadata, ErrInvalidTopic or ErrDuplicateEvent,
+// before anything is sent: tx is
+// untouched and can go on and commit. A database error aborts tx; roll it
+// back. One of them is an event id written before on the same topic, which
+// wraps ErrDuplicateEvent.
 func (w *Writer) WriteTx(ctx context.Context, tx pgx.Tx, events ...Event) ([]string, error) {
+	if tx == nil {
+		return nil, ErrNilTx
+	}
 	if len(events) == 0 {
 		return nil, ErrNoEvents
 	}
 	rows := make([]eventRow, len(events))
 	ids := make([]string, len(events))
 	for i := range events {
-		if err := rows[i].set(events[i], i); err != nil {
+		if err := rows[i].set(events[i], i, w.validateTopic); err != nil {
 			return nil, err
 		}
 		ids[i] = rows[i].idText
+	}
+	if len(rows) > 1 {
+		if err := checkDuplicates(rows); err != nil {
+			return nil, err
+		}
 	}
 	var err error
 	if len(rows) == 1 {
@@ -144,9 +188,32 @@ func (w *Writer) WriteTx(ctx context.Context, tx pgx.Tx, events ...Event) ([]str
 		_, err = tx.Exec(ctx, sql, args...)
 	}
 	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "outbox_event_event_id_topic_key" {
+			return nil, fmt.Errorf("outbox: write %d event(s): %w (%s): %w", len(rows), ErrDuplicateEvent, pgErr.Detail, err)
+		}
 		return nil, fmt.Errorf("outbox: write %d event(s): %w", len(rows), err)
 	}
 	return ids, nil
+}
+
+// checkDuplicates refuses a call that gives one event id twice for one
+// topic: the second would abort the caller's transaction on the unique index.
+func checkDuplicates(rows []eventRow) error {
+	type identity struct {
+		id    uuid.UUID
+		topic string
+	}
+	seen := make(map[identity]int, len(rows))
+	for i := range rows {
+		k := identity{rows[i].id, rows[i].topic}
+		if first, dup := seen[k]; dup {
+			return &EventError{Index: i, ID: rows[i].idText,
+				Err: fmt.Errorf("%w: also event %d of the call, topic %q", ErrDuplicateEvent, first, rows[i].topic)}
+		}
+		seen[k] = i
+	}
+	return nil
 }
 
 // eventRow is an Event checked and encoded for the outbox_event columns.
@@ -160,8 +227,8 @@ type eventRow struct {
 
 var noHeaders = []byte("{}")
 
-func (r *eventRow) set(e Event, index int) error {
-	id, err := e.normalize(index)
+func (r *eventRow) set(e Event, index int, validateTopic func(string) error) error {
+	id, err := e.normalize(index, validateTopic)
 	if err != nil {
 		return err
 	}

@@ -182,10 +182,6 @@ func TestPublisherWritesWatermillMessages(t *testing.T) {
 	if err := w.TxPublisher(tx).Publish("things", msg); err != nil {
 		t.Fatal(err)
 	}
-	noKey := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
-	if err := w.TxPublisher(tx).Publish("things", noKey); !errors.Is(err, outbox.ErrEmptyPartitionKey) {
-		t.Fatalf("message without key: %v, want ErrEmptyPartitionKey", err)
-	}
 	badID := message.NewMessage("not-a-uuid", []byte(`{}`))
 	badID.Metadata.Set(millrace.MetadataPartitionKey, "k")
 	if err := w.TxPublisher(tx).Publish("things", badID); !errors.Is(err, outbox.ErrInvalidEventID) {
