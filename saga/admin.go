@@ -278,7 +278,64 @@ func (m *machine) current() (*stepDef, int, *StepState, error) {
 	return s, i, m.in.state(s.name), nil
 }
 
+// groupOp applies an operator action to the members of the parallel group
+// the saga is in, if it is in one.
+func (m *machine) groupOp(action string) (handled bool, err error) {
+	r, ok := m.d.groups[m.in.Step]
+	if !ok {
+		return false, nil
+	}
+	g := m.in.Step
+	members := m.d.steps[r[0]:r[1]]
+	switch action {
+	case "retry":
+		m.in.Status, m.in.LastError = StatusRunning, ""
+		for _, s := range members {
+			st := m.in.state(s.name)
+			if st.Status == StepDone || st.Status == StepSkipped {
+				continue
+			}
+			st.Tries, st.Due = 0, nil
+			if _, err := m.try(s); err != nil {
+				return true, err
+			}
+			if m.in.Status != StatusRunning {
+				return true, nil
+			}
+		}
+		return true, m.settleGroup(g)
+	case "skip":
+		for _, s := range members {
+			if st := m.in.state(s.name); st.Status != StepDone {
+				st.Status, st.Due = StepSkipped, nil
+				m.record("skipped", s.name, "", 0, "", "")
+			}
+		}
+		return true, m.advance(r[1])
+	case "abort":
+		if members[0].kind != Compensatable {
+			return true, fmt.Errorf("%w: group %s is after the pivot and never compensates (use Retry or Skip)", ErrActionNotAllowed, g)
+		}
+		for _, s := range members {
+			st := m.in.state(s.name)
+			if st.Status == StepRunning || st.Status == StepBackoff {
+				st.Status = StepFailed
+				if s.remote && st.Attempt > 0 {
+					st.Status = StepUncertain
+				}
+			}
+			st.Due = nil
+		}
+		m.in.Step = members[len(members)-1].name
+		return true, m.compensate("aborted by an operator")
+	}
+	return true, fmt.Errorf("%w: group %s is running (use Retry, Skip or Abort)", ErrActionNotAllowed, g)
+}
+
 func (m *machine) opRetry() error {
+	if ok, err := m.groupOp("retry"); ok {
+		return err
+	}
 	s, i, st, err := m.current()
 	if err != nil {
 		return err
@@ -297,6 +354,9 @@ func (m *machine) opRetry() error {
 }
 
 func (m *machine) opSkip() error {
+	if ok, err := m.groupOp("skip"); ok {
+		return err
+	}
 	s, i, st, err := m.current()
 	if err != nil {
 		return err
@@ -310,6 +370,9 @@ func (m *machine) opSkip() error {
 }
 
 func (m *machine) opMarkCompensated() error {
+	if ok, err := m.groupOp("mark-compensated"); ok {
+		return err
+	}
 	s, i, st, err := m.current()
 	if err != nil {
 		return err
@@ -323,6 +386,11 @@ func (m *machine) opMarkCompensated() error {
 }
 
 func (m *machine) opAbort() error {
+	if m.in.Phase == PhaseForward && !m.pastPivot() {
+		if ok, err := m.groupOp("abort"); ok {
+			return err
+		}
+	}
 	s, _, st, err := m.current()
 	if err != nil {
 		return err

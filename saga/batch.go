@@ -363,22 +363,40 @@ func (o *Orchestrator) saveMany(ctx context.Context, tx pgx.Tx, ms []*machine, e
 		attempts, updated = append(attempts, int32(in.Attempts)), append(updated, m.now)
 		events = append(events, m.events...)
 	}
+	// The states and the history in one round trip.
+	b := &pgx.Batch{}
 	if n > 0 {
-		tag, err := tx.Exec(ctx, o.sql.updateMany, ids, statuses, phases, steps, stepStates, datas, wakeups, deadlines, attempts, lastErrors, updated, endeds)
-		if err != nil {
-			return fmt.Errorf("saga: save %d sagas: %w", n, err)
-		}
-		if tag.RowsAffected() != int64(n) {
-			return fmt.Errorf("saga: saved %d of %d sagas", tag.RowsAffected(), n)
-		}
-		for _, m := range ms {
-			if m.applied {
-				m.in.Revision++
+		b.Queue(o.sql.updateMany, ids, statuses, phases, steps, stepStates, datas, wakeups, deadlines, attempts, lastErrors, updated, endeds)
+	}
+	if len(hist) > 0 {
+		b.Queue(o.sql.history, historyArgs(hist)...)
+	}
+	if b.Len() > 0 {
+		br := tx.SendBatch(ctx, b)
+		if n > 0 {
+			tag, err := br.Exec()
+			if err == nil && tag.RowsAffected() != int64(n) {
+				err = fmt.Errorf("saved %d of %d", tag.RowsAffected(), n)
+			}
+			if err != nil {
+				_ = br.Close()
+				return fmt.Errorf("saga: save %d sagas: %w", n, err)
+			}
+			for _, m := range ms {
+				if m.applied {
+					m.in.Revision++
+				}
 			}
 		}
-	}
-	if err := o.writeHistory(ctx, tx, hist); err != nil {
-		return err
+		if len(hist) > 0 {
+			if _, err := br.Exec(); err != nil {
+				_ = br.Close()
+				return fmt.Errorf("saga: write history: %w", err)
+			}
+		}
+		if err := br.Close(); err != nil {
+			return fmt.Errorf("saga: save: %w", err)
+		}
 	}
 	if len(events) > 0 {
 		if _, err := o.writer.WriteTx(ctx, tx, events...); err != nil {

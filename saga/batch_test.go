@@ -3,12 +3,17 @@ package saga_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/google/uuid"
 
 	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/internal/kafkatest"
+	"github.com/millrace/millrace/kafka"
 	"github.com/millrace/millrace/saga"
 )
 
@@ -91,6 +96,18 @@ func TestEndToEndKafkaBatched(t *testing.T) {
 	for i := range n {
 		start(t, e.testBundle, def, "kb-"+string(rune('a'+i%26))+string(rune('a'+i/26)), i)
 	}
+	// A message on the reply topic that is not a reply is dead-lettered
+	// with its reason; the others keep flowing.
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: e.brokers}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	bad := message.NewMessage(uuid.NewString(), []byte(`{}`))
+	bad.Metadata.Set(millrace.MetadataSagaID, "kb-aa")
+	if err := pub.Publish(e.replyTopic, bad); err != nil {
+		t.Fatal(err)
+	}
 	for i := range n {
 		id := "kb-" + string(rune('a'+i%26)) + string(rune('a'+i/26))
 		in := e.waitStatus(id, saga.StatusCompleted, saga.StatusCompensated)
@@ -98,5 +115,9 @@ func TestEndToEndKafkaBatched(t *testing.T) {
 		if (in.Status == saga.StatusCompensated) != e.failStock(id) {
 			t.Errorf("saga %s: %s (%s)", id, in.Status, in.LastError)
 		}
+	}
+	poisoned := kafkatest.Read(t, e.brokers, e.replyTopic+".poison", 1)
+	if poisoned[0].UUID != bad.UUID || !strings.Contains(poisoned[0].Metadata.Get(middleware.ReasonForPoisonedKey), "not a saga reply") {
+		t.Fatalf("poisoned %s: %q", poisoned[0].UUID, poisoned[0].Metadata.Get(middleware.ReasonForPoisonedKey))
 	}
 }

@@ -5,20 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace"
-	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/internal/sqlident"
 	"github.com/millrace/millrace/outbox"
@@ -33,9 +27,8 @@ type order struct {
 	CreditTx string `json:"credit_tx,omitempty"`
 }
 
-// testBundle is a schema, an orchestrator on it, a relay shipping the
-// outbox through an in-process Watermill transport, and a router running
-// the orchestrator's reply handler and the test participants.
+// testBundle is a schema, an orchestrator on it, an in-process Watermill
+// transport and a router (see e2e for what runs on them).
 type testBundle struct {
 	t      testing.TB
 	db     *pgtest.DB
@@ -50,12 +43,10 @@ type testBundle struct {
 }
 
 type bundleOptions struct {
-	clock saga.Clock
-	hook  saga.Hook
-	// noTimers leaves the orchestrator's Run loop off (the test calls RunDue).
-	noTimers bool
-	poll     time.Duration
-	metrics  *saga.Metrics
+	clock   saga.Clock
+	hook    saga.Hook
+	poll    time.Duration
+	metrics *saga.Metrics
 }
 
 func setup(t testing.TB, opts bundleOptions) *testBundle {
@@ -79,176 +70,13 @@ func setup(t testing.TB, opts bundleOptions) *testBundle {
 	}
 	t.Cleanup(func() { b.pubsub.Close() })
 	b.router = newRouter(t)
-	_, err = db.Pool.Exec(context.Background(), fmt.Sprintf(`
-CREATE TABLE %[1]s (saga_id text, step text, op text, outcome text, reason text, PRIMARY KEY (saga_id, step, op));
-CREATE TABLE %[2]s (seq bigint GENERATED ALWAYS AS IDENTITY, saga_id text, step text, what text);`,
-		b.tbl("test_barrier"), b.tbl("test_effect")))
+	// The participants' and local steps' effects, in order.
+	_, err = db.Pool.Exec(context.Background(), fmt.Sprintf(
+		`CREATE TABLE %s (seq bigint GENERATED ALWAYS AS IDENTITY, saga_id text, step text, what text)`, b.tbl("test_effect")))
 	if err != nil {
 		t.Fatal(err)
 	}
 	return b
-}
-
-// run starts the router, the relay and (unless noTimers) the timers, and
-// stops them when the test ends.
-func (b *testBundle) run(opts bundleOptions, defs ...saga.Registrable) {
-	t := b.t
-	t.Helper()
-	if err := b.o.Register(defs...); err != nil {
-		t.Fatal(err)
-	}
-	for _, topic := range b.o.ReplyTopics() {
-		b.replyTopic = topic
-		h := b.router.AddNoPublisherHandler("orchestrator-"+topic, topic, b.pubsub, b.o.Handler())
-		h.AddMiddleware(middleware.Retry{MaxRetries: 100, InitialInterval: time.Millisecond, MaxInterval: 50 * time.Millisecond, ShouldRetry: inbox.ShouldRetry}.Middleware)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		if err := b.router.Run(ctx); err != nil {
-			t.Error(err)
-		}
-	}()
-	<-b.router.Running()
-	relay, err := outbox.NewRelay(b.db.Pool, outbox.RelayConfig{Schema: b.db.Schema, Publisher: b.pubsub, PollInterval: 20 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wg.Add(1)
-	go func() { defer wg.Done(); _ = relay.Run(ctx) }()
-	if !opts.noTimers {
-		wg.Add(1)
-		go func() { defer wg.Done(); _ = b.o.Run(ctx) }()
-	}
-	t.Cleanup(func() {
-		cancel()
-		_ = b.router.Close()
-		wg.Wait()
-	})
-}
-
-// decision is what a test participant does with one delivery.
-type decision string
-
-const (
-	succeed decision = "success"
-	fail    decision = "failure"
-	drop    decision = "drop" // a technical failure: no reply (the timeout resends)
-)
-
-// participant is a hand-written saga participant speaking the wire
-// protocol: a barrier keyed by (saga, step, operation) in test_barrier, and
-// its effects in test_effect ("do" on action, "undo" on compensation).
-type participant struct {
-	b      *testBundle
-	step   string
-	decide func(sagaID, op string, attempt int) decision
-	runs   atomic.Int64 // times the action function ran
-}
-
-func (b *testBundle) participant(topic, step string, decide func(sagaID, op string, attempt int) decision) *participant {
-	b.t.Helper()
-	if decide == nil {
-		decide = func(string, string, int) decision { return succeed }
-	}
-	p := &participant{b: b, step: step, decide: decide}
-	dedup, err := inbox.NewDeduplicator(b.db.Pool, inbox.DedupConfig{Schema: b.db.Schema, Consumer: "participant-" + step})
-	if err != nil {
-		b.t.Fatal(err)
-	}
-	h := b.router.AddNoPublisherHandler("participant-"+step, topic, b.pubsub, func(msg *message.Message) error {
-		_, err := dedup.Middleware(func(msg *message.Message) ([]*message.Message, error) { return nil, p.handle(msg) })(msg)
-		return err
-	})
-	h.AddMiddleware(middleware.Retry{MaxRetries: 100, InitialInterval: time.Millisecond, MaxInterval: 50 * time.Millisecond}.Middleware)
-	return p
-}
-
-func (p *participant) handle(msg *message.Message) error {
-	ctx := msg.Context()
-	tx, _ := millrace.TxFromContext(ctx)
-	md := msg.Metadata
-	id, op := md.Get(millrace.MetadataSagaID), md.Get(millrace.MetadataSagaOperation)
-	attempt, _ := strconv.Atoi(md.Get(millrace.MetadataSagaAttempt))
-	reply := func(outcome, reason string, payload []byte) error {
-		if payload == nil {
-			payload = []byte("{}")
-		}
-		_, err := p.b.w.WriteTx(ctx, tx, outbox.Event{Topic: md.Get(millrace.MetadataSagaReplyTopic), PartitionKey: id, Payload: payload,
-			Metadata: map[string]string{
-				millrace.MetadataSagaID: id, millrace.MetadataSagaType: md.Get(millrace.MetadataSagaType),
-				millrace.MetadataSagaStep: p.step, millrace.MetadataSagaAttempt: md.Get(millrace.MetadataSagaAttempt),
-				millrace.MetadataSagaOperation: op, millrace.MetadataSagaOutcome: outcome, millrace.MetadataSagaReason: reason,
-			}})
-		return err
-	}
-	barrier := func(o string) (outcome, reason string, found bool, err error) {
-		err = tx.QueryRow(ctx, fmt.Sprintf(`SELECT outcome, reason FROM %s WHERE saga_id = $1 AND step = $2 AND op = $3`, p.b.tbl("test_barrier")),
-			id, p.step, o).Scan(&outcome, &reason)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return "", "", false, nil
-		}
-		return outcome, reason, err == nil, err
-	}
-	record := func(o, outcome, reason string) error {
-		_, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s VALUES ($1, $2, $3, $4, $5)`, p.b.tbl("test_barrier")), id, p.step, o, outcome, reason)
-		return err
-	}
-	effect := func(what string) error {
-		_, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (saga_id, step, what) VALUES ($1, $2, $3)`, p.b.tbl("test_effect")), id, p.step, what)
-		return err
-	}
-	if outcome, reason, found, err := barrier(op); err != nil {
-		return err
-	} else if found {
-		return reply(outcome, reason, nil) // a repeated attempt: the first outcome again
-	}
-	if op == millrace.OperationAction {
-		if _, _, compensated, err := barrier(millrace.OperationCompensation); err != nil {
-			return err
-		} else if compensated { // a late action
-			if err := record(op, millrace.OutcomeCancelled, "late action"); err != nil {
-				return err
-			}
-			return reply(millrace.OutcomeCancelled, "late action", nil)
-		}
-	}
-	switch p.decide(id, op, attempt) {
-	case drop:
-		return nil
-	case fail:
-		if op == millrace.OperationAction {
-			if err := record(op, millrace.OutcomeFailure, "refused"); err != nil {
-				return err
-			}
-		}
-		return reply(millrace.OutcomeFailure, "refused", nil)
-	}
-	if op == millrace.OperationAction {
-		p.runs.Add(1)
-		if err := effect("do"); err != nil {
-			return err
-		}
-		if err := record(op, millrace.OutcomeSuccess, ""); err != nil {
-			return err
-		}
-		return reply(millrace.OutcomeSuccess, "", []byte(`{"tx":"`+p.step+`-`+id+`"}`))
-	}
-	outcome, _, acted, err := barrier(millrace.OperationAction)
-	if err != nil {
-		return err
-	}
-	if acted && outcome == millrace.OutcomeSuccess {
-		if err := effect("undo"); err != nil {
-			return err
-		}
-	}
-	if err := record(op, millrace.OutcomeSuccess, ""); err != nil {
-		return err
-	}
-	return reply(millrace.OutcomeSuccess, "", nil)
 }
 
 // effects returns the effect log of a saga: "step:what" in order.

@@ -132,6 +132,17 @@ type Step[D any] struct {
 	Name string
 	// Kind is Compensatable, Pivot or Retriable. Required.
 	Kind Kind
+	// Group, when set, puts the step in a parallel group: adjacent steps
+	// with the same Group run together, and the saga moves on when every
+	// member succeeded. When a member fails, the members still in flight
+	// are waited for (a reply or a timeout, with no further retry), then
+	// the members that took effect (or may have) and the steps before
+	// are compensated, in reverse order. A group's members are all
+	// compensatable or all retriable (a retriable group's failure parks
+	// the saga as stuck); the pivot is never in a group. The group's name
+	// is the saga's current step while it runs: it must differ from every
+	// step name.
+	Group string
 
 	// Action is a remote step's command.
 	Action *Command[D]
@@ -366,6 +377,33 @@ func Define[D any](spec Spec[D]) (*Definition[D], error) {
 		d.steps = append(d.steps, eraseStep(s))
 	}
 	d.pivot = pivot
+	d.groups = map[string][2]int{}
+	for i := 0; i < len(spec.Steps); {
+		g := spec.Steps[i].Group
+		if g == "" {
+			i++
+			continue
+		}
+		if err := checkName(g); err != nil {
+			return fail("group of step %q: %v", spec.Steps[i].Name, err)
+		}
+		if _, clash := d.index[g]; clash {
+			return fail("group %q has the name of a step", g)
+		}
+		if _, seen := d.groups[g]; seen {
+			return fail("group %q is split: its steps must be adjacent", g)
+		}
+		j := i
+		for j < len(spec.Steps) && spec.Steps[j].Group == g {
+			if k := spec.Steps[j].Kind; k == Pivot || k != spec.Steps[i].Kind {
+				return fail("group %q: step %q is %s; a group's steps are all compensatable or all retriable, never the pivot", g, spec.Steps[j].Name, k)
+			}
+			d.steps[j].group = g
+			j++
+		}
+		d.groups[g] = [2]int{i, j}
+		i = j
+	}
 	return &Definition[D]{def: d}, nil
 }
 
@@ -395,6 +433,8 @@ type def struct {
 	steps      []*stepDef
 	index      map[string]int
 	pivot      int // index of the pivot step, -1 if none
+	// groups maps a parallel group's name to its steps' index range [from, to).
+	groups map[string][2]int
 }
 
 func (d *def) step(name string) (*stepDef, int) {
@@ -412,6 +452,7 @@ type command struct {
 
 type stepDef struct {
 	name      string
+	group     string
 	kind      Kind
 	remote    bool
 	action    *command

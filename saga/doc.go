@@ -35,7 +35,14 @@
 // for the compensation (default 8 attempts). Per saga: a Deadline (default
 // 24h, on unless negative), so no saga waits forever unnoticed.
 //
-// Parallel groups of steps are not supported yet: steps run one at a time.
+// Adjacent steps with the same Step.Group form a parallel group: their
+// commands go out together (local members run one after the other in the
+// same transaction), and the saga moves on when every member succeeded. When
+// a member fails, the members still in flight are waited for (their reply
+// or their timeout; nothing is retried any more), then those that took
+// effect, or may have, are compensated with the steps before, in reverse
+// order. While a group runs, the saga's current step is the group's name;
+// Retry, Skip and Abort apply to its unfinished members.
 //
 // # Running
 //
@@ -46,6 +53,11 @@
 //	go o.Run(ctx) // timers
 //	...
 //	saga.StartTx(ctx, tx, o, def, orderID, Order{...}) // in the business transaction
+//
+// RunBatched is the high-throughput alternative to AddToRouter: it reads
+// the reply topics itself and applies many replies per transaction (one
+// statement each for the dedup marks, the row locks, the states, the
+// history and the commands), with the same guarantees.
 //
 // StartTx writes the saga row and its first command (through the outbox)
 // in the caller's transaction: the order and its saga commit together. A
@@ -124,6 +136,12 @@
 // as an error and counted (millrace_saga_unregistered_total); Run does this
 // at start for every live saga of a registered type (ParkUnregistered).
 // Register the version again and Retry the saga to resume it.
+//
+// To move live instances to a new version on purpose, Migrate maps their
+// step state (steps may be renamed only where an instance has not started
+// them: a participant's barrier knows a step by its name) and upcasts their
+// data, each under its row lock, with a "migrated" history line; an
+// instance that cannot move stays on its version and is reported.
 //
 // # Unsticking a saga
 //

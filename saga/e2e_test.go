@@ -42,6 +42,9 @@ type e2e struct {
 	participantsOnly bool
 	// batched runs the orchestrator with RunBatched instead of AddToRouter.
 	batched bool
+	// others are more orchestrators on the same schema, each with its own
+	// subscription to the reply topic and its own timers.
+	others []*saga.Orchestrator
 }
 
 type creditCmd struct {
@@ -185,6 +188,13 @@ func (e *e2e) start(t testing.TB, defs ...saga.Registrable) {
 			t.Fatal(err)
 		}
 	}
+	for i, o := range e.others {
+		if err := o.Register(defs...); err != nil {
+			t.Fatal(err)
+		}
+		h := e.router.AddConsumerHandler(fmt.Sprintf("other-orchestrator-%d", i), e.replyTopic, subscriber(), o.Handler())
+		h.AddMiddleware(retry.Middleware)
+	}
 	credit, stock := e.participants(t)
 	for _, p := range []struct {
 		p     *compensation.Participant
@@ -218,6 +228,10 @@ func (e *e2e) start(t testing.TB, defs ...saga.Registrable) {
 	if !e.participantsOnly {
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = e.o.Run(ctx) }()
+	}
+	for _, o := range e.others {
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = o.Run(ctx) }()
 	}
 	if e.batched {
 		sub := subscriber()
@@ -421,4 +435,50 @@ func TestThousandConcurrentSagas(t *testing.T) {
 		}
 	}
 	t.Logf("%v", byStatus)
+}
+
+// Three orchestrators on one schema, each receiving every reply (each has
+// its own subscription) and each running the timers, with lost replies so
+// that timeouts fire too: every reply is applied once, every saga ends,
+// and the effects match.
+func TestSeveralOrchestratorsShareTheWork(t *testing.T) {
+	t.Parallel()
+	e := setupE2E(t, false)
+	for range 2 {
+		o, err := saga.New(e.db.Pool, saga.Config{Schema: e.db.Schema, Writer: e.w, PollInterval: 10 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.others = append(e.others, o)
+	}
+	e.failStock = func(id string) bool { return hashFail(id, 30) }
+	var mu sync.Mutex
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 4))
+	e.dropReply = func(m *message.Message) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return m.Metadata.Get(millrace.MetadataSagaOutcome) != "" && rng.IntN(10) == 0
+	}
+	def := mustDefine(t, e.spec(1, 300*time.Millisecond))
+	e.start(t, def)
+	const n = 60
+	for i := range n {
+		start(t, e.testBundle, def, fmt.Sprintf("multi-%d", i), i)
+	}
+	for i := range n {
+		id := fmt.Sprintf("multi-%d", i)
+		in := e.waitStatus(id, saga.StatusCompleted, saga.StatusCompensated)
+		e.checkEffects(t, in)
+		applied := map[string]bool{}
+		for _, h := range historyOf(t, e.o, id) {
+			if h.Event != "reply" {
+				continue
+			}
+			k := fmt.Sprintf("%s/%s/%d", h.Step, h.Operation, h.Attempt)
+			if applied[k] {
+				t.Errorf("saga %s: reply %s applied twice", id, k)
+			}
+			applied[k] = true
+		}
+	}
 }

@@ -114,32 +114,130 @@ func (m *machine) runLocal(fn func(context.Context, pgx.Tx, []byte) ([]byte, err
 // advance runs the saga forward from step i.
 func (m *machine) advance(i int) error {
 	m.in.Status, m.in.Phase = StatusRunning, PhaseForward
-	for ; i < len(m.d.steps); i++ {
+	for i < len(m.d.steps) {
 		s := m.d.steps[i]
-		st := m.in.state(s.name)
+		if s.group != "" {
+			return m.startGroup(s.group)
+		}
 		m.in.Step = s.name
-		if st.StartedAt == nil {
-			st.StartedAt = &m.now
-		}
-		st.Tries++
-		if s.remote {
-			st.Attempt++
-			st.Status, st.Due = StepRunning, m.due(s.timeout)
-			return m.command(s, s.action, millrace.OperationAction, st.Attempt)
-		}
-		st.Attempt++
-		m.in.Attempts = st.Attempt
-		stepErr, err := m.runLocal(s.local)
-		if err != nil {
+		done, err := m.try(s)
+		if err != nil || !done {
 			return err
 		}
-		if stepErr != nil {
-			m.record("failed", s.name, millrace.OperationAction, st.Attempt, "", stepErr.Error())
-			return m.actionFailed(s, st, stepErr)
-		}
-		m.stepDone(s, st)
+		i++
 	}
 	return m.end(StatusCompleted, "")
+}
+
+// try runs one try of s's action: a remote step's command is sent (done is
+// false: it waits for the reply), a local step's function runs (done when
+// it succeeded; a failure goes to actionFailed).
+func (m *machine) try(s *stepDef) (done bool, err error) {
+	st := m.in.state(s.name)
+	if st.StartedAt == nil {
+		st.StartedAt = &m.now
+	}
+	st.Tries++
+	st.Attempt++
+	if s.remote {
+		st.Status, st.Due = StepRunning, m.due(s.timeout)
+		return false, m.command(s, s.action, millrace.OperationAction, st.Attempt)
+	}
+	m.in.Attempts = st.Attempt
+	stepErr, err := m.runLocal(s.local)
+	if err != nil {
+		return false, err
+	}
+	if stepErr != nil {
+		m.record("failed", s.name, millrace.OperationAction, st.Attempt, "", stepErr.Error())
+		return false, m.actionFailed(s, st, stepErr)
+	}
+	m.stepDone(s, st)
+	return true, nil
+}
+
+// retry tries s's action again, now.
+func (m *machine) retry(s *stepDef) error {
+	if s.group == "" {
+		return m.advance(m.d.index[s.name])
+	}
+	done, err := m.try(s)
+	if err != nil || !done {
+		return err
+	}
+	return m.settleGroup(s.group)
+}
+
+// startGroup starts every member of a parallel group.
+func (m *machine) startGroup(g string) error {
+	r := m.d.groups[g]
+	m.in.Step = g
+	for i := r[0]; i < r[1]; i++ {
+		if _, err := m.try(m.d.steps[i]); err != nil {
+			return err
+		}
+		if m.in.Step != g || m.in.Status != StatusRunning || m.groupFailing(g) {
+			break // a member failed (or the saga is stuck): start no more
+		}
+	}
+	if m.in.Step != g || m.in.Status != StatusRunning {
+		return nil
+	}
+	return m.settleGroup(g)
+}
+
+// groupFailing reports whether a member of group g has failed.
+func (m *machine) groupFailing(g string) bool {
+	r := m.d.groups[g]
+	for i := r[0]; i < r[1]; i++ {
+		if st := m.in.Steps[m.d.steps[i].name]; st != nil && (st.Status == StepFailed || st.Status == StepUncertain) {
+			return true
+		}
+	}
+	return false
+}
+
+// settleGroup moves on once group g has settled: every member done (or
+// skipped): the next step; a member failed and none is in flight any more:
+// compensation (stuck for a retriable group). Members waiting to retry are
+// not retried once another member failed.
+func (m *machine) settleGroup(g string) error {
+	r := m.d.groups[g]
+	failing := m.groupFailing(g)
+	inFlight, allDone := false, true
+	for i := r[0]; i < r[1]; i++ {
+		st := m.in.state(m.d.steps[i].name)
+		switch st.Status {
+		case StepDone, StepSkipped:
+		case StepRunning:
+			inFlight, allDone = true, false
+		case StepBackoff:
+			allDone = false
+			if failing {
+				st.Status, st.Due = StepFailed, nil // its last try had no effect
+			} else {
+				inFlight = true
+			}
+		default:
+			allDone = false
+		}
+	}
+	m.in.Step = g
+	switch {
+	case inFlight:
+		return nil
+	case allDone:
+		return m.advance(r[1])
+	}
+	reason := m.in.LastError
+	if reason == "" {
+		reason = "group " + g + " failed"
+	}
+	if m.d.steps[r[0]].kind == Retriable {
+		return m.stuck(reason)
+	}
+	m.in.Step = m.d.steps[r[1]-1].name
+	return m.compensate(reason)
 }
 
 func (m *machine) stepDone(s *stepDef, st *StepState) {
@@ -167,6 +265,12 @@ func (m *machine) actionFailed(s *stepDef, st *StepState, cause error) error {
 // giveUp ends the forward run at step s: compensate before the pivot,
 // stuck after it (or when the pivot itself may have taken effect).
 func (m *machine) giveUp(s *stepDef, reason string) error {
+	if s.group != "" {
+		if m.in.LastError == "" {
+			m.in.LastError = reason
+		}
+		return m.settleGroup(s.group)
+	}
 	st := m.in.state(s.name)
 	if s.kind == Retriable || (s.kind == Pivot && st.Status == StepUncertain) {
 		return m.stuck(reason)
@@ -185,8 +289,8 @@ func (m *machine) actionTimeout(s *stepDef, st *StepState) error {
 		st.Status, st.Due = StepUncertain, nil
 		return m.giveUp(s, fmt.Sprintf("step %s: %s", s.name, st.Reason))
 	}
-	if st.Tries < s.retry.MaxAttempts {
-		return m.advance(m.d.index[s.name]) // a new attempt, at once
+	if st.Tries < s.retry.MaxAttempts && (s.group == "" || !m.groupFailing(s.group)) {
+		return m.retry(s) // a new attempt, at once
 	}
 	st.Status, st.Due = StepUncertain, nil
 	return m.giveUp(s, fmt.Sprintf("step %s: %d attempts timed out", s.name, st.Tries))
@@ -368,7 +472,7 @@ func (m *machine) onReply(r reply) error {
 	if s == nil {
 		return fence("no such step in v" + strconv.Itoa(m.d.version))
 	}
-	if r.step != m.in.Step {
+	if r.step != m.in.Step && (s.group == "" || s.group != m.in.Step) {
 		return fence("not waiting for this step (current step: " + m.in.Step + ")")
 	}
 	st := m.in.state(s.name)
@@ -403,6 +507,9 @@ func (m *machine) onReply(r reply) error {
 		m.in.Data = data
 	}
 	m.stepDone(s, st)
+	if s.group != "" {
+		return m.settleGroup(s.group)
+	}
 	return m.advance(m.d.index[s.name] + 1)
 }
 
@@ -414,10 +521,24 @@ func (m *machine) onWake() error {
 	if m.in.DeadlineAt != nil && !m.now.Before(*m.in.DeadlineAt) {
 		return m.onDeadline()
 	}
+	if r, ok := m.d.groups[m.in.Step]; ok && m.in.Phase == PhaseForward {
+		g := m.in.Step
+		for i := r[0]; i < r[1] && m.in.Step == g && m.in.Status == StatusRunning; i++ {
+			if err := m.wakeStep(m.d.steps[i]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	s, _ := m.d.step(m.in.Step)
 	if s == nil {
 		return nil
 	}
+	return m.wakeStep(s)
+}
+
+// wakeStep fires step s's timer if it is due.
+func (m *machine) wakeStep(s *stepDef) error {
 	st := m.in.state(s.name)
 	if st.Due == nil || m.now.Before(*st.Due) {
 		return nil // woken early (a clock skew between processes): the save sets the timer again
@@ -427,7 +548,7 @@ func (m *machine) onWake() error {
 		return m.actionTimeout(s, st)
 	case StepBackoff:
 		m.record("retry", s.name, millrace.OperationAction, st.Attempt, "", st.Reason)
-		return m.advance(m.d.index[s.name])
+		return m.retry(s)
 	case StepCompensating:
 		return m.compensationTimeout(s, st)
 	case StepCompBackoff:
@@ -441,6 +562,24 @@ func (m *machine) onDeadline() error {
 	m.in.DeadlineAt = nil // fires once; an operator's retry is not re-stuck by it
 	const reason = "deadline exceeded"
 	m.record("deadline", m.in.Step, "", 0, "", reason)
+	if r, ok := m.d.groups[m.in.Step]; ok {
+		if m.in.Phase != PhaseForward || m.d.steps[r[0]].kind != Compensatable {
+			return m.stuck(reason)
+		}
+		for i := r[0]; i < r[1]; i++ {
+			s := m.d.steps[i]
+			st := m.in.state(s.name)
+			if st.Status == StepRunning || st.Status == StepBackoff {
+				st.Status = StepFailed
+				if s.remote && st.Attempt > 0 {
+					st.Status = StepUncertain
+				}
+			}
+			st.Due = nil
+		}
+		m.in.Step = m.d.steps[r[1]-1].name
+		return m.compensate(reason)
+	}
 	s, _ := m.d.step(m.in.Step)
 	if m.in.Phase == PhaseForward && !m.pastPivot() && s != nil && (s.kind == Compensatable || m.in.Steps[s.name].Status != StepRunning) {
 		st := m.in.state(s.name)
@@ -460,7 +599,13 @@ func (m *machine) nextWakeup() *time.Time {
 		return nil
 	}
 	var next *time.Time
-	if st := m.in.Steps[m.in.Step]; st != nil && st.Due != nil {
+	if r, ok := m.d.groups[m.in.Step]; ok {
+		for i := r[0]; i < r[1]; i++ {
+			if st := m.in.Steps[m.d.steps[i].name]; st != nil && st.Due != nil && (next == nil || st.Due.Before(*next)) {
+				next = st.Due
+			}
+		}
+	} else if st := m.in.Steps[m.in.Step]; st != nil && st.Due != nil {
 		next = st.Due
 	}
 	if d := m.in.DeadlineAt; d != nil && (next == nil || d.Before(*next)) {
@@ -480,12 +625,26 @@ func (m *machine) save() error {
 	if err != nil {
 		return fmt.Errorf("saga %s: encode step state: %w", m.in.ID, err)
 	}
-	if err := m.tx.QueryRow(m.ctx, m.o.sql.update, m.in.ID, m.in.Status, m.in.Phase, m.in.Step, steps, m.in.Data,
-		m.in.NextWakeupAt, m.in.DeadlineAt, m.in.Attempts, oneLine(m.in.LastError), m.now, m.in.EndedAt).Scan(&m.in.Revision); err != nil {
+	// The state and its history in one round trip.
+	b := &pgx.Batch{}
+	b.Queue(m.o.sql.update, m.in.ID, m.in.Status, m.in.Phase, m.in.Step, steps, m.in.Data,
+		m.in.NextWakeupAt, m.in.DeadlineAt, m.in.Attempts, oneLine(m.in.LastError), m.now, m.in.EndedAt)
+	if len(m.hist) > 0 {
+		b.Queue(m.o.sql.history, historyArgs(m.hist)...)
+	}
+	br := m.tx.SendBatch(m.ctx, b)
+	if err := br.QueryRow().Scan(&m.in.Revision); err != nil {
+		_ = br.Close()
 		return fmt.Errorf("saga %s: save: %w", m.in.ID, err)
 	}
-	if err := m.o.writeHistory(m.ctx, m.tx, m.hist); err != nil {
-		return err
+	if len(m.hist) > 0 {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return fmt.Errorf("saga %s: write history: %w", m.in.ID, err)
+		}
+	}
+	if err := br.Close(); err != nil {
+		return fmt.Errorf("saga %s: save: %w", m.in.ID, err)
 	}
 	if len(m.events) > 0 {
 		if _, err := m.o.writer.WriteTx(m.ctx, m.tx, m.events...); err != nil {

@@ -10,7 +10,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/saga"
 )
 
@@ -95,15 +94,13 @@ func events(t testing.TB, b *testBundle, id string) []string {
 
 func TestHappyPath(t *testing.T) {
 	t.Parallel()
-	b := setup(t, bundleOptions{})
-	def := mustDefine(t, orderSpec(b, 1))
-	b.participant("credit", "credit", nil)
-	b.participant("stock", "stock", nil)
-	b.run(bundleOptions{}, def)
+	e := setupE2E(t, false)
+	def := mustDefine(t, e.spec(1, 10*time.Second))
+	e.start(t, def)
 
-	start(t, b, def, "o-1", 10)
-	in := b.waitStatus("o-1", saga.StatusCompleted)
-	if got := b.effects("o-1"); !slices.Equal(got, []string{"credit:do", "approve:do", "stock:do"}) {
+	start(t, e.testBundle, def, "o-1", 10)
+	in := e.waitStatus("o-1", saga.StatusCompleted)
+	if got := e.effects("o-1"); !slices.Equal(got, []string{"credit:do", "approve:do", "stock:do"}) {
 		t.Fatalf("effects %v", got)
 	}
 	if got := dataOf(t, in); got != (order{ID: "o-1", Amount: 10, Approved: true, CreditTx: "credit-o-1"}) {
@@ -112,7 +109,7 @@ func TestHappyPath(t *testing.T) {
 	if in.EndedAt == nil || in.NextWakeupAt != nil || in.Step != "" {
 		t.Fatalf("ended saga: %+v", in)
 	}
-	h := events(t, b, "o-1")
+	h := events(t, e.testBundle, "o-1")
 	want := []string{"started", "command:credit", "reply:credit", "step_done:credit", "step_done:approve", "command:stock", "reply:stock", "step_done:stock", "completed"}
 	if !slices.Equal(h, want) {
 		t.Fatalf("history\n got %v\nwant %v", h, want)
@@ -121,31 +118,23 @@ func TestHappyPath(t *testing.T) {
 
 func TestFailureCompensatesInReverse(t *testing.T) {
 	t.Parallel()
-	b := setup(t, bundleOptions{})
-	def := mustDefine(t, orderSpec(b, 1))
-	b.participant("credit", "credit", nil)
-	b.participant("stock", "stock", func(_, op string, _ int) decision {
-		if op == "action" {
-			return fail
-		}
-		return succeed
-	})
-	b.run(bundleOptions{}, def)
+	e := setupE2E(t, false)
+	e.failStock = func(string) bool { return true }
+	def := mustDefine(t, e.spec(1, 10*time.Second))
+	e.start(t, def)
 
-	start(t, b, def, "o-2", 10)
-	in := b.waitStatus("o-2", saga.StatusCompensated)
-	if got := b.effects("o-2"); !slices.Equal(got, []string{"credit:do", "approve:do", "approve:undo", "credit:undo"}) {
+	start(t, e.testBundle, def, "o-2", 10)
+	in := e.waitStatus("o-2", saga.StatusCompensated)
+	if got := e.effects("o-2"); !slices.Equal(got, []string{"credit:do", "approve:do", "approve:undo", "credit:undo"}) {
 		t.Fatalf("effects %v", got)
 	}
-	if in.LastError != "step stock failed: failure: refused" {
+	if in.LastError != "step stock failed: failure: out of stock" {
 		t.Fatalf("last error %q", in.LastError)
 	}
 	if in.Steps["stock"].Status != saga.StepFailed || in.Steps["credit"].Status != saga.StepCompensated || in.Steps["approve"].Status != saga.StepCompensated {
 		t.Fatalf("steps %+v %+v %+v", in.Steps["credit"], in.Steps["approve"], in.Steps["stock"])
 	}
 }
-
-var _ = pgtest.RandomName
 
 func dataOf(t testing.TB, in *saga.Instance) order {
 	t.Helper()

@@ -151,7 +151,7 @@ func baseStatements(schema string) statements {
 		instance: inst, historyTable: hist,
 		insert: fmt.Sprintf(`INSERT INTO %s (id, type, def_version, status, phase, step, steps, data, input, version,
        next_wakeup_at, deadline_at, attempts, last_error, created_at, updated_at)
-VALUES ($1, $2, $3, 'running', 'forward', '', '{}', $4, $4, 1, NULL, $5, 0, '', $6, $6)
+VALUES ($1, $2, $3, 'running', 'forward', '', '{}', $4, $4, 0, NULL, $5, 0, '', $6, $6)
 ON CONFLICT (id) DO NOTHING`, inst),
 		selectExisting: fmt.Sprintf(`SELECT type, def_version, input = $2::jsonb FROM %s WHERE id = $1`, inst),
 		load:           fmt.Sprintf(`SELECT %s FROM %s WHERE id = $1 FOR UPDATE`, instanceCols, inst),
@@ -215,6 +215,14 @@ func (o *Orchestrator) writeHistory(ctx context.Context, tx pgx.Tx, rows []histo
 	if len(rows) == 0 {
 		return nil
 	}
+	if _, err := tx.Exec(ctx, o.sql.history, historyArgs(rows)...); err != nil {
+		return fmt.Errorf("saga: write history: %w", err)
+	}
+	return nil
+}
+
+// historyArgs are the column arrays of o.sql.history for rows.
+func historyArgs(rows []historyRow) []any {
 	n := len(rows)
 	var (
 		ids, events, steps, ops, outcomes, statuses, actors, reasons = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -231,8 +239,5 @@ func (o *Orchestrator) writeHistory(ctx context.Context, tx pgx.Tx, rows []histo
 			details[i] = &s
 		}
 	}
-	if _, err := tx.Exec(ctx, o.sql.history, ids, ats, events, steps, ops, attempts, outcomes, statuses, actors, reasons, details); err != nil {
-		return fmt.Errorf("saga: write history: %w", err)
-	}
-	return nil
+	return []any{ids, ats, events, steps, ops, attempts, outcomes, statuses, actors, reasons, details}
 }
