@@ -533,10 +533,11 @@ func eraseCommand[D any](step string, c *Command[D]) *command {
 		name = step
 	}
 	payload := c.Payload
-	return &command{topic: c.Topic, name: name, payload: func(data []byte) ([]byte, error) {
+	return &command{topic: c.Topic, name: name, payload: func(data []byte) (_ []byte, err error) {
 		if payload == nil {
 			return data, nil
 		}
+		defer recoverInto(&err)
 		var d D
 		if err := json.Unmarshal(data, &d); err != nil {
 			return nil, fmt.Errorf("saga: decode data: %w", err)
@@ -550,7 +551,9 @@ func eraseCommand[D any](step string, c *Command[D]) *command {
 }
 
 // withData decodes data, runs fn on it and encodes the result.
-func withData[D any](data []byte, fn func(*D) error) ([]byte, error) {
+// A panic in fn is returned as an error wrapping ErrPanic.
+func withData[D any](data []byte, fn func(*D) error) (_ []byte, err error) {
+	defer recoverInto(&err)
 	var d D
 	if err := json.Unmarshal(data, &d); err != nil {
 		return nil, fmt.Errorf("saga: decode data: %w", err)
@@ -559,4 +562,15 @@ func withData[D any](data []byte, fn func(*D) error) ([]byte, error) {
 		return nil, err
 	}
 	return json.Marshal(d)
+}
+
+// ErrPanic is wrapped by the error a definition's function (Local,
+// LocalCompensation, OnSuccess, a Payload) turns into when it panics: the
+// orchestrator treats it as that function's failure instead of crashing.
+var ErrPanic = errors.New("saga: panic in a definition's function")
+
+func recoverInto(err *error) {
+	if r := recover(); r != nil {
+		*err = fmt.Errorf("%w: %v", ErrPanic, r)
+	}
 }

@@ -218,3 +218,20 @@ func TestUnregisteredVersionIsParkedAsStuck(t *testing.T) {
 		t.Fatalf("retry once v1 is back: %v", err)
 	}
 }
+
+// A local step that panics fails like any error (the saga compensates,
+// the reason says so); the orchestrator does not crash.
+func TestPanickingLocalStepFails(t *testing.T) {
+	t.Parallel()
+	d, def := orderDriver(t, func(s *saga.Spec[order]) {
+		s.Steps[1].Local = func(ctx context.Context, tx pgx.Tx, o *order) error { panic("boom") }
+		s.Steps[1].Retry = saga.RetryPolicy{MaxAttempts: 1}
+	})
+	id := "o-panic"
+	start(t, d.testBundle, def, id, 1)
+	d.reply(id, d.last(id), millrace.OutcomeSuccess)
+	in := d.get(id)
+	if in.Status != saga.StatusCompensating || !strings.Contains(in.LastError, "panic") || !strings.Contains(in.LastError, "boom") {
+		t.Fatalf("%s %q", in.Status, in.LastError)
+	}
+}
