@@ -107,6 +107,8 @@ func StartTx[D any](ctx context.Context, tx pgx.Tx, o *Orchestrator, def *Defini
 		existing.Existing = true
 		return existing, nil
 	}
+	ctx, span := startTransition(ctx, "start", id, "", nil) // tracing.go
+	defer span.End(nil)
 	m := &machine{o: o, d: d, in: in, ctx: ctx, tx: tx, now: now}
 	m.record("started", "", "", 0, "", "")
 	if err := m.advance(0); err != nil {
