@@ -8,10 +8,12 @@ import (
 	"github.com/google/uuid"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/internal/pgtest"
+	"github.com/millrace/millrace/internal/tracing"
 	"github.com/millrace/millrace/outbox"
 )
 
@@ -96,5 +98,26 @@ func BenchmarkDedupHandler(b *testing.B) {
 			}
 		})
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+	})
+}
+
+// BenchmarkHooks is the CPU cost of what tracing adds to one message that
+// a participant handles, without the database: the dedup handler's span
+// restored from the metadata, the participant's span, and the reply's
+// traceparent; off and on.
+func BenchmarkHooks(b *testing.B) {
+	md := map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+	tracingModes(b, func(b *testing.B, _ context.Context) {
+		b.ReportAllocs()
+		for b.Loop() {
+			ctx, s1 := tracing.Start(context.Background(), "millrace.inbox.handle", trace.SpanKindConsumer, md)
+			ctx, s2 := tracing.Start(ctx, "millrace.compensation.action", trace.SpanKindServer, md)
+			if tracing.On() {
+				reply := make(map[string]string, 2)
+				tracing.Inject(ctx, reply)
+			}
+			s2.End(nil)
+			s1.End(nil)
+		}
 	})
 }
