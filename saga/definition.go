@@ -437,6 +437,22 @@ type def struct {
 	groups map[string][2]int
 }
 
+// startsRemote reports whether a start runs no local step: the first step
+// (or every member of the first group) is remote.
+func (d *def) startsRemote() bool {
+	first := d.steps[0]
+	if first.group == "" {
+		return first.remote
+	}
+	r := d.groups[first.group]
+	for _, s := range d.steps[r[0]:r[1]] {
+		if !s.remote {
+			return false
+		}
+	}
+	return true
+}
+
 func (d *def) step(name string) (*stepDef, int) {
 	i, ok := d.index[name]
 	if !ok {

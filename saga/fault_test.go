@@ -361,3 +361,42 @@ func TestStartIsIdempotentByID(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A saga whose first step is local runs it in the starting transaction:
+// once, even when started twice, and not at all if the caller rolls back.
+func TestStartRunsLeadingLocalStepOnce(t *testing.T) {
+	t.Parallel()
+	d, def := orderDriver(t, func(s *saga.Spec[order]) {
+		s.Steps[0], s.Steps[1] = s.Steps[1], s.Steps[0] // approve (local) first, then credit
+	})
+	ctx := context.Background()
+	in := start(t, d.testBundle, def, "o-local", 5)
+	if in.Steps["approve"].Status != saga.StepDone || in.Step != "credit" || in.Revision != 1 {
+		t.Fatalf("after start: step %s, approve %+v, revision %d", in.Step, in.Steps["approve"], in.Revision)
+	}
+	if again := start(t, d.testBundle, def, "o-local", 5); !again.Existing {
+		t.Fatal("second start not reported as existing")
+	}
+	if _, err := saga.Start(ctx, d.o, def, "o-local", order{ID: "o-local", Amount: 7}); !errors.Is(err, saga.ErrAlreadyStarted) {
+		t.Fatalf("other data: %v", err)
+	}
+	if got := d.effects("o-local"); !slices.Equal(got, []string{"approve:do"}) {
+		t.Fatalf("effects %v", got)
+	}
+	tx, err := d.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := saga.StartTx(ctx, tx, d.o, def, "o-local-rb", order{ID: "o-local-rb"}); err != nil {
+		t.Fatal(err)
+	}
+	_ = tx.Rollback(ctx)
+	if got := d.effects("o-local-rb"); len(got) != 0 {
+		t.Fatalf("rolled-back start left effects %v", got)
+	}
+	d.reply("o-local", d.last("o-local"), millrace.OutcomeSuccess)
+	d.reply("o-local", d.last("o-local"), millrace.OutcomeSuccess)
+	if in := d.get("o-local"); in.Status != saga.StatusCompleted {
+		t.Fatalf("status %s", in.Status)
+	}
+}

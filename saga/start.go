@@ -86,26 +86,42 @@ func StartTx[D any](ctx context.Context, tx pgx.Tx, o *Orchestrator, def *Defini
 		dl := now.Add(d.deadline)
 		in.DeadlineAt = &dl
 	}
+	if d.startsRemote() {
+		// No local step runs at the start: the first state is computed
+		// here and inserted with its history in one round trip.
+		m := &machine{o: o, d: d, in: in, ctx: ctx, tx: tx, now: now}
+		m.record("started", "", "", 0, "", "")
+		if err := m.advance(0); err != nil {
+			return nil, err
+		}
+		in.NextWakeupAt = m.nextWakeup()
+		steps, err := json.Marshal(in.Steps)
+		if err != nil {
+			return nil, fmt.Errorf("saga %s: encode step state: %w", id, err)
+		}
+		args := append([]any{id, d.typ, d.version, in.Status, in.Phase, in.Step, steps, raw, in.NextWakeupAt, in.DeadlineAt,
+			in.Attempts, oneLine(in.LastError), now}, historyArgs(m.hist)...)
+		var inserted int
+		if err := tx.QueryRow(ctx, o.sql.insertStarted, args...).Scan(&inserted); err != nil {
+			return nil, fmt.Errorf("saga %s: insert: %w", id, err)
+		}
+		if inserted == 1 {
+			if len(m.events) > 0 {
+				if _, err := o.writer.WriteTx(ctx, tx, m.events...); err != nil {
+					return nil, fmt.Errorf("saga %s: write commands: %w", id, err)
+				}
+			}
+			o.countStart(d, m)
+			return in, nil
+		}
+		return o.existing(ctx, tx, d, id, raw)
+	}
 	tag, err := tx.Exec(ctx, o.sql.insert, id, d.typ, d.version, raw, in.DeadlineAt, now)
 	if err != nil {
 		return nil, fmt.Errorf("saga %s: insert: %w", id, err)
 	}
 	if tag.RowsAffected() == 0 {
-		var typ string
-		var version int
-		var same bool
-		if err := tx.QueryRow(ctx, o.sql.selectExisting, id, raw).Scan(&typ, &version, &same); err != nil {
-			return nil, fmt.Errorf("saga %s: read existing: %w", id, err)
-		}
-		if typ != d.typ || version != d.version || !same {
-			return nil, fmt.Errorf("%w: saga %q exists as %s v%d (starting %s v%d, same data: %t)", ErrAlreadyStarted, id, typ, version, d.typ, d.version, same)
-		}
-		existing, err := scanInstance(tx.QueryRow(ctx, o.sql.get, id))
-		if err != nil {
-			return nil, fmt.Errorf("saga %s: read existing: %w", id, err)
-		}
-		existing.Existing = true
-		return existing, nil
+		return o.existing(ctx, tx, d, id, raw)
 	}
 	ctx, span := startTransition(ctx, "start", id, "", nil) // tracing.go
 	defer span.End(nil)
@@ -117,11 +133,34 @@ func StartTx[D any](ctx context.Context, tx pgx.Tx, o *Orchestrator, def *Defini
 	if err := m.save(); err != nil {
 		return nil, err
 	}
+	o.countStart(d, m)
+	return in, nil
+}
+
+func (o *Orchestrator) countStart(d *def, m *machine) {
 	if mt := o.metrics; mt != nil {
 		mt.started.WithLabelValues(d.typ).Inc()
 		for _, f := range m.after {
 			f()
 		}
 	}
-	return in, nil
+}
+
+// existing returns the saga id of a repeated start, or ErrAlreadyStarted.
+func (o *Orchestrator) existing(ctx context.Context, tx pgx.Tx, d *def, id string, raw []byte) (*Instance, error) {
+	var typ string
+	var version int
+	var same bool
+	if err := tx.QueryRow(ctx, o.sql.selectExisting, id, raw).Scan(&typ, &version, &same); err != nil {
+		return nil, fmt.Errorf("saga %s: read existing: %w", id, err)
+	}
+	if typ != d.typ || version != d.version || !same {
+		return nil, fmt.Errorf("%w: saga %q exists as %s v%d (starting %s v%d, same data: %t)", ErrAlreadyStarted, id, typ, version, d.typ, d.version, same)
+	}
+	existing, err := scanInstance(tx.QueryRow(ctx, o.sql.get, id))
+	if err != nil {
+		return nil, fmt.Errorf("saga %s: read existing: %w", id, err)
+	}
+	existing.Existing = true
+	return existing, nil
 }

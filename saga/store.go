@@ -133,6 +133,7 @@ type statements struct {
 	insert, load, update, history, claim, selectExisting string
 	get, historyOf                                       string
 	markMany, lockMany, updateMany                       string
+	insertStarted                                        string
 	instance, historyTable                               string
 }
 
@@ -162,6 +163,21 @@ ON CONFLICT (id) DO NOTHING`, inst),
 RETURNING version`, inst),
 		history: fmt.Sprintf(`INSERT INTO %s (saga_id, at, event, step, operation, attempt, outcome, status, actor, reason, detail)
 SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[], $5::text[], $6::int[], $7::text[], $8::text[], $9::text[], $10::text[], $11::jsonb[])`, hist),
+		// A saga started without running a local step: its row in its first
+		// state and its history in one round trip; the history only if the
+		// row is new. Returns 1 if it is, 0 if the id existed.
+		insertStarted: fmt.Sprintf(`WITH ins AS (
+    INSERT INTO %[1]s (id, type, def_version, status, phase, step, steps, data, input, version,
+           next_wakeup_at, deadline_at, attempts, last_error, created_at, updated_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8, 1, $9, $10, $11, $12, $13, $13)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id
+), h AS (
+    INSERT INTO %[2]s (saga_id, at, event, step, operation, attempt, outcome, status, actor, reason, detail)
+    SELECT * FROM unnest($14::text[], $15::timestamptz[], $16::text[], $17::text[], $18::text[], $19::int[], $20::text[], $21::text[], $22::text[], $23::text[], $24::jsonb[])
+     WHERE EXISTS (SELECT 1 FROM ins)
+)
+SELECT count(*) FROM ins`, inst, hist),
 		// Relies on the partial index saga_instance_wakeup_idx.
 		claim: fmt.Sprintf(`SELECT %s FROM %s
  WHERE next_wakeup_at <= $1
