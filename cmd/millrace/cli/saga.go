@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -22,8 +22,9 @@ func (a *app) sagaCmd() *cobra.Command {
 		Short: "Sagas: list, inspect, and unstick them",
 		Long: "Sagas: list them, show one with its steps and history, and take an operator action on one.\n" +
 			"An action (retry, skip, mark-compensated, abort) runs the saga's next step, so it needs the saga's\n" +
-			"definition (its Go code): the stock binary has none, so take actions from the console mounted in\n" +
-			"the service that runs the sagas (docs/operating.md); listing and showing need no definition.",
+			"definition (its Go code): the stock binary has none; a service builds a millrace with its definitions\n" +
+			"(package cmd/millrace/cli, Config.Sagas), or uses the console mounted in it (docs/operating.md).\n" +
+			"Listing and showing need no definition.",
 	})
 	cmd.AddCommand(a.sagaListCmd(), a.sagaShowCmd(),
 		a.sagaActionCmd("retry", "Retry the current step's action (or compensation) now, with a fresh retry budget",
@@ -296,7 +297,8 @@ func (a *app) sagaActionCmd(name, short string, act sagaAction) *cobra.Command {
 			in, err := act(o, cmd.Context(), ids[0], saga.Actor{Operator: operator, Reason: reason})
 			if errors.Is(err, saga.ErrNotRegistered) {
 				return fmt.Errorf("%w: this millrace binary does not have the saga's definition; "+
-					"take the action from the console mounted in the service that runs the saga", err)
+					"use a millrace built with it (package cmd/millrace/cli, Config.Sagas) "+
+					"or the console mounted in the service that runs the saga", err)
 			}
 			if err != nil {
 				return err

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bytes"
@@ -21,12 +21,12 @@ func sagaCLI(t *testing.T, db *pgtest.DB, s *opstest.Sagas, args ...string) resu
 	var stdout, stderr bytes.Buffer
 	full := append([]string{"--database-url", pgtest.URL(), "--schema", db.Schema}, args...)
 	register := func(o *saga.Orchestrator) error { return o.Register(s.Refund, s.Ship) }
-	code := runWith(context.Background(), full, &stdout, &stderr, func(k string) string {
+	code := Run(context.Background(), full, &stdout, &stderr, func(k string) string {
 		if k == "USER" {
 			return "oncall"
 		}
 		return ""
-	}, register)
+	}, Config{Sagas: register})
 	return result{stdout.String(), stderr.String(), code}
 }
 
