@@ -39,6 +39,15 @@ type order struct {
 // next command descend from it in causal order. The relay's batch spans
 // are roots of their own, linked to that trace.
 func TestOneTraceAcrossTheBroker(t *testing.T) {
+	t.Run("one by one", func(t *testing.T) { oneTrace(t, false) })
+	// Batched: the orchestrator applies replies with RunBatched and the
+	// participants run commands through a Batcher, many per transaction
+	// and without the dedup middleware; each command and reply still
+	// carries its own trace.
+	t.Run("batched", func(t *testing.T) { oneTrace(t, true) })
+}
+
+func oneTrace(t *testing.T, batched bool) {
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
 	millrace.EnableTracing(tp)
@@ -91,14 +100,20 @@ func TestOneTraceAcrossTheBroker(t *testing.T) {
 		t.Fatal(err)
 	}
 	retry := &middleware.Retry{MaxRetries: 50, InitialInterval: time.Millisecond, MaxInterval: 20 * time.Millisecond, ShouldRetry: inbox.ShouldRetry}
-	if _, err := o.AddToRouter(router, saga.RouterConfig{Subscriber: kafkatest.NewSubscriber(t, brokers), Poison: pub, Retry: retry}); err != nil {
-		t.Fatal(err)
+	if !batched {
+		if _, err := o.AddToRouter(router, saga.RouterConfig{Subscriber: kafkatest.NewSubscriber(t, brokers), Poison: pub, Retry: retry}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var batch *compensation.BatchConfig
+	if batched {
+		batch = &compensation.BatchConfig{}
 	}
 	for _, p := range []struct {
 		p     *compensation.Participant
 		topic string
 	}{{payments, creditTopic}, {inventory, shipTopic}} {
-		if _, err := p.p.AddToRouter(router, compensation.RouterConfig{Topic: p.topic, Subscriber: kafkatest.NewSubscriber(t, brokers), Poison: pub, Retry: retry}); err != nil {
+		if _, err := p.p.AddToRouter(router, compensation.RouterConfig{Topic: p.topic, Subscriber: kafkatest.NewSubscriber(t, brokers), Poison: pub, Retry: retry, Batch: batch}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -108,6 +123,16 @@ func TestOneTraceAcrossTheBroker(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
+	if batched {
+		sub := kafkatest.NewSubscriber(t, brokers)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := o.RunBatched(ctx, saga.BatchConfig{Subscriber: sub, Poison: pub}); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
 	wg.Add(3)
 	go func() { defer wg.Done(); _ = router.Run(ctx) }()
 	go func() {
@@ -147,12 +172,16 @@ func TestOneTraceAcrossTheBroker(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	handles := 4 // two at the participants, two at the orchestrator
+	if batched {
+		handles = 0 // batches record their dedup marks themselves
+	}
 	// A dedup handler's span ends after its commit, which may be after
 	// the next hop's spans: wait for them all.
 	var spans tracetest.SpanStubs
 	for {
 		spans = exp.GetSpans()
-		if countNamed(spans, traceID, "millrace.saga.reply") >= 2 && countNamed(spans, traceID, "millrace.inbox.handle") >= 4 ||
+		if countNamed(spans, traceID, "millrace.saga.reply") >= 2 && countNamed(spans, traceID, "millrace.inbox.handle") >= handles ||
 			time.Now().After(deadline) {
 			break
 		}
@@ -185,7 +214,7 @@ func TestOneTraceAcrossTheBroker(t *testing.T) {
 		}
 	}
 	for name, want := range map[string]int{
-		"place order": 1, "millrace.saga.start": 1, "millrace.inbox.handle": 4,
+		"place order": 1, "millrace.saga.start": 1, "millrace.inbox.handle": handles,
 		"millrace.compensation.action": 2, "millrace.saga.reply": 2,
 	} {
 		if got := countNamed(spans, traceID, name); got != want {
@@ -199,6 +228,12 @@ func TestOneTraceAcrossTheBroker(t *testing.T) {
 		"millrace.saga.reply", "millrace.inbox.handle", "millrace.compensation.action", "millrace.inbox.handle",
 		"millrace.saga.reply", "millrace.inbox.handle", "millrace.compensation.action", "millrace.inbox.handle",
 		"millrace.saga.start", "place order",
+	}
+	if batched {
+		want = []string{
+			"millrace.saga.reply", "millrace.compensation.action", "millrace.saga.reply", "millrace.compensation.action",
+			"millrace.saga.start", "place order",
+		}
 	}
 	longest := []string{}
 	for _, s := range inTrace {
