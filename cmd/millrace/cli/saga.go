@@ -249,11 +249,22 @@ func printSaga(w io.Writer, in *saga.Instance, hist []saga.HistoryEntry) {
 		fmt.Fprintf(w, "\nlast error: %s\n", oneLine(in.LastError))
 	}
 	fmt.Fprintf(w, "\ndata: %s\n\n", in.Data)
+	// Steps in the order they were first sent (the state is keyed by name;
+	// the definition's order is in Go code), those never sent last.
 	names := make([]string, 0, len(in.Steps))
 	for name := range in.Steps {
 		names = append(names, name)
 	}
-	sort.Strings(names)
+	sort.Slice(names, func(i, j int) bool {
+		a, b := in.Steps[names[i]].StartedAt, in.Steps[names[j]].StartedAt
+		switch {
+		case a != nil && b != nil && !a.Equal(*b):
+			return a.Before(*b)
+		case (a == nil) != (b == nil):
+			return a != nil
+		}
+		return names[i] < names[j]
+	})
 	rows := make([][]string, 0, len(names))
 	for _, name := range names {
 		st := in.Steps[name]
