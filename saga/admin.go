@@ -241,11 +241,11 @@ func (o *Orchestrator) operateTx(ctx context.Context, tx pgx.Tx, id string, by A
 }
 
 func (o *Orchestrator) operateIn(ctx context.Context, tx pgx.Tx, id string, by Actor, action string, fn func(*machine) error) (*Instance, []func(), error) {
-	if strings.TrimSpace(by.Operator) == "" || strings.TrimSpace(by.Reason) == "" {
-		return nil, nil, fmt.Errorf("%w: %s of saga %q: Actor.Operator and Actor.Reason are required", ErrActionNotAllowed, action, id)
-	}
 	in, err := o.lock(ctx, tx, id)
 	if err != nil {
+		return nil, nil, err
+	}
+	if err := checkAction(in, Action(action), by); err != nil { // operator.go: the checks an Operator applies too
 		return nil, nil, err
 	}
 	if err := o.callHook(ctx, HookLoaded, id); err != nil {
@@ -258,9 +258,6 @@ func (o *Orchestrator) operateIn(ctx context.Context, tx pgx.Tx, id string, by A
 	ctx, span := startTransition(ctx, "operator", id, in.Step, nil) // tracing.go
 	defer span.End(nil)
 	m := &machine{o: o, d: d, in: in, ctx: ctx, tx: tx, now: o.clock.Now()}
-	if in.Status == StatusCompleted || in.Status == StatusCompensated {
-		return nil, nil, fmt.Errorf("%w: %s of saga %q: it has ended (%s)", ErrActionNotAllowed, action, id, in.Status)
-	}
 	m.hist = append(m.hist, historyRow{sagaID: id, at: m.now, event: "operator", step: in.Step, actor: by.Operator,
 		reason: by.Reason, status: string(in.Status), detail: []byte(fmt.Sprintf(`{"action":%q}`, action))})
 	if err := fn(m); err != nil {
@@ -363,9 +360,6 @@ func (m *machine) opSkip() error {
 	if err != nil {
 		return err
 	}
-	if m.in.Phase != PhaseForward {
-		return fmt.Errorf("%w: the saga is compensating (use MarkCompensated)", ErrActionNotAllowed)
-	}
 	st.Status, st.Due = StepSkipped, nil
 	m.record("skipped", s.name, "", 0, "", "")
 	return m.advance(i + 1)
@@ -378,9 +372,6 @@ func (m *machine) opMarkCompensated() error {
 	s, i, st, err := m.current()
 	if err != nil {
 		return err
-	}
-	if m.in.Phase != PhaseCompensating {
-		return fmt.Errorf("%w: the saga is not compensating (use Abort first, or Skip)", ErrActionNotAllowed)
 	}
 	st.Status, st.Due = StepCompensated, nil
 	m.record("step_compensated", s.name, "", 0, "", "marked by operator")
@@ -396,9 +387,6 @@ func (m *machine) opAbort() error {
 	s, _, st, err := m.current()
 	if err != nil {
 		return err
-	}
-	if m.in.Phase != PhaseForward {
-		return fmt.Errorf("%w: the saga is compensating already (use Retry or MarkCompensated)", ErrActionNotAllowed)
 	}
 	if m.pastPivot() {
 		return fmt.Errorf("%w: the saga is past its pivot and never compensates (use Retry or Skip)", ErrActionNotAllowed)

@@ -96,6 +96,10 @@ type Instance struct {
 	CreatedAt time.Time
 	UpdatedAt time.Time
 	EndedAt   *time.Time
+	// Request is the operator request waiting for the running
+	// orchestrator (Operator), nil when none. Saving the saga never
+	// changes it: only applying it clears it.
+	Request *Request
 	// Existing is set by Start and StartTx when the saga existed already
 	// (a repeated start); it is not stored.
 	Existing bool
@@ -134,11 +138,12 @@ type statements struct {
 	get, historyOf                                       string
 	markMany, lockMany, updateMany                       string
 	insertStarted                                        string
+	request, claimRequests, clearRequest                 string // operator.go
 	instance, historyTable                               string
 }
 
 const instanceCols = `id, type, def_version, status, phase, step, steps, data, input, version,
-       next_wakeup_at, deadline_at, attempts, last_error, created_at, updated_at, ended_at`
+       next_wakeup_at, deadline_at, attempts, last_error, created_at, updated_at, ended_at, operator_request`
 
 func newStatements(schema string) statements {
 	s := baseStatements(schema)
@@ -184,6 +189,14 @@ SELECT count(*) FROM ins`, inst, hist),
  ORDER BY next_wakeup_at
  LIMIT $2
    FOR UPDATE SKIP LOCKED`, instanceCols, inst),
+		// Only these two write operator_request: saving a saga never does.
+		request:      fmt.Sprintf(`UPDATE %s SET operator_request = $2, version = version + 1 WHERE id = $1 RETURNING version`, inst),
+		clearRequest: fmt.Sprintf(`UPDATE %s SET operator_request = NULL WHERE id = $1`, inst),
+		// Relies on the partial index saga_instance_operator_request_idx.
+		claimRequests: fmt.Sprintf(`SELECT %s FROM %s
+ WHERE operator_request IS NOT NULL AND type = ANY($1::text[])
+ LIMIT $2
+   FOR UPDATE SKIP LOCKED`, instanceCols, inst),
 		historyOf: fmt.Sprintf(`SELECT id, saga_id, at, event, step, operation, attempt, outcome, status, actor, reason, detail
   FROM %s WHERE saga_id = $1 ORDER BY id`, hist),
 	}
@@ -193,7 +206,7 @@ func scanInstance(row pgx.Row) (*Instance, error) {
 	in := &Instance{}
 	var steps []byte
 	err := row.Scan(&in.ID, &in.Type, &in.Version, &in.Status, &in.Phase, &in.Step, &steps, &in.Data, &in.Input,
-		&in.Revision, &in.NextWakeupAt, &in.DeadlineAt, &in.Attempts, &in.LastError, &in.CreatedAt, &in.UpdatedAt, &in.EndedAt)
+		&in.Revision, &in.NextWakeupAt, &in.DeadlineAt, &in.Attempts, &in.LastError, &in.CreatedAt, &in.UpdatedAt, &in.EndedAt, &in.Request)
 	if err != nil {
 		return nil, err
 	}

@@ -50,14 +50,22 @@ func (o *Orchestrator) Run(ctx context.Context) error {
 // RunDue fires the timers due now (by Clock) of at most ClaimBatch sagas,
 // in one transaction, and returns how many sagas it woke. A test harness
 // with its own Clock calls it after moving the clock.
+//
+// It first applies the pending operator requests (Operator) of the sagas
+// of the registered types (applyRequests, operator.go); they count in
+// the number returned.
 func (o *Orchestrator) RunDue(ctx context.Context) (int, error) {
+	requests, err := o.applyRequests(ctx)
+	if err != nil {
+		return requests, err
+	}
 	now := o.clock.Now()
 	type done struct {
 		id    string
 		after []func()
 	}
 	var woken []done
-	err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
 		woken = woken[:0]
 		rows, err := tx.Query(ctx, o.sql.claim, now, o.batch)
 		if err != nil {
@@ -106,7 +114,7 @@ func (o *Orchestrator) RunDue(ctx context.Context) (int, error) {
 		return nil
 	})
 	if err != nil {
-		return 0, err
+		return requests, err
 	}
 	var hookErr error
 	for _, w := range woken {
@@ -117,7 +125,7 @@ func (o *Orchestrator) RunDue(ctx context.Context) (int, error) {
 			hookErr = errors.Join(hookErr, err)
 		}
 	}
-	return len(woken), hookErr
+	return requests + len(woken), hookErr
 }
 
 // ParkUnregistered finds the live sagas (running or compensating) of the

@@ -23,6 +23,11 @@ CREATE TABLE saga_instance (
     created_at     timestamptz NOT NULL,
     updated_at     timestamptz NOT NULL,
     ended_at       timestamptz,
+    -- A pending operator request (saga.Operator: retry, skip,
+    -- mark-compensated or abort, recorded by a tool without the saga's
+    -- definitions): {"action", "operator", "reason", "requested_at"}. The
+    -- running orchestrator applies it and clears it; NULL when none.
+    operator_request jsonb,
     CONSTRAINT saga_instance_status_check CHECK (status IN ('running', 'compensating', 'completed', 'compensated', 'stuck')),
     CONSTRAINT saga_instance_phase_check CHECK (phase IN ('forward', 'compensating'))
 );
@@ -31,6 +36,10 @@ CREATE TABLE saga_instance (
 -- next_wakeup_at ... FOR UPDATE SKIP LOCKED; only live sagas have a wake-up,
 -- so the partial index stays as small as the set of sagas in flight.
 CREATE INDEX saga_instance_wakeup_idx ON saga_instance (next_wakeup_at) WHERE next_wakeup_at IS NOT NULL;
+
+-- The orchestrator's pickup of pending operator requests: the partial
+-- index holds only the sagas with one (a handful at any time).
+CREATE INDEX saga_instance_operator_request_idx ON saga_instance (type) WHERE operator_request IS NOT NULL;
 
 -- Listing by type and status, newest first (keyset on created_at, id).
 CREATE INDEX saga_instance_type_status_idx ON saga_instance (type, status, created_at DESC, id DESC);

@@ -1,0 +1,281 @@
+package saga
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/millrace/millrace"
+)
+
+// Action is an operator action on a saga.
+type Action string
+
+const (
+	// ActionRetry is Orchestrator.Retry.
+	ActionRetry Action = "retry"
+	// ActionSkip is Orchestrator.Skip.
+	ActionSkip Action = "skip"
+	// ActionMarkCompensated is Orchestrator.MarkCompensated.
+	ActionMarkCompensated Action = "mark-compensated"
+	// ActionAbort is Orchestrator.Abort.
+	ActionAbort Action = "abort"
+)
+
+// Actions are the operator actions, in the order tools list them.
+var Actions = []Action{ActionRetry, ActionSkip, ActionMarkCompensated, ActionAbort}
+
+func (a Action) op() func(*machine) error {
+	switch a {
+	case ActionRetry:
+		return (*machine).opRetry
+	case ActionSkip:
+		return (*machine).opSkip
+	case ActionMarkCompensated:
+		return (*machine).opMarkCompensated
+	case ActionAbort:
+		return (*machine).opAbort
+	}
+	return nil
+}
+
+// Request is an operator action recorded by an Operator, waiting for the
+// running orchestrator to apply it (Instance.Request).
+type Request struct {
+	Action      Action    `json:"action"`
+	Operator    string    `json:"operator"`
+	Reason      string    `json:"reason"`
+	RequestedAt time.Time `json:"requested_at"`
+}
+
+// ErrRequestPending is returned by an Operator for a saga that has an
+// operator request waiting already: one at a time.
+var ErrRequestPending = errors.New("saga: an operator request is pending")
+
+// checkAction says whether the action is allowed for the saga's status and
+// phase, and that the Actor is complete. The orchestrator applies it to
+// every action (operateIn) and an Operator before it records a request;
+// the checks that need the definition (a parallel group, the pivot) are
+// the orchestrator's alone.
+func checkAction(in *Instance, action Action, by Actor) error {
+	if action.op() == nil {
+		return fmt.Errorf("%w: unknown action %q for saga %q (want retry, skip, mark-compensated or abort)", ErrActionNotAllowed, action, in.ID)
+	}
+	if strings.TrimSpace(by.Operator) == "" || strings.TrimSpace(by.Reason) == "" {
+		return fmt.Errorf("%w: %s of saga %q: Actor.Operator and Actor.Reason are required", ErrActionNotAllowed, action, in.ID)
+	}
+	if in.Status == StatusCompleted || in.Status == StatusCompensated {
+		return fmt.Errorf("%w: %s of saga %q: it has ended (%s)", ErrActionNotAllowed, action, in.ID, in.Status)
+	}
+	var why string
+	switch {
+	case action == ActionSkip && in.Phase != PhaseForward:
+		why = "the saga is compensating (use MarkCompensated)"
+	case action == ActionMarkCompensated && in.Phase != PhaseCompensating:
+		why = "the saga is not compensating (use Abort first, or Skip)"
+	case action == ActionAbort && in.Phase != PhaseForward:
+		why = "the saga is compensating already (use Retry or MarkCompensated)"
+	default:
+		return nil
+	}
+	return fmt.Errorf("%s of saga %q: %w: %s", action, in.ID, ErrActionNotAllowed, why)
+}
+
+// OperatorConfig configures an Operator.
+type OperatorConfig struct {
+	// Schema holds millrace's tables. Defaults to "millrace".
+	Schema string
+	// Clock stamps the requests. Defaults to the real time.
+	Clock Clock
+}
+
+// Operator records operator actions on sagas for the service's running
+// orchestrator to apply, without the saga definitions: it is what the
+// stock millrace command and a console without the service's Orchestrator
+// act through. A request is checked against the saga's status and phase
+// (as the orchestrator checks it), recorded on the saga with a history
+// line "operator_request", and applied by the next timer pass of an
+// Orchestrator that has the saga's type registered (Run, RunDue), as the
+// requester; if by then the saga has moved on and the action is no longer
+// allowed, the orchestrator records it as "operator_refused" and drops it.
+// It is safe for concurrent use.
+type Operator struct {
+	o *Orchestrator
+}
+
+// NewOperator returns an Operator on pool. It does not touch the database.
+func NewOperator(pool *pgxpool.Pool, cfg OperatorConfig) (*Operator, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%w: saga.NewOperator: nil pool", millrace.ErrConfig)
+	}
+	o, err := New(pool, Config{Schema: cfg.Schema, Clock: cfg.Clock})
+	if err != nil {
+		return nil, err
+	}
+	return &Operator{o: o}, nil
+}
+
+// Retry requests Orchestrator.Retry of the saga.
+func (p *Operator) Retry(ctx context.Context, id string, by Actor) (*Instance, error) {
+	return p.Request(ctx, id, ActionRetry, by)
+}
+
+// Skip requests Orchestrator.Skip of the saga.
+func (p *Operator) Skip(ctx context.Context, id string, by Actor) (*Instance, error) {
+	return p.Request(ctx, id, ActionSkip, by)
+}
+
+// MarkCompensated requests Orchestrator.MarkCompensated of the saga.
+func (p *Operator) MarkCompensated(ctx context.Context, id string, by Actor) (*Instance, error) {
+	return p.Request(ctx, id, ActionMarkCompensated, by)
+}
+
+// Abort requests Orchestrator.Abort of the saga.
+func (p *Operator) Abort(ctx context.Context, id string, by Actor) (*Instance, error) {
+	return p.Request(ctx, id, ActionAbort, by)
+}
+
+// Request records an operator request and returns the saga with it
+// (Instance.Request). It returns an error wrapping ErrNotFound for an
+// unknown id, ErrActionNotAllowed for an action the saga's state forbids
+// (or an incomplete Actor), and ErrRequestPending while another request
+// waits; then nothing is recorded.
+func (p *Operator) Request(ctx context.Context, id string, action Action, by Actor) (*Instance, error) {
+	var in *Instance
+	err := pgx.BeginFunc(ctx, p.o.pool, func(tx pgx.Tx) error {
+		var err error
+		in, err = p.RequestTx(ctx, tx, id, action, by)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return in, nil
+}
+
+// RequestTx is Request in the caller's transaction.
+func (p *Operator) RequestTx(ctx context.Context, tx pgx.Tx, id string, action Action, by Actor) (*Instance, error) {
+	o := p.o
+	in, err := o.lock(ctx, tx, id)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkAction(in, action, by); err != nil {
+		return nil, err
+	}
+	if r := in.Request; r != nil {
+		return nil, fmt.Errorf("%w: %s of saga %q by %s, requested at %s: wait until the orchestrator applies it",
+			ErrRequestPending, r.Action, id, r.Operator, r.RequestedAt.UTC().Format(time.RFC3339))
+	}
+	now := o.clock.Now()
+	req := &Request{Action: action, Operator: clean(by.Operator), Reason: oneLine(by.Reason), RequestedAt: now}
+	raw, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	if err := tx.QueryRow(ctx, o.sql.request, id, raw).Scan(&in.Revision); err != nil {
+		return nil, fmt.Errorf("saga %s: record operator request: %w", id, err)
+	}
+	in.Request = req
+	err = o.writeHistory(ctx, tx, []historyRow{{sagaID: id, at: now, event: "operator_request", step: in.Step,
+		actor: by.Operator, reason: by.Reason, status: string(in.Status), detail: raw}})
+	if err != nil {
+		return nil, err
+	}
+	return in, nil
+}
+
+// refusal says whether an operator action's error is the saga's state
+// refusing it (as opposed to a failure to carry it out).
+func refusal(err error) bool {
+	return errors.Is(err, ErrActionNotAllowed) || errors.Is(err, ErrNotRegistered)
+}
+
+// applyRequests applies the pending operator requests of at most
+// ClaimBatch sagas of the registered types, in one transaction: each with
+// the operator code path (operateIn) as its requester, or, when the saga's
+// state refuses it now, recorded as "operator_refused". Either way the
+// request is cleared; a failure to carry one out rolls everything back and
+// the next pass tries again. RunDue calls it first.
+func (o *Orchestrator) applyRequests(ctx context.Context) (int, error) {
+	reg := o.registered()
+	if len(reg) == 0 {
+		return 0, nil
+	}
+	types := make([]string, 0, len(reg))
+	for t := range reg {
+		types = append(types, t)
+	}
+	type done struct {
+		id    string
+		after []func()
+	}
+	var applied []done
+	err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
+		applied = applied[:0]
+		rows, err := tx.Query(ctx, o.sql.claimRequests, types, o.batch)
+		if err != nil {
+			return fmt.Errorf("saga: claim operator requests: %w", err)
+		}
+		pending, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*Instance, error) { return scanInstance(row) })
+		if err != nil {
+			return fmt.Errorf("saga: claim operator requests: %w", err)
+		}
+		for _, in := range pending {
+			r := in.Request
+			by := Actor{Operator: r.Operator, Reason: r.Reason}
+			sp, err := tx.Begin(ctx) // a savepoint: a refused action leaves nothing behind
+			if err != nil {
+				return err
+			}
+			_, after, err := o.operateIn(ctx, sp, in.ID, by, string(r.Action), r.Action.op())
+			switch {
+			case err == nil:
+				if err := sp.Commit(ctx); err != nil {
+					return err
+				}
+			case refusal(err):
+				if err := sp.Rollback(ctx); err != nil {
+					return err
+				}
+				o.logger.Info("saga: operator request refused", map[string]any{"saga_id": in.ID, "action": r.Action, "operator": r.Operator, "err": err.Error()})
+				detail, _ := json.Marshal(map[string]any{"action": r.Action, "requested_at": r.RequestedAt, "error": err.Error()})
+				err = o.writeHistory(ctx, tx, []historyRow{{sagaID: in.ID, at: o.clock.Now(), event: "operator_refused",
+					step: in.Step, actor: r.Operator, reason: r.Reason, status: string(in.Status), detail: detail}})
+				if err != nil {
+					return err
+				}
+			default:
+				_ = sp.Rollback(ctx)
+				return fmt.Errorf("saga %s: apply operator request (%s by %s): %w", in.ID, r.Action, r.Operator, err)
+			}
+			if _, err := tx.Exec(ctx, o.sql.clearRequest, in.ID); err != nil {
+				return fmt.Errorf("saga %s: clear operator request: %w", in.ID, err)
+			}
+			if err := o.callHook(ctx, HookBeforeCommit, in.ID); err != nil {
+				return err
+			}
+			applied = append(applied, done{in.ID, after})
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	var hookErr error
+	for _, a := range applied {
+		for _, f := range a.after {
+			f()
+		}
+		if err := o.callHook(ctx, HookAfterCommit, a.id); err != nil {
+			hookErr = errors.Join(hookErr, err)
+		}
+	}
+	return len(applied), hookErr
+}
