@@ -21,19 +21,20 @@ func (a *app) sagaCmd() *cobra.Command {
 		Use:   "saga",
 		Short: "Sagas: list, inspect, and unstick them",
 		Long: "Sagas: list them, show one with its steps and history, and take an operator action on one.\n" +
-			"An action (retry, skip, mark-compensated, abort) runs the saga's next step, so it needs the saga's\n" +
-			"definition (its Go code): the stock binary has none; a service builds a millrace with its definitions\n" +
-			"(package cmd/millrace/cli, Config.Sagas), or uses the console mounted in it (docs/operating.md).\n" +
+			"An action (retry, skip, mark-compensated, abort) runs the saga's next step, which takes the saga's\n" +
+			"definition (its Go code). The stock binary has none: it records an operator request, checked against\n" +
+			"the saga's state, that the service's running orchestrator applies on its next timer pass. A millrace\n" +
+			"built with the definitions (package cmd/millrace/cli, Config.Sagas) acts at once (docs/operating.md).\n" +
 			"Listing and showing need no definition.",
 	})
 	cmd.AddCommand(a.sagaListCmd(), a.sagaShowCmd(),
-		a.sagaActionCmd("retry", "Retry the current step's action (or compensation) now, with a fresh retry budget",
+		a.sagaActionCmd(saga.ActionRetry, "Retry the current step's action (or compensation) now, with a fresh retry budget",
 			(*saga.Orchestrator).Retry),
-		a.sagaActionCmd("skip", "Treat the current step as done by hand and move on (forward phase only)",
+		a.sagaActionCmd(saga.ActionSkip, "Treat the current step as done by hand and move on (forward phase only)",
 			(*saga.Orchestrator).Skip),
-		a.sagaActionCmd("mark-compensated", "Treat the current step's compensation as done by hand and go on compensating",
+		a.sagaActionCmd(saga.ActionMarkCompensated, "Treat the current step's compensation as done by hand and go on compensating",
 			(*saga.Orchestrator).MarkCompensated),
-		a.sagaActionCmd("abort", "Stop the forward run and compensate what took effect (before the pivot only)",
+		a.sagaActionCmd(saga.ActionAbort, "Stop the forward run and compensate what took effect (before the pivot only)",
 			(*saga.Orchestrator).Abort))
 	return cmd
 }
@@ -76,6 +77,8 @@ type sagaJSON struct {
 	EndedAt      *time.Time                 `json:"ended_at"`
 	NextWakeupAt *time.Time                 `json:"next_wakeup_at"`
 	DeadlineAt   *time.Time                 `json:"deadline_at"`
+	// Request is the operator request waiting for the orchestrator.
+	Request *saga.Request `json:"request"`
 }
 
 func toJSON(in *saga.Instance) sagaJSON {
@@ -87,7 +90,7 @@ func toJSON(in *saga.Instance) sagaJSON {
 		ID: in.ID, Type: in.Type, Version: in.Version, Status: in.Status, Phase: in.Phase, Step: in.Step,
 		Steps: steps, Data: orNull(in.Data), Input: orNull(in.Input), Revision: in.Revision, Attempts: in.Attempts,
 		LastError: in.LastError, CreatedAt: in.CreatedAt, UpdatedAt: in.UpdatedAt, EndedAt: in.EndedAt,
-		NextWakeupAt: in.NextWakeupAt, DeadlineAt: in.DeadlineAt,
+		NextWakeupAt: in.NextWakeupAt, DeadlineAt: in.DeadlineAt, Request: in.Request,
 	}
 }
 
@@ -248,6 +251,10 @@ func printSaga(w io.Writer, in *saga.Instance, hist []saga.HistoryEntry) {
 	if in.LastError != "" {
 		fmt.Fprintf(w, "\nlast error: %s\n", oneLine(in.LastError))
 	}
+	if r := in.Request; r != nil {
+		fmt.Fprintf(w, "\npending operator request: %s by %s at %s (%s), waiting for the orchestrator\n",
+			r.Action, r.Operator, r.RequestedAt.UTC().Format(time.RFC3339), oneLine(r.Reason))
+	}
 	fmt.Fprintf(w, "\ndata: %s\n\n", in.Data)
 	// Steps in the order they were first sent (the state is keyed by name;
 	// the definition's order is in Go code), those never sent last.
@@ -283,13 +290,30 @@ func printSaga(w io.Writer, in *saga.Instance, hist []saga.HistoryEntry) {
 
 type sagaAction func(o *saga.Orchestrator, ctx context.Context, id string, by saga.Actor) (*saga.Instance, error)
 
-func (a *app) sagaActionCmd(name, short string, act sagaAction) *cobra.Command {
+// requestJSON is the JSON shape of an operator request recorded by the
+// stock binary (no definitions): the request, whether the orchestrator
+// has applied it yet (--wait) and how, and the saga.
+type requestJSON struct {
+	Request saga.Request `json:"request"`
+	// Outcome is "pending" (not applied yet), "applied" or "refused".
+	Outcome string `json:"outcome"`
+	// Refusal is why the orchestrator refused it, when it did.
+	Refusal string   `json:"refusal,omitempty"`
+	Saga    sagaJSON `json:"saga"`
+}
+
+func (a *app) sagaActionCmd(action saga.Action, short string, act sagaAction) *cobra.Command {
+	name := string(action)
 	var reason, operator string
+	var wait time.Duration
 	cmd := &cobra.Command{
 		Use:   name + " ID --reason TEXT",
 		Short: short,
 		Long: short + ".\nThe action is checked against the saga's state: a refused one changes nothing. " +
-			"The operator\n(--operator, default $USER) and the reason are recorded in the saga's history.",
+			"The operator\n(--operator, default $USER) and the reason are recorded in the saga's history.\n" +
+			"A millrace built with the saga definitions (Config.Sagas) acts at once. The stock binary has none:\n" +
+			"it records an operator request that the service's running orchestrator applies on its next timer\n" +
+			"pass (saga.Operator); --wait waits for that and prints the outcome.",
 		Args: args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, ids []string) error {
 			if strings.TrimSpace(reason) == "" {
@@ -301,15 +325,22 @@ func (a *app) sagaActionCmd(name, short string, act sagaAction) *cobra.Command {
 			if strings.TrimSpace(operator) == "" {
 				return usagef("--operator is required when $USER is not set")
 			}
+			if wait < 0 {
+				return usagef("--wait must not be negative")
+			}
+			by := saga.Actor{Operator: operator, Reason: reason}
+			if a.register == nil {
+				return a.sagaRequest(cmd.Context(), ids[0], action, by, wait)
+			}
 			o, err := a.orchestrator(cmd.Context())
 			if err != nil {
 				return err
 			}
-			in, err := act(o, cmd.Context(), ids[0], saga.Actor{Operator: operator, Reason: reason})
+			in, err := act(o, cmd.Context(), ids[0], by)
 			if errors.Is(err, saga.ErrNotRegistered) {
 				return fmt.Errorf("%w: this millrace binary does not have the saga's definition; "+
-					"use a millrace built with it (package cmd/millrace/cli, Config.Sagas) "+
-					"or the console mounted in the service that runs the saga", err)
+					"use the stock millrace (it records a request for the service's orchestrator), "+
+					"a millrace built with the definition, or the console mounted in the service that runs the saga", err)
 			}
 			if err != nil {
 				return err
@@ -325,5 +356,91 @@ func (a *app) sagaActionCmd(name, short string, act sagaAction) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&reason, "reason", "", "why (required; recorded)")
 	cmd.Flags().StringVar(&operator, "operator", "", "who acts (default $USER; recorded)")
+	cmd.Flags().DurationVar(&wait, "wait", 0, "stock binary: wait this long for the running orchestrator to apply the request (e.g. 30s)")
 	return cmd
+}
+
+// sagaRequest records an operator request (saga.Operator) and, with
+// wait, polls until the orchestrator has applied or refused it.
+func (a *app) sagaRequest(ctx context.Context, id string, action saga.Action, by saga.Actor, wait time.Duration) error {
+	pool, err := a.connect(ctx)
+	if err != nil {
+		return err
+	}
+	p, err := saga.NewOperator(pool, saga.OperatorConfig{Schema: a.schema})
+	if err != nil {
+		return err
+	}
+	in, err := p.Request(ctx, id, action, by)
+	if err != nil {
+		return err
+	}
+	req := *in.Request
+	out := requestJSON{Request: req, Outcome: "pending", Saga: toJSON(in)}
+	if wait > 0 {
+		o, err := a.orchestrator(ctx)
+		if err != nil {
+			return err
+		}
+		deadline := time.Now().Add(wait)
+		for {
+			if in, err = o.Get(ctx, id); err != nil {
+				return err
+			}
+			if in.Request == nil || !in.Request.RequestedAt.Equal(req.RequestedAt) {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("%s of saga %q by %s recorded but not applied within %s: is the service's orchestrator running (Orchestrator.Run)? "+
+					"The request stays pending", action, id, by.Operator, wait)
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+		hist, err := o.History(ctx, id)
+		if err != nil {
+			return err
+		}
+		out.Outcome, out.Refusal = requestOutcome(hist, req)
+		out.Saga = toJSON(in)
+		if out.Outcome == "refused" {
+			return fmt.Errorf("%s of saga %q refused by the orchestrator when it came to apply it: %s", action, id, out.Refusal)
+		}
+	}
+	return a.emit(out, func(w io.Writer) {
+		if out.Outcome == "pending" {
+			fmt.Fprintf(w, "%s of saga %s requested by %s: recorded; the service's running orchestrator applies it on its next timer pass "+
+				"(see saga show %s, or use --wait)\n", action, id, by.Operator, id)
+			return
+		}
+		fmt.Fprintf(w, "%s of saga %s requested by %s: applied by the orchestrator, now %s", action, id, by.Operator, in.Status)
+		if in.Step != "" {
+			fmt.Fprintf(w, " at step %s", in.Step)
+		}
+		fmt.Fprintln(w)
+	})
+}
+
+// requestOutcome finds in the history what became of the request: the
+// first operator or operator_refused entry after the request's own.
+func requestOutcome(hist []saga.HistoryEntry, req saga.Request) (outcome, refusal string) {
+	seen := false
+	for _, h := range hist {
+		switch {
+		case h.Event == "operator_request" && h.At.Equal(req.RequestedAt) && h.Actor == req.Operator:
+			seen = true
+		case seen && h.Event == "operator" && h.Actor == req.Operator:
+			return "applied", ""
+		case seen && h.Event == "operator_refused" && h.Actor == req.Operator:
+			var d struct {
+				Error string `json:"error"`
+			}
+			_ = json.Unmarshal(h.Detail, &d)
+			return "refused", d.Error
+		}
+	}
+	return "applied", ""
 }

@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/millrace/millrace/internal/opstest"
 	"github.com/millrace/millrace/internal/pgtest"
@@ -214,12 +215,6 @@ func TestSagaActions(t *testing.T) {
 	sagaFails(t, db, s, 2, `--reason is required`, "saga", "retry", "refund-1")
 	unchanged("refund-1", s.Get(t, "refund-1"), historyLen("refund-1"))
 
-	// The stock binary has no definitions: a clear refusal, nothing changes.
-	before, hist = s.Get(t, "refund-1"), historyLen("refund-1")
-	fails(t, db, 1, `definition not registered: retry of saga "refund-1": refund v1: this millrace binary does not have the saga's definition`,
-		"saga", "retry", "refund-1", "--reason", "x", "--operator", "bob")
-	unchanged("refund-1", before, hist)
-
 	// Retry once the stock service is fixed: the compensation runs, the
 	// saga ends compensated, and the operator is on record.
 	s.Fix.Store(true)
@@ -269,4 +264,129 @@ func assertOperator(t *testing.T, s *opstest.Sagas, id, action, operator, reason
 		}
 	}
 	t.Errorf("saga %s: no operator entry %s by %s (%s) in its history", id, action, operator, reason)
+}
+
+// The stock binary (no definitions) records an operator request that the
+// service's running orchestrator applies.
+func TestSagaRequestFromTheStockBinary(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	s := opstest.NewSagas(t, db)
+	s.StuckRefund(t, "refund-1")
+	s.WaitingShip(t, "ship-1")
+	s.WaitingShip(t, "ship-2")
+	s.WaitingShip(t, "ship-3")
+	ctx := context.Background()
+	historyLen := func(id string) int {
+		h, err := s.O.History(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(h)
+	}
+
+	// Refused before anything is recorded: one line, nothing changes.
+	before, hist := s.Get(t, "refund-1"), historyLen("refund-1")
+	fails(t, db, 1, `skip of saga "refund-1": saga: action not allowed: the saga is compensating \(use MarkCompensated\)`,
+		"saga", "skip", "refund-1", "--reason", "x", "--operator", "bob")
+	fails(t, db, 1, `saga: not found: "nope"`, "saga", "retry", "nope", "--reason", "x", "--operator", "bob")
+	fails(t, db, 2, `--wait must not be negative`, "saga", "retry", "refund-1", "--reason", "x", "--operator", "bob", "--wait", "-1s")
+	if after := s.Get(t, "refund-1"); after.Revision != before.Revision || after.Request != nil || historyLen("refund-1") != hist {
+		t.Fatalf("a refused request changed the saga: %+v", after.Request)
+	}
+
+	// Recorded, not applied: the saga stays stuck until the orchestrator
+	// comes by.
+	var got requestJSON
+	okJSON(t, db, &got, "saga", "retry", "refund-1", "--reason", "stock fixed", "--operator", "alice")
+	if got.Outcome != "pending" || got.Request.Action != saga.ActionRetry || got.Request.Operator != "alice" ||
+		got.Request.Reason != "stock fixed" || got.Saga.Request == nil || got.Saga.Status != saga.StatusStuck {
+		t.Fatalf("retry request printed %+v", got)
+	}
+	if in := s.Get(t, "refund-1"); in.Status != saga.StatusStuck || in.Request == nil {
+		t.Fatalf("after the request: %s %+v", in.Status, in.Request)
+	}
+	out := ok(t, db, "saga", "show", "refund-1")
+	if !strings.Contains(out, "pending operator request: retry by alice") {
+		t.Errorf("saga show does not show the pending request:\n%s", out)
+	}
+	// One at a time.
+	fails(t, db, 1, `an operator request is pending: retry of saga "refund-1" by alice`,
+		"saga", "mark-compensated", "refund-1", "--reason", "x", "--operator", "bob")
+
+	// The service's orchestrator applies it on its timer pass, as alice.
+	s.Fix.Store(true)
+	if n, err := s.O.RunDue(ctx); err != nil || n != 1 {
+		t.Fatalf("RunDue: %d, %v", n, err)
+	}
+	if in := s.Get(t, "refund-1"); in.Status != saga.StatusCompensated || in.Request != nil {
+		t.Fatalf("after the orchestrator: %s %+v", in.Status, in.Request)
+	}
+	assertOperator(t, s, "refund-1", "retry", "alice", "stock fixed")
+
+	// Human output says what happens next.
+	r := cli(t, db, "saga", "skip", "ship-3", "--reason", "reserved by phone", "--operator", "dave")
+	if r.code != 0 || !strings.Contains(r.stdout, "skip of saga ship-3 requested by dave: recorded; the service's running orchestrator applies it") {
+		t.Errorf("skip: exit %d, %q %q", r.code, r.stdout, r.stderr)
+	}
+
+	// --wait: the command waits for the orchestrator and prints the outcome.
+	pump := func(args ...string) result {
+		t.Helper()
+		done := make(chan result, 1)
+		go func() { done <- cli(t, db, args...) }()
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case r := <-done:
+				return r
+			case <-tick.C:
+				if _, err := s.O.RunDue(ctx); err != nil {
+					t.Error(err)
+				}
+			}
+		}
+	}
+	r = pump("saga", "abort", "ship-1", "--reason", "customer cancelled", "--operator", "carol", "--wait", "20s", "--json")
+	if r.code != 0 {
+		t.Fatalf("abort --wait: exit %d, %q", r.code, r.stderr)
+	}
+	dec := json.NewDecoder(strings.NewReader(r.stdout))
+	dec.DisallowUnknownFields()
+	got = requestJSON{}
+	if err := dec.Decode(&got); err != nil {
+		t.Fatalf("abort --wait --json: %v in %q", err, r.stdout)
+	}
+	if got.Outcome != "applied" || got.Saga.Status != saga.StatusCompensating || got.Saga.Request != nil {
+		t.Errorf("abort --wait printed %+v", got)
+	}
+	assertOperator(t, s, "ship-1", "abort", "carol", "customer cancelled")
+
+	// --wait with no orchestrator running: a clear error, the request
+	// stays for when it runs.
+	fails(t, db, 1, `recorded but not applied within 300ms: is the service's orchestrator running`,
+		"saga", "retry", "ship-2", "--reason", "nudge", "--operator", "erin", "--wait", "300ms")
+	if in := s.Get(t, "ship-2"); in.Request == nil || in.Request.Operator != "erin" {
+		t.Fatalf("the request did not stay: %+v", in.Request)
+	}
+	// The saga moves on before the orchestrator applies it: refused when
+	// applied, and --wait says so.
+	if _, err := s.O.Skip(ctx, "ship-2", saga.Actor{Operator: "frank", Reason: "reserved by phone"}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.O.RunDue(ctx); err != nil || n < 1 {
+		t.Fatalf("RunDue: %d, %v", n, err)
+	}
+	if in := s.Get(t, "ship-2"); in.Status != saga.StatusCompleted || in.Request != nil {
+		t.Fatalf("after a refused request: %s %+v", in.Status, in.Request)
+	}
+	var refused bool
+	h, _ := s.O.History(ctx, "ship-2")
+	for _, e := range h {
+		refused = refused || (e.Event == "operator_refused" && e.Actor == "erin")
+	}
+	if !refused {
+		t.Errorf("the refused request is not in the history: %+v", h)
+	}
 }
