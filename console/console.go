@@ -55,9 +55,11 @@ type Config struct {
 	// Sagas is the orchestrator the saga pages read and act through. An
 	// operator action runs the saga's next step, which takes the saga's
 	// definition: pass the service's own Orchestrator, with its definitions
-	// registered. Defaults to an Orchestrator on Schema with none: the pages
-	// show every saga, and actions are refused (saga.ErrNotRegistered) and
-	// change nothing.
+	// registered: actions then act at once. Defaults to an Orchestrator on
+	// Schema with none: the pages show every saga, and an action records an
+	// operator request (saga.Operator), checked against the saga's state,
+	// that the service's running orchestrator applies on its next timer
+	// pass.
 	Sagas *saga.Orchestrator
 	// Logger records every operator action (and failures). Defaults to
 	// slog.Default().
@@ -90,15 +92,18 @@ func HeaderOperator(header string) func(*http.Request) string {
 // Console is the web console, an http.Handler. It is safe for concurrent
 // use.
 type Console struct {
-	cfg     Config
-	pool    *pgxpool.Pool
-	schema  string
-	outbox  *outbox.Admin
-	sagas   *saga.Orchestrator
-	csrf    *csrf
-	log     *slog.Logger
-	pages   map[string]*template.Template
-	handler http.Handler
+	cfg    Config
+	pool   *pgxpool.Pool
+	schema string
+	outbox *outbox.Admin
+	sagas  *saga.Orchestrator
+	// requests records operator requests when Config.Sagas was not given
+	// (no definitions to act with); nil otherwise.
+	requests *saga.Operator
+	csrf     *csrf
+	log      *slog.Logger
+	pages    map[string]*template.Template
+	handler  http.Handler
 
 	consumersSQL, consumerDeadSQL, sagaCountSQL string
 }
@@ -145,19 +150,24 @@ func New(pool *pgxpool.Pool, cfg Config) (*Console, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: console: %v", millrace.ErrConfig, err)
 	}
+	var requests *saga.Operator
 	if cfg.Sagas == nil {
 		if cfg.Sagas, err = saga.New(pool, saga.Config{Schema: schema}); err != nil {
 			return nil, fmt.Errorf("%w: console: %v", millrace.ErrConfig, err)
 		}
+		if requests, err = saga.NewOperator(pool, saga.OperatorConfig{Schema: schema}); err != nil {
+			return nil, fmt.Errorf("%w: console: %v", millrace.ErrConfig, err)
+		}
 	}
 	c := &Console{
-		cfg:    cfg,
-		pool:   pool,
-		schema: schema,
-		outbox: admin,
-		sagas:  cfg.Sagas,
-		csrf:   &csrf{key: cfg.CSRFKey, path: cfg.Prefix + "/"},
-		log:    cfg.Logger.With("component", "console", "schema", schema),
+		cfg:      cfg,
+		pool:     pool,
+		schema:   schema,
+		outbox:   admin,
+		sagas:    cfg.Sagas,
+		requests: requests,
+		csrf:     &csrf{key: cfg.CSRFKey, path: cfg.Prefix + "/"},
+		log:      cfg.Logger.With("component", "console", "schema", schema),
 	}
 	inboxTable := sqlident.Table(schema, "inbox_event")
 	// The consumers that have dead letters, by a skip scan over

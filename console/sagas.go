@@ -101,6 +101,8 @@ type sagaPageData struct {
 	History []saga.HistoryEntry
 	Actions []string
 	Ended   bool
+	// Requests: actions are recorded as operator requests.
+	Requests bool
 }
 
 func (c *Console) sagaPage(w http.ResponseWriter, r *http.Request) {
@@ -126,7 +128,7 @@ func (c *Console) sagaPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d := sagaPageData{Saga: in, History: hist, Data: indent(in.Data),
-		Ended: in.Status == saga.StatusCompleted || in.Status == saga.StatusCompensated}
+		Ended: in.Status == saga.StatusCompleted || in.Status == saga.StatusCompensated, Requests: c.requests != nil}
 	names := make([]string, 0, len(in.Steps))
 	for name := range in.Steps {
 		names = append(names, name)
@@ -167,6 +169,9 @@ func indent(raw []byte) string {
 type sagaConfirmData struct {
 	ID, Action, Question, Effect, Post, Cancel string
 	Danger                                     bool
+	// Request: the console has no definitions; the action is recorded as
+	// an operator request for the service's orchestrator.
+	Request bool
 }
 
 // sagaTarget reads and checks the action and saga id of a confirm page or
@@ -198,6 +203,7 @@ func (c *Console) sagaConfirm(w http.ResponseWriter, r *http.Request) {
 	d.Post = c.cfg.Prefix + "/saga/" + d.Action
 	d.Cancel = c.cfg.Prefix + "/saga?id=" + url.QueryEscape(d.ID)
 	d.Danger = d.Action == "abort"
+	d.Request = c.requests != nil
 	c.render(w, r, http.StatusOK, "saga_confirm", "Confirm: "+d.Action, "sagas", d)
 }
 
@@ -220,9 +226,20 @@ func (c *Console) sagaAct(w http.ResponseWriter, r *http.Request) (string, bool)
 	}[d.Action]
 	ctx, cancel := reqCtx(r)
 	defer cancel()
-	in, err := act(c.sagas, ctx, d.ID, saga.Actor{Operator: operator, Reason: reason})
+	by := saga.Actor{Operator: operator, Reason: reason}
+	var in *saga.Instance
+	var err error
+	if c.requests != nil {
+		in, err = c.requests.Request(ctx, d.ID, saga.Action(d.Action), by)
+	} else {
+		in, err = act(c.sagas, ctx, d.ID, by)
+	}
 	attrs := []any{"operator", operator, "action", d.Action, "saga_id", d.ID, "reason", reason}
 	switch {
+	case errors.Is(err, saga.ErrRequestPending):
+		c.log.Warn("console: saga action refused", append(attrs, "err", err)...)
+		c.fail(w, r, http.StatusConflict, "Refused, nothing was changed: "+err.Error()+".")
+		return "", false
 	case errors.Is(err, saga.ErrNotFound):
 		c.fail(w, r, http.StatusNotFound, fmt.Sprintf("No saga %q: nothing was changed.", d.ID))
 		return "", false
@@ -240,6 +257,10 @@ func (c *Console) sagaAct(w http.ResponseWriter, r *http.Request) (string, bool)
 		c.fail(w, r, http.StatusInternalServerError, "Failed, nothing was changed: "+err.Error())
 		return "", false
 	}
+	if c.requests != nil {
+		c.log.Info("console: saga "+d.Action+" requested", append(attrs, "status", string(in.Status))...)
+		return "/saga?id=" + url.QueryEscape(d.ID) + "&requested=" + d.Action, true
+	}
 	c.log.Info("console: saga "+d.Action, append(attrs, "status", string(in.Status))...)
 	return "/saga?id=" + url.QueryEscape(d.ID) + "&done=" + d.Action, true
 }
@@ -247,6 +268,10 @@ func (c *Console) sagaAct(w http.ResponseWriter, r *http.Request) (string, bool)
 // sagaFlash is the message after a saga action's redirect, from fixed
 // wording only.
 func sagaFlash(q url.Values) string {
+	if _, ok := sagaEffects[q.Get("requested")]; ok && q.Get("id") != "" {
+		return fmt.Sprintf("Requested: %s. The service's running orchestrator applies it on its next timer pass; reload to see it.",
+			strings.ReplaceAll(q.Get("requested"), "-", " "))
+	}
 	if _, ok := sagaEffects[q.Get("done")]; !ok || q.Get("id") == "" {
 		return ""
 	}

@@ -149,7 +149,8 @@ func TestSagaActions(t *testing.T) {
 }
 
 // TestSagaActionsWithoutDefinitions: a console with no saga definitions
-// shows sagas and refuses actions, changing nothing.
+// records an action as an operator request (after the same checks), and
+// the service's orchestrator applies it.
 func TestSagaActionsWithoutDefinitions(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
@@ -157,15 +158,44 @@ func TestSagaActionsWithoutDefinitions(t *testing.T) {
 	s.StuckRefund(t, "refund-1")
 	b := setupOn(t, db, console.Config{})
 	rev := s.Get(t, "refund-1").Revision
-	contains(t, "saga page", b.get("/saga?id=refund-1").body, `saga-status">stuck`)
+	contains(t, "saga page", b.get("/saga?id=refund-1").body, `saga-status">stuck`, "an action is recorded as a request")
+	contains(t, "confirm page", b.get("/saga/retry?id=refund-1").body, `id="request-note"`)
 	token := b.confirm("/saga/retry?id=refund-1")
-	r := b.post("/saga/retry", url.Values{"id": {"refund-1"}, "csrf_token": {token}, "reason": {"x"}})
-	if r.status != http.StatusConflict || !strings.Contains(r.body, "does not have the saga&#39;s definition") {
-		t.Errorf("retry without definitions: %d\n%s", r.status, r.body)
+
+	// Refused by the saga's state before anything is recorded.
+	r := b.post("/saga/skip", url.Values{"id": {"refund-1"}, "csrf_token": {token}, "reason": {"x"}})
+	if r.status != http.StatusConflict || !strings.Contains(r.body, "the saga is compensating (use MarkCompensated)") {
+		t.Errorf("skip of a compensating saga: %d\n%s", r.status, r.body)
 	}
-	if in := s.Get(t, "refund-1"); in.Revision != rev {
-		t.Error("a refused retry changed the saga")
+	if in := s.Get(t, "refund-1"); in.Revision != rev || in.Request != nil {
+		t.Error("a refused request changed the saga")
 	}
+
+	r = b.post("/saga/retry", url.Values{"id": {"refund-1"}, "csrf_token": {token}, "reason": {"stock fixed"}})
+	if r.status != http.StatusSeeOther || r.location != "/saga?id=refund-1&requested=retry" {
+		t.Fatalf("retry: %d to %q\n%s", r.status, r.location, r.body)
+	}
+	in := s.Get(t, "refund-1")
+	if in.Status != saga.StatusStuck || in.Request == nil || in.Request.Operator != "alice" || in.Request.Reason != "stock fixed" {
+		t.Fatalf("after the request: %s %+v", in.Status, in.Request)
+	}
+	contains(t, "page after the request", b.get(r.location).body, `id="flash">Requested: retry.`, `id="saga-request">retry by alice`)
+	contains(t, "log", b.logs.String(), "console: saga retry requested", "operator=alice", "saga_id=refund-1")
+	// One pending request at a time.
+	r = b.post("/saga/mark-compensated", url.Values{"id": {"refund-1"}, "csrf_token": {token}, "reason": {"x"}})
+	if r.status != http.StatusConflict || !strings.Contains(r.body, "an operator request is pending") {
+		t.Errorf("second request: %d\n%s", r.status, r.body)
+	}
+
+	// The service's orchestrator applies it as alice.
+	s.Fix.Store(true)
+	if n, err := s.O.RunDue(context.Background()); err != nil || n != 1 {
+		t.Fatalf("RunDue: %d, %v", n, err)
+	}
+	if in := s.Get(t, "refund-1"); in.Status != saga.StatusCompensated || in.Request != nil {
+		t.Errorf("after the orchestrator: %s %+v", in.Status, in.Request)
+	}
+	operatorEntry(t, s, "refund-1", "retry", "alice", "stock fixed")
 }
 
 func TestSagaReadOnly(t *testing.T) {
