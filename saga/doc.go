@@ -158,10 +158,24 @@
 //     hand and continue with the steps before it.
 //   - Abort: going forward before the pivot, stop and compensate.
 //
+// Those act at once and need the saga's definition. A tool without the
+// definitions (the stock millrace command, a standalone console) records
+// an operator request instead: Operator (NewOperator; Retry, Skip,
+// MarkCompensated, Abort, Request, RequestTx) checks the action against the
+// saga's status and phase as the orchestrator does, stores it on the saga
+// (Instance.Request; one at a time, else ErrRequestPending) with an
+// "operator_request" history line, and the service's orchestrator applies
+// it on its next timer pass (Run, RunDue) through the same code as Retry
+// and friends, recorded as the requester. One the saga's state no longer
+// allows by then is recorded as "operator_refused" and dropped. Saving a
+// saga (a reply, a timer) never clears a pending request; only applying it
+// does. Only an orchestrator with the saga's type registered applies it.
+//
 // # Tables and hooks
 //
 // Migration 005_saga creates saga_instance (one row per saga; indexes for
-// due timers and for listing by type, status and age) and saga_history.
+// due timers, pending operator requests, and listing by type, status and
+// age) and saga_history.
 // Config.Clock replaces the real time (for tests that skip time) and
 // Config.Hook is called at each persistence boundary (HookLoaded,
 // HookBeforeCommit, HookAfterCommit), for harnesses that inject crashes;

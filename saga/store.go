@@ -121,7 +121,7 @@ type HistoryEntry struct {
 	At     time.Time
 	// Event is what happened: started, command, reply, fenced, timeout,
 	// retry, failed, compensate, completed, compensated, stuck, deadline,
-	// operator, unregistered.
+	// operator, operator_request, operator_refused, unregistered.
 	Event     string
 	Step      string
 	Operation string
