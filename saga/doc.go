@@ -169,7 +169,8 @@
 // and friends, recorded as the requester. One the saga's state no longer
 // allows by then is recorded as "operator_refused" and dropped. Saving a
 // saga (a reply, a timer) never clears a pending request; only applying it
-// does. Only an orchestrator with the saga's type registered applies it.
+// does. Only an orchestrator with the saga's type and version registered
+// applies it.
 //
 // # Tables and hooks
 //

@@ -101,7 +101,7 @@ type OperatorConfig struct {
 // act through. A request is checked against the saga's status and phase
 // (as the orchestrator checks it), recorded on the saga with a history
 // line "operator_request", and applied by the next timer pass of an
-// Orchestrator that has the saga's type registered (Run, RunDue), as the
+// Orchestrator that has the saga's type and version registered (Run, RunDue), as the
 // requester; if by then the saga has moved on and the action is no longer
 // allowed, the orchestrator records it as "operator_refused" and drops it.
 // It is safe for concurrent use.
@@ -198,7 +198,9 @@ func refusal(err error) bool {
 }
 
 // applyRequests applies the pending operator requests of at most
-// ClaimBatch sagas of the registered types, in one transaction: each with
+// ClaimBatch sagas of the registered types and versions (during a rolling
+// deploy, an orchestrator without a saga's version leaves its request to
+// one that has it), in one transaction: each with
 // the operator code path (operateIn) as its requester, or, when the saga's
 // state refuses it now, recorded as "operator_refused". Either way the
 // request is cleared; a failure to carry one out rolls everything back and
@@ -208,9 +210,12 @@ func (o *Orchestrator) applyRequests(ctx context.Context) (int, error) {
 	if len(reg) == 0 {
 		return 0, nil
 	}
-	types := make([]string, 0, len(reg))
-	for t := range reg {
-		types = append(types, t)
+	var types []string
+	var versions []int32
+	for t, vs := range reg {
+		for _, v := range vs {
+			types, versions = append(types, t), append(versions, int32(v))
+		}
 	}
 	type done struct {
 		id    string
@@ -219,7 +224,7 @@ func (o *Orchestrator) applyRequests(ctx context.Context) (int, error) {
 	var applied []done
 	err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
 		applied = applied[:0]
-		rows, err := tx.Query(ctx, o.sql.claimRequests, types, o.batch)
+		rows, err := tx.Query(ctx, o.sql.claimRequests, types, versions, o.batch)
 		if err != nil {
 			return fmt.Errorf("saga: claim operator requests: %w", err)
 		}

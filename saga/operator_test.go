@@ -188,8 +188,8 @@ func TestOperatorRequestRefusedWhenTheSagaMovedOn(t *testing.T) {
 	}
 }
 
-// An orchestrator leaves alone the requests of the saga types it does not
-// run (another service's sagas in the same schema).
+// An orchestrator leaves alone the requests of the saga types and
+// versions it does not run (another service's sagas in the same schema).
 func TestOperatorRequestOfAnotherType(t *testing.T) {
 	t.Parallel()
 	id := "o-req-other"
@@ -205,6 +205,14 @@ func TestOperatorRequestOfAnotherType(t *testing.T) {
 	}
 	if n, err := other.RunDue(ctx); err != nil || n != 0 {
 		t.Fatalf("RunDue without the type: %d, %v", n, err)
+	}
+	// Nor does one with the type but not the saga's version (a rolling
+	// deploy): it leaves the request to an orchestrator that has it.
+	if err := other.Register(mustDefine(t, orderSpec(d.testBundle, 2))); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := other.RunDue(ctx); err != nil || n != 0 {
+		t.Fatalf("RunDue without the version: %d, %v", n, err)
 	}
 	if in := d.get(id); in.Request == nil || in.Status != saga.StatusStuck {
 		t.Fatalf("an orchestrator without the type touched the request: %s %+v", in.Status, in.Request)

@@ -194,8 +194,9 @@ SELECT count(*) FROM ins`, inst, hist),
 		clearRequest: fmt.Sprintf(`UPDATE %s SET operator_request = NULL WHERE id = $1`, inst),
 		// Relies on the partial index saga_instance_operator_request_idx.
 		claimRequests: fmt.Sprintf(`SELECT %s FROM %s
- WHERE operator_request IS NOT NULL AND type = ANY($1::text[])
- LIMIT $2
+ WHERE operator_request IS NOT NULL
+   AND (type, def_version) IN (SELECT * FROM unnest($1::text[], $2::int[]))
+ LIMIT $3
    FOR UPDATE SKIP LOCKED`, instanceCols, inst),
 		historyOf: fmt.Sprintf(`SELECT id, saga_id, at, event, step, operation, attempt, outcome, status, actor, reason, detail
   FROM %s WHERE saga_id = $1 ORDER BY id`, hist),

@@ -295,7 +295,8 @@ type sagaAction func(o *saga.Orchestrator, ctx context.Context, id string, by sa
 // has applied it yet (--wait) and how, and the saga.
 type requestJSON struct {
 	Request saga.Request `json:"request"`
-	// Outcome is "pending" (not applied yet), "applied" or "refused".
+	// Outcome is "pending" (not applied yet), "applied" or "refused" (or
+	// "unknown" if the history does not say).
 	Outcome string `json:"outcome"`
 	// Refusal is why the orchestrator refused it, when it did.
 	Refusal string   `json:"refusal,omitempty"`
@@ -416,7 +417,11 @@ func (a *app) sagaRequest(ctx context.Context, id string, action saga.Action, by
 				"(see saga show %s, or use --wait)\n", action, id, by.Operator, id)
 			return
 		}
-		fmt.Fprintf(w, "%s of saga %s requested by %s: applied by the orchestrator, now %s", action, id, by.Operator, in.Status)
+		how := "applied by the orchestrator"
+		if out.Outcome != "applied" {
+			how = "no longer pending (see saga show " + id + ")"
+		}
+		fmt.Fprintf(w, "%s of saga %s requested by %s: %s, now %s", action, id, by.Operator, how, in.Status)
 		if in.Step != "" {
 			fmt.Fprintf(w, " at step %s", in.Step)
 		}
@@ -425,22 +430,33 @@ func (a *app) sagaRequest(ctx context.Context, id string, action saga.Action, by
 }
 
 // requestOutcome finds in the history what became of the request: the
-// first operator or operator_refused entry after the request's own.
+// operator or operator_refused entry after the requester's last
+// operator_request entry ("unknown" if there is none).
 func requestOutcome(hist []saga.HistoryEntry, req saga.Request) (outcome, refusal string) {
-	seen := false
+	outcome = "unknown"
 	for _, h := range hist {
-		switch {
-		case h.Event == "operator_request" && h.At.Equal(req.RequestedAt) && h.Actor == req.Operator:
-			seen = true
-		case seen && h.Event == "operator" && h.Actor == req.Operator:
-			return "applied", ""
-		case seen && h.Event == "operator_refused" && h.Actor == req.Operator:
-			var d struct {
-				Error string `json:"error"`
+		if h.Actor != req.Operator {
+			continue
+		}
+		switch h.Event {
+		case "operator_request":
+			outcome, refusal = "pending", ""
+		case "operator":
+			if outcome == "pending" {
+				outcome = "applied"
 			}
-			_ = json.Unmarshal(h.Detail, &d)
-			return "refused", d.Error
+		case "operator_refused":
+			if outcome == "pending" {
+				var d struct {
+					Error string `json:"error"`
+				}
+				_ = json.Unmarshal(h.Detail, &d)
+				outcome, refusal = "refused", d.Error
+			}
 		}
 	}
-	return "applied", ""
+	if outcome == "pending" {
+		outcome = "unknown"
+	}
+	return outcome, refusal
 }

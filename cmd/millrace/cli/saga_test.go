@@ -276,6 +276,7 @@ func TestSagaRequestFromTheStockBinary(t *testing.T) {
 	s.WaitingShip(t, "ship-1")
 	s.WaitingShip(t, "ship-2")
 	s.WaitingShip(t, "ship-3")
+	s.WaitingShip(t, "ship-4")
 	ctx := context.Background()
 	historyLen := func(id string) int {
 		h, err := s.O.History(ctx, id)
@@ -388,5 +389,29 @@ func TestSagaRequestFromTheStockBinary(t *testing.T) {
 	}
 	if !refused {
 		t.Errorf("the refused request is not in the history: %+v", h)
+	}
+
+	// --wait reports a refusal as a one-line error.
+	done := make(chan result, 1)
+	go func() {
+		done <- cli(t, db, "saga", "retry", "ship-4", "--reason", "nudge", "--operator", "gina", "--wait", "20s")
+	}()
+	deadline := time.Now().Add(20 * time.Second)
+	for s.Get(t, "ship-4").Request == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("the request was never recorded")
+		}
+		time.Sleep(10 * time.Millisecond) // polling the database for the CLI's write
+	}
+	if _, err := s.O.Skip(ctx, "ship-4", saga.Actor{Operator: "frank", Reason: "reserved by phone"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.O.RunDue(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r = <-done
+	if r.code != 1 || r.stdout != "" || strings.Count(r.stderr, "\n") != 1 ||
+		!strings.Contains(r.stderr, `retry of saga "ship-4" refused by the orchestrator when it came to apply it: saga: action not allowed: retry of saga "ship-4": it has ended (completed)`) {
+		t.Errorf("--wait on a refused request: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
 }
