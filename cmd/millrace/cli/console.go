@@ -25,7 +25,9 @@ func (a *app) consoleCmd() *cobra.Command {
 		Use:   "console",
 		Short: "Serve the web console",
 		Long: "Serve the web console (package console) until interrupted: the outbox backlog, and the outbox's\n" +
-			"and inboxes' dead letters with requeue and discard. Put it behind your authenticating proxy;\n" +
+			"and inboxes' dead letters with requeue and discard, and the sagas with their operator actions (recorded\n" +
+			"as requests for the service's running orchestrator, unless this millrace has the saga definitions:\n" +
+			"then they act at once). Put it behind your authenticating proxy;\n" +
 			"actions are recorded in the log with the operator named by --operator-header (else \"console\").",
 		Args: args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -40,6 +42,12 @@ func (a *app) consoleCmd() *cobra.Command {
 			}
 			if operatorHeader != "" {
 				cfg.Operator = console.HeaderOperator(operatorHeader)
+			}
+			if a.register != nil {
+				// Built with the saga definitions: saga actions act at once.
+				if cfg.Sagas, err = a.orchestrator(ctx); err != nil {
+					return err
+				}
 			}
 			c, err := console.New(pool, cfg)
 			if err != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/migrations"
 	"github.com/millrace/millrace/outbox"
+	"github.com/millrace/millrace/saga"
 )
 
 func TestMain(m *testing.M) { leaktest.VerifyTestMain(m) }
@@ -489,4 +490,58 @@ func TestConsoleCommand(t *testing.T) {
 		t.Errorf("console exit %d after interrupt: %s", code, stderr.String())
 	}
 	http.DefaultClient.CloseIdleConnections()
+}
+
+// TestConsoleCommandSagas: the stock binary's console records saga actions
+// as requests; one built with the definitions acts through them.
+func TestConsoleCommandSagas(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	s := opstest.NewSagas(t, db)
+	s.StuckRefund(t, "refund-1")
+	page := func(cfg Config) string {
+		t.Helper()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		var stderr syncBuffer
+		done := make(chan int, 1)
+		go func() {
+			done <- Run(ctx, []string{"--database-url", pgtest.URL(), "--schema", db.Schema, "console", "--listen", "127.0.0.1:0"},
+				io.Discard, &stderr, func(string) string { return "" }, cfg)
+		}()
+		addr := regexp.MustCompile(`listening on (http://\S+)`)
+		var base string
+		for deadline := time.Now().Add(30 * time.Second); ; {
+			if m := addr.FindStringSubmatch(stderr.String()); m != nil {
+				base = m[1]
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("console did not start: %s", stderr.String())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		resp, err := http.Get(base + "saga/retry?id=refund-1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("confirm page: %d\n%s", resp.StatusCode, body)
+		}
+		cancel()
+		if code := <-done; code != 0 {
+			t.Errorf("console exit %d after interrupt: %s", code, stderr.String())
+		}
+		http.DefaultClient.CloseIdleConnections()
+		return string(body)
+	}
+	if body := page(Config{}); !strings.Contains(body, `id="request-note"`) {
+		t.Errorf("the stock console does not say it records a request:\n%s", body)
+	}
+	register := func(o *saga.Orchestrator) error { return o.Register(s.Refund, s.Ship) }
+	if body := page(Config{Sagas: register}); strings.Contains(body, `id="request-note"`) {
+		t.Errorf("a console built with the definitions records requests:\n%s", body)
+	}
 }
