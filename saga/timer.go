@@ -12,7 +12,8 @@ import (
 
 // Run fires the sagas' timers until ctx ends: every PollInterval it claims
 // the sagas whose next wake-up is due (Clock.Now()) and fires their step
-// timeouts, backoff retries and deadlines (RunDue). Any number of Run loops,
+// timeouts, backoff retries and deadlines, and applies the pending
+// operator requests (Operator) of its registered sagas (RunDue). Any number of Run loops,
 // in one process or many, share the work: a saga is claimed with FOR
 // UPDATE SKIP LOCKED, so one loop fires it and the others pass over it.
 //
