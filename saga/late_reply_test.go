@@ -271,3 +271,38 @@ func TestLateCompensationReplies(t *testing.T) {
 		}
 	}
 }
+
+// A group member backing off after a timeout when another member fails: it
+// is retried no more and, as it may have taken effect, it is compensated
+// with the steps before.
+func TestGroupMemberBackingOffAfterTimeoutIsCompensated(t *testing.T) {
+	t.Parallel()
+	d, def := groupDriver(t)
+	id := "g-late"
+	start(t, d.testBundle, def, id, 1)
+	d.reply(id, d.last(id), millrace.OutcomeSuccess) // reserve
+	d.tick(time.Second)                              // credit and stock time out: both back off
+	in := d.get(id)
+	if in.Steps["credit"].Status != saga.StepBackoff || in.Steps["stock"].Status != saga.StepBackoff {
+		t.Fatalf("credit %+v, stock %+v", in.Steps["credit"], in.Steps["stock"])
+	}
+	d.reply(id, d.find(id, "credit", "action"), millrace.OutcomeFailure) // credit's late answer: refused
+	in = d.get(id)
+	if in.Status != saga.StatusCompensating || in.Steps["credit"].Status != saga.StepFailed {
+		t.Fatalf("saga %s, credit %+v", in.Status, in.Steps["credit"])
+	}
+	if st := in.Steps["stock"]; st.Status != saga.StepCompensating || st.Attempt != 1 {
+		t.Fatalf("stock %+v: want compensating, after its one attempt", st)
+	}
+	d.reply(id, d.last(id), millrace.OutcomeSuccess) // stock undone
+	if c := d.last(id); c.Step != "reserve" || c.Op != "compensation" {
+		t.Fatalf("then %+v", c)
+	}
+	d.reply(id, d.last(id), millrace.OutcomeSuccess)
+	if in := d.get(id); in.Status != saga.StatusCompensated {
+		t.Fatalf("saga %s", in.Status)
+	}
+	if got := steps(d.commands(id)); !slices.Equal(got, []string{"reserve:action", "credit:action", "stock:action", "stock:compensation", "reserve:compensation"}) {
+		t.Fatalf("commands %v", got)
+	}
+}
