@@ -180,6 +180,7 @@ func (p *Participant) handleRound(ctx context.Context, tx pgx.Tx, items []*item)
 			fin.add(it.call, r)
 		}
 		events = append(events, p.replyEvent(it.call, r))
+		traceBatchReply(p, it, &events[len(events)-1]) // tracing.go
 	}
 	before := []queued{{sql: release}}
 	if len(fin.sagaIDs) > 0 {

@@ -96,8 +96,8 @@ INSERT INTO `+account+` VALUES ('alice', 100)`); err != nil {
 	send("order-2", millrace.OperationAction, 1, 50)       // late: cancelled, not run
 	send("order-3", millrace.OperationAction, 1, 500)      // a business failure
 	// Output:
-	// order-1 action #1: success {"left": 70}, credit 70
-	// order-1 action #2: success {"left": 70}, credit 70
+	// order-1 action #1: success {"left":70}, credit 70
+	// order-1 action #2: success {"left":70}, credit 70
 	// order-1 compensation #1: success {}, credit 100
 	// order-2 compensation #1: success {}, credit 100
 	// order-2 action #1: cancelled {} (compensated before the action arrived), credit 100

@@ -197,11 +197,13 @@ func (p *Participant) Handle(msg *message.Message) error {
 // ErrUnknownCommand) before anything is written. A technical error of the
 // function is returned as is: roll tx back and retry the message. A
 // business failure (Fail) is not an error here: it is replied.
-func (p *Participant) HandleTx(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+func (p *Participant) HandleTx(ctx context.Context, tx pgx.Tx, msg *message.Message) (err error) {
 	it, err := p.item(msg)
 	if err != nil {
 		return err
 	}
+	ctx, span := traceCall(ctx, p.name, msg, it.call) // tracing.go
+	defer func() { span.End(err) }()
 	ctx, restore := withTx(ctx, tx, msg)
 	defer restore()
 	b := &pgx.Batch{}

@@ -21,6 +21,7 @@ import (
 	"github.com/millrace/millrace/internal/opstest"
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/outbox"
+	"github.com/millrace/millrace/saga"
 )
 
 // browser returns the Chromium to drive: CHROMIUM_PATH (which must then
@@ -48,7 +49,10 @@ func browser(t *testing.T) string {
 // an outbox dead letter by pressing the buttons (Requeue, then the confirm
 // page's "Yes, requeue") and finds it requeued in the database, and it
 // checks that the same form without its CSRF token is refused and changes
-// nothing. With MILLRACE_SCREENSHOT=1 it writes docs/console.png.
+// nothing; it opens a stuck saga from the sagas page, presses Retry, gives
+// a reason and confirms, and finds the saga compensated with the operator
+// on record. With MILLRACE_SCREENSHOT=1 it writes docs/console.png (the
+// sagas page).
 func TestBrowser(t *testing.T) {
 	t.Parallel()
 	exe := browser(t)
@@ -56,6 +60,12 @@ func TestBrowser(t *testing.T) {
 	ids := opstest.OutboxDead(t, db, "orders", 3)
 	opstest.Write(t, db, "orders", 5) // a backlog for the overview
 	opstest.InboxDead(t, db, "billing", 2)
+	// Sagas after the dead letters (whose relay would take their commands).
+	sagas := opstest.NewSagas(t, db)
+	sagas.StuckRefund(t, "order-7f3a")
+	sagas.WaitingShip(t, "order-7f3b")
+	sagas.StuckRefund(t, "order-7f3c")
+	sagas.WaitingShip(t, "order-7f3d")
 	admin, err := outbox.NewAdmin(db.Pool, outbox.AdminConfig{Schema: db.Schema})
 	if err != nil {
 		t.Fatal(err)
@@ -64,6 +74,7 @@ func TestBrowser(t *testing.T) {
 		Schema: db.Schema, Prefix: "/ops",
 		Operator: func(*http.Request) string { return "alice@example.com" },
 		Logger:   slog.New(slog.DiscardHandler),
+		Sagas:    sagas.O,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -133,12 +144,56 @@ func TestBrowser(t *testing.T) {
 	if got := deadLetters(); slices.Contains(got, ids[0]) || len(got) != 2 {
 		t.Errorf("after the browser requeued %s, dead letters are %v", ids[0], got)
 	}
-	if s, err := admin.Stats(context.Background()); err != nil || s.Pending != 6 {
-		t.Errorf("after requeue, stats %+v, %v; want 6 pending (5 + the requeued one)", s, err)
+	if s, err := admin.Stats(context.Background()); err != nil || s.Pending != 8 {
+		t.Errorf("after requeue, stats %+v, %v; want 8 pending (5, the two ship sagas' commands and the requeued one)", s, err)
 	}
 
-	// The screenshot for the docs: the list after the requeue, with the
-	// message, the remaining dead letters and their buttons.
+	// A stuck saga: the sagas page, its row, its page, Retry, a reason,
+	// and the confirm button; the saga moves on in the database.
+	sagas.Fix.Store(true) // the stock service is fixed: the compensation will go through
+	stuck := `tr[data-saga-id="order-7f3c"] a`
+	if err := chromedp.Do(ctx,
+		chromedp.Navigate(base+"/sagas?status=stuck"),
+		chromedp.WaitVisible(stuck),
+		chromedp.Click(stuck),
+		chromedp.WaitVisible(`#action-retry`),
+		chromedp.Click(`#action-retry`),
+		chromedp.WaitVisible(`#reason`),
+	); err != nil {
+		t.Fatal(err)
+	}
+	if in := sagas.Get(t, "order-7f3c"); in.Status != saga.StatusStuck {
+		t.Fatalf("the confirm page changed the saga: %s", in.Status)
+	}
+	if err := chromedp.Do(ctx,
+		chromedp.SendKeys(`#reason`, "stock service fixed"),
+		chromedp.Click(`#confirm`),
+		chromedp.WaitVisible(`#flash`),
+	); err != nil {
+		t.Fatal(err)
+	}
+	status, err := chromedp.Run(ctx, chromedp.Text(`#saga-status`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in := sagas.Get(t, "order-7f3c"); in.Status != saga.StatusCompensated || status != "compensated" {
+		t.Errorf("after the browser's retry the saga is %s (page says %q), want compensated", in.Status, status)
+	}
+	hist, err := sagas.O.History(context.Background(), "order-7f3c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(hist, func(h saga.HistoryEntry) bool {
+		return h.Event == "operator" && h.Actor == "alice@example.com" && h.Reason == "stock service fixed"
+	}) {
+		t.Errorf("the browser's retry is not in the saga's history as alice's: %+v", hist)
+	}
+
+	// The screenshot for the docs: the sagas page, stuck, running and
+	// compensated ones.
+	if err := chromedp.Do(ctx, chromedp.Navigate(base+"/sagas"), chromedp.WaitVisible(`#sagas`)); err != nil {
+		t.Fatal(err)
+	}
 	shot, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 	if err != nil {
 		t.Fatal(err)

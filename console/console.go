@@ -17,6 +17,7 @@ import (
 	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/internal/sqlident"
 	"github.com/millrace/millrace/outbox"
+	"github.com/millrace/millrace/saga"
 )
 
 //go:embed templates/*.html
@@ -51,6 +52,13 @@ type Config struct {
 	// per process (tokens of pages served before a restart are refused:
 	// reload the page).
 	CSRFKey []byte
+	// Sagas is the orchestrator the saga pages read and act through. An
+	// operator action runs the saga's next step, which takes the saga's
+	// definition: pass the service's own Orchestrator, with its definitions
+	// registered. Defaults to an Orchestrator on Schema with none: the pages
+	// show every saga, and actions are refused (saga.ErrNotRegistered) and
+	// change nothing.
+	Sagas *saga.Orchestrator
 	// Logger records every operator action (and failures). Defaults to
 	// slog.Default().
 	Logger *slog.Logger
@@ -86,12 +94,13 @@ type Console struct {
 	pool    *pgxpool.Pool
 	schema  string
 	outbox  *outbox.Admin
+	sagas   *saga.Orchestrator
 	csrf    *csrf
 	log     *slog.Logger
 	pages   map[string]*template.Template
 	handler http.Handler
 
-	consumersSQL, consumerDeadSQL string
+	consumersSQL, consumerDeadSQL, sagaCountSQL string
 }
 
 // New returns a Console on pool. It does not touch the database.
@@ -136,11 +145,17 @@ func New(pool *pgxpool.Pool, cfg Config) (*Console, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: console: %v", millrace.ErrConfig, err)
 	}
+	if cfg.Sagas == nil {
+		if cfg.Sagas, err = saga.New(pool, saga.Config{Schema: schema}); err != nil {
+			return nil, fmt.Errorf("%w: console: %v", millrace.ErrConfig, err)
+		}
+	}
 	c := &Console{
 		cfg:    cfg,
 		pool:   pool,
 		schema: schema,
 		outbox: admin,
+		sagas:  cfg.Sagas,
 		csrf:   &csrf{key: cfg.CSRFKey, path: cfg.Prefix + "/"},
 		log:    cfg.Logger.With("component", "console", "schema", schema),
 	}
@@ -161,6 +176,10 @@ SELECT consumer FROM c WHERE consumer IS NOT NULL LIMIT 100`, inboxTable)
 	c.consumerDeadSQL = fmt.Sprintf(`SELECT count(*) FROM (
     SELECT 1 FROM %s WHERE consumer = $1 AND dead_at IS NOT NULL AND NOT processed LIMIT $2) s`, inboxTable)
 
+	// Sagas in a status, counted on saga_instance_status_idx up to a cap.
+	c.sagaCountSQL = fmt.Sprintf(`SELECT count(*) FROM (
+    SELECT 1 FROM %s WHERE status = $1 LIMIT $2) s`, sqlident.Table(schema, "saga_instance"))
+
 	if err := c.parseTemplates(); err != nil {
 		return nil, err
 	}
@@ -180,6 +199,10 @@ func (c *Console) routes() http.Handler {
 	mux.HandleFunc("GET /inbox/dead", c.inboxDead)
 	mux.HandleFunc("GET /inbox/dead/{action}", c.inboxConfirm)
 	mux.HandleFunc("POST /inbox/dead/{action}", c.post(c.inboxAct))
+	mux.HandleFunc("GET /sagas", c.sagaList)
+	mux.HandleFunc("GET /saga", c.sagaPage)
+	mux.HandleFunc("GET /saga/{action}", c.sagaConfirm)
+	mux.HandleFunc("POST /saga/{action}", c.post(c.sagaAct))
 	static, _ := fs.Sub(staticFS, "static")
 	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {

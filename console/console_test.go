@@ -54,7 +54,12 @@ type bundle struct {
 // filled in. Every request says it comes from operator alice.
 func setup(t *testing.T, cfg console.Config) *bundle {
 	t.Helper()
-	db := pgtest.New(t)
+	return setupOn(t, pgtest.New(t), cfg)
+}
+
+// setupOn is setup on db.
+func setupOn(t *testing.T, db *pgtest.DB, cfg console.Config) *bundle {
+	t.Helper()
 	b := &bundle{t: t, db: db, logs: &syncBuffer{}, prefix: strings.TrimSuffix(cfg.Prefix, "/")}
 	cfg.Schema = db.Schema
 	cfg.Logger = slog.New(slog.NewTextHandler(b.logs, nil))
@@ -192,7 +197,8 @@ func TestOverview(t *testing.T) {
 		`operator: <b>alice</b>`,
 		`<a href="/inbox/dead?consumer=billing">billing</a></td><td class="num">2</td>`,
 		`<a href="/inbox/dead?consumer=shipping">shipping</a></td><td class="num">1</td>`,
-		`Sagas <small>(coming with the saga package)</small>`)
+		`<a href="/sagas">Sagas</a>`,
+		`<span class="value" id="sagas-stuck">0</span>`)
 	if regexp.MustCompile(`id="oldest">-<`).MatchString(r.body) {
 		t.Errorf("oldest pending age not shown although 3 events are pending")
 	}

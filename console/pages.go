@@ -28,7 +28,7 @@ var nav = []navItem{
 	{Key: "overview", Label: "Overview", Path: "/"},
 	{Key: "outbox", Label: "Outbox dead letters", Path: "/outbox/dead"},
 	{Key: "inbox", Label: "Inbox dead letters", Path: "/inbox/dead"},
-	{Key: "sagas", Label: "Sagas", Soon: "coming with the saga package"},
+	{Key: "sagas", Label: "Sagas", Path: "/sagas"},
 }
 
 // view is what every page template gets: the layout's fields and the
@@ -55,6 +55,12 @@ var funcs = template.FuncMap{
 	"human": human,
 	"stamp": func(t time.Time) string {
 		if t.IsZero() {
+			return "-"
+		}
+		return t.UTC().Format("2006-01-02 15:04:05Z")
+	},
+	"stampp": func(t *time.Time) string {
+		if t == nil {
 			return "-"
 		}
 		return t.UTC().Format("2006-01-02 15:04:05Z")
@@ -89,7 +95,7 @@ func (c *Console) parseTemplates() error {
 		return err
 	}
 	c.pages = map[string]*template.Template{}
-	for _, page := range []string{"overview", "outbox_dead", "inbox_dead", "confirm", "error"} {
+	for _, page := range []string{"overview", "outbox_dead", "inbox_dead", "confirm", "error", "sagas", "saga", "saga_confirm"} {
 		t, err := template.Must(base.Clone()).ParseFS(templateFS, "templates/"+page+".html")
 		if err != nil {
 			return err
@@ -133,6 +139,9 @@ func (c *Console) dbFail(w http.ResponseWriter, r *http.Request, err error) {
 // flash is the message after an action's redirect, made from fixed
 // wording and a count, never from text in the URL.
 func flash(q url.Values) string {
+	if f := sagaFlash(q); f != "" {
+		return f
+	}
 	n, err := strconv.Atoi(q.Get("n"))
 	if err != nil || n < 0 {
 		return ""
@@ -158,6 +167,15 @@ type overviewData struct {
 	Stats     outbox.Stats
 	Consumers []consumerRow
 	CountCap  int
+	// Sagas counts the live and stuck sagas by status, each up to
+	// CountCap (More: there are more).
+	Sagas []statusCount
+}
+
+type statusCount struct {
+	Status string
+	N      int64
+	More   bool
 }
 
 func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
@@ -173,7 +191,20 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 		c.dbFail(w, r, err)
 		return
 	}
-	c.render(w, r, http.StatusOK, "overview", "Overview", "overview", overviewData{Stats: stats, Consumers: consumers, CountCap: c.cfg.PageSize})
+	d := overviewData{Stats: stats, Consumers: consumers, CountCap: c.cfg.PageSize}
+	for _, st := range []string{"stuck", "running", "compensating"} {
+		var n int64
+		if err := c.pool.QueryRow(ctx, c.sagaCountSQL, st, c.cfg.PageSize+1).Scan(&n); err != nil {
+			c.dbFail(w, r, err)
+			return
+		}
+		sc := statusCount{Status: st, N: n}
+		if n > int64(c.cfg.PageSize) {
+			sc.N, sc.More = int64(c.cfg.PageSize), true
+		}
+		d.Sagas = append(d.Sagas, sc)
+	}
+	c.render(w, r, http.StatusOK, "overview", "Overview", "overview", d)
 }
 
 // consumers returns the configured inbox consumers, or those with dead

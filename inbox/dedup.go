@@ -100,6 +100,7 @@ func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		if err != nil {
 			return nil, err
 		}
+		defer traceDedup(msg, d.consumer, id)(&err) // tracing.go: a span, when tracing is on
 		ctx := msg.Context()
 		conn, err := d.pool.Acquire(ctx)
 		if err != nil {

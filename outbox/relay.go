@@ -475,7 +475,9 @@ func (r *Relay) runBatch(ctx context.Context, offset int) (int, error) {
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
 	defer cancel()
 
+	endSpan := traceBatch(ctx, rows) // tracing.go
 	failed, outage := r.publish(rows)
+	endSpan(len(failed), outage)
 	if len(failed) == len(rows) && !anyPermanent(failed) {
 		// Nothing went out and nothing says the events are at fault: the
 		// broker is unavailable. Roll back (the events stay pending),

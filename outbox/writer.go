@@ -155,6 +155,7 @@ func (w *Writer) WriteTx(ctx context.Context, tx pgx.Tx, events ...Event) ([]str
 	if len(events) == 0 {
 		return nil, ErrNoEvents
 	}
+	events = withTrace(ctx, events) // tracing.go: the caller's trace context, when tracing is on
 	rows := make([]eventRow, len(events))
 	ids := make([]string, len(events))
 	for i := range events {

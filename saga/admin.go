@@ -255,6 +255,8 @@ func (o *Orchestrator) operateIn(ctx context.Context, tx pgx.Tx, id string, by A
 	if d == nil {
 		return nil, nil, fmt.Errorf("%w: %s of saga %q: %s v%d", ErrNotRegistered, action, id, in.Type, in.Version)
 	}
+	ctx, span := startTransition(ctx, "operator", id, in.Step, nil) // tracing.go
+	defer span.End(nil)
 	m := &machine{o: o, d: d, in: in, ctx: ctx, tx: tx, now: o.clock.Now()}
 	if in.Status == StatusCompleted || in.Status == StatusCompensated {
 		return nil, nil, fmt.Errorf("%w: %s of saga %q: it has ended (%s)", ErrActionNotAllowed, action, id, in.Status)

@@ -16,6 +16,7 @@ import (
 	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/internal/backoff"
 	"github.com/millrace/millrace/internal/sqlident"
+	"github.com/millrace/millrace/internal/tracing"
 	"github.com/millrace/millrace/outbox"
 )
 
@@ -280,7 +281,7 @@ func (o *Orchestrator) handleRepliesTx(ctx context.Context, tx pgx.Tx, msgs []*m
 	}
 	var unknown []historyRow
 	var order []*machine
-	for _, it := range items {
+	for i, it := range items {
 		if it == nil {
 			continue
 		}
@@ -306,7 +307,11 @@ func (o *Orchestrator) handleRepliesTx(ctx context.Context, tx pgx.Tx, msgs []*m
 			continue
 		}
 		m.fenced = false
-		if err := m.onReply(r); err != nil {
+		var span *tracing.Span
+		m.ctx, span = startTransition(ctx, "reply", r.sagaID, r.step, msgs[i].Metadata) // tracing.go
+		err := m.onReply(r)
+		span.End(err)
+		if err != nil {
 			return nil, nil, nil, err
 		}
 		if m.fenced {

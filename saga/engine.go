@@ -67,6 +67,17 @@ func (m *machine) command(s *stepDef, c *command, op string, attempt int) error 
 		// handle: no command goes out, and an operator decides.
 		return m.stuck(fmt.Sprintf("step %s: build the %s command: %v", s.name, op, err))
 	}
+	md := map[string]string{
+		millrace.MetadataSagaID:         m.in.ID,
+		millrace.MetadataSagaType:       m.d.typ,
+		millrace.MetadataSagaStep:       s.name,
+		millrace.MetadataSagaAttempt:    strconv.Itoa(attempt),
+		millrace.MetadataSagaOperation:  op,
+		millrace.MetadataSagaCommand:    c.name,
+		millrace.MetadataSagaReplyTopic: m.d.replyTopic,
+		millrace.MetadataPartitionKey:   m.in.ID,
+	}
+	traceCommand(m.ctx, md) // tracing.go
 	m.events = append(m.events, outbox.Event{
 		Topic:         c.topic,
 		PartitionKey:  m.in.ID,
@@ -74,16 +85,7 @@ func (m *machine) command(s *stepDef, c *command, op string, attempt int) error 
 		AggregateID:   m.in.ID,
 		EventType:     c.name,
 		Payload:       payload,
-		Metadata: map[string]string{
-			millrace.MetadataSagaID:         m.in.ID,
-			millrace.MetadataSagaType:       m.d.typ,
-			millrace.MetadataSagaStep:       s.name,
-			millrace.MetadataSagaAttempt:    strconv.Itoa(attempt),
-			millrace.MetadataSagaOperation:  op,
-			millrace.MetadataSagaCommand:    c.name,
-			millrace.MetadataSagaReplyTopic: m.d.replyTopic,
-			millrace.MetadataPartitionKey:   m.in.ID,
-		},
+		Metadata:      md,
 	})
 	m.in.Attempts = attempt
 	m.record("command", s.name, op, attempt, "", "")

@@ -68,7 +68,9 @@ func (o *Orchestrator) HandleReplyTx(ctx context.Context, tx pgx.Tx, msg *messag
 		return fmt.Errorf("message %s: %w", msg.UUID, err)
 	}
 	r.eventID = msg.UUID
+	ctx, span := startTransition(ctx, "reply", r.sagaID, r.step, msg.Metadata) // tracing.go
 	after, err := o.applyReply(ctx, tx, r)
+	span.End(err)
 	if err != nil {
 		return err
 	}

@@ -79,6 +79,8 @@ func StartTx[D any](ctx context.Context, tx pgx.Tx, o *Orchestrator, def *Defini
 	if err != nil {
 		return nil, fmt.Errorf("saga %s: encode data: %w", id, err)
 	}
+	ctx, span := startTransition(ctx, "start", id, "", nil) // tracing.go
+	defer span.End(nil)
 	now := o.clock.Now()
 	in := &Instance{ID: id, Type: d.typ, Version: d.version, Status: StatusRunning, Phase: PhaseForward,
 		Steps: map[string]*StepState{}, Data: raw, Input: raw, Revision: 1, CreatedAt: now, UpdatedAt: now}

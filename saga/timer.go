@@ -86,8 +86,11 @@ func (o *Orchestrator) RunDue(ctx context.Context) (int, error) {
 					return err
 				}
 			} else {
-				m := &machine{o: o, d: d, in: in, ctx: ctx, tx: tx, now: now}
-				if err := m.onWake(); err != nil {
+				mctx, span := startTransition(ctx, "timer", in.ID, in.Step, nil) // tracing.go
+				m := &machine{o: o, d: d, in: in, ctx: mctx, tx: tx, now: now}
+				err := m.onWake()
+				span.End(err)
+				if err != nil {
 					return err
 				}
 				if err := m.save(); err != nil {

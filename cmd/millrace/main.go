@@ -7,6 +7,9 @@
 //	millrace outbox dead list --topic orders
 //	millrace outbox dead requeue 0192f5c4-...
 //	millrace inbox dead list --consumer billing --json
+//	millrace saga list --status stuck --older-than 1h
+//	millrace saga show order-1234
+//	millrace saga retry order-1234 --reason "stock service fixed"
 //	millrace console --listen :8080
 //
 // The database comes from --database-url or DATABASE_URL, the schema from
@@ -15,219 +18,18 @@
 // command fails, 2 for a usage error; an error is one line on stderr, and a
 // command that fails changes nothing. "millrace help logging" tells how to
 // route millrace's logs through log/slog.
+//
+// The saga actions (retry, skip, mark-compensated, abort) run a saga's next
+// step, the Go code of its definition, which this stock binary does not
+// have: it lists and shows every saga and refuses actions. A service builds
+// its own binary with its definitions, in a few lines, with package
+// github.com/millrace/millrace/cmd/millrace/cli (cli.Config.Sagas).
 package main
 
 import (
-	"context"
-	"encoding/json"
-	"errors"
-	"fmt"
-	"io"
 	"os"
-	"os/signal"
-	"strings"
-	"syscall"
-	"text/tabwriter"
-	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/spf13/cobra"
-
-	"github.com/millrace/millrace/internal/sqlident"
+	"github.com/millrace/millrace/cmd/millrace/cli"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
-	stop()
-	os.Exit(code)
-}
-
-// Exit statuses.
-const (
-	exitOK    = 0
-	exitFail  = 1
-	exitUsage = 2
-)
-
-// usageError is a mistake on the command line (unknown flag, bad value,
-// missing argument): exit status 2.
-type usageError struct{ err error }
-
-func (e usageError) Error() string { return e.err.Error() }
-func (e usageError) Unwrap() error { return e.err }
-
-func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
-
-// app is one run of the command: its flags, output and lazily opened pool.
-type app struct {
-	stdout, stderr io.Writer
-	getenv         func(string) string
-	databaseURL    string
-	schema         string
-	json           bool
-	pool           *pgxpool.Pool
-}
-
-// run executes the command line args and returns the exit status.
-// getenv reads the environment (DATABASE_URL).
-func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
-	a := &app{stdout: stdout, stderr: stderr, getenv: getenv}
-	root := a.rootCmd()
-	root.SetArgs(args)
-	root.SetOut(stdout)
-	root.SetErr(stderr)
-	err := root.ExecuteContext(ctx)
-	if a.pool != nil {
-		a.pool.Close()
-	}
-	if err == nil {
-		return exitOK
-	}
-	fmt.Fprintln(stderr, "millrace: "+oneLine(err.Error()))
-	var ue usageError
-	if errors.As(err, &ue) {
-		return exitUsage
-	}
-	return exitFail
-}
-
-func oneLine(s string) string {
-	return strings.Join(strings.Fields(s), " ")
-}
-
-func (a *app) rootCmd() *cobra.Command {
-	root := group(&cobra.Command{
-		Use:           "millrace",
-		Short:         "Operate millrace's outbox, inboxes and migrations",
-		Long:          "millrace operates the tables of the millrace library in a PostgreSQL schema: migrations, the outbox\nbacklog and dead letters, replay, the inboxes' dead letters, and a web console.",
-		SilenceUsage:  true,
-		SilenceErrors: true,
-	})
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	pf := root.PersistentFlags()
-	pf.StringVar(&a.databaseURL, "database-url", "", "PostgreSQL connection URL (default $DATABASE_URL)")
-	pf.StringVar(&a.schema, "schema", "millrace", "schema that holds millrace's tables")
-	pf.BoolVar(&a.json, "json", false, "print JSON instead of a table")
-	root.AddCommand(a.migrateCmd(), a.outboxCmd(), a.inboxCmd(), a.consoleCmd(), loggingTopic())
-	return root
-}
-
-// args wraps a cobra positional-argument check so that its failure is a
-// usage error.
-func args(check cobra.PositionalArgs) cobra.PositionalArgs {
-	return func(cmd *cobra.Command, args []string) error {
-		if err := check(cmd, args); err != nil {
-			return usageError{err}
-		}
-		return nil
-	}
-}
-
-// group makes cmd a command that only holds subcommands: run with an
-// unknown one, or without one (except plain "millrace", which prints the
-// help), it is a usage error naming the subcommands.
-func group(cmd *cobra.Command) *cobra.Command {
-	cmd.Args = args(cobra.NoArgs)
-	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		if !cmd.HasParent() {
-			return cmd.Help() // plain "millrace"
-		}
-		var names []string
-		for _, c := range cmd.Commands() {
-			if c.IsAvailableCommand() {
-				names = append(names, c.Name())
-			}
-		}
-		return usagef("%s needs a subcommand: %s", cmd.CommandPath(), strings.Join(names, ", "))
-	}
-	return cmd
-}
-
-// connect opens the pool on first use and checks the schema name.
-func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
-	if a.pool != nil {
-		return a.pool, nil
-	}
-	if _, err := sqlident.Schema(a.schema); err != nil {
-		return nil, usageError{fmt.Errorf("--schema: %w", err)}
-	}
-	url := a.databaseURL
-	if url == "" {
-		url = a.getenv("DATABASE_URL")
-	}
-	if url == "" {
-		return nil, usagef("no database: set DATABASE_URL or --database-url")
-	}
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		return nil, usageError{fmt.Errorf("database url: %w", err)}
-	}
-	if cfg.ConnConfig.ConnectTimeout == 0 {
-		cfg.ConnConfig.ConnectTimeout = 10 * time.Second
-	}
-	cfg.MaxConns = 4
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("connect: %w", err)
-	}
-	if err := pool.Ping(ctx); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("PostgreSQL at %s:%d (database %q) does not answer: %w",
-			cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database, err)
-	}
-	a.pool = pool
-	return pool, nil
-}
-
-// emit prints v as indented JSON with --json, else calls human.
-func (a *app) emit(v any, human func(w io.Writer)) error {
-	if a.json {
-		enc := json.NewEncoder(a.stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(v)
-	}
-	human(a.stdout)
-	return nil
-}
-
-// table writes rows aligned in columns.
-func table(w io.Writer, header []string, rows [][]string) {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, strings.Join(header, "\t"))
-	for _, r := range rows {
-		for i := range r {
-			r[i] = cell(r[i])
-		}
-		fmt.Fprintln(tw, strings.Join(r, "\t"))
-	}
-	tw.Flush()
-}
-
-// cell keeps a table cell on one line (tabs and newlines would break the
-// alignment) and short.
-func cell(s string) string {
-	s = oneLine(s)
-	if s == "" {
-		return "-"
-	}
-	if r := []rune(s); len(r) > 60 {
-		return string(r[:59]) + "…"
-	}
-	return s
-}
-
-// age prints a duration rounded for people: 3s, 4m12s, 2h5m, 3d4h.
-func age(d time.Duration) string {
-	switch {
-	case d <= 0:
-		return "-"
-	case d < time.Hour:
-		return d.Round(time.Second).String()
-	case d < 48*time.Hour:
-		return strings.TrimSuffix(d.Round(time.Minute).String(), "0s")
-	default:
-		days := int(d / (24 * time.Hour))
-		return fmt.Sprintf("%dd%dh", days, int((d%(24*time.Hour))/time.Hour))
-	}
-}
+func main() { os.Exit(cli.Main(cli.Config{})) }

@@ -1,0 +1,254 @@
+package console
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"net/http"
+	"net/url"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/millrace/millrace/saga"
+)
+
+var sagaStatuses = []saga.Status{saga.StatusStuck, saga.StatusRunning, saga.StatusCompensating, saga.StatusCompleted, saga.StatusCompensated}
+
+// sagaEffects says what each operator action does, on its confirm page.
+var sagaEffects = map[string]string{
+	"retry":            "The current step's action (or, while compensating, its compensation) is sent again now, with a new attempt number and a fresh retry budget.",
+	"skip":             "The current step is treated as done by hand, without running it, and the saga moves on to its next step.",
+	"mark-compensated": "The current step's compensation is treated as done by hand, and the saga goes on compensating the steps before it.",
+	"abort":            "The saga stops going forward and compensates the steps that took effect. This cannot be undone.",
+}
+
+var sagaActionOrder = []string{"retry", "skip", "mark-compensated", "abort"}
+
+type sagaListData struct {
+	Type, Status, Older string
+	Statuses            []saga.Status
+	List                []*saga.Instance
+	Cursor, Next        string
+	Filtered            bool
+}
+
+// sagaList lists sagas by type, status and age, newest first, a page at a
+// time (saga.Orchestrator.List: a keyset over the indexes of migration
+// 005).
+func (c *Console) sagaList(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	d := sagaListData{Type: q.Get("type"), Status: q.Get("status"), Older: q.Get("older"), Cursor: q.Get("cursor"), Statuses: sagaStatuses}
+	d.Filtered = d.Type != "" || d.Status != "" || d.Older != ""
+	p := saga.ListParams{Type: d.Type, Cursor: d.Cursor, Limit: c.cfg.PageSize}
+	if d.Status != "" {
+		ok := false
+		for _, s := range sagaStatuses {
+			ok = ok || string(s) == d.Status
+		}
+		if !ok {
+			c.fail(w, r, http.StatusBadRequest, fmt.Sprintf("Unknown status %q.", d.Status))
+			return
+		}
+		p.Status = saga.Status(d.Status)
+	}
+	if d.Older != "" {
+		age, err := time.ParseDuration(d.Older)
+		if err != nil || age < 0 {
+			c.fail(w, r, http.StatusBadRequest, fmt.Sprintf("Bad age %q: write it like 30m, 2h or 48h.", d.Older))
+			return
+		}
+		p.CreatedBefore = time.Now().Add(-age)
+	}
+	ctx, cancel := reqCtx(r)
+	defer cancel()
+	res, err := c.sagas.List(ctx, p)
+	if errors.Is(err, saga.ErrInvalidCursor) {
+		c.fail(w, r, http.StatusBadRequest, "Bad page cursor: start from the first page.")
+		return
+	}
+	if err != nil {
+		c.dbFail(w, r, err)
+		return
+	}
+	d.List, d.Next = res.Sagas, res.Next
+	c.render(w, r, http.StatusOK, "sagas", "Sagas", "sagas", d)
+}
+
+// NextQuery is the query string of the next page, filters kept.
+func (d sagaListData) NextQuery() template.URL {
+	v := url.Values{}
+	for k, s := range map[string]string{"type": d.Type, "status": d.Status, "older": d.Older, "cursor": d.Next} {
+		if s != "" {
+			v.Set(k, s)
+		}
+	}
+	return template.URL(v.Encode()) // encoded: only its own escapes
+}
+
+type stepRow struct {
+	Name    string
+	State   *saga.StepState
+	Current bool
+}
+
+type sagaPageData struct {
+	Saga    *saga.Instance
+	Data    string // indented JSON
+	Steps   []stepRow
+	History []saga.HistoryEntry
+	Actions []string
+	Ended   bool
+}
+
+func (c *Console) sagaPage(w http.ResponseWriter, r *http.Request) {
+	id := r.URL.Query().Get("id")
+	if id == "" {
+		c.fail(w, r, http.StatusBadRequest, "No saga id given.")
+		return
+	}
+	ctx, cancel := reqCtx(r)
+	defer cancel()
+	in, err := c.sagas.Get(ctx, id)
+	if errors.Is(err, saga.ErrNotFound) {
+		c.fail(w, r, http.StatusNotFound, fmt.Sprintf("No saga %q.", id))
+		return
+	}
+	if err != nil {
+		c.dbFail(w, r, err)
+		return
+	}
+	hist, err := c.sagas.History(ctx, id)
+	if err != nil {
+		c.dbFail(w, r, err)
+		return
+	}
+	d := sagaPageData{Saga: in, History: hist, Data: indent(in.Data),
+		Ended: in.Status == saga.StatusCompleted || in.Status == saga.StatusCompensated}
+	names := make([]string, 0, len(in.Steps))
+	for name := range in.Steps {
+		names = append(names, name)
+	}
+	// Steps in the order they were first sent (the stored state is keyed by
+	// name; the definition's order is in the user's Go code).
+	sort.Slice(names, func(i, j int) bool {
+		a, b := in.Steps[names[i]].StartedAt, in.Steps[names[j]].StartedAt
+		switch {
+		case a != nil && b != nil && !a.Equal(*b):
+			return a.Before(*b)
+		case (a == nil) != (b == nil):
+			return a != nil
+		}
+		return names[i] < names[j]
+	})
+	for _, name := range names {
+		d.Steps = append(d.Steps, stepRow{Name: name, State: in.Steps[name], Current: name == in.Step})
+	}
+	if !d.Ended {
+		d.Actions = sagaActionOrder
+	}
+	c.render(w, r, http.StatusOK, "saga", "Saga "+id, "sagas", d)
+}
+
+func indent(raw []byte) string {
+	var v any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return string(raw)
+	}
+	out, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return string(raw)
+	}
+	return string(out)
+}
+
+type sagaConfirmData struct {
+	ID, Action, Question, Effect, Post, Cancel string
+	Danger                                     bool
+}
+
+// sagaTarget reads and checks the action and saga id of a confirm page or
+// an action; it writes the error page and returns false when they are bad.
+func (c *Console) sagaTarget(w http.ResponseWriter, r *http.Request) (sagaConfirmData, bool) {
+	d := sagaConfirmData{Action: r.PathValue("action"), ID: r.FormValue("id")}
+	if _, ok := sagaEffects[d.Action]; !ok {
+		c.fail(w, r, http.StatusNotFound, fmt.Sprintf("Unknown action %q: nothing was changed.", d.Action))
+		return d, false
+	}
+	if d.ID == "" {
+		c.fail(w, r, http.StatusBadRequest, "No saga id given: nothing was changed.")
+		return d, false
+	}
+	return d, true
+}
+
+func (c *Console) sagaConfirm(w http.ResponseWriter, r *http.Request) {
+	if c.cfg.ReadOnly {
+		c.fail(w, r, http.StatusForbidden, "The console is read-only.")
+		return
+	}
+	d, ok := c.sagaTarget(w, r)
+	if !ok {
+		return
+	}
+	d.Effect = sagaEffects[d.Action]
+	d.Question = fmt.Sprintf("%s saga %s?", strings.ToUpper(d.Action[:1])+strings.ReplaceAll(d.Action[1:], "-", " "), d.ID)
+	d.Post = c.cfg.Prefix + "/saga/" + d.Action
+	d.Cancel = c.cfg.Prefix + "/saga?id=" + url.QueryEscape(d.ID)
+	d.Danger = d.Action == "abort"
+	c.render(w, r, http.StatusOK, "saga_confirm", "Confirm: "+d.Action, "sagas", d)
+}
+
+func (c *Console) sagaAct(w http.ResponseWriter, r *http.Request) (string, bool) {
+	d, ok := c.sagaTarget(w, r)
+	if !ok {
+		return "", false
+	}
+	reason := strings.TrimSpace(r.FormValue("reason"))
+	if reason == "" {
+		c.fail(w, r, http.StatusBadRequest, "A reason is required (it is recorded in the saga's history): nothing was changed.")
+		return "", false
+	}
+	operator := c.cfg.Operator(r)
+	act := map[string]func(*saga.Orchestrator, context.Context, string, saga.Actor) (*saga.Instance, error){
+		"retry":            (*saga.Orchestrator).Retry,
+		"skip":             (*saga.Orchestrator).Skip,
+		"mark-compensated": (*saga.Orchestrator).MarkCompensated,
+		"abort":            (*saga.Orchestrator).Abort,
+	}[d.Action]
+	ctx, cancel := reqCtx(r)
+	defer cancel()
+	in, err := act(c.sagas, ctx, d.ID, saga.Actor{Operator: operator, Reason: reason})
+	attrs := []any{"operator", operator, "action", d.Action, "saga_id", d.ID, "reason", reason}
+	switch {
+	case errors.Is(err, saga.ErrNotFound):
+		c.fail(w, r, http.StatusNotFound, fmt.Sprintf("No saga %q: nothing was changed.", d.ID))
+		return "", false
+	case errors.Is(err, saga.ErrNotRegistered):
+		c.log.Warn("console: saga action refused", append(attrs, "err", err)...)
+		c.fail(w, r, http.StatusConflict, "Refused, nothing was changed: "+err.Error()+
+			". This console's orchestrator does not have the saga's definition: mount the console in the service that registers it (Config.Sagas).")
+		return "", false
+	case errors.Is(err, saga.ErrActionNotAllowed):
+		c.log.Warn("console: saga action refused", append(attrs, "err", err)...)
+		c.fail(w, r, http.StatusConflict, "Refused, nothing was changed: "+err.Error()+".")
+		return "", false
+	case err != nil:
+		c.log.Error("console: saga action failed", append(attrs, "err", err)...)
+		c.fail(w, r, http.StatusInternalServerError, "Failed, nothing was changed: "+err.Error())
+		return "", false
+	}
+	c.log.Info("console: saga "+d.Action, append(attrs, "status", string(in.Status))...)
+	return "/saga?id=" + url.QueryEscape(d.ID) + "&done=" + d.Action, true
+}
+
+// sagaFlash is the message after a saga action's redirect, from fixed
+// wording only.
+func sagaFlash(q url.Values) string {
+	if _, ok := sagaEffects[q.Get("done")]; !ok || q.Get("id") == "" {
+		return ""
+	}
+	return fmt.Sprintf("Done: %s. The saga's state below is as it is now.", strings.ReplaceAll(q.Get("done"), "-", " "))
+}

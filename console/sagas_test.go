@@ -1,0 +1,207 @@
+package console_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/millrace/millrace/console"
+	"github.com/millrace/millrace/internal/opstest"
+	"github.com/millrace/millrace/internal/pgtest"
+	"github.com/millrace/millrace/saga"
+)
+
+// setupSagas serves a console whose orchestrator has the test sagas'
+// definitions, as a service mounting it would.
+func setupSagas(t *testing.T, cfg console.Config) (*bundle, *opstest.Sagas) {
+	t.Helper()
+	db := pgtest.New(t)
+	s := opstest.NewSagas(t, db)
+	cfg.Sagas = s.O
+	return setupOn(t, db, cfg), s
+}
+
+func TestSagaPages(t *testing.T) {
+	t.Parallel()
+	b, s := setupSagas(t, console.Config{PageSize: 2})
+	s.StuckRefund(t, "refund-1")
+	s.StuckRefund(t, "refund-2")
+	s.WaitingShip(t, "ship-<1>")
+
+	r := b.get("/")
+	contains(t, "overview", r.body, `<span class="value" id="sagas-stuck">2</span>`, `<span class="value" id="sagas-running">1</span>`,
+		`<a href="/sagas?status=stuck">list them</a>`)
+
+	r = b.get("/sagas")
+	if r.status != http.StatusOK {
+		t.Fatalf("GET /sagas: %d\n%s", r.status, r.body)
+	}
+	// Page 1 of 2: the two newest, the id escaped.
+	contains(t, "sagas page 1", r.body, `data-saga-id="ship-&lt;1&gt;"`, `data-saga-id="refund-2"`, `id="next"`)
+	if strings.Contains(r.body, `data-saga-id="refund-1"`) {
+		t.Error("page 1 of size 2 lists a third saga")
+	}
+	next := regexpFind(t, r.body, `id="next" href="([^"]+)"`)
+	r = b.get(strings.ReplaceAll(strings.TrimPrefix(next, b.prefix), "&amp;", "&"))
+	contains(t, "sagas page 2", r.body, `data-saga-id="refund-1"`)
+	if strings.Contains(r.body, `id="next"`) || strings.Contains(r.body, `data-saga-id="refund-2"`) {
+		t.Error("page 2 is not the last page, or repeats page 1")
+	}
+
+	r = b.get("/sagas?status=running")
+	contains(t, "running sagas", r.body, `data-saga-id="ship-&lt;1&gt;"`)
+	if strings.Contains(r.body, "refund-") {
+		t.Error("status=running lists stuck sagas")
+	}
+	r = b.get("/sagas?type=refund&older=1h")
+	contains(t, "old sagas", r.body, "No sagas match.")
+	for _, bad := range []string{"/sagas?status=lost", "/sagas?older=soon", "/sagas?cursor=!!"} {
+		if r := b.get(bad); r.status != http.StatusBadRequest {
+			t.Errorf("GET %s: %d, want 400", bad, r.status)
+		}
+	}
+
+	r = b.get("/saga?id=refund-1")
+	if r.status != http.StatusOK {
+		t.Fatalf("GET saga page: %d\n%s", r.status, r.body)
+	}
+	contains(t, "saga page", r.body, `<span class="status stuck" id="saga-status">stuck</span>`,
+		`<td class="mono" id="saga-step">reserve</td>`, `stock service says: no such reservation`,
+		`&#34;reserved&#34;: true`, `data-event="started"`, `data-event="stuck"`,
+		`href="/saga/retry?id=refund-1"`, `href="/saga/abort?id=refund-1"`)
+	if r := b.get("/saga?id=nope"); r.status != http.StatusNotFound {
+		t.Errorf("unknown saga: %d", r.status)
+	}
+}
+
+func TestSagaActions(t *testing.T) {
+	t.Parallel()
+	b, s := setupSagas(t, console.Config{})
+	s.StuckRefund(t, "refund-1")
+	s.WaitingShip(t, "ship-1")
+
+	unchanged := func(what, id string, rev int64) {
+		t.Helper()
+		if in := s.Get(t, id); in.Revision != rev {
+			t.Errorf("%s changed saga %s (revision %d -> %d)", what, id, rev, in.Revision)
+		}
+	}
+	rev := s.Get(t, "refund-1").Revision
+
+	token := b.confirm("/saga/retry?id=refund-1")
+	// No token, no reason, a forbidden action: refused, nothing changes.
+	r := b.post("/saga/retry", url.Values{"id": {"refund-1"}, "reason": {"x"}})
+	if r.status != http.StatusForbidden {
+		t.Errorf("POST without CSRF token: %d", r.status)
+	}
+	r = b.post("/saga/retry", url.Values{"id": {"refund-1"}, "csrf_token": {token}})
+	if r.status != http.StatusBadRequest || !strings.Contains(r.body, "A reason is required") {
+		t.Errorf("POST without reason: %d\n%s", r.status, r.body)
+	}
+	r = b.post("/saga/skip", url.Values{"id": {"refund-1"}, "csrf_token": {token}, "reason": {"x"}})
+	if r.status != http.StatusConflict || !strings.Contains(r.body, "Refused, nothing was changed") ||
+		!strings.Contains(r.body, "the saga is compensating (use MarkCompensated)") {
+		t.Errorf("skip of a compensating saga: %d\n%s", r.status, r.body)
+	}
+	r = b.post("/saga/retry", url.Values{"id": {"nope"}, "csrf_token": {token}, "reason": {"x"}})
+	if r.status != http.StatusNotFound {
+		t.Errorf("retry of an unknown saga: %d", r.status)
+	}
+	if r := b.post("/saga/explode", url.Values{"id": {"refund-1"}, "csrf_token": {token}, "reason": {"x"}}); r.status != http.StatusNotFound {
+		t.Errorf("unknown action: %d", r.status)
+	}
+	unchanged("refused POSTs", "refund-1", rev)
+
+	// Retry, confirmed with a reason: compensated, operator on record.
+	s.Fix.Store(true)
+	r = b.post("/saga/retry", url.Values{"id": {"refund-1"}, "csrf_token": {token}, "reason": {"stock fixed"}})
+	if r.status != http.StatusSeeOther || r.location != "/saga?id=refund-1&done=retry" {
+		t.Fatalf("retry: %d to %q\n%s", r.status, r.location, r.body)
+	}
+	if in := s.Get(t, "refund-1"); in.Status != saga.StatusCompensated {
+		t.Errorf("after retry: %s", in.Status)
+	}
+	contains(t, "page after retry", b.get(r.location).body, `id="flash">Done: retry.`, `saga-status">compensated`, `<td>alice</td>`)
+	operatorEntry(t, s, "refund-1", "retry", "alice", "stock fixed")
+	contains(t, "log", b.logs.String(), "console: saga retry", "operator=alice", "saga_id=refund-1")
+
+	// Abort the waiting one.
+	r = b.post("/saga/abort", url.Values{"id": {"ship-1"}, "csrf_token": {token}, "reason": {"cancelled"}})
+	if r.status != http.StatusSeeOther {
+		t.Fatalf("abort: %d\n%s", r.status, r.body)
+	}
+	if in := s.Get(t, "ship-1"); in.Status != saga.StatusCompensating {
+		t.Errorf("after abort: %s", in.Status)
+	}
+	// Ended: no buttons, and actions refused.
+	if body := b.get("/saga?id=refund-1").body; strings.Contains(body, "saga-actions") {
+		t.Error("an ended saga shows operator actions")
+	}
+	rev = s.Get(t, "refund-1").Revision
+	if r := b.post("/saga/retry", url.Values{"id": {"refund-1"}, "csrf_token": {token}, "reason": {"x"}}); r.status != http.StatusConflict {
+		t.Errorf("retry of an ended saga: %d", r.status)
+	}
+	unchanged("retry of an ended saga", "refund-1", rev)
+}
+
+// TestSagaActionsWithoutDefinitions: a console with no saga definitions
+// shows sagas and refuses actions, changing nothing.
+func TestSagaActionsWithoutDefinitions(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	s := opstest.NewSagas(t, db)
+	s.StuckRefund(t, "refund-1")
+	b := setupOn(t, db, console.Config{})
+	rev := s.Get(t, "refund-1").Revision
+	contains(t, "saga page", b.get("/saga?id=refund-1").body, `saga-status">stuck`)
+	token := b.confirm("/saga/retry?id=refund-1")
+	r := b.post("/saga/retry", url.Values{"id": {"refund-1"}, "csrf_token": {token}, "reason": {"x"}})
+	if r.status != http.StatusConflict || !strings.Contains(r.body, "does not have the saga&#39;s definition") {
+		t.Errorf("retry without definitions: %d\n%s", r.status, r.body)
+	}
+	if in := s.Get(t, "refund-1"); in.Revision != rev {
+		t.Error("a refused retry changed the saga")
+	}
+}
+
+func TestSagaReadOnly(t *testing.T) {
+	t.Parallel()
+	b, s := setupSagas(t, console.Config{ReadOnly: true})
+	s.StuckRefund(t, "refund-1")
+	if body := b.get("/saga?id=refund-1").body; strings.Contains(body, "saga-actions") {
+		t.Error("read-only console shows saga actions")
+	}
+	if r := b.get("/saga/retry?id=refund-1"); r.status != http.StatusForbidden {
+		t.Errorf("read-only confirm page: %d", r.status)
+	}
+	if r := b.post("/saga/retry", url.Values{"id": {"refund-1"}, "reason": {"x"}}); r.status != http.StatusForbidden {
+		t.Errorf("read-only POST: %d", r.status)
+	}
+}
+
+func operatorEntry(t *testing.T, s *opstest.Sagas, id, action, operator, reason string) {
+	t.Helper()
+	hist, err := s.O.History(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range hist {
+		if h.Event == "operator" && h.Actor == operator && h.Reason == reason && strings.Contains(string(h.Detail), fmt.Sprintf("%q", action)) {
+			return
+		}
+	}
+	t.Errorf("saga %s: no operator entry %s by %s (%s)", id, action, operator, reason)
+}
+
+func regexpFind(t *testing.T, body, re string) string {
+	t.Helper()
+	m := regexp.MustCompile(re).FindStringSubmatch(body)
+	if m == nil {
+		t.Fatalf("no %s in\n%s", re, body)
+	}
+	return m[1]
+}

@@ -1,0 +1,132 @@
+package opstest
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/millrace/millrace/internal/pgtest"
+	"github.com/millrace/millrace/saga"
+)
+
+// Order is the data of the operator tools' test sagas.
+type Order struct {
+	ID       string `json:"id"`
+	Reserved bool   `json:"reserved"`
+}
+
+// Sagas holds the test saga definitions, registered with an Orchestrator
+// on the test's schema, and makes sagas in the states an operator meets.
+//
+//   - "refund" sagas get stuck compensating: step reserve (local,
+//     compensatable) succeeds, step charge (local, the pivot) fails for
+//     good, and reserve's local compensation fails (one attempt) until Fix
+//     is set: the saga is stuck, and an operator Retry then finishes it
+//     (compensated).
+//   - "ship" sagas wait on a participant: step reserve (remote,
+//     compensatable, a command to topic "opstest.stock") has been sent and
+//     nobody replies; step ship (local, the pivot) follows.
+type Sagas struct {
+	O      *saga.Orchestrator
+	Refund *saga.Definition[Order]
+	Ship   *saga.Definition[Order]
+	// Fix, once set, makes the refund sagas' compensation succeed.
+	Fix atomic.Bool
+}
+
+// NewSagas returns the definitions registered with a new Orchestrator on
+// db's schema.
+func NewSagas(t testing.TB, db *pgtest.DB) *Sagas {
+	t.Helper()
+	s := &Sagas{}
+	var err error
+	s.Refund, err = saga.Define(saga.Spec[Order]{
+		Type: "refund", Version: 1,
+		Steps: []saga.Step[Order]{
+			{Name: "reserve", Kind: saga.Compensatable,
+				Local: func(_ context.Context, _ pgx.Tx, d *Order) error { d.Reserved = true; return nil },
+				LocalCompensation: func(_ context.Context, _ pgx.Tx, d *Order) error {
+					if !s.Fix.Load() {
+						return errors.New("stock service says: no such reservation")
+					}
+					d.Reserved = false
+					return nil
+				},
+				CompensationRetry: saga.RetryPolicy{MaxAttempts: 1}},
+			{Name: "charge", Kind: saga.Pivot,
+				Local: func(context.Context, pgx.Tx, *Order) error { return saga.Fail("card declined") }},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Ship, err = saga.Define(saga.Spec[Order]{
+		Type: "ship", Version: 1,
+		Steps: []saga.Step[Order]{
+			{Name: "reserve", Kind: saga.Compensatable, Action: &saga.Command[Order]{Topic: "opstest.stock"},
+				Compensation: &saga.Command[Order]{}},
+			{Name: "ship", Kind: saga.Pivot,
+				Local: func(context.Context, pgx.Tx, *Order) error { return nil }},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.O = NewOrchestrator(t, db)
+	if err := s.O.Register(s.Refund, s.Ship); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// NewOrchestrator returns an Orchestrator on db's schema with no
+// definitions registered.
+func NewOrchestrator(t testing.TB, db *pgtest.DB) *saga.Orchestrator {
+	t.Helper()
+	o, err := saga.New(db.Pool, saga.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+// StuckRefund starts a refund saga with id, which ends stuck compensating
+// step reserve.
+func (s *Sagas) StuckRefund(t testing.TB, id string) *saga.Instance {
+	t.Helper()
+	in, err := saga.Start(context.Background(), s.O, s.Refund, id, Order{ID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.Status != saga.StatusStuck || in.Step != "reserve" || in.Phase != saga.PhaseCompensating {
+		t.Fatalf("refund saga %s: %s/%s at %q, want stuck compensating at reserve", id, in.Status, in.Phase, in.Step)
+	}
+	return in
+}
+
+// WaitingShip starts a ship saga with id, which waits for the reply to
+// step reserve's command.
+func (s *Sagas) WaitingShip(t testing.TB, id string) *saga.Instance {
+	t.Helper()
+	in, err := saga.Start(context.Background(), s.O, s.Ship, id, Order{ID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.Status != saga.StatusRunning || in.Step != "reserve" {
+		t.Fatalf("ship saga %s: %s at %q, want running at reserve", id, in.Status, in.Step)
+	}
+	return in
+}
+
+// Get returns the saga with id as stored.
+func (s *Sagas) Get(t testing.TB, id string) *saga.Instance {
+	t.Helper()
+	in, err := s.O.Get(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return in
+}
