@@ -157,7 +157,7 @@ func (m *machine) try(s *stepDef) (done bool, err error) {
 		m.record("failed", s.name, millrace.OperationAction, st.Attempt, "", stepErr.Error())
 		return false, m.actionFailed(s, st, stepErr)
 	}
-	m.stepDone(s, st)
+	m.stepDone(s, st, st.Attempt)
 	return true, nil
 }
 
@@ -248,13 +248,15 @@ func (m *machine) settleGroup(g string) error {
 	return m.compensate(reason)
 }
 
-func (m *machine) stepDone(s *stepDef, st *StepState) {
+// stepDone marks s done by the answer to attempt (an earlier one than
+// st.Attempt when a late reply completed it), as its history line says.
+func (m *machine) stepDone(s *stepDef, st *StepState, attempt int) {
 	st.Status, st.Due, st.Reason, st.AwaitFrom = StepDone, nil, "", 0
 	if st.StartedAt != nil && m.o.metrics != nil {
 		typ, lat := m.d.typ, m.now.Sub(*st.StartedAt)
 		m.after = append(m.after, func() { m.o.metrics.stepLatency.WithLabelValues(typ, s.name).Observe(lat.Seconds()) })
 	}
-	m.record("step_done", s.name, millrace.OperationAction, st.Attempt, millrace.OutcomeSuccess, "")
+	m.record("step_done", s.name, millrace.OperationAction, attempt, millrace.OutcomeSuccess, "")
 }
 
 // actionFailed handles a failure of a step's action: another try after a
@@ -521,7 +523,7 @@ func (m *machine) onReply(r reply) error {
 		}
 		m.in.Data = data
 	}
-	m.stepDone(s, st)
+	m.stepDone(s, st, r.attempt)
 	if s.group != "" {
 		return m.settleGroup(s.group)
 	}
