@@ -47,8 +47,10 @@ type TimeoutAction int
 
 const (
 	// TimeoutRetry sends the command again with a new attempt number,
-	// while the step's RetryPolicy allows; then the step fails (the saga
-	// compensates before the pivot, and is stuck after it). The default.
+	// after the step's RetryPolicy backoff, while the policy allows; then
+	// the step fails (the saga compensates before the pivot, and is stuck
+	// after it). A late reply to an earlier attempt, meanwhile or after,
+	// completes the step. The default.
 	TimeoutRetry TimeoutAction = iota
 	// TimeoutCompensate fails the step at its first timeout: the saga
 	// compensates (the step's own compensation included: its action may

@@ -110,7 +110,8 @@ func TestAfterThePivotRetryForwardNeverCompensate(t *testing.T) {
 	if c := d.last(id); c.Step != "ship" || c.Attempt != 2 {
 		t.Fatalf("retry %+v", c)
 	}
-	d.tick(time.Second) // timeout of attempt 2
+	d.tick(time.Second)     // timeout of attempt 2
+	d.tick(2 * time.Second) // its backoff (the second try's)
 	if c := d.last(id); c.Attempt != 3 {
 		t.Fatalf("retry after timeout %+v", c)
 	}

@@ -29,7 +29,8 @@
 // policy, two steps with one name, a step with no command, and the like.
 //
 // Per step: Timeout (default 30s) for each attempt of a remote operation,
-// OnTimeout (retry with a new attempt, compensate, or park as stuck),
+// OnTimeout (retry with a new attempt after a backoff, compensate, or park
+// as stuck),
 // Retry for the action (default 3 attempts, capped exponential backoff;
 // RetryPolicy.Retryable says which failures retry) and CompensationRetry
 // for the compensation (default 8 attempts). Per saga: a Deadline (default
@@ -109,9 +110,11 @@
 //     change commits with its inbox mark and its outgoing commands.
 //   - A reply is applied at most once, and only if the saga waits for it:
 //     a duplicate message is dropped by the inbox, and a reply for another
-//     step, operation or attempt (a late reply of a timed-out attempt, a
-//     reply after the end) is recorded as "fenced" in the history and
-//     ignored.
+//     step or operation, for a step that no longer waits (a late reply
+//     after the step was answered, a reply after the end), or for an
+//     attempt never sent is recorded as "fenced" in the history and
+//     ignored. A late reply of an earlier attempt of the operation the
+//     step waits for is its answer (see below).
 //   - A saga past its pivot never compensates; it retries forward or
 //     parks as stuck.
 //
@@ -124,6 +127,36 @@
 // polls (PollInterval, 1s by default) after they are due, not exactly on
 // time. Metrics counters count what committed, but not across a crash
 // between the commit and the count.
+//
+// # Retries and late replies
+//
+// When an attempt of a remote action times out and the policy allows
+// another, the step backs off first (StepBackoff, for the Retry policy's
+// capped exponential delay: MinBackoff, doubling per try, up to
+// MaxBackoff), then sends the next attempt; the timeout is no sign that
+// the participant did nothing, only that its answer is late, often queued
+// behind other replies. A compensation that times out backs off likewise
+// (CompensationRetry).
+//
+// Meanwhile, and after the next attempt went out, the reply to an earlier
+// attempt is not fenced: it is the step's answer. This is sound because a
+// participant's barrier (package compensation) keys its row by saga id,
+// step and operation, never by attempt: the first attempt to reach it runs
+// the action and stores its outcome, and every attempt, earlier or later,
+// is answered with that outcome (success with the same reply, failure or
+// cancelled). So the late reply of attempt 1 says what attempt 2's reply
+// will say, and waiting for attempt 2 would only add a timeout. Once a
+// reply is applied the step stops waiting and the other attempts' replies
+// are fenced. For a compensation the same holds for success (it committed,
+// and every later attempt answers success); a failed compensation is not
+// final (each retry runs it again), so an earlier attempt's failure is
+// fenced while a later attempt is awaited. Replies for another step or
+// operation, for a step that no longer waits, and for an attempt higher
+// than any sent (impossible from a real participant) stay fenced.
+//
+// A participant written without package compensation must keep the same
+// contract: answer every attempt of one step's operation the same, from
+// the first outcome it committed, and never run the action twice.
 //
 // # Versions
 //

@@ -142,6 +142,9 @@ func (m *machine) try(s *stepDef) (done bool, err error) {
 	st.Tries++
 	st.Attempt++
 	if s.remote {
+		if st.AwaitFrom == 0 {
+			st.AwaitFrom = st.Attempt // else earlier attempts are still unanswered
+		}
 		st.Status, st.Due = StepRunning, m.due(s.timeout)
 		return false, m.command(s, s.action, millrace.OperationAction, st.Attempt)
 	}
@@ -154,7 +157,7 @@ func (m *machine) try(s *stepDef) (done bool, err error) {
 		m.record("failed", s.name, millrace.OperationAction, st.Attempt, "", stepErr.Error())
 		return false, m.actionFailed(s, st, stepErr)
 	}
-	m.stepDone(s, st)
+	m.stepDone(s, st, st.Attempt)
 	return true, nil
 }
 
@@ -217,6 +220,9 @@ func (m *machine) settleGroup(g string) error {
 			allDone = false
 			if failing {
 				st.Status, st.Due = StepFailed, nil // its last try had no effect
+				if st.AwaitFrom > 0 {
+					st.Status = StepUncertain // or it timed out: it may have
+				}
 			} else {
 				inFlight = true
 			}
@@ -242,13 +248,15 @@ func (m *machine) settleGroup(g string) error {
 	return m.compensate(reason)
 }
 
-func (m *machine) stepDone(s *stepDef, st *StepState) {
-	st.Status, st.Due, st.Reason = StepDone, nil, ""
+// stepDone marks s done by the answer to attempt (an earlier one than
+// st.Attempt when a late reply completed it), as its history line says.
+func (m *machine) stepDone(s *stepDef, st *StepState, attempt int) {
+	st.Status, st.Due, st.Reason, st.AwaitFrom = StepDone, nil, "", 0
 	if st.StartedAt != nil && m.o.metrics != nil {
 		typ, lat := m.d.typ, m.now.Sub(*st.StartedAt)
 		m.after = append(m.after, func() { m.o.metrics.stepLatency.WithLabelValues(typ, s.name).Observe(lat.Seconds()) })
 	}
-	m.record("step_done", s.name, millrace.OperationAction, st.Attempt, millrace.OutcomeSuccess, "")
+	m.record("step_done", s.name, millrace.OperationAction, attempt, millrace.OutcomeSuccess, "")
 }
 
 // actionFailed handles a failure of a step's action: another try after a
@@ -292,7 +300,14 @@ func (m *machine) actionTimeout(s *stepDef, st *StepState) error {
 		return m.giveUp(s, fmt.Sprintf("step %s: %s", s.name, st.Reason))
 	}
 	if st.Tries < s.retry.MaxAttempts && (s.group == "" || !m.groupFailing(s.group)) {
-		return m.retry(s) // a new attempt, at once
+		// The next attempt after a backoff, as after a failure, not at
+		// once: a reply that is only late (queued behind others' replies)
+		// still completes the step meanwhile (onReply accepts the reply of
+		// any unanswered attempt), and a participant that is slow is not
+		// sent more of the same work at the pace of the timeout.
+		st.Status, st.Due = StepBackoff, m.due(backoff.Exponential(st.Tries, s.retry.MinBackoff, s.retry.MaxBackoff))
+		m.record("backoff", s.name, millrace.OperationAction, st.Attempt, "", st.Reason)
+		return nil
 	}
 	st.Status, st.Due = StepUncertain, nil
 	return m.giveUp(s, fmt.Sprintf("step %s: %d attempts timed out", s.name, st.Tries))
@@ -340,7 +355,7 @@ func (m *machine) compensateFrom(i int) error {
 			continue
 		}
 		if st.Status != StepCompensating && st.Status != StepCompBackoff {
-			st.Tries = 0
+			st.Tries, st.AwaitFrom = 0, 0
 		}
 		st.Tries++
 		st.CompensationAttempt++
@@ -478,15 +493,15 @@ func (m *machine) onReply(r reply) error {
 		return fence("not waiting for this step (current step: " + m.in.Step + ")")
 	}
 	st := m.in.state(s.name)
-	switch {
-	case r.op == millrace.OperationAction && st.Status == StepRunning && st.Attempt == r.attempt:
-	case r.op == millrace.OperationCompensation && st.Status == StepCompensating && st.CompensationAttempt == r.attempt:
-	default:
+	if !awaits(s, st, r) {
 		return fence(fmt.Sprintf("not waiting for this reply (step %s is %q at action attempt %d, compensation attempt %d)",
 			s.name, st.Status, st.Attempt, st.CompensationAttempt))
 	}
 	m.applied = true
 	m.record("reply", r.step, r.op, r.attempt, r.outcome, r.reason)
+	if r.op == millrace.OperationAction {
+		st.AwaitFrom = 0 // answered: the attempts before are too
+	}
 	if r.op == millrace.OperationCompensation {
 		if r.outcome == millrace.OutcomeSuccess {
 			st.Status, st.Due, st.Reason = StepCompensated, nil, ""
@@ -508,11 +523,53 @@ func (m *machine) onReply(r reply) error {
 		}
 		m.in.Data = data
 	}
-	m.stepDone(s, st)
+	m.stepDone(s, st, r.attempt)
 	if s.group != "" {
 		return m.settleGroup(s.group)
 	}
 	return m.advance(m.d.index[s.name] + 1)
+}
+
+// awaits reports whether step s (of the saga's current step or group)
+// waits for reply r. A participant's barrier answers every attempt of one
+// step's operation alike (see "Retries and late replies" in the package
+// documentation), so besides the latest attempt's reply it takes
+//
+//   - for the action: the reply of an earlier attempt that timed out
+//     unanswered (AwaitFrom to Attempt), while the step runs or backs off
+//     after that timeout;
+//   - for the compensation: a success of any attempt sent, while the step
+//     compensates or backs off (a compensation's success is final at the
+//     barrier; its failure is not, as each retry runs it again, so an
+//     earlier attempt's failure says nothing of the current one).
+//
+// Anything else is fenced: a reply for another operation, for a step that
+// is not waiting (done, failed, compensated), a second answer to an
+// attempt already answered, and an attempt never sent.
+func awaits(s *stepDef, st *StepState, r reply) bool {
+	switch r.op {
+	case millrace.OperationAction:
+		if !s.remote || r.attempt > st.Attempt {
+			return false
+		}
+		switch st.Status {
+		case StepRunning:
+			return r.attempt == st.Attempt || (st.AwaitFrom > 0 && r.attempt >= st.AwaitFrom)
+		case StepBackoff:
+			return st.AwaitFrom > 0 && r.attempt >= st.AwaitFrom
+		}
+	case millrace.OperationCompensation:
+		if s.comp == nil || r.attempt > st.CompensationAttempt {
+			return false
+		}
+		switch st.Status {
+		case StepCompensating:
+			return r.attempt == st.CompensationAttempt || r.outcome == millrace.OutcomeSuccess
+		case StepCompBackoff:
+			return r.outcome == millrace.OutcomeSuccess
+		}
+	}
+	return false
 }
 
 // onWake fires the saga's due timer, if any.

@@ -75,21 +75,24 @@ func TestDuplicateStaleAndReorderedRepliesChangeNothing(t *testing.T) {
 		t.Fatalf("fenced replies in history: %d, want 5", n)
 	}
 
-	// Reordered: attempt 1 times out, attempt 2 goes out, then attempt 1's
-	// reply arrives late: fenced; attempt 2's reply is applied.
-	d.tick(2 * time.Second)
+	// Reordered: attempt 1 times out, attempt 2 goes out after the
+	// backoff, then attempt 1's reply arrives late: the barrier answers
+	// every attempt alike, so it is the step's answer; attempt 2's reply,
+	// once the step is done, is fenced.
+	d.tick(time.Second) // the timeout
+	d.tick(time.Second) // the backoff
 	stock2 := d.last(id)
 	if stock2.Step != "stock" || stock2.Attempt != 2 {
 		t.Fatalf("after the timeout: %+v", stock2)
 	}
 	d.reply(id, stock, millrace.OutcomeSuccess)
-	if in := d.get(id); in.Status != saga.StatusRunning {
-		t.Fatalf("a stale attempt's reply was applied: %s", in.Status)
-	}
-	d.reply(id, stock2, millrace.OutcomeSuccess)
 	in := d.get(id)
 	if in.Status != saga.StatusCompleted || dataOf(t, in).CreditTx != "t1" {
 		t.Fatalf("saga %s data %s", in.Status, in.Data)
+	}
+	d.reply(id, stock2, millrace.OutcomeSuccess)
+	if got := d.get(id); got.Revision != in.Revision {
+		t.Fatalf("attempt 2's reply after the step was done changed the saga")
 	}
 	// After the end, everything is fenced.
 	d.reply(id, stock2, millrace.OutcomeFailure)
@@ -117,6 +120,12 @@ func TestTimeoutRetriesWithNewAttemptThenCompensates(t *testing.T) {
 			t.Fatalf("retried before the timeout: %+v", got)
 		}
 		d.tick(time.Millisecond)
+		if attempt < 3 {
+			if got := d.last(id); got != c {
+				t.Fatalf("retried at the timeout, with no backoff: %+v", got)
+			}
+			d.tick(time.Second << (attempt - 1)) // the default policy's backoff: 1s, 2s
+		}
 	}
 	// Three attempts timed out (the default policy): the stock step may
 	// have taken effect, so it is compensated first, then approve (local),

@@ -131,7 +131,11 @@ func TestParallelGroupMemberRetriedAlone(t *testing.T) {
 	start(t, d.testBundle, def, id, 1)
 	d.reply(id, d.last(id), millrace.OutcomeSuccess)
 	d.reply(id, d.find(id, "credit", "action"), millrace.OutcomeSuccess)
-	d.tick(time.Second)
+	d.tick(time.Second) // stock times out: it backs off
+	if n := len(d.commands(id)); n != 3 {
+		t.Fatalf("retried at once: %v", steps(d.commands(id)))
+	}
+	d.tick(time.Second) // the backoff
 	c := d.last(id)
 	if c.Step != "stock" || c.Attempt != 2 || len(d.commands(id)) != 4 {
 		t.Fatalf("retry %+v %v", c, steps(d.commands(id)))

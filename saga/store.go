@@ -71,6 +71,12 @@ type StepState struct {
 	StartedAt *time.Time `json:"started_at,omitempty"`
 	// Reason is the last failure's reason.
 	Reason string `json:"reason,omitempty"`
+	// AwaitFrom is the first action attempt whose reply the step still
+	// waits for: attempts AwaitFrom to Attempt were sent and none was
+	// answered yet (all but the latest timed out). A reply to any of them
+	// is the step's outcome (see "Retries and late replies" in the package
+	// documentation). Zero when no action attempt is unanswered.
+	AwaitFrom int `json:"await_from,omitempty"`
 }
 
 // Instance is one saga as stored.

@@ -24,13 +24,16 @@ func TestMain(m *testing.M) {
 
 // TestQuickRun runs the whole program in quick mode with a tiny backlog and
 // one-second phases, against the real database and an embedded broker in a
-// child process, and checks that results.json holds every figure. It does
+// child process, and checks that results.json holds every figure. Its saga
+// throughput comes from a fixed number of sagas run to completion (a saga
+// takes seconds on a loaded machine, longer than a phase): the run fails if
+// they do not all complete. It does
 // not call t.Parallel: it sets BENCH_QUICK, and it is the package's only test.
 func TestQuickRun(t *testing.T) {
 	t.Setenv("BENCH_QUICK", "1")
 	t.Setenv("KAFKA_BROKERS", "") // the embedded broker child is part of what is tested
 	out := filepath.Join(t.TempDir(), "results.json")
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
 	err := run(ctx, []string{"-n", "2000", "-duration", "1s", "-out", out}, &stdout, &stderr)
@@ -59,6 +62,9 @@ func TestQuickRun(t *testing.T) {
 	cfg, _ := res["config"].(map[string]any)
 	if n, _ := cfg["n"].(float64); n != 2000 {
 		t.Errorf("config.n = %v, want 2000", cfg["n"])
+	}
+	if n, _ := cfg["saga_quick_sagas"].(float64); n != sagaQuickCount {
+		t.Errorf("config.saga_quick_sagas = %v, want %d", cfg["saga_quick_sagas"], sagaQuickCount)
 	}
 	for _, k := range []string{"go", "time"} {
 		if s, _ := res[k].(string); s == "" {

@@ -60,7 +60,8 @@
 //   - Drop: lose the message; the step's timeout must recover.
 //   - Delay (DelayFor): hold the message for Times timer firings (1 by
 //     default), past its step's timeout, then deliver it after what those
-//     timers sent (a late reply must be fenced, a late action after its
+//     timers sent (a late reply of an unanswered attempt is the step's
+//     answer and the replies after it are fenced, a late action after its
 //     compensation cancelled).
 //   - Reorder: deliver the next queued message of another saga first.
 //   - Error (FailTimes): the participant's handler fails N times in a row

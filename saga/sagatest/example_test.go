@@ -20,16 +20,18 @@ type Parcel struct {
 
 // A user's test of a three-step saga (reserve credit, reserve stock, ship)
 // whose stock participant answers too late once: its first reply arrives
-// after the step's one-minute timeout. The saga sends the command again
-// (attempt 2), the participant's barrier answers with the first outcome
-// without reserving twice, the late reply is fenced, and the saga
-// completes. The harness runs the real definition, the real participants
-// and the real relay on a fresh schema, skips the minute, and checks every
-// invariant. In a test: h := sagatest.New(t, cfg) and h.Run(t).
+// after the step's one-minute timeout and the backoff after it. The saga
+// sends the command again (attempt 2); the late reply of attempt 1 is the
+// step's answer (the barrier answers every attempt alike), the barrier
+// answers attempt 2 with the same outcome without reserving twice, that
+// reply is fenced, and the saga completes. The harness runs the real
+// definition, the real participants and the real relay on a fresh schema,
+// skips the minute, and checks every invariant. In a test:
+// h := sagatest.New(t, cfg) and h.Run(t).
 func Example() {
 	ctx := context.Background()
 	h, err := sagatest.Open(ctx, sagatest.Config{
-		Faults: sagatest.Script(sagatest.Delay.On(sagatest.Event{Kind: sagatest.Reply, Step: "stock"})),
+		Faults: sagatest.Script(sagatest.DelayFor(2, sagatest.Event{Kind: sagatest.Reply, Step: "stock"})),
 	})
 	if err != nil {
 		fmt.Println(err)
@@ -117,13 +119,15 @@ func Example() {
 	fmt.Println("stock reservations:", n)
 	// Output:
 	// violations: <nil>
-	// faults: [delay at reply parcel-1 stock/action#1 success →orchestrator]
-	// time skipped: 1m0s
+	// faults: [delay (2 timers) at reply parcel-1 stock/action#1 success →orchestrator]
+	// time skipped: 1m1s
 	// saga: completed
 	// command action#1
 	// timeout action#1
+	// backoff action#1
+	// retry action#1
 	// command action#2
-	// fenced action#1 success
-	// reply action#2 success
+	// reply action#1 success
+	// fenced action#2 success
 	// stock reservations: 1
 }

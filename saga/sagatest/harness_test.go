@@ -67,7 +67,8 @@ func TestEachFaultRecovers(t *testing.T) {
 	}{
 		{"drop command", sagatest.Drop.On(stockCmd), "timeout"},
 		{"drop reply", sagatest.Drop.On(creditReply), "timeout"},
-		{"delay reply past its timeout", sagatest.Delay.On(creditReply), "fenced"},
+		{"delay reply past its timeout", sagatest.Delay.On(creditReply), "backoff"},
+		{"delay reply past its retry", sagatest.DelayFor(2, creditReply), "fenced"},
 		{"duplicate command", sagatest.Duplicate.On(stockCmd), ""},
 		{"duplicate reply", sagatest.Duplicate.On(creditReply), ""},
 		{"reorder", sagatest.Reorder.On(stockCmd), ""},
@@ -241,16 +242,17 @@ func TestCrashAnywhere(t *testing.T) {
 	t.Logf("%d runs", runs)
 }
 
-// A step whose command is lost on every attempt times out three times,
-// then the saga compensates: the empty compensation of the step that never
-// ran succeeds, the credit is released, and a late action after its
+// A step whose command is lost on every attempt times out three times
+// (five timers: three timeouts and the two backoffs between them), then
+// the saga compensates: the empty compensation of the step that never ran
+// succeeds, the credit is released, and a late action after its
 // compensation is cancelled, not applied.
 func TestTimeoutsThenCompensation(t *testing.T) {
 	t.Parallel()
 	stock := func(attempt int) sagatest.Event {
 		return sagatest.Event{Kind: sagatest.Command, Saga: "o1", Step: "stock", Op: millrace.OperationAction, Attempt: attempt}
 	}
-	h := setup(t, 1, sagatest.DelayFor(3, stock(1)), sagatest.Drop.On(stock(2)), sagatest.Drop.On(stock(3)))
+	h := setup(t, 1, sagatest.DelayFor(5, stock(1)), sagatest.Drop.On(stock(2)), sagatest.Drop.On(stock(3)))
 	r := h.Run(t)
 	if got := status(t, h, "o1"); got != saga.StatusCompensated {
 		t.Fatalf("saga o1: %s\n%s", got, r)
