@@ -108,22 +108,11 @@ func (o *Orchestrator) List(ctx context.Context, p ListParams) (*ListResult, err
 		where = "WHERE " + strings.Join(conds, " AND ")
 	}
 	q := fmt.Sprintf(`SELECT %s FROM %s %s ORDER BY created_at DESC, id DESC LIMIT %s`, instanceCols, o.sql.instance, where, arg(p.Limit+1))
-	rows, err := o.pool.Query(ctx, q, args...)
+	sagas, err := queryInstances(ctx, o.pool, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("saga: list: %w", err)
 	}
-	defer rows.Close()
-	res := &ListResult{}
-	for rows.Next() {
-		in, err := scanInstance(rows)
-		if err != nil {
-			return nil, err
-		}
-		res.Sagas = append(res.Sagas, in)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("saga: list: %w", err)
-	}
+	res := &ListResult{Sagas: sagas}
 	if len(res.Sagas) > p.Limit {
 		res.Sagas = res.Sagas[:p.Limit]
 		last := res.Sagas[p.Limit-1]

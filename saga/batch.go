@@ -263,21 +263,13 @@ func (o *Orchestrator) handleRepliesTx(ctx context.Context, tx pgx.Tx, msgs []*m
 		}
 	}
 	// Lock the batch's sagas in id order: concurrent batches never deadlock.
-	rows, err = tx.Query(ctx, o.sql.lockMany, sagaIDs)
+	locked, err := queryInstances(ctx, tx, o.sql.lockMany, sagaIDs)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("saga: lock sagas: %w", err)
 	}
-	machines := map[string]*machine{}
-	for rows.Next() {
-		in, err := scanInstance(rows)
-		if err != nil {
-			rows.Close()
-			return nil, nil, nil, err
-		}
+	machines := make(map[string]*machine, len(locked))
+	for _, in := range locked {
 		machines[in.ID] = &machine{o: o, in: in, ctx: ctx, tx: tx, now: now}
-	}
-	if err := rows.Err(); err != nil {
-		return nil, nil, nil, fmt.Errorf("saga: lock sagas: %w", err)
 	}
 	var unknown []historyRow
 	var order []*machine

@@ -89,20 +89,8 @@ func Migrate[From, To any](ctx context.Context, o *Orchestrator, m Migration[Fro
 	for {
 		n := 0
 		err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
-			rows, err := tx.Query(ctx, query, from.typ, from.version, after)
+			found, err := queryInstances(ctx, tx, query, from.typ, from.version, after)
 			if err != nil {
-				return err
-			}
-			var found []*Instance
-			for rows.Next() {
-				in, err := scanInstance(rows)
-				if err != nil {
-					rows.Close()
-					return err
-				}
-				found = append(found, in)
-			}
-			if err := rows.Err(); err != nil {
 				return err
 			}
 			n = len(found)

@@ -224,6 +224,18 @@ func scanInstance(row pgx.Row) (*Instance, error) {
 	return in, nil
 }
 
+// queryInstances runs a query selecting instanceCols and returns its rows
+// as instances.
+func queryInstances(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, sql string, args ...any) ([]*Instance, error) {
+	rows, err := q.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (*Instance, error) { return scanInstance(row) })
+}
+
 // lock reads a saga and locks its row for the transaction. It returns
 // ErrNotFound when there is none.
 func (o *Orchestrator) lock(ctx context.Context, tx pgx.Tx, id string) (*Instance, error) {

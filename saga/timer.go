@@ -68,20 +68,8 @@ func (o *Orchestrator) RunDue(ctx context.Context) (int, error) {
 	var woken []done
 	err = pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
 		woken = woken[:0]
-		rows, err := tx.Query(ctx, o.sql.claim, now, o.batch)
+		due, err := queryInstances(ctx, tx, o.sql.claim, now, o.batch)
 		if err != nil {
-			return fmt.Errorf("saga: claim due sagas: %w", err)
-		}
-		var due []*Instance
-		for rows.Next() {
-			in, err := scanInstance(rows)
-			if err != nil {
-				rows.Close()
-				return err
-			}
-			due = append(due, in)
-		}
-		if err := rows.Err(); err != nil {
 			return fmt.Errorf("saga: claim due sagas: %w", err)
 		}
 		for _, in := range due {
@@ -143,22 +131,10 @@ func (o *Orchestrator) ParkUnregistered(ctx context.Context) (int, error) {
 	now := o.clock.Now()
 	for typ, versions := range reg {
 		err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
-			rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT %s FROM %s
+			found, err := queryInstances(ctx, tx, fmt.Sprintf(`SELECT %s FROM %s
  WHERE type = $1 AND status IN ('running', 'compensating') AND def_version <> ALL($2::int[])
    FOR UPDATE SKIP LOCKED`, instanceCols, o.sql.instance), typ, versions)
 			if err != nil {
-				return err
-			}
-			var found []*Instance
-			for rows.Next() {
-				in, err := scanInstance(rows)
-				if err != nil {
-					rows.Close()
-					return err
-				}
-				found = append(found, in)
-			}
-			if err := rows.Err(); err != nil {
 				return err
 			}
 			for _, in := range found {
