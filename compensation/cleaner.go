@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/internal/periodic"
 	"github.com/millrace/millrace/internal/sqlident"
 )
 
@@ -136,23 +137,16 @@ func (c *Cleaner) CleanOnce(ctx context.Context) (int64, error) {
 // Run cleans every Interval, starting at once, until ctx ends; then it
 // returns nil. A failed pass is logged and tried again at the next interval.
 func (c *Cleaner) Run(ctx context.Context) error {
-	t := time.NewTicker(c.interval)
-	defer t.Stop()
-	for {
+	periodic.Run(ctx, c.interval, func(ctx context.Context) {
 		start := time.Now()
 		n, err := c.CleanOnce(ctx)
 		switch {
 		case ctx.Err() != nil:
-			return nil
 		case err != nil:
 			c.logger.Error("Barrier clean failed", err, watermill.LogFields{"deleted": n})
 		case n > 0:
 			c.logger.Info("Barrier cleaned", watermill.LogFields{"deleted": n, "took": time.Since(start).String()})
 		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+	})
+	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/internal/periodic"
 	"github.com/millrace/millrace/internal/sqlident"
 )
 
@@ -114,14 +115,7 @@ func (c *Cleaner) CleanOnce(ctx context.Context) (CleanResult, error) {
 // Run cleans every Interval until ctx ends, then returns nil. Errors are
 // retried at the next round.
 func (c *Cleaner) Run(ctx context.Context) error {
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-timer.C:
-		}
+	periodic.Run(ctx, c.cfg.Interval, func(ctx context.Context) {
 		n, err := c.CleanOnce(ctx)
 		switch {
 		case ctx.Err() != nil:
@@ -133,6 +127,6 @@ func (c *Cleaner) Run(ctx context.Context) error {
 		case n.ProcessedEvents+n.InboxEvents > 0:
 			c.cfg.Logger.Info("Inbox cleaned", watermill.LogFields{"marks_deleted": n.ProcessedEvents, "inbox_rows_deleted": n.InboxEvents})
 		}
-		timer.Reset(c.cfg.Interval)
-	}
+	})
+	return nil
 }
