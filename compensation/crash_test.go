@@ -1,14 +1,8 @@
 package compensation_test
 
 import (
-	"bufio"
 	"context"
-	"fmt"
-	"io"
 	"os"
-	"os/exec"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -17,6 +11,7 @@ import (
 
 	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/compensation"
+	"github.com/millrace/millrace/internal/childtest"
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/internal/sqlident"
 )
@@ -51,7 +46,7 @@ func TestHelperParticipantChild(t *testing.T) {
 		if _, err := tx.Exec(ctx, `INSERT INTO `+effect+` (saga_id, step, kind, amount) VALUES ($1, $2, $3, 0)`, call.SagaID, call.Step, kind); err != nil {
 			return err
 		}
-		fmt.Println("READY")
+		childtest.Announce()
 		select {} // blocked mid-handler until killed
 	}
 	err = compensation.Register(p, "reserve_credit",
@@ -73,44 +68,8 @@ func TestHelperParticipantChild(t *testing.T) {
 // killChild runs the child on one command and SIGKILLs it mid-handler.
 func killChild(t *testing.T, schema, saga, operation, msgID string) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperParticipantChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), childSchemaEnv+"="+schema, childSagaEnv+"="+saga, childOpEnv+"="+operation, childMsgEnv+"="+msgID)
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	ready := make(chan bool, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			if strings.Contains(sc.Text(), "READY") {
-				ready <- true
-				break
-			}
-		}
-		_, _ = io.Copy(io.Discard, stdout)
-		close(ready)
-	}()
-	select {
-	case ok := <-ready:
-		if !ok {
-			_ = cmd.Wait()
-			t.Fatal("child exited before it reached the handler")
-		}
-	case <-time.After(60 * time.Second):
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		t.Fatal("child did not reach the handler in 60s")
-	}
-	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = cmd.Wait()
-	for range ready {
-	}
+	childtest.KillAtReady(t, "TestHelperParticipantChild",
+		[]string{childSchemaEnv + "=" + schema, childSagaEnv + "=" + saga, childOpEnv + "=" + operation, childMsgEnv + "=" + msgID}, 60*time.Second)
 }
 
 // A participant killed with SIGKILL mid-action, and again mid-compensation,

@@ -1,16 +1,13 @@
 package inbox_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -21,6 +18,7 @@ import (
 
 	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/inbox"
+	"github.com/millrace/millrace/internal/childtest"
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/internal/sqlident"
 )
@@ -315,7 +313,7 @@ func TestHelperKilledChild(t *testing.T) {
 		if _, err := tx.Exec(msg.Context(), `INSERT INTO `+sqlident.Table(schema, "effect")+` (event_id, note) VALUES ($1, 'child')`, msg.UUID); err != nil {
 			return nil, err
 		}
-		fmt.Println("READY")
+		childtest.Announce()
 		select {} // blocked mid-handler until killed
 	})
 	_, _ = h(message.NewMessage(os.Getenv(childEventEnv), nil))
@@ -327,45 +325,8 @@ func TestDedupProcessKilledMidHandler(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 2)
 	id := uuid.NewString()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperKilledChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), childSchemaEnv+"="+b.db.Schema, childEventEnv+"="+id)
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	ready := make(chan bool, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			if strings.Contains(sc.Text(), "READY") {
-				ready <- true
-				break
-			}
-		}
-		_, _ = bufio.NewReader(stdout).WriteTo(nopWriter{})
-		close(ready)
-	}()
-	select {
-	case ok := <-ready:
-		if !ok {
-			_ = cmd.Wait()
-			t.Fatal("child exited before it reached the handler")
-		}
-	case <-time.After(30 * time.Second):
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		t.Fatal("child did not reach the handler in 30s")
-	}
-	// The child holds the mark, uncommitted. Kill it.
-	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = cmd.Wait()
-	for range ready {
-	}
+	// The child holds the mark, uncommitted, when it is killed.
+	childtest.KillAtReady(t, "TestHelperKilledChild", []string{childSchemaEnv + "=" + b.db.Schema, childEventEnv + "=" + id}, 30*time.Second)
 
 	h := newDedup(t, b, "c").Middleware(b.effectHandler(t))
 	for range 2 {
@@ -380,7 +341,3 @@ func TestDedupProcessKilledMidHandler(t *testing.T) {
 		t.Fatal("the killed child's effect committed")
 	}
 }
-
-type nopWriter struct{}
-
-func (nopWriter) Write(p []byte) (int, error) { return len(p), nil }
