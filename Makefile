@@ -1,11 +1,19 @@
-# millrace. `make demo` and `make test` need only Go: PostgreSQL is found or
-# started by scripts/pg-up.sh, and Kafka is the embedded broker unless
-# KAFKA_BROKERS names a real cluster.
+# millrace. `make demo` needs only Go: PostgreSQL is found or started by
+# scripts/pg-up.sh, and Kafka is the embedded broker unless KAFKA_BROKERS
+# names a real cluster. `make test` also brings up RabbitMQ and a three-node
+# Apache Kafka cluster (scripts/rabbitmq-up.sh, scripts/kafka-up.sh; Java and
+# Maven fetch the broker once).
 SHELL := /bin/bash
 GO ?= go
 export GOFLAGS ?= -mod=readonly
 
-.PHONY: demo test bench pg-up broker fmt
+# The packages whose tests talk to a broker: the real-Kafka tier runs them
+# again against the three-node cluster. internal/realkafka holds the tests
+# that kill broker nodes; it runs alone, after the others.
+KAFKA_PKGS ?= ./kafka/ ./outbox/ ./inbox/ ./compensation/ ./saga/ ./internal/tracing/ ./examples/...
+FAILOVER_PKGS ?= ./internal/realkafka/
+
+.PHONY: demo test test-embedded test-kafka bench bench-kafka pg-up kafka-up kafka-down broker fmt
 
 # The main example, end to end: the order saga across four services
 # (examples/ordersaga), faults on. Flags pass through DEMOFLAGS:
@@ -20,20 +28,46 @@ demo:
 	echo "demo: built; running" >&2; \
 	DATABASE_URL="$$url" "$$dir/demo" $(DEMOFLAGS)
 
+# Two tiers. First the whole suite on the embedded broker (go vet, then
+# go test -race ./...), then the real-Kafka tier: KAFKA_PKGS and then the
+# failover tests against the cluster scripts/kafka-up.sh starts (or reuses).
 # The console's browser test drives the Chromium that scripts/chromium.sh
-# finds or installs (as root); without one it is skipped, with the reason.
-test:
-	@url="$$(scripts/pg-up.sh)" && chromium="$$(scripts/chromium.sh)" && \
-	echo "go vet ./..." && $(GO) vet ./... && \
-	echo "go test -race ./..." && DATABASE_URL="$$url" CHROMIUM_PATH="$$chromium" $(GO) test -race -timeout 12m ./...
+# finds or installs (as root).
+test: test-embedded test-kafka
 
-# The benchmarks (DESIGN.md's targets) into bench/results.json; BENCH_QUICK=1
+test-embedded:
+	@url="$$(scripts/pg-up.sh)" && amqp="$$(scripts/rabbitmq-up.sh)" && chromium="$$(scripts/chromium.sh)" && \
+	echo "go vet ./..." && $(GO) vet ./... && \
+	echo "tier 1, embedded broker: go test -race ./..." && \
+	DATABASE_URL="$$url" AMQP_URL="$$amqp" CHROMIUM_PATH="$$chromium" $(GO) test -race -timeout 12m ./...
+
+test-kafka:
+	@url="$$(scripts/pg-up.sh)" && brokers="$$(scripts/kafka-up.sh)" && brokers="$${brokers#KAFKA_BROKERS=}" && \
+	echo "tier 2, Apache Kafka at $$brokers: go test -race $(KAFKA_PKGS)" && \
+	DATABASE_URL="$$url" KAFKA_BROKERS="$$brokers" $(GO) test -race -timeout 15m $(KAFKA_PKGS) && \
+	echo "tier 2, failover (nodes killed and restarted): go test $(FAILOVER_PKGS)" && \
+	DATABASE_URL="$$url" KAFKA_BROKERS="$$brokers" $(GO) test -p 1 -timeout 15m $(FAILOVER_PKGS)
+
+# The benchmarks (the targets in bench/README.md) into bench/results.json; BENCH_QUICK=1
 # for a run under a minute.
 bench:
 	@url="$$(scripts/pg-up.sh)" && DATABASE_URL="$$url" $(GO) run ./cmd/millrace-bench -out bench/results.json
 
+# The same figures against the three-node cluster, into bench/results-kafka.json.
+bench-kafka:
+	@url="$$(scripts/pg-up.sh)" && brokers="$$(scripts/kafka-up.sh)" && \
+	DATABASE_URL="$$url" KAFKA_BROKERS="$${brokers#KAFKA_BROKERS=}" $(GO) run ./cmd/millrace-bench -out bench/results-kafka.json
+
 pg-up:
 	@scripts/pg-up.sh
+
+# The three-node Apache Kafka cluster of the real-Kafka tier; prints
+# KAFKA_BROKERS=... . kafka-down stops it.
+kafka-up:
+	@scripts/kafka-up.sh
+
+kafka-down:
+	@scripts/kafka-down.sh
 
 broker:
 	$(GO) run ./cmd/millrace-kafka

@@ -9,6 +9,11 @@
 #      (initdb into .pg/ under the repository, or /tmp/millrace-pg when root, since
 #      the postgres user may not reach the repository; on a free port), reused if running;
 #   4. as root, install Debian's postgresql package, then 3.
+#
+# The throwaway cluster runs with wal_level=logical (the CDC relay streams the
+# WAL), 300 connections (the test packages run in parallel) and fsync on. A
+# reused throwaway cluster started without those settings is restarted with
+# them. A PostgreSQL found at 1 or 2 is used as it is.
 set -euo pipefail
 say() { echo "pg-up: $*" >&2; }
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -77,9 +82,18 @@ if [ "$(id -u)" = 0 ]; then
 	id postgres >/dev/null 2>&1 || useradd -r -m postgres
 	run_as=(runuser -u postgres --)
 fi
+settings="-c listen_addresses=127.0.0.1 -c max_connections=300 -c fsync=on -c wal_level=logical -c max_wal_senders=16 -c max_replication_slots=16"
+setting() { # port name
+	"$bindir/psql" "postgres://postgres@127.0.0.1:$1/postgres?sslmode=disable" -Atqc "SHOW $2" 2>/dev/null
+}
 if [ -f "$portfile" ] && answers "postgres://postgres@127.0.0.1:$(cat "$portfile")/postgres?sslmode=disable"; then
 	port=$(cat "$portfile")
-	say "reusing the throwaway cluster in $data on port $port"
+	if [ "$(setting "$port" wal_level)" != logical ] || [ "$(setting "$port" max_connections)" -lt 300 ]; then
+		say "restarting the throwaway cluster in $data with wal_level=logical and 300 connections"
+		"${run_as[@]}" "$bindir/pg_ctl" -D "$data" -l "$pgdir/log" -w -m fast -o "-p $port -k /tmp $settings" restart >&2
+	else
+		say "reusing the throwaway cluster in $data on port $port"
+	fi
 else
 	mkdir -p "$pgdir"
 	[ "$(id -u)" = 0 ] && chown postgres "$pgdir"
@@ -91,7 +105,7 @@ else
 	while (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do port=$((port + 1)); done # first free port
 	echo "$port" >"$portfile"
 	say "starting a throwaway cluster on 127.0.0.1:$port"
-	"${run_as[@]}" "$bindir/pg_ctl" -D "$data" -l "$pgdir/log" -w -o "-p $port -k /tmp -c listen_addresses=127.0.0.1 -c max_connections=200 -c fsync=on" start >&2
+	"${run_as[@]}" "$bindir/pg_ctl" -D "$data" -l "$pgdir/log" -w -o "-p $port -k /tmp $settings" start >&2
 fi
 url="postgres://postgres@127.0.0.1:$port/test?sslmode=disable"
 if ! answers "$url"; then
