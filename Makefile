@@ -11,7 +11,7 @@ export GOFLAGS ?= -mod=readonly
 # again against the three-node cluster. internal/realkafka holds the tests
 # that kill broker nodes; it runs alone, after the others.
 KAFKA_PKGS ?= ./kafka/ ./outbox/ ./inbox/ ./compensation/ ./saga/ ./internal/tracing/ ./examples/...
-FAILOVER_PKGS ?= ./internal/realkafka/
+FAILOVER_PKGS ?= ./internal/realkafka/ ./examples/ordersaga/
 
 .PHONY: demo test test-embedded test-kafka bench bench-kafka pg-up kafka-up kafka-down broker fmt
 
@@ -46,7 +46,7 @@ test-kafka:
 	echo "tier 2, Apache Kafka at $$brokers: go test -race $(KAFKA_PKGS)" && \
 	DATABASE_URL="$$url" KAFKA_BROKERS="$$brokers" $(GO) test -race -timeout 15m $(KAFKA_PKGS) && \
 	echo "tier 2, failover (nodes killed and restarted): go test $(FAILOVER_PKGS)" && \
-	DATABASE_URL="$$url" KAFKA_BROKERS="$$brokers" $(GO) test -p 1 -timeout 15m $(FAILOVER_PKGS)
+	DATABASE_URL="$$url" KAFKA_BROKERS="$$brokers" MILLRACE_FAILOVER=1 $(GO) test -p 1 -timeout 15m -run Failover $(FAILOVER_PKGS)
 
 # The benchmarks (the targets in bench/README.md) into bench/results.json; BENCH_QUICK=1
 # for a run under a minute.

@@ -118,6 +118,9 @@ background.threads=2
 num.replica.fetchers=1
 group.initial.rebalance.delay.ms=0
 group.min.session.timeout.ms=1000
+# A dead node is fenced (its partitions get new leaders) after 6 s, not 9.
+broker.session.timeout.ms=6000
+broker.heartbeat.interval.ms=1000
 log.segment.bytes=67108864
 log.retention.hours=24
 EOF

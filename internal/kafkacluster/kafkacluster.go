@@ -63,15 +63,15 @@ func Open(dir string) (*Cluster, error) {
 	return &Cluster{dir: dir, brokers: brokers}, nil
 }
 
-// Require returns the cluster of the real-Kafka tier for a failover test.
-// Outside that tier (KAFKA_BROKERS unset, as in the embedded tier of make
-// test) the test is skipped with that reason: make test runs it in the
-// real-Kafka tier. With KAFKA_BROKERS set but no cluster of
-// scripts/kafka-up.sh's to control, the test fails.
+// Require returns the cluster for a failover test. Such tests kill broker
+// nodes, so they run only in the failover step of make test (MILLRACE_FAILOVER=1,
+// one package at a time, after the rest of the real-Kafka tier); elsewhere
+// the test is skipped with that reason. With MILLRACE_FAILOVER=1 but no
+// cluster of scripts/kafka-up.sh's to control, the test fails.
 func Require(t testing.TB) *Cluster {
 	t.Helper()
-	if os.Getenv("KAFKA_BROKERS") == "" {
-		t.Skip("real-Kafka tier only (kills broker nodes): make test runs it against scripts/kafka-up.sh's cluster")
+	if os.Getenv("MILLRACE_FAILOVER") != "1" {
+		t.Skip("failover step only (kills broker nodes of the three-node cluster): make test runs it with MILLRACE_FAILOVER=1")
 	}
 	c, err := Open(Dir())
 	if err != nil {
@@ -145,10 +145,24 @@ func (c *Cluster) Kill(node int) error {
 	if err != nil {
 		return err
 	}
-	deadline := time.Now().Add(30 * time.Second)
+	return c.waitGone(node, pid, 30*time.Second)
+}
+
+// Terminate stops node gracefully (SIGTERM: it hands over leadership and
+// closes its logs) and waits until its process is gone.
+func (c *Cluster) Terminate(node int) error {
+	pid, err := c.signal(node, syscall.SIGTERM)
+	if err != nil {
+		return err
+	}
+	return c.waitGone(node, pid, 2*time.Minute)
+}
+
+func (c *Cluster) waitGone(node, pid int, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
 	for syscall.Kill(pid, 0) == nil {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("kafkacluster: node %d (pid %d) still alive 30 s after SIGKILL", node, pid)
+			return fmt.Errorf("kafkacluster: node %d (pid %d) still alive %v after the signal", node, pid, limit)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

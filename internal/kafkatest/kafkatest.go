@@ -28,10 +28,15 @@ func Brokers(t testing.TB) []string {
 	return b.Addrs()
 }
 
-// Embedded starts an embedded broker for the test whatever KAFKA_BROKERS
-// says, for tests that stop and restart the broker or inject faults.
+// Embedded starts an embedded broker for the test, for tests that stop and
+// restart the broker or inject faults through kfake's request hooks. In the
+// real-Kafka tier (KAFKA_BROKERS set) such a test is skipped, saying so: it
+// is kfake-only, and the embedded tier runs it.
 func Embedded(t testing.TB, cfg devkafka.Config) *devkafka.Broker {
 	t.Helper()
+	if Real() {
+		t.Skip("kfake-only (restarts the embedded broker or injects faults through its request hooks): the embedded tier runs it")
+	}
 	b, err := devkafka.Start(cfg)
 	if err != nil {
 		t.Fatal(err)
