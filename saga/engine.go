@@ -640,7 +640,7 @@ func (m *machine) onDeadline() error {
 		return m.compensate(reason)
 	}
 	s, _ := m.d.step(m.in.Step)
-	if m.in.Phase == PhaseForward && !m.pastPivot() && s != nil && (s.kind == Compensatable || m.in.Steps[s.name].Status != StepRunning) {
+	if m.in.Phase == PhaseForward && !m.pastPivot() && s != nil && !(s.kind == Pivot && pivotMayHaveRun(s, m.in.state(s.name))) {
 		st := m.in.state(s.name)
 		if st.Status == StepRunning {
 			st.Status = StepUncertain
@@ -649,6 +649,17 @@ func (m *machine) onDeadline() error {
 		return m.compensate(reason)
 	}
 	return m.stuck(reason)
+}
+
+// pivotMayHaveRun reports whether pivot step s may have taken effect: an
+// attempt of its remote action is unanswered (running, or backing off or
+// given up after a timeout). Whatever its step status, the steps before it
+// must then not be compensated.
+func pivotMayHaveRun(s *stepDef, st *StepState) bool {
+	if !s.remote || st.Attempt == 0 {
+		return false
+	}
+	return st.AwaitFrom > 0 || st.Status == StepRunning || st.Status == StepUncertain
 }
 
 // nextWakeup is when the saga next needs a timer: its current step's due

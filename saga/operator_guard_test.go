@@ -1,0 +1,99 @@
+package saga_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/saga"
+)
+
+// pivotSpec: credit (remote, compensatable), pay (remote pivot: a timeout
+// retries after a long backoff), ship (remote, retriable).
+func pivotSpec(deadline time.Duration) saga.Spec[order] {
+	return saga.Spec[order]{Type: "order", Version: 1, Deadline: deadline, Steps: []saga.Step[order]{
+		{Name: "credit", Kind: saga.Compensatable, Action: &saga.Command[order]{Topic: "credit"},
+			Compensation: &saga.Command[order]{}, Timeout: time.Second},
+		{Name: "pay", Kind: saga.Pivot, Action: &saga.Command[order]{Topic: "pay"}, Timeout: time.Second,
+			Retry: saga.RetryPolicy{MaxAttempts: 3, MinBackoff: 10 * time.Hour, MaxBackoff: 10 * time.Hour}},
+		{Name: "ship", Kind: saga.Retriable, Action: &saga.Command[order]{Topic: "ship"}, Timeout: time.Second,
+			Retry: saga.RetryPolicy{MaxAttempts: 2, MinBackoff: time.Second}},
+	}}
+}
+
+func specDriver(t *testing.T, spec saga.Spec[order]) (*driver, *saga.Definition[order]) {
+	t.Helper()
+	var def *saga.Definition[order]
+	d := setupDriver(t, func(b *testBundle) []saga.Registrable {
+		def = mustDefine(t, spec)
+		return []saga.Registrable{def}
+	})
+	return d, def
+}
+
+func noCompensation(t *testing.T, d *driver, id string) {
+	t.Helper()
+	for _, c := range d.commands(id) {
+		if c.Op == millrace.OperationCompensation {
+			t.Fatalf("saga %s compensated %s although its pivot may have taken effect", id, c.Step)
+		}
+	}
+}
+
+// The deadline of a saga whose pivot timed out and backs off, its reply
+// still awaited, parks the saga: the pivot may have taken effect, so the
+// steps before it are not compensated.
+func TestDeadlineWhilePivotBacksOffAfterATimeoutParks(t *testing.T) {
+	t.Parallel()
+	d, def := specDriver(t, pivotSpec(time.Hour))
+	id := "o-pivot-deadline"
+	start(t, d.testBundle, def, id, 1)
+	d.reply(id, d.last(id), millrace.OutcomeSuccess) // credit
+	if c := d.last(id); c.Step != "pay" {
+		t.Fatalf("command %+v", c)
+	}
+	d.tick(time.Second) // pay's attempt 1 times out: backoff of 10h, its reply still awaited
+	if st := d.get(id).Steps["pay"]; st.Status != saga.StepBackoff || st.AwaitFrom != 1 {
+		t.Fatalf("pay %+v", st)
+	}
+	d.tick(time.Hour) // the deadline
+	in := d.get(id)
+	if in.Status != saga.StatusStuck || in.Phase != saga.PhaseForward || in.Step != "pay" || in.LastError != "deadline exceeded" {
+		t.Fatalf("after the deadline: %s %s at %s: %q", in.Status, in.Phase, in.Step, in.LastError)
+	}
+	noCompensation(t, d, id)
+	// A late success of attempt 1 is not applied to a stuck saga, and an
+	// operator's Retry resumes it forward.
+	if _, err := d.o.Retry(context.Background(), id, operator); err != nil {
+		t.Fatal(err)
+	}
+	d.reply(id, d.find(id, "pay", "action"), millrace.OutcomeSuccess)
+	d.reply(id, d.last(id), millrace.OutcomeSuccess) // ship
+	if in := d.get(id); in.Status != saga.StatusCompleted {
+		t.Fatalf("status %s", in.Status)
+	}
+	noCompensation(t, d, id)
+}
+
+// A pivot whose failure reply answered it took no effect: the deadline
+// compensates the steps before it, as before.
+func TestDeadlineWhilePivotBacksOffAfterAFailureCompensates(t *testing.T) {
+	t.Parallel()
+	spec := pivotSpec(time.Hour)
+	spec.Steps[1].Retry.Retryable = func(error) bool { return true }
+	d, def := specDriver(t, spec)
+	id := "o-pivot-failed-deadline"
+	start(t, d.testBundle, def, id, 1)
+	d.reply(id, d.last(id), millrace.OutcomeSuccess)
+	d.reply(id, d.last(id), millrace.OutcomeFailure) // pay: backoff, answered
+	d.tick(time.Hour)
+	if c := d.last(id); c.Step != "credit" || c.Op != millrace.OperationCompensation {
+		t.Fatalf("after the deadline: %+v", c)
+	}
+}
+
+var _ = errors.Is
+var _ = strings.Contains
