@@ -326,7 +326,9 @@ func (m *machine) compensate(reason string) error {
 
 // needsCompensation reports whether step s's action took effect, or may
 // have: a remote action sent and not answered by a failure, a local step
-// done, or a step left mid-compensation.
+// done, a step left mid-compensation, or a remote step an operator skipped
+// after its action was sent (it may have run: the barrier makes its
+// compensation a no-op if it did not).
 func needsCompensation(s *stepDef, st *StepState) bool {
 	if st == nil {
 		return false
@@ -334,7 +336,7 @@ func needsCompensation(s *stepDef, st *StepState) bool {
 	switch st.Status {
 	case StepDone, StepUncertain, StepCompensating, StepCompBackoff:
 		return true
-	case StepRunning, StepBackoff:
+	case StepRunning, StepBackoff, StepSkipped:
 		return s.remote && st.Attempt > 0
 	}
 	return false

@@ -97,3 +97,31 @@ func TestDeadlineWhilePivotBacksOffAfterAFailureCompensates(t *testing.T) {
 
 var _ = errors.Is
 var _ = strings.Contains
+
+// A remote step an operator skipped after its action was sent (and never
+// answered) may have taken effect: when the saga later fails, it is
+// compensated with the others.
+func TestSkippedSentStepIsCompensated(t *testing.T) {
+	t.Parallel()
+	d, def := orderDriver(t, func(s *saga.Spec[order]) { s.Steps[0].OnTimeout = saga.TimeoutStuck })
+	id := "o-skip-sent"
+	ctx := context.Background()
+	start(t, d.testBundle, def, id, 5)
+	d.tick(time.Second) // credit's attempt 1 times out: stuck
+	if in := d.get(id); in.Status != saga.StatusStuck || in.Step != "credit" {
+		t.Fatalf("saga %s at %s", in.Status, in.Step)
+	}
+	if _, err := d.o.Skip(ctx, id, operator); err != nil {
+		t.Fatal(err)
+	}
+	d.reply(id, d.last(id), millrace.OutcomeFailure) // stock fails: approve (local) is undone, then credit
+	c := d.last(id)
+	if c.Step != "credit" || c.Op != millrace.OperationCompensation {
+		t.Fatalf("the skipped, sent credit step was not compensated: last command %+v", c)
+	}
+	d.reply(id, c, millrace.OutcomeSuccess)
+	in := d.get(id)
+	if in.Status != saga.StatusCompensated || in.Steps["credit"].Status != saga.StepCompensated {
+		t.Fatalf("after compensation: %s, credit %+v", in.Status, in.Steps["credit"])
+	}
+}
