@@ -280,7 +280,7 @@ func (m *machine) groupOp(action string) (handled bool, err error) {
 		m.in.Status, m.in.LastError = StatusRunning, ""
 		for _, s := range members {
 			st := m.in.state(s.name)
-			if st.Status == StepDone || st.Status == StepSkipped {
+			if (st.Status == StepDone && !st.Unapplied) || st.Status == StepSkipped {
 				continue
 			}
 			st.Tries, st.Due = 0, nil

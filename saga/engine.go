@@ -251,7 +251,7 @@ func (m *machine) settleGroup(g string) error {
 // stepDone marks s done by the answer to attempt (an earlier one than
 // st.Attempt when a late reply completed it), as its history line says.
 func (m *machine) stepDone(s *stepDef, st *StepState, attempt int) {
-	st.Status, st.Due, st.Reason, st.AwaitFrom = StepDone, nil, "", 0
+	st.Status, st.Due, st.Reason, st.AwaitFrom, st.Unapplied = StepDone, nil, "", 0, false
 	if st.StartedAt != nil && m.o.metrics != nil {
 		typ, lat := m.d.typ, m.now.Sub(*st.StartedAt)
 		m.after = append(m.after, func() { m.o.metrics.stepLatency.WithLabelValues(typ, s.name).Observe(lat.Seconds()) })
@@ -520,7 +520,9 @@ func (m *machine) onReply(r reply) error {
 		if err != nil {
 			// The action took effect, but its reply cannot be applied:
 			// nothing automatic is right, so an operator decides.
-			st.Status, st.Due = StepDone, nil
+			// Retry sends the action again (its barrier answers the same
+			// reply), in a parallel group as outside one.
+			st.Status, st.Due, st.Unapplied = StepDone, nil, true
 			return m.stuck(fmt.Sprintf("step %s: applying its reply: %v", s.name, err))
 		}
 		m.in.Data = data

@@ -95,8 +95,6 @@ func TestDeadlineWhilePivotBacksOffAfterAFailureCompensates(t *testing.T) {
 	}
 }
 
-var _ = errors.Is
-var _ = strings.Contains
 
 // A remote step an operator skipped after its action was sent (and never
 // answered) may have taken effect: when the saga later fails, it is
@@ -123,5 +121,55 @@ func TestSkippedSentStepIsCompensated(t *testing.T) {
 	in := d.get(id)
 	if in.Status != saga.StatusCompensated || in.Steps["credit"].Status != saga.StepCompensated {
 		t.Fatalf("after compensation: %s, credit %+v", in.Status, in.Steps["credit"])
+	}
+}
+
+// A Retry after a success reply that could not be applied sends the step's
+// action again, in a parallel group as outside one: the reply's data is
+// applied once the participant answers again, never lost.
+func TestRetryAfterAnUnappliedReplyResendsInAGroupToo(t *testing.T) {
+	t.Parallel()
+	tx := func(o *order, r struct {
+		Tx string `json:"tx"`
+	}) error {
+		if r.Tx == "" {
+			return errors.New("no tx in the reply")
+		}
+		o.CreditTx = r.Tx
+		return nil
+	}
+	for _, grouped := range []bool{false, true} {
+		spec := groupSpec()
+		spec.Steps[1].OnSuccess = saga.Reply(tx)
+		if !grouped {
+			spec.Steps[1].Group, spec.Steps[2].Group = "", ""
+		}
+		d, def := specDriver(t, spec)
+		id := "o-unapplied"
+		start(t, d.testBundle, def, id, 1)
+		d.reply(id, d.last(id), millrace.OutcomeSuccess) // reserve
+		if grouped {
+			d.reply(id, d.find(id, "stock", "action"), millrace.OutcomeSuccess)
+		}
+		d.reply(id, d.find(id, "credit", "action"), millrace.OutcomeSuccess) // "{}": no tx
+		if in := d.get(id); in.Status != saga.StatusStuck || !strings.Contains(in.LastError, "no tx") {
+			t.Fatalf("grouped %v: %s %q", grouped, in.Status, in.LastError)
+		}
+		if _, err := d.o.Retry(context.Background(), id, operator); err != nil {
+			t.Fatal(err)
+		}
+		c := d.find(id, "credit", "action")
+		if c.Attempt != 2 {
+			t.Fatalf("grouped %v: Retry did not send credit again: %v", grouped, steps(d.commands(id)))
+		}
+		d.deliver(replyMsg(id, c, millrace.OutcomeSuccess, "", `{"tx":"t-1"}`))
+		if !grouped {
+			d.reply(id, d.find(id, "stock", "action"), millrace.OutcomeSuccess)
+		}
+		d.reply(id, d.find(id, "ship", "action"), millrace.OutcomeSuccess)
+		in := d.get(id)
+		if in.Status != saga.StatusCompleted || dataOf(t, in).CreditTx != "t-1" || in.Steps["credit"].Unapplied {
+			t.Fatalf("grouped %v: %s, data %s, credit %+v", grouped, in.Status, in.Data, in.Steps["credit"])
+		}
 	}
 }

@@ -77,6 +77,11 @@ type StepState struct {
 	// is the step's outcome (see "Retries and late replies" in the package
 	// documentation). Zero when no action attempt is unanswered.
 	AwaitFrom int `json:"await_from,omitempty"`
+	// Unapplied is set on a done step whose success reply could not be
+	// applied to the data (OnSuccess failed; the saga is stuck): an
+	// operator's Retry sends its action again, in a parallel group as
+	// outside one, so the reply is not lost.
+	Unapplied bool `json:"unapplied,omitempty"`
 }
 
 // Instance is one saga as stored.
