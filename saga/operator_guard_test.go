@@ -95,7 +95,6 @@ func TestDeadlineWhilePivotBacksOffAfterAFailureCompensates(t *testing.T) {
 	}
 }
 
-
 // A remote step an operator skipped after its action was sent (and never
 // answered) may have taken effect: when the saga later fails, it is
 // compensated with the others.
