@@ -3,6 +3,7 @@ package saga
 import (
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -252,10 +253,33 @@ func (o *Orchestrator) operateIn(ctx context.Context, tx pgx.Tx, id string, by A
 	if err := fn(m); err != nil {
 		return nil, nil, fmt.Errorf("%s of saga %q: %w", action, id, err)
 	}
+	m.moveDeadline(by)
 	if err := m.save(); err != nil {
 		return nil, nil, err
 	}
 	return in, m.after, nil
+}
+
+// moveDeadline moves the deadline of a saga that an operator action
+// leaves running or compensating although its deadline has passed (it
+// passed while the saga was stuck, when no timer fires): to the
+// definition's Deadline from now (none if the definition has none any
+// more), with a "deadline_moved" history line naming the operator and the
+// reason. Without it the next timer pass would turn the operator's action
+// into the deadline's compensation or parking.
+func (m *machine) moveDeadline(by Actor) {
+	from := m.in.DeadlineAt
+	if !m.in.Status.live() || from == nil || m.now.Before(*from) {
+		return
+	}
+	var to *time.Time
+	if m.d.deadline > 0 {
+		to = m.due(m.d.deadline)
+	}
+	m.in.DeadlineAt = to
+	detail, _ := json.Marshal(map[string]any{"from": from, "to": to})
+	m.hist = append(m.hist, historyRow{sagaID: m.in.ID, at: m.now, event: "deadline_moved", step: m.in.Step, actor: by.Operator,
+		reason: by.Reason, status: string(m.in.Status), detail: detail})
 }
 
 func (m *machine) current() (*stepDef, int, *StepState, error) {

@@ -172,3 +172,46 @@ func TestRetryAfterAnUnappliedReplyResendsInAGroupToo(t *testing.T) {
 		}
 	}
 }
+
+// An operator action on a saga whose deadline passed while it was stuck
+// moves the deadline forward (by the definition's Deadline, from now),
+// recorded with who and why: the next timer pass does not turn the action
+// into the deadline's compensation. The same through an Operator request.
+func TestOperatorActionPastTheDeadlineMovesIt(t *testing.T) {
+	t.Parallel()
+	for _, viaRequest := range []bool{false, true} {
+		d, def := orderDriver(t, func(s *saga.Spec[order]) {
+			s.Deadline = time.Hour
+			s.Steps[0].OnTimeout = saga.TimeoutStuck
+		})
+		id := "o-late-retry"
+		ctx := context.Background()
+		start(t, d.testBundle, def, id, 5)
+		d.tick(time.Second) // credit times out: stuck
+		d.tick(2 * time.Hour)
+		if in := d.get(id); in.Status != saga.StatusStuck || !in.DeadlineAt.Before(d.clock.Now()) {
+			t.Fatalf("saga %s, deadline %v", in.Status, in.DeadlineAt)
+		}
+		if viaRequest {
+			if _, err := newOperator(t, d).Retry(ctx, id, operator); err != nil {
+				t.Fatal(err)
+			}
+		} else if _, err := d.o.Retry(ctx, id, operator); err != nil {
+			t.Fatal(err)
+		}
+		d.tick(0) // applies the request; a deadline left in the past would fire here
+		in := d.get(id)
+		if in.Status != saga.StatusRunning || in.Step != "credit" || in.DeadlineAt == nil || !in.DeadlineAt.Equal(d.clock.Now().Add(time.Hour)) {
+			t.Fatalf("request %v: after the retry: %s at %s (%q), deadline %v", viaRequest, in.Status, in.Step, in.LastError, in.DeadlineAt)
+		}
+		h := historyEvents(t, d.o, id, "deadline_moved")
+		if len(h) != 1 || h[0].Actor != "alice" || h[0].Reason != "ticket 42" || !strings.Contains(string(h[0].Detail), `"to"`) {
+			t.Fatalf("request %v: deadline history %+v", viaRequest, h)
+		}
+		d.reply(id, d.find(id, "credit", "action"), millrace.OutcomeSuccess)
+		d.reply(id, d.last(id), millrace.OutcomeSuccess) // stock
+		if in := d.get(id); in.Status != saga.StatusCompleted {
+			t.Fatalf("request %v: status %s (%q)", viaRequest, in.Status, in.LastError)
+		}
+	}
+}
