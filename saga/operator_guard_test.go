@@ -215,3 +215,78 @@ func TestOperatorActionPastTheDeadlineMovesIt(t *testing.T) {
 		}
 	}
 }
+
+// A request records the saga's step and revision; one the saga moved on
+// from before the orchestrator came to it (here another operator retried
+// the same step meanwhile) is refused and recorded so, not applied.
+func TestStaleOperatorRequestIsRefused(t *testing.T) {
+	t.Parallel()
+	id := "o-req-stale"
+	d, _ := stuckOnCompensation(t, id)
+	p := newOperator(t, d)
+	ctx := context.Background()
+	before := d.get(id)
+	in, err := p.Retry(ctx, id, saga.Actor{Operator: "bob", Reason: "try again"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := in.Request; r.Step != "credit" || r.Revision != before.Revision+1 || in.Revision != r.Revision {
+		t.Fatalf("request %+v, saga revision %d (before %d)", r, in.Revision, before.Revision)
+	}
+	if _, err := d.o.Retry(ctx, id, operator); err != nil { // alice, at once: compensation attempt 3
+		t.Fatal(err)
+	}
+	sent := len(d.commands(id))
+	if n, err := d.o.RunDue(ctx); err != nil || n != 1 {
+		t.Fatalf("RunDue: %d, %v", n, err)
+	}
+	got := d.get(id)
+	if got.Request != nil || len(d.commands(id)) != sent || d.last(id).Attempt != 3 {
+		t.Fatalf("the stale request was applied: %+v, %d more commands", got.Request, len(d.commands(id))-sent)
+	}
+	h := historyEvents(t, d.o, id, "operator_refused")
+	if len(h) != 1 || h[0].Actor != "bob" || !strings.Contains(string(h[0].Detail), "stale") {
+		t.Fatalf("refusal history %+v", h)
+	}
+}
+
+// A pending request can be withdrawn before the orchestrator applies it:
+// nothing is applied, and the withdrawal is in the history.
+func TestOperatorRequestWithdrawn(t *testing.T) {
+	t.Parallel()
+	id := "o-req-withdrawn"
+	d, _ := stuckOnCompensation(t, id)
+	p := newOperator(t, d)
+	ctx := context.Background()
+	if _, err := p.Withdraw(ctx, id, operator); !errors.Is(err, saga.ErrNoRequest) {
+		t.Fatalf("withdraw with nothing pending: %v", err)
+	}
+	if _, err := p.Retry(ctx, id, saga.Actor{Operator: "bob", Reason: "try again"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Withdraw(ctx, "nope", operator); !errors.Is(err, saga.ErrNotFound) {
+		t.Fatalf("unknown id: %v", err)
+	}
+	if _, err := p.Withdraw(ctx, id, saga.Actor{Operator: "alice"}); !errors.Is(err, saga.ErrActionNotAllowed) {
+		t.Fatalf("no reason: %v", err)
+	}
+	in, err := p.Withdraw(ctx, id, operator)
+	if err != nil || in.Request != nil {
+		t.Fatalf("withdraw: %+v, %v", in, err)
+	}
+	if got := d.get(id); got.Request != nil {
+		t.Fatalf("stored request %+v", got.Request)
+	}
+	h := historyEvents(t, d.o, id, "operator_withdrawn")
+	if len(h) != 1 || h[0].Actor != "alice" || h[0].Reason != "ticket 42" || !strings.Contains(string(h[0].Detail), `"bob"`) {
+		t.Fatalf("withdrawal history %+v", h)
+	}
+	sent := len(d.commands(id))
+	if n, err := d.o.RunDue(ctx); err != nil || n != 0 || len(d.commands(id)) != sent {
+		t.Fatalf("a withdrawn request was applied: %d, %v", n, err)
+	}
+	// Another can be recorded now.
+	if _, err := p.MarkCompensated(ctx, id, operator); err != nil {
+		t.Fatal(err)
+	}
+}
