@@ -208,24 +208,25 @@ func (p *Operator) RequestTx(ctx context.Context, tx pgx.Tx, id string, action A
 
 // Withdraw withdraws the saga's pending operator request before the
 // orchestrator applies it, with an "operator_withdrawn" history line
-// naming by (who and why, both required) and the request. It returns an
-// error wrapping ErrNotFound for an unknown id, ErrNoRequest when no
-// request is pending, and ErrActionNotAllowed for an incomplete Actor.
-func (p *Operator) Withdraw(ctx context.Context, id string, by Actor) (*Instance, error) {
-	var in *Instance
+// naming by (who and why, both required) and the request, and returns the
+// request it withdrew. It returns an error wrapping ErrNotFound for an
+// unknown id, ErrNoRequest when no request is pending, and
+// ErrActionNotAllowed for an incomplete Actor.
+func (p *Operator) Withdraw(ctx context.Context, id string, by Actor) (*Request, error) {
+	var r *Request
 	err := pgx.BeginFunc(ctx, p.o.pool, func(tx pgx.Tx) error {
 		var err error
-		in, err = p.WithdrawTx(ctx, tx, id, by)
+		r, err = p.WithdrawTx(ctx, tx, id, by)
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
-	return in, nil
+	return r, nil
 }
 
 // WithdrawTx is Withdraw in the caller's transaction.
-func (p *Operator) WithdrawTx(ctx context.Context, tx pgx.Tx, id string, by Actor) (*Instance, error) {
+func (p *Operator) WithdrawTx(ctx context.Context, tx pgx.Tx, id string, by Actor) (*Request, error) {
 	o := p.o
 	if strings.TrimSpace(by.Operator) == "" || strings.TrimSpace(by.Reason) == "" {
 		return nil, fmt.Errorf("%w: withdraw of the request on saga %q: Actor.Operator and Actor.Reason are required", ErrActionNotAllowed, id)
@@ -241,7 +242,6 @@ func (p *Operator) WithdrawTx(ctx context.Context, tx pgx.Tx, id string, by Acto
 	if _, err := tx.Exec(ctx, o.sql.clearRequest, id); err != nil {
 		return nil, fmt.Errorf("saga %s: withdraw operator request: %w", id, err)
 	}
-	in.Request = nil
 	detail, err := json.Marshal(r)
 	if err != nil {
 		return nil, err
@@ -251,7 +251,7 @@ func (p *Operator) WithdrawTx(ctx context.Context, tx pgx.Tx, id string, by Acto
 	if err != nil {
 		return nil, err
 	}
-	return in, nil
+	return r, nil
 }
 
 // stale says why a request no longer fits the saga it was recorded on:

@@ -270,9 +270,9 @@ func TestOperatorRequestWithdrawn(t *testing.T) {
 	if _, err := p.Withdraw(ctx, id, saga.Actor{Operator: "alice"}); !errors.Is(err, saga.ErrActionNotAllowed) {
 		t.Fatalf("no reason: %v", err)
 	}
-	in, err := p.Withdraw(ctx, id, operator)
-	if err != nil || in.Request != nil {
-		t.Fatalf("withdraw: %+v, %v", in, err)
+	r, err := p.Withdraw(ctx, id, operator)
+	if err != nil || r.Operator != "bob" || r.Action != saga.ActionRetry {
+		t.Fatalf("withdraw: %+v, %v", r, err)
 	}
 	if got := d.get(id); got.Request != nil {
 		t.Fatalf("stored request %+v", got.Request)
