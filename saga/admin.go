@@ -152,8 +152,14 @@ type Actor struct {
 // Retry retries the saga's current operation now, with a new attempt
 // number and a fresh retry budget: the current step's action (forward) or
 // its compensation (compensating). It applies to a stuck saga, and to a
-// running or compensating one (to skip a wait). A saga stuck on an
-// unregistered version is refused with ErrNotRegistered.
+// running or compensating one (to skip a wait). A step whose success reply
+// could not be applied is sent again, in a parallel group too. A saga stuck
+// on an unregistered version is refused with ErrNotRegistered.
+//
+// Every operator action (Retry, Skip, MarkCompensated, Abort) that leaves a
+// saga past its deadline running or compensating moves the deadline to the
+// definition's Deadline from now, with a "deadline_moved" history line
+// (see the package documentation).
 func (o *Orchestrator) Retry(ctx context.Context, id string, by Actor) (*Instance, error) {
 	return o.operate(ctx, id, by, "retry", (*machine).opRetry)
 }
@@ -165,7 +171,8 @@ func (o *Orchestrator) RetryTx(ctx context.Context, tx pgx.Tx, id string, by Act
 
 // Skip treats the current step's action as succeeded without running it
 // (someone did its work by hand) and moves on to the next step. Forward
-// phase only (stuck or running).
+// phase only (stuck or running). A remote step skipped after its action
+// was sent is compensated if the saga later fails (it may have run).
 func (o *Orchestrator) Skip(ctx context.Context, id string, by Actor) (*Instance, error) {
 	return o.operate(ctx, id, by, "skip", (*machine).opSkip)
 }

@@ -38,10 +38,15 @@ var ErrCannotMigrate = errors.New("saga: cannot migrate instance")
 // m.From to m.To: each step's state goes to its (renamed) step, the data is
 // upcast, the instance records the new version and a "migrated" history
 // line, under its row lock. It is for definitions whose change would strand
-// instances otherwise; register To first. An instance whose state has no
-// place in To (a started step that To lacks or renames, a current step To
-// lacks) or whose data does not upcast is left as it was and reported in
-// the returned error (each wrapping ErrCannotMigrate); the others move.
+// instances otherwise; register To first. A saga inside a parallel group
+// moves when the group's members are exactly the members of one group of
+// To. An instance whose state has no faithful place in To (a started step
+// that To lacks or renames, a current step To lacks, a current step that
+// would join a group whose other members would never start, a step of To
+// before the current one that has not run and never would) or whose data
+// does not upcast is left as it was and reported in the returned error
+// (each wrapping ErrCannotMigrate); the others move. A Steps map that sends
+// two From steps to one To step is refused (millrace.ErrConfig).
 // It returns how many moved. A reply in flight for a moved instance is
 // still applied: steps keep their names and attempts.
 func Migrate[From, To any](ctx context.Context, o *Orchestrator, m Migration[From, To]) (int, error) {

@@ -112,9 +112,10 @@ type OperatorConfig struct {
 // (as the orchestrator checks it), recorded on the saga with a history
 // line "operator_request", and applied by the next timer pass of an
 // Orchestrator that has the saga's type and version registered (Run, RunDue), as the
-// requester; if by then the saga has moved on and the action is no longer
-// allowed, the orchestrator records it as "operator_refused" and drops it.
-// It is safe for concurrent use.
+// requester; if by then the saga has changed at all (another step or
+// revision than the request recorded) or the action is no longer allowed,
+// the orchestrator records it as "operator_refused" and drops it. Withdraw
+// withdraws a pending request. It is safe for concurrent use.
 type Operator struct {
 	o *Orchestrator
 }
@@ -151,8 +152,8 @@ func (p *Operator) Abort(ctx context.Context, id string, by Actor) (*Instance, e
 	return p.Request(ctx, id, ActionAbort, by)
 }
 
-// Request records an operator request and returns the saga with it
-// (Instance.Request). It returns an error wrapping ErrNotFound for an
+// Request records an operator request, with the saga's current step and
+// revision, and returns the saga with it (Instance.Request). It returns an error wrapping ErrNotFound for an
 // unknown id, ErrActionNotAllowed for an action the saga's state forbids
 // (or an incomplete Actor), and ErrRequestPending while another request
 // waits; then nothing is recorded.

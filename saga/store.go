@@ -132,7 +132,8 @@ type HistoryEntry struct {
 	At     time.Time
 	// Event is what happened: started, command, reply, fenced, timeout,
 	// retry, failed, compensate, completed, compensated, stuck, deadline,
-	// operator, operator_request, operator_refused, unregistered.
+	// deadline_moved, operator, operator_request, operator_refused,
+	// operator_withdrawn, unregistered, migrated.
 	Event     string
 	Step      string
 	Operation string
