@@ -25,7 +25,7 @@ func (a *app) sagaCmd() *cobra.Command {
 			"definition (its Go code). The stock binary has none: it records an operator request, checked against\n" +
 			"the saga's state, that the service's running orchestrator applies on its next timer pass. A millrace\n" +
 			"built with the definitions (package cmd/millrace/cli, Config.Sagas) acts at once (docs/operating.md).\n" +
-			"Listing and showing need no definition.",
+			"Listing, showing and withdrawing a pending request (saga withdraw) need no definition.",
 	})
 	cmd.AddCommand(a.sagaListCmd(), a.sagaShowCmd(),
 		a.sagaActionCmd(saga.ActionRetry, "Retry the current step's action (or compensation) now, with a fresh retry budget",
