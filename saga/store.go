@@ -109,7 +109,7 @@ type Instance struct {
 	EndedAt   *time.Time
 	// Request is the operator request waiting for the running
 	// orchestrator (Operator), nil when none. Saving the saga never
-	// changes it: only applying it clears it.
+	// changes it: only applying, refusing or withdrawing it clears it.
 	Request *Request
 	// Existing is set by Start and StartTx when the saga existed already
 	// (a repeated start); it is not stored.
