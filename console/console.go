@@ -100,6 +100,8 @@ type Console struct {
 	// requests records operator requests when Config.Sagas was not given
 	// (no definitions to act with); nil otherwise.
 	requests *saga.Operator
+	// operator withdraws pending requests (whoever recorded them).
+	operator *saga.Operator
 	csrf     *csrf
 	log      *slog.Logger
 	pages    map[string]*template.Template
@@ -151,13 +153,15 @@ func New(pool *pgxpool.Pool, cfg Config) (*Console, error) {
 		return nil, fmt.Errorf("%w: console: %v", millrace.ErrConfig, err)
 	}
 	var requests *saga.Operator
+	operator, err := saga.NewOperator(pool, saga.OperatorConfig{Schema: schema})
+	if err != nil {
+		return nil, fmt.Errorf("%w: console: %v", millrace.ErrConfig, err)
+	}
 	if cfg.Sagas == nil {
 		if cfg.Sagas, err = saga.New(pool, saga.Config{Schema: schema}); err != nil {
 			return nil, fmt.Errorf("%w: console: %v", millrace.ErrConfig, err)
 		}
-		if requests, err = saga.NewOperator(pool, saga.OperatorConfig{Schema: schema}); err != nil {
-			return nil, fmt.Errorf("%w: console: %v", millrace.ErrConfig, err)
-		}
+		requests = operator
 	}
 	c := &Console{
 		cfg:      cfg,
@@ -166,6 +170,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Console, error) {
 		outbox:   admin,
 		sagas:    cfg.Sagas,
 		requests: requests,
+		operator: operator,
 		csrf:     &csrf{key: cfg.CSRFKey, path: cfg.Prefix + "/"},
 		log:      cfg.Logger.With("component", "console", "schema", schema),
 	}

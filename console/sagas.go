@@ -23,6 +23,7 @@ var sagaEffects = map[string]string{
 	"skip":             "The current step is treated as done by hand, without running it, and the saga moves on to its next step.",
 	"mark-compensated": "The current step's compensation is treated as done by hand, and the saga goes on compensating the steps before it.",
 	"abort":            "The saga stops going forward and compensates the steps that took effect. This cannot be undone.",
+	"withdraw":         "The saga's pending operator request is withdrawn: the service's orchestrator will not apply it. Nothing else changes.",
 }
 
 var sagaActionOrder = []string{"retry", "skip", "mark-compensated", "abort"}
@@ -203,7 +204,10 @@ func (c *Console) sagaConfirm(w http.ResponseWriter, r *http.Request) {
 	d.Post = c.cfg.Prefix + "/saga/" + d.Action
 	d.Cancel = c.cfg.Prefix + "/saga?id=" + url.QueryEscape(d.ID)
 	d.Danger = d.Action == "abort"
-	d.Request = c.requests != nil
+	d.Request = c.requests != nil && d.Action != "withdraw"
+	if d.Action == "withdraw" {
+		d.Question = fmt.Sprintf("Withdraw the pending operator request on saga %s?", d.ID)
+	}
 	c.render(w, r, http.StatusOK, "saga_confirm", "Confirm: "+d.Action, "sagas", d)
 }
 
@@ -229,14 +233,18 @@ func (c *Console) sagaAct(w http.ResponseWriter, r *http.Request) (string, bool)
 	by := saga.Actor{Operator: operator, Reason: reason}
 	var in *saga.Instance
 	var err error
-	if c.requests != nil {
+	var withdrawn *saga.Request
+	switch {
+	case d.Action == "withdraw":
+		withdrawn, err = c.operator.Withdraw(ctx, d.ID, by)
+	case c.requests != nil:
 		in, err = c.requests.Request(ctx, d.ID, saga.Action(d.Action), by)
-	} else {
+	default:
 		in, err = act(c.sagas, ctx, d.ID, by)
 	}
 	attrs := []any{"operator", operator, "action", d.Action, "saga_id", d.ID, "reason", reason}
 	switch {
-	case errors.Is(err, saga.ErrRequestPending):
+	case errors.Is(err, saga.ErrRequestPending), errors.Is(err, saga.ErrNoRequest):
 		c.log.Warn("console: saga action refused", append(attrs, "err", err)...)
 		c.fail(w, r, http.StatusConflict, "Refused, nothing was changed: "+err.Error()+".")
 		return "", false
@@ -257,6 +265,10 @@ func (c *Console) sagaAct(w http.ResponseWriter, r *http.Request) (string, bool)
 		c.fail(w, r, http.StatusInternalServerError, "Failed, nothing was changed: "+err.Error())
 		return "", false
 	}
+	if withdrawn != nil {
+		c.log.Info("console: saga request withdrawn", append(attrs, "request", string(withdrawn.Action), "requested_by", withdrawn.Operator)...)
+		return "/saga?id=" + url.QueryEscape(d.ID) + "&done=withdraw", true
+	}
 	if c.requests != nil {
 		c.log.Info("console: saga "+d.Action+" requested", append(attrs, "status", string(in.Status))...)
 		return "/saga?id=" + url.QueryEscape(d.ID) + "&requested=" + d.Action, true
@@ -274,6 +286,9 @@ func sagaFlash(q url.Values) string {
 	}
 	if _, ok := sagaEffects[q.Get("done")]; !ok || q.Get("id") == "" {
 		return ""
+	}
+	if q.Get("done") == "withdraw" {
+		return "Done: the pending operator request was withdrawn. The saga's state below is as it is now."
 	}
 	return fmt.Sprintf("Done: %s. The saga's state below is as it is now.", strings.ReplaceAll(q.Get("done"), "-", " "))
 }

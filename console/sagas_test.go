@@ -235,3 +235,47 @@ func regexpFind(t *testing.T, body, re string) string {
 	}
 	return m[1]
 }
+
+// A pending operator request can be withdrawn from the saga page: the
+// orchestrator then has nothing to apply.
+func TestSagaWithdrawRequest(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	s := opstest.NewSagas(t, db)
+	s.StuckRefund(t, "refund-1")
+	b := setupOn(t, db, console.Config{})
+	token := b.confirm("/saga/retry?id=refund-1")
+	r := b.post("/saga/withdraw", url.Values{"id": {"refund-1"}, "csrf_token": {token}, "reason": {"x"}})
+	if r.status != http.StatusConflict || !strings.Contains(r.body, "no operator request is pending") {
+		t.Errorf("withdraw with nothing pending: %d\n%s", r.status, r.body)
+	}
+	r = b.post("/saga/retry", url.Values{"id": {"refund-1"}, "csrf_token": {token}, "reason": {"stock fixed"}})
+	if r.status != http.StatusSeeOther {
+		t.Fatalf("retry: %d\n%s", r.status, r.body)
+	}
+	contains(t, "saga page", b.get("/saga?id=refund-1").body, `id="action-withdraw" href="/saga/withdraw?id=refund-1"`)
+	contains(t, "confirm page", b.get("/saga/withdraw?id=refund-1").body, "Withdraw the pending operator request on saga refund-1?")
+	r = b.post("/saga/withdraw", url.Values{"id": {"refund-1"}, "csrf_token": {token}, "reason": {"not fixed after all"}})
+	if r.status != http.StatusSeeOther || r.location != "/saga?id=refund-1&done=withdraw" {
+		t.Fatalf("withdraw: %d to %q\n%s", r.status, r.location, r.body)
+	}
+	contains(t, "page after withdraw", b.get(r.location).body, `pending operator request was withdrawn`)
+	if in := s.Get(t, "refund-1"); in.Request != nil || in.Status != saga.StatusStuck {
+		t.Fatalf("after withdraw: %s %+v", in.Status, in.Request)
+	}
+	if n, err := s.O.RunDue(context.Background()); err != nil || n != 0 {
+		t.Fatalf("RunDue after withdraw: %d, %v", n, err)
+	}
+	hist, err := s.O.History(context.Background(), "refund-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found bool
+	for _, h := range hist {
+		found = found || (h.Event == "operator_withdrawn" && h.Actor == "alice" && h.Reason == "not fixed after all")
+	}
+	if !found {
+		t.Errorf("no operator_withdrawn entry in %+v", hist)
+	}
+	contains(t, "log", b.logs.String(), "console: saga request withdrawn", "operator=alice", "requested_by=alice")
+}

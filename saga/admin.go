@@ -3,6 +3,7 @@ package saga
 import (
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -151,8 +152,14 @@ type Actor struct {
 // Retry retries the saga's current operation now, with a new attempt
 // number and a fresh retry budget: the current step's action (forward) or
 // its compensation (compensating). It applies to a stuck saga, and to a
-// running or compensating one (to skip a wait). A saga stuck on an
-// unregistered version is refused with ErrNotRegistered.
+// running or compensating one (to skip a wait). A step whose success reply
+// could not be applied is sent again, in a parallel group too. A saga stuck
+// on an unregistered version is refused with ErrNotRegistered.
+//
+// Every operator action (Retry, Skip, MarkCompensated, Abort) that leaves a
+// saga past its deadline running or compensating moves the deadline to the
+// definition's Deadline from now, with a "deadline_moved" history line
+// (see the package documentation).
 func (o *Orchestrator) Retry(ctx context.Context, id string, by Actor) (*Instance, error) {
 	return o.operate(ctx, id, by, "retry", (*machine).opRetry)
 }
@@ -164,7 +171,8 @@ func (o *Orchestrator) RetryTx(ctx context.Context, tx pgx.Tx, id string, by Act
 
 // Skip treats the current step's action as succeeded without running it
 // (someone did its work by hand) and moves on to the next step. Forward
-// phase only (stuck or running).
+// phase only (stuck or running). A remote step skipped after its action
+// was sent is compensated if the saga later fails (it may have run).
 func (o *Orchestrator) Skip(ctx context.Context, id string, by Actor) (*Instance, error) {
 	return o.operate(ctx, id, by, "skip", (*machine).opSkip)
 }
@@ -252,10 +260,33 @@ func (o *Orchestrator) operateIn(ctx context.Context, tx pgx.Tx, id string, by A
 	if err := fn(m); err != nil {
 		return nil, nil, fmt.Errorf("%s of saga %q: %w", action, id, err)
 	}
+	m.moveDeadline(by)
 	if err := m.save(); err != nil {
 		return nil, nil, err
 	}
 	return in, m.after, nil
+}
+
+// moveDeadline moves the deadline of a saga that an operator action
+// leaves running or compensating although its deadline has passed (it
+// passed while the saga was stuck, when no timer fires): to the
+// definition's Deadline from now (none if the definition has none any
+// more), with a "deadline_moved" history line naming the operator and the
+// reason. Without it the next timer pass would turn the operator's action
+// into the deadline's compensation or parking.
+func (m *machine) moveDeadline(by Actor) {
+	from := m.in.DeadlineAt
+	if !m.in.Status.live() || from == nil || m.now.Before(*from) {
+		return
+	}
+	var to *time.Time
+	if m.d.deadline > 0 {
+		to = m.due(m.d.deadline)
+	}
+	m.in.DeadlineAt = to
+	detail, _ := json.Marshal(map[string]any{"from": from, "to": to})
+	m.hist = append(m.hist, historyRow{sagaID: m.in.ID, at: m.now, event: "deadline_moved", step: m.in.Step, actor: by.Operator,
+		reason: by.Reason, status: string(m.in.Status), detail: detail})
 }
 
 func (m *machine) current() (*stepDef, int, *StepState, error) {
@@ -280,7 +311,7 @@ func (m *machine) groupOp(action string) (handled bool, err error) {
 		m.in.Status, m.in.LastError = StatusRunning, ""
 		for _, s := range members {
 			st := m.in.state(s.name)
-			if st.Status == StepDone || st.Status == StepSkipped {
+			if (st.Status == StepDone && !st.Unapplied) || st.Status == StepSkipped {
 				continue
 			}
 			st.Tries, st.Due = 0, nil

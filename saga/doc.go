@@ -91,9 +91,11 @@
 //
 // Going forward a saga is stuck when a retriable step spent its budget, a
 // pivot that may have taken effect timed out, a step says TimeoutStuck, the
-// deadline passed after the pivot, a success reply could not be applied,
-// or its version is not registered; compensating, when a compensation
-// spent its budget or the deadline passed.
+// deadline passed after the pivot or while the pivot has an unanswered
+// attempt (running, or backing off after a timeout: it may have taken
+// effect), a success reply could not be applied, or its version is not
+// registered; compensating, when a compensation spent its budget or the
+// deadline passed.
 //
 // A step is pending, running (waiting for a reply), backoff (waiting to
 // retry), done, failed (a failure reply: no effect), uncertain (given up
@@ -172,9 +174,14 @@
 //
 // To move live instances to a new version on purpose, Migrate maps their
 // step state (steps may be renamed only where an instance has not started
-// them: a participant's barrier knows a step by its name) and upcasts their
-// data, each under its row lock, with a "migrated" history line; an
-// instance that cannot move stays on its version and is reported.
+// them: a participant's barrier knows a step by its name; never two old
+// steps to one new name) and upcasts their data, each under its row lock,
+// with a "migrated" history line. An instance inside a parallel group
+// moves if the group's members are exactly one group of the new version.
+// An instance that cannot move faithfully stays on its version and is
+// reported: its current step would join a group whose other members would
+// never start, or the new version has a step before the current one that
+// has not run and never would.
 //
 // # Unsticking a saga
 //
@@ -184,12 +191,23 @@
 // (ErrActionNotAllowed, ErrNotFound, ErrNotRegistered):
 //
 //   - Retry: send the current operation again now, with a new attempt and
-//     a fresh retry budget (fix the participant first).
+//     a fresh retry budget (fix the participant first). A step whose
+//     success reply could not be applied is sent again too, in a parallel
+//     group as outside one (StepState.Unapplied).
 //   - Skip: going forward, treat the current step as done (its work was
-//     done by hand) and move on.
+//     done by hand) and move on. A remote step skipped after its action
+//     was sent is still compensated if the saga later fails: the action
+//     may have run.
 //   - MarkCompensated: compensating, treat the current step as undone by
 //     hand and continue with the steps before it.
 //   - Abort: going forward before the pivot, stop and compensate.
+//
+// No timer fires for a stuck saga, so its deadline may pass while it
+// waits. An action that leaves a saga past its deadline running or
+// compensating moves the deadline to the definition's Deadline from now
+// (none if the definition has none), with a "deadline_moved" history line
+// naming the operator, the reason and both deadlines: the next timer pass
+// does not turn the action into the deadline's compensation or parking.
 //
 // Those act at once and need the saga's definition. A tool without the
 // definitions (the stock millrace command, a standalone console) records
@@ -199,11 +217,15 @@
 // (Instance.Request; one at a time, else ErrRequestPending) with an
 // "operator_request" history line, and the service's orchestrator applies
 // it on its next timer pass (Run, RunDue) through the same code as Retry
-// and friends, recorded as the requester. One the saga's state no longer
-// allows by then is recorded as "operator_refused" and dropped. Saving a
-// saga (a reply, a timer) never clears a pending request; only applying it
-// does. Only an orchestrator with the saga's type and version registered
-// applies it.
+// and friends, recorded as the requester. A request records the saga's
+// step and revision (Request.Step, Request.Revision); one the saga's state
+// no longer allows by then, or stale (the saga changed since: another
+// step, or the same step after a reply, a timer or another action), is
+// recorded as "operator_refused" and dropped, never applied to a state the
+// operator did not see. Saving a saga (a reply, a timer) never clears a
+// pending request; only applying, refusing or withdrawing it does
+// (Operator.Withdraw, with an "operator_withdrawn" history line). Only an
+// orchestrator with the saga's type and version registered applies it.
 //
 // # Tables and hooks
 //

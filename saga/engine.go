@@ -251,7 +251,7 @@ func (m *machine) settleGroup(g string) error {
 // stepDone marks s done by the answer to attempt (an earlier one than
 // st.Attempt when a late reply completed it), as its history line says.
 func (m *machine) stepDone(s *stepDef, st *StepState, attempt int) {
-	st.Status, st.Due, st.Reason, st.AwaitFrom = StepDone, nil, "", 0
+	st.Status, st.Due, st.Reason, st.AwaitFrom, st.Unapplied = StepDone, nil, "", 0, false
 	if st.StartedAt != nil && m.o.metrics != nil {
 		typ, lat := m.d.typ, m.now.Sub(*st.StartedAt)
 		m.after = append(m.after, func() { m.o.metrics.stepLatency.WithLabelValues(typ, s.name).Observe(lat.Seconds()) })
@@ -326,7 +326,9 @@ func (m *machine) compensate(reason string) error {
 
 // needsCompensation reports whether step s's action took effect, or may
 // have: a remote action sent and not answered by a failure, a local step
-// done, or a step left mid-compensation.
+// done, a step left mid-compensation, or a remote step an operator skipped
+// after its action was sent (it may have run: the barrier makes its
+// compensation a no-op if it did not).
 func needsCompensation(s *stepDef, st *StepState) bool {
 	if st == nil {
 		return false
@@ -334,7 +336,7 @@ func needsCompensation(s *stepDef, st *StepState) bool {
 	switch st.Status {
 	case StepDone, StepUncertain, StepCompensating, StepCompBackoff:
 		return true
-	case StepRunning, StepBackoff:
+	case StepRunning, StepBackoff, StepSkipped:
 		return s.remote && st.Attempt > 0
 	}
 	return false
@@ -518,7 +520,9 @@ func (m *machine) onReply(r reply) error {
 		if err != nil {
 			// The action took effect, but its reply cannot be applied:
 			// nothing automatic is right, so an operator decides.
-			st.Status, st.Due = StepDone, nil
+			// Retry sends the action again (its barrier answers the same
+			// reply), in a parallel group as outside one.
+			st.Status, st.Due, st.Unapplied = StepDone, nil, true
 			return m.stuck(fmt.Sprintf("step %s: applying its reply: %v", s.name, err))
 		}
 		m.in.Data = data
@@ -640,7 +644,7 @@ func (m *machine) onDeadline() error {
 		return m.compensate(reason)
 	}
 	s, _ := m.d.step(m.in.Step)
-	if m.in.Phase == PhaseForward && !m.pastPivot() && s != nil && (s.kind == Compensatable || m.in.Steps[s.name].Status != StepRunning) {
+	if m.in.Phase == PhaseForward && !m.pastPivot() && s != nil && !(s.kind == Pivot && pivotMayHaveRun(s, m.in.state(s.name))) {
 		st := m.in.state(s.name)
 		if st.Status == StepRunning {
 			st.Status = StepUncertain
@@ -649,6 +653,17 @@ func (m *machine) onDeadline() error {
 		return m.compensate(reason)
 	}
 	return m.stuck(reason)
+}
+
+// pivotMayHaveRun reports whether pivot step s may have taken effect: an
+// attempt of its remote action is unanswered (running, or backing off or
+// given up after a timeout). Whatever its step status, the steps before it
+// must then not be compensated.
+func pivotMayHaveRun(s *stepDef, st *StepState) bool {
+	if !s.remote || st.Attempt == 0 {
+		return false
+	}
+	return st.AwaitFrom > 0 || st.Status == StepRunning || st.Status == StepUncertain
 }
 
 // nextWakeup is when the saga next needs a timer: its current step's due

@@ -38,10 +38,15 @@ var ErrCannotMigrate = errors.New("saga: cannot migrate instance")
 // m.From to m.To: each step's state goes to its (renamed) step, the data is
 // upcast, the instance records the new version and a "migrated" history
 // line, under its row lock. It is for definitions whose change would strand
-// instances otherwise; register To first. An instance whose state has no
-// place in To (a started step that To lacks or renames, a current step To
-// lacks) or whose data does not upcast is left as it was and reported in
-// the returned error (each wrapping ErrCannotMigrate); the others move.
+// instances otherwise; register To first. A saga inside a parallel group
+// moves when the group's members are exactly the members of one group of
+// To. An instance whose state has no faithful place in To (a started step
+// that To lacks or renames, a current step To lacks, a current step that
+// would join a group whose other members would never start, a step of To
+// before the current one that has not run and never would) or whose data
+// does not upcast is left as it was and reported in the returned error
+// (each wrapping ErrCannotMigrate); the others move. A Steps map that sends
+// two From steps to one To step is refused (millrace.ErrConfig).
 // It returns how many moved. A reply in flight for a moved instance is
 // still applied: steps keep their names and attempts.
 func Migrate[From, To any](ctx context.Context, o *Orchestrator, m Migration[From, To]) (int, error) {
@@ -62,6 +67,20 @@ func Migrate[From, To any](ctx context.Context, o *Orchestrator, m Migration[Fro
 		if _, i := to.step(renamed); i < 0 {
 			return 0, fmt.Errorf("%w: saga.Migrate: Steps renames %q to %q, which v%d does not have", millrace.ErrConfig, old, renamed, to.version)
 		}
+	}
+	// Two old steps must never land on one new step: one's state would
+	// overwrite the other's.
+	landed := make(map[string]string, len(from.steps))
+	for _, s := range from.steps {
+		target := s.name
+		if r, ok := m.Steps[s.name]; ok {
+			target = r
+		}
+		if other, dup := landed[target]; dup {
+			return 0, fmt.Errorf("%w: saga.Migrate: v%d steps %q and %q would both become step %q of v%d", millrace.ErrConfig,
+				from.version, other, s.name, target, to.version)
+		}
+		landed[target] = s.name
 	}
 	upcast := func(raw []byte) ([]byte, error) {
 		if m.Data == nil {
@@ -139,14 +158,9 @@ func migrateOne(in *Instance, from, to *def, renames map[string]string, upcast f
 		}
 		steps[target] = st
 	}
-	current := in.Step
-	if r, ok := renames[current]; ok {
-		current = r
-	}
-	if current != "" {
-		if _, i := to.step(current); i < 0 {
-			return fmt.Errorf("current step %q is not in v%d", in.Step, to.version)
-		}
+	current, err := migrateCurrent(in, from, to, renames, steps)
+	if err != nil {
+		return err
 	}
 	data, err := upcast(in.Data)
 	if err != nil {
@@ -154,4 +168,65 @@ func migrateOne(in *Instance, from, to *def, renames map[string]string, upcast f
 	}
 	in.Steps, in.Step, in.Data, in.Version = steps, current, data, to.version
 	return nil
+}
+
+// migrateCurrent maps in's current step (a step, or a parallel group
+// going forward) to its name in to, or says why it has no faithful place
+// there: a group whose members are not exactly one group in to, a step
+// that joins a group whose other members would never start, or steps of
+// to before the current one that have not run and never would.
+func migrateCurrent(in *Instance, from, to *def, renames map[string]string, steps map[string]*StepState) (string, error) {
+	if in.Step == "" {
+		return "", nil
+	}
+	rename := func(name string) string {
+		if r, ok := renames[name]; ok {
+			return r
+		}
+		return name
+	}
+	var current string
+	var at int // the index in to where the current step (or group) begins
+	if r, ok := from.groups[in.Step]; ok {
+		// Forward in a parallel group: its members must be exactly the
+		// members of one group of to.
+		var members []string
+		group := ""
+		for _, s := range from.steps[r[0]:r[1]] {
+			name := rename(s.name)
+			members = append(members, name)
+			ts, _ := to.step(name)
+			if ts == nil || ts.group == "" || (group != "" && ts.group != group) {
+				return "", fmt.Errorf("current group %q: its members %v are not one parallel group in v%d", in.Step, members, to.version)
+			}
+			group = ts.group
+		}
+		tr := to.groups[group]
+		if tr[1]-tr[0] != len(members) {
+			return "", fmt.Errorf("current group %q becomes group %q of v%d, which has other members too: they would never start", in.Step, group, to.version)
+		}
+		current, at = group, tr[0]
+	} else {
+		current = rename(in.Step)
+		ts, i := to.step(current)
+		if ts == nil {
+			return "", fmt.Errorf("current step %q is not in v%d", in.Step, to.version)
+		}
+		current, at = ts.name, i
+		if ts.group != "" && in.Phase == PhaseForward {
+			tr := to.groups[ts.group]
+			if tr[1]-tr[0] > 1 {
+				return "", fmt.Errorf("current step %q is a member of parallel group %q in v%d, whose other members would never start", in.Step, ts.group, to.version)
+			}
+			current, at = ts.group, tr[0]
+		}
+	}
+	if in.Phase == PhaseForward {
+		for _, s := range to.steps[:at] {
+			if st := steps[s.name]; st == nil || st.Status == StepPending {
+				return "", fmt.Errorf("step %q of v%d comes before the current step %q and has not run: it never would", s.name, to.version, current)
+			}
+		}
+	}
+	return current, nil
 }

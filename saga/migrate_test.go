@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -90,5 +91,129 @@ func TestMigrateLiveInstances(t *testing.T) {
 	m.Operator = ""
 	if _, err := saga.Migrate(ctx, d.o, m); !errors.Is(err, millrace.ErrConfig) {
 		t.Fatalf("no operator: %v", err)
+	}
+}
+
+// plainSpec is groupSpec with no parallel group: reserve, credit, stock,
+// ship one after the other.
+func plainSpec(version int) saga.Spec[order] {
+	spec := groupSpec()
+	spec.Version = version
+	for i := range spec.Steps {
+		spec.Steps[i].Group = ""
+	}
+	return spec
+}
+
+func migrateDriver(t *testing.T, from, to saga.Spec[order]) (*driver, *saga.Definition[order], *saga.Definition[order]) {
+	t.Helper()
+	var v1, v2 *saga.Definition[order]
+	d := setupDriver(t, func(b *testBundle) []saga.Registrable {
+		v1, v2 = mustDefine(t, from), mustDefine(t, to)
+		return []saga.Registrable{v1, v2}
+	})
+	return d, v1, v2
+}
+
+// An instance whose current step would join a parallel group in the new
+// version is refused (the other members would never start, and the next
+// success would compensate the saga); one inside a group moves when the
+// group maps onto one group of the new version.
+func TestMigrateParallelGroups(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	t.Run("current step joins a group", func(t *testing.T) {
+		t.Parallel()
+		to := groupSpec()
+		to.Version = 2
+		d, v1, v2 := migrateDriver(t, plainSpec(1), to)
+		id := "mig-into-group"
+		start(t, d.testBundle, v1, id, 1)
+		d.reply(id, d.last(id), millrace.OutcomeSuccess) // reserve; credit sent
+		n, err := saga.Migrate(ctx, d.o, saga.Migration[order, order]{From: v1, To: v2, Operator: "alice", Reason: "groups"})
+		if n != 0 || !errors.Is(err, saga.ErrCannotMigrate) || !strings.Contains(err.Error(), `member of parallel group "pay" in v2, whose other members would never start`) {
+			t.Fatalf("moved %d: %v", n, err)
+		}
+		if in := d.get(id); in.Version != 1 || in.Step != "credit" {
+			t.Fatalf("the refused instance changed: v%d at %s", in.Version, in.Step)
+		}
+	})
+	t.Run("inside a group", func(t *testing.T) {
+		t.Parallel()
+		to := groupSpec()
+		to.Version = 2
+		to.Steps = append(to.Steps, saga.Step[order]{Name: "notify", Kind: saga.Compensatable, Action: &saga.Command[order]{Topic: "notify"}, Timeout: time.Second})
+		d, v1, v2 := migrateDriver(t, groupSpec(), to)
+		id := "mig-in-group"
+		start(t, d.testBundle, v1, id, 1)
+		d.reply(id, d.last(id), millrace.OutcomeSuccess) // reserve; credit and stock sent
+		d.reply(id, d.find(id, "stock", "action"), millrace.OutcomeSuccess)
+		if in := d.get(id); in.Step != "pay" {
+			t.Fatalf("step %s", in.Step)
+		}
+		n, err := saga.Migrate(ctx, d.o, saga.Migration[order, order]{From: v1, To: v2, Operator: "alice", Reason: "notify"})
+		if n != 1 || err != nil {
+			t.Fatalf("moved %d: %v", n, err)
+		}
+		if in := d.get(id); in.Version != 2 || in.Step != "pay" {
+			t.Fatalf("after the migration: v%d at %s", in.Version, in.Step)
+		}
+		d.reply(id, d.find(id, "credit", "action"), millrace.OutcomeSuccess)
+		d.reply(id, d.find(id, "ship", "action"), millrace.OutcomeSuccess)
+		d.reply(id, d.find(id, "notify", "action"), millrace.OutcomeSuccess)
+		if in := d.get(id); in.Status != saga.StatusCompleted {
+			t.Fatalf("status %s (%q)", in.Status, in.LastError)
+		}
+	})
+	t.Run("group gains a member", func(t *testing.T) {
+		t.Parallel()
+		to := groupSpec()
+		to.Version = 2
+		extra := to.Steps[2]
+		extra.Name = "points"
+		to.Steps = append(to.Steps[:3], append([]saga.Step[order]{extra}, to.Steps[3:]...)...)
+		d, v1, v2 := migrateDriver(t, groupSpec(), to)
+		id := "mig-group-grows"
+		start(t, d.testBundle, v1, id, 1)
+		d.reply(id, d.last(id), millrace.OutcomeSuccess)
+		n, err := saga.Migrate(ctx, d.o, saga.Migration[order, order]{From: v1, To: v2, Operator: "alice", Reason: "points"})
+		if n != 0 || !errors.Is(err, saga.ErrCannotMigrate) || !strings.Contains(err.Error(), "has other members too") {
+			t.Fatalf("moved %d: %v", n, err)
+		}
+	})
+}
+
+// A step inserted before the current one would never run: refused. A
+// rename map sending two old steps to one new name is refused up front.
+func TestMigrateRefusesWhatWouldBeLost(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	to := plainSpec(2)
+	check := saga.Step[order]{Name: "check", Kind: saga.Compensatable, Action: &saga.Command[order]{Topic: "check"}, Timeout: time.Second}
+	to.Steps = append(to.Steps[:1], append([]saga.Step[order]{check}, to.Steps[1:]...)...) // reserve, check, credit, ...
+	d, v1, v2 := migrateDriver(t, plainSpec(1), to)
+	renamed := plainSpec(2)
+	renamed.Steps[3].Name = "dispatch"
+	r2 := mustDefine(t, renamed)
+	for _, steps := range []map[string]string{
+		{"stock": "dispatch", "ship": "dispatch"},
+		{"ship": "stock"}, // and stock keeps its name
+	} {
+		_, err := saga.Migrate(ctx, d.o, saga.Migration[order, order]{From: v1, To: r2, Steps: steps, Operator: "alice", Reason: "rename"})
+		if !errors.Is(err, millrace.ErrConfig) || !strings.Contains(err.Error(), "would both become step") {
+			t.Fatalf("rename %v: %v", steps, err)
+		}
+	}
+	id := "mig-inserted"
+	start(t, d.testBundle, v1, id, 1)
+	d.reply(id, d.last(id), millrace.OutcomeSuccess) // reserve; credit sent
+	n, err := saga.Migrate(ctx, d.o, saga.Migration[order, order]{From: v1, To: v2, Operator: "alice", Reason: "check"})
+	if n != 0 || !errors.Is(err, saga.ErrCannotMigrate) || !strings.Contains(err.Error(), `step "check" of v2 comes before the current step "credit" and has not run`) {
+		t.Fatalf("moved %d: %v", n, err)
+	}
+	// An instance still at the first step moves: check is ahead of it.
+	start(t, d.testBundle, v1, "mig-first", 1)
+	if n, err := saga.Migrate(ctx, d.o, saga.Migration[order, order]{From: v1, To: v2, Operator: "alice", Reason: "check"}); n != 1 || !errors.Is(err, saga.ErrCannotMigrate) {
+		t.Fatalf("moved %d: %v", n, err)
 	}
 }

@@ -52,11 +52,21 @@ type Request struct {
 	Operator    string    `json:"operator"`
 	Reason      string    `json:"reason"`
 	RequestedAt time.Time `json:"requested_at"`
+	// Step and Revision are the saga's current step and revision as the
+	// request was recorded (the revision the recording gave it). The
+	// orchestrator refuses the request if either changed before it came
+	// to apply it: the operator decided on a state that is gone.
+	Step     string `json:"step"`
+	Revision int64  `json:"revision"`
 }
 
 // ErrRequestPending is returned by an Operator for a saga that has an
 // operator request waiting already: one at a time.
 var ErrRequestPending = errors.New("saga: an operator request is pending")
+
+// ErrNoRequest is returned by Operator.Withdraw for a saga with no pending
+// operator request (it was applied, refused or withdrawn already).
+var ErrNoRequest = errors.New("saga: no operator request is pending")
 
 // checkAction says whether the action is allowed for the saga's status and
 // phase, and that the Actor is complete. The orchestrator applies it to
@@ -102,9 +112,10 @@ type OperatorConfig struct {
 // (as the orchestrator checks it), recorded on the saga with a history
 // line "operator_request", and applied by the next timer pass of an
 // Orchestrator that has the saga's type and version registered (Run, RunDue), as the
-// requester; if by then the saga has moved on and the action is no longer
-// allowed, the orchestrator records it as "operator_refused" and drops it.
-// It is safe for concurrent use.
+// requester; if by then the saga has changed at all (another step or
+// revision than the request recorded) or the action is no longer allowed,
+// the orchestrator records it as "operator_refused" and drops it. Withdraw
+// withdraws a pending request. It is safe for concurrent use.
 type Operator struct {
 	o *Orchestrator
 }
@@ -141,8 +152,8 @@ func (p *Operator) Abort(ctx context.Context, id string, by Actor) (*Instance, e
 	return p.Request(ctx, id, ActionAbort, by)
 }
 
-// Request records an operator request and returns the saga with it
-// (Instance.Request). It returns an error wrapping ErrNotFound for an
+// Request records an operator request, with the saga's current step and
+// revision, and returns the saga with it (Instance.Request). It returns an error wrapping ErrNotFound for an
 // unknown id, ErrActionNotAllowed for an action the saga's state forbids
 // (or an incomplete Actor), and ErrRequestPending while another request
 // waits; then nothing is recorded.
@@ -174,13 +185,18 @@ func (p *Operator) RequestTx(ctx context.Context, tx pgx.Tx, id string, action A
 			ErrRequestPending, r.Action, id, r.Operator, r.RequestedAt.UTC().Format(time.RFC3339))
 	}
 	now := o.clock.Now()
-	req := &Request{Action: action, Operator: clean(by.Operator), Reason: oneLine(by.Reason), RequestedAt: now}
+	// The row is locked: recording the request gives it the next revision.
+	req := &Request{Action: action, Operator: clean(by.Operator), Reason: oneLine(by.Reason), RequestedAt: now,
+		Step: in.Step, Revision: in.Revision + 1}
 	raw, err := json.Marshal(req)
 	if err != nil {
 		return nil, err
 	}
 	if err := tx.QueryRow(ctx, o.sql.request, id, raw).Scan(&in.Revision); err != nil {
 		return nil, fmt.Errorf("saga %s: record operator request: %w", id, err)
+	}
+	if in.Revision != req.Revision {
+		return nil, fmt.Errorf("saga %s: record operator request: revision %d, want %d", id, in.Revision, req.Revision)
 	}
 	in.Request = req
 	err = o.writeHistory(ctx, tx, []historyRow{{sagaID: id, at: now, event: "operator_request", step: in.Step,
@@ -189,6 +205,68 @@ func (p *Operator) RequestTx(ctx context.Context, tx pgx.Tx, id string, action A
 		return nil, err
 	}
 	return in, nil
+}
+
+// Withdraw withdraws the saga's pending operator request before the
+// orchestrator applies it, with an "operator_withdrawn" history line
+// naming by (who and why, both required) and the request, and returns the
+// request it withdrew. It returns an error wrapping ErrNotFound for an
+// unknown id, ErrNoRequest when no request is pending, and
+// ErrActionNotAllowed for an incomplete Actor.
+func (p *Operator) Withdraw(ctx context.Context, id string, by Actor) (*Request, error) {
+	var r *Request
+	err := pgx.BeginFunc(ctx, p.o.pool, func(tx pgx.Tx) error {
+		var err error
+		r, err = p.WithdrawTx(ctx, tx, id, by)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// WithdrawTx is Withdraw in the caller's transaction.
+func (p *Operator) WithdrawTx(ctx context.Context, tx pgx.Tx, id string, by Actor) (*Request, error) {
+	o := p.o
+	if strings.TrimSpace(by.Operator) == "" || strings.TrimSpace(by.Reason) == "" {
+		return nil, fmt.Errorf("%w: withdraw of the request on saga %q: Actor.Operator and Actor.Reason are required", ErrActionNotAllowed, id)
+	}
+	in, err := o.lock(ctx, tx, id)
+	if err != nil {
+		return nil, err
+	}
+	r := in.Request
+	if r == nil {
+		return nil, fmt.Errorf("%w: saga %q", ErrNoRequest, id)
+	}
+	if _, err := tx.Exec(ctx, o.sql.clearRequest, id); err != nil {
+		return nil, fmt.Errorf("saga %s: withdraw operator request: %w", id, err)
+	}
+	detail, err := json.Marshal(r)
+	if err != nil {
+		return nil, err
+	}
+	err = o.writeHistory(ctx, tx, []historyRow{{sagaID: id, at: o.clock.Now(), event: "operator_withdrawn", step: in.Step,
+		actor: by.Operator, reason: by.Reason, status: string(in.Status), detail: detail}})
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// stale says why a request no longer fits the saga it was recorded on:
+// the saga moved to another step or changed at all (its revision) since.
+func stale(in *Instance, r *Request) error {
+	switch {
+	case r.Revision == 0:
+		return fmt.Errorf("%w: %s of saga %q: the request does not say which step and revision it was recorded at (an older millrace recorded it): record it again",
+			ErrActionNotAllowed, r.Action, in.ID)
+	case in.Step != r.Step || in.Revision != r.Revision:
+		return fmt.Errorf("%w: %s of saga %q: stale: requested at step %q, revision %d; the saga has moved on to step %q, revision %d: look again and record a new request",
+			ErrActionNotAllowed, r.Action, in.ID, r.Step, r.Revision, in.Step, in.Revision)
+	}
+	return nil
 }
 
 // refusal says whether an operator action's error is the saga's state
@@ -239,7 +317,14 @@ func (o *Orchestrator) applyRequests(ctx context.Context) (int, error) {
 			if err != nil {
 				return err
 			}
-			_, after, err := o.operateIn(ctx, sp, in.ID, by, string(r.Action), r.Action.op())
+			var after []func()
+			err = checkAction(in, r.Action, by) // it has ended, say, before it is stale
+			if err == nil {
+				err = stale(in, r)
+			}
+			if err == nil {
+				_, after, err = o.operateIn(ctx, sp, in.ID, by, string(r.Action), r.Action.op())
+			}
 			switch {
 			case err == nil:
 				if err := sp.Commit(ctx); err != nil {

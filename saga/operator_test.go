@@ -127,7 +127,9 @@ func TestOperatorRequestAppliedByTheOrchestrator(t *testing.T) {
 }
 
 // A reply that saves the saga between the request and its application
-// keeps the request: only applying it clears it.
+// keeps the request: only applying it (or refusing it) clears it. Here
+// the reply moved the saga to another step, so the request, decided on
+// the step before, is refused as stale rather than applied to this one.
 func TestOperatorRequestSurvivesAReply(t *testing.T) {
 	t.Parallel()
 	d, def := orderDriver(t, nil)
@@ -151,8 +153,12 @@ func TestOperatorRequestSurvivesAReply(t *testing.T) {
 		t.Fatalf("RunDue: %d, %v", n, err)
 	}
 	c := d.last(id)
-	if in := d.get(id); in.Request != nil || c.Step != "stock" || c.Attempt != 2 {
+	if in := d.get(id); in.Request != nil || c.Step != "stock" || c.Attempt != 1 {
 		t.Fatalf("after the request: %+v, command %+v", in.Request, c)
+	}
+	h := historyEvents(t, d.o, id, "operator_refused")
+	if len(h) != 1 || !strings.Contains(string(h[0].Detail), `stale: requested at step \"credit\"`) {
+		t.Fatalf("refusal history %+v", h)
 	}
 }
 

@@ -77,6 +77,11 @@ type StepState struct {
 	// is the step's outcome (see "Retries and late replies" in the package
 	// documentation). Zero when no action attempt is unanswered.
 	AwaitFrom int `json:"await_from,omitempty"`
+	// Unapplied is set on a done step whose success reply could not be
+	// applied to the data (OnSuccess failed; the saga is stuck): an
+	// operator's Retry sends its action again, in a parallel group as
+	// outside one, so the reply is not lost.
+	Unapplied bool `json:"unapplied,omitempty"`
 }
 
 // Instance is one saga as stored.
@@ -104,7 +109,7 @@ type Instance struct {
 	EndedAt   *time.Time
 	// Request is the operator request waiting for the running
 	// orchestrator (Operator), nil when none. Saving the saga never
-	// changes it: only applying it clears it.
+	// changes it: only applying, refusing or withdrawing it clears it.
 	Request *Request
 	// Existing is set by Start and StartTx when the saga existed already
 	// (a repeated start); it is not stored.
@@ -127,7 +132,8 @@ type HistoryEntry struct {
 	At     time.Time
 	// Event is what happened: started, command, reply, fenced, timeout,
 	// retry, failed, compensate, completed, compensated, stuck, deadline,
-	// operator, operator_request, operator_refused, unregistered.
+	// deadline_moved, operator, operator_request, operator_refused,
+	// operator_withdrawn, unregistered, migrated.
 	Event     string
 	Step      string
 	Operation string

@@ -25,7 +25,7 @@ func (a *app) sagaCmd() *cobra.Command {
 			"definition (its Go code). The stock binary has none: it records an operator request, checked against\n" +
 			"the saga's state, that the service's running orchestrator applies on its next timer pass. A millrace\n" +
 			"built with the definitions (package cmd/millrace/cli, Config.Sagas) acts at once (docs/operating.md).\n" +
-			"Listing and showing need no definition.",
+			"Listing, showing and withdrawing a pending request (saga withdraw) need no definition.",
 	})
 	cmd.AddCommand(a.sagaListCmd(), a.sagaShowCmd(),
 		a.sagaActionCmd(saga.ActionRetry, "Retry the current step's action (or compensation) now, with a fresh retry budget",
@@ -35,7 +35,65 @@ func (a *app) sagaCmd() *cobra.Command {
 		a.sagaActionCmd(saga.ActionMarkCompensated, "Treat the current step's compensation as done by hand and go on compensating",
 			(*saga.Orchestrator).MarkCompensated),
 		a.sagaActionCmd(saga.ActionAbort, "Stop the forward run and compensate what took effect (before the pivot only)",
-			(*saga.Orchestrator).Abort))
+			(*saga.Orchestrator).Abort),
+		a.sagaWithdrawCmd())
+	return cmd
+}
+
+// withdrawJSON is the JSON shape of saga withdraw: the request withdrawn
+// and the saga.
+type withdrawJSON struct {
+	Withdrawn saga.Request `json:"withdrawn"`
+	Saga      sagaJSON     `json:"saga"`
+}
+
+func (a *app) sagaWithdrawCmd() *cobra.Command {
+	var reason, operator string
+	cmd := &cobra.Command{
+		Use:   "withdraw ID --reason TEXT",
+		Short: "Withdraw a saga's pending operator request before the orchestrator applies it",
+		Long: "Withdraw a saga's pending operator request (recorded by the stock binary or a console without the\n" +
+			"definitions) before the service's orchestrator applies it. The operator (--operator, default $USER),\n" +
+			"the reason and the request withdrawn are recorded in the saga's history. Nothing else changes.",
+		Args: args(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, ids []string) error {
+			if strings.TrimSpace(reason) == "" {
+				return usagef("--reason is required: it is recorded in the saga's history")
+			}
+			if operator == "" {
+				operator = a.getenv("USER")
+			}
+			if strings.TrimSpace(operator) == "" {
+				return usagef("--operator is required when $USER is not set")
+			}
+			pool, err := a.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			p, err := saga.NewOperator(pool, saga.OperatorConfig{Schema: a.schema})
+			if err != nil {
+				return err
+			}
+			r, err := p.Withdraw(cmd.Context(), ids[0], saga.Actor{Operator: operator, Reason: reason})
+			if err != nil {
+				return err
+			}
+			o, err := a.orchestrator(cmd.Context())
+			if err != nil {
+				return err
+			}
+			in, err := o.Get(cmd.Context(), ids[0])
+			if err != nil {
+				return err
+			}
+			return a.emit(withdrawJSON{Withdrawn: *r, Saga: toJSON(in)}, func(w io.Writer) {
+				fmt.Fprintf(w, "%s of saga %s requested by %s at %s: withdrawn by %s; the saga is %s\n",
+					r.Action, in.ID, r.Operator, r.RequestedAt.UTC().Format(time.RFC3339), operator, in.Status)
+			})
+		},
+	}
+	cmd.Flags().StringVar(&reason, "reason", "", "why (required; recorded)")
+	cmd.Flags().StringVar(&operator, "operator", "", "who withdraws it (default $USER; recorded)")
 	return cmd
 }
 
@@ -295,10 +353,11 @@ type sagaAction func(o *saga.Orchestrator, ctx context.Context, id string, by sa
 // has applied it yet (--wait) and how, and the saga.
 type requestJSON struct {
 	Request saga.Request `json:"request"`
-	// Outcome is "pending" (not applied yet), "applied" or "refused" (or
-	// "unknown" if the history does not say).
+	// Outcome is "pending" (not applied yet), "applied", "refused" or
+	// "withdrawn" (or "unknown" if the history does not say).
 	Outcome string `json:"outcome"`
-	// Refusal is why the orchestrator refused it, when it did.
+	// Refusal is why the orchestrator refused it, or who withdrew it and
+	// why.
 	Refusal string   `json:"refusal,omitempty"`
 	Saga    sagaJSON `json:"saga"`
 }
@@ -410,6 +469,9 @@ func (a *app) sagaRequest(ctx context.Context, id string, action saga.Action, by
 		if out.Outcome == "refused" {
 			return fmt.Errorf("%s of saga %q refused by the orchestrator when it came to apply it: %s", action, id, out.Refusal)
 		}
+		if out.Outcome == "withdrawn" {
+			return fmt.Errorf("%s of saga %q %s", action, id, out.Refusal)
+		}
 	}
 	return a.emit(out, func(w io.Writer) {
 		if out.Outcome == "pending" {
@@ -435,7 +497,7 @@ func (a *app) sagaRequest(ctx context.Context, id string, action saga.Action, by
 func requestOutcome(hist []saga.HistoryEntry, req saga.Request) (outcome, refusal string) {
 	outcome = "unknown"
 	for _, h := range hist {
-		if h.Actor != req.Operator {
+		if h.Actor != req.Operator && h.Event != "operator_withdrawn" {
 			continue
 		}
 		switch h.Event {
@@ -444,6 +506,10 @@ func requestOutcome(hist []saga.HistoryEntry, req saga.Request) (outcome, refusa
 		case "operator":
 			if outcome == "pending" {
 				outcome = "applied"
+			}
+		case "operator_withdrawn":
+			if outcome == "pending" {
+				outcome, refusal = "withdrawn", "withdrawn by "+h.Actor+": "+h.Reason
 			}
 		case "operator_refused":
 			if outcome == "pending" {

@@ -415,3 +415,45 @@ func TestSagaRequestFromTheStockBinary(t *testing.T) {
 		t.Errorf("--wait on a refused request: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
 }
+
+// saga withdraw withdraws a pending request: the orchestrator then has
+// nothing to apply, and the withdrawal is in the history.
+func TestSagaWithdrawRequest(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	s := opstest.NewSagas(t, db)
+	s.StuckRefund(t, "refund-w")
+	ctx := context.Background()
+	fails(t, db, 1, `saga: no operator request is pending: saga "refund-w"`,
+		"saga", "withdraw", "refund-w", "--reason", "x", "--operator", "bob")
+	fails(t, db, 2, `--reason is required`, "saga", "withdraw", "refund-w", "--operator", "bob")
+	ok(t, db, "saga", "retry", "refund-w", "--reason", "stock fixed", "--operator", "alice")
+
+	r := cli(t, db, "saga", "withdraw", "refund-w", "--reason", "not fixed after all", "--operator", "bob")
+	if r.code != 0 || !strings.Contains(r.stdout, "retry of saga refund-w requested by alice at ") ||
+		!strings.Contains(r.stdout, "withdrawn by bob; the saga is stuck") {
+		t.Fatalf("withdraw: exit %d, %q %q", r.code, r.stdout, r.stderr)
+	}
+	if in := s.Get(t, "refund-w"); in.Request != nil || in.Status != saga.StatusStuck {
+		t.Fatalf("after withdraw: %s %+v", in.Status, in.Request)
+	}
+	if n, err := s.O.RunDue(ctx); err != nil || n != 0 {
+		t.Fatalf("RunDue after withdraw: %d, %v", n, err)
+	}
+	var withdrawn bool
+	h, _ := s.O.History(ctx, "refund-w")
+	for _, e := range h {
+		withdrawn = withdrawn || (e.Event == "operator_withdrawn" && e.Actor == "bob" && e.Reason == "not fixed after all")
+	}
+	if !withdrawn {
+		t.Errorf("the withdrawal is not in the history: %+v", h)
+	}
+
+	// --json, and a binary with the definitions withdraws the same way.
+	ok(t, db, "saga", "retry", "refund-w", "--reason", "again", "--operator", "alice")
+	var got withdrawJSON
+	sagaOKJSON(t, db, s, &got, "saga", "withdraw", "refund-w", "--reason", "no", "--operator", "carol")
+	if got.Withdrawn.Action != saga.ActionRetry || got.Withdrawn.Operator != "alice" || got.Saga.Request != nil {
+		t.Fatalf("withdraw --json printed %+v", got)
+	}
+}
