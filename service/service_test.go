@@ -74,7 +74,9 @@ func setup(t *testing.T, migrate bool) *testBundle {
 		t.Fatal(err)
 	}
 	err = compensation.Register(payments, "credit",
-		func(ctx context.Context, tx pgx.Tx, call compensation.Call, o order) (struct{}, error) { return struct{}{}, nil },
+		func(ctx context.Context, tx pgx.Tx, call compensation.Call, o order) (struct{}, error) {
+			return struct{}{}, nil
+		},
 		func(ctx context.Context, tx pgx.Tx, call compensation.Call, o order) error { return nil })
 	if err != nil {
 		t.Fatal(err)
