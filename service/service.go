@@ -147,8 +147,9 @@ type part struct {
 }
 
 // New returns a Service on pool, built from cfg: it validates cfg and
-// builds every part, and does not touch the database or the broker.
-// Errors wrap millrace.ErrConfig.
+// builds every part. It does not touch the database; the default
+// Publisher (kafka.NewPublisher) connects to Brokers, and New fails when
+// none answers. Configuration errors wrap millrace.ErrConfig.
 func New(pool *pgxpool.Pool, cfg Config) (_ *Service, err error) {
 	if pool == nil {
 		return nil, fmt.Errorf("%w: service: nil pool", millrace.ErrConfig)
