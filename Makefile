@@ -27,7 +27,7 @@ test:
 	echo "go vet ./..." && $(GO) vet ./... && \
 	echo "go test -race ./..." && DATABASE_URL="$$url" CHROMIUM_PATH="$$chromium" $(GO) test -race -timeout 12m ./...
 
-# The benchmarks (DESIGN.md's targets) into bench/results.json; BENCH_QUICK=1
+# The benchmarks (each figure beside its target) into bench/results.json; BENCH_QUICK=1
 # for a run under a minute.
 bench:
 	@url="$$(scripts/pg-up.sh)" && DATABASE_URL="$$url" $(GO) run ./cmd/millrace-bench -out bench/results.json
