@@ -48,7 +48,7 @@ test-kafka:
 	echo "tier 2, failover (nodes killed and restarted): go test $(FAILOVER_PKGS)" && \
 	DATABASE_URL="$$url" KAFKA_BROKERS="$$brokers" MILLRACE_FAILOVER=1 $(GO) test -p 1 -timeout 15m -run Failover $(FAILOVER_PKGS)
 
-# The benchmarks (the targets in bench/README.md) into bench/results.json; BENCH_QUICK=1
+# The benchmarks (each figure beside its target) into bench/results.json; BENCH_QUICK=1
 # for a run under a minute.
 bench:
 	@url="$$(scripts/pg-up.sh)" && DATABASE_URL="$$url" $(GO) run ./cmd/millrace-bench -out bench/results.json

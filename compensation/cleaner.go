@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/internal/logging"
 	"github.com/millrace/millrace/internal/periodic"
 	"github.com/millrace/millrace/internal/sqlident"
 )
@@ -28,7 +29,7 @@ type CleanerConfig struct {
 	// Interval is the time between two passes of Run. Defaults to 1 minute.
 	Interval time.Duration
 	// Logger receives a line per pass that deleted something, and errors.
-	// Defaults to watermill.NopLogger.
+	// Defaults to errors to slog.Default() (outbox.DefaultLogger).
 	Logger watermill.LoggerAdapter
 }
 
@@ -84,7 +85,7 @@ func NewCleaner(pool *pgxpool.Pool, cfg CleanerConfig) (*Cleaner, error) {
 		cfg.Interval = time.Minute
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = watermill.NopLogger{}
+		cfg.Logger = logging.Default()
 	}
 	t := sqlident.Table(schema, "compensation_barrier")
 	return &Cleaner{

@@ -18,6 +18,7 @@ import (
 
 	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/inbox"
+	"github.com/millrace/millrace/internal/logging"
 	"github.com/millrace/millrace/internal/sqlident"
 	"github.com/millrace/millrace/outbox"
 )
@@ -39,7 +40,8 @@ type Config struct {
 	// (counts nothing).
 	Metrics *Metrics
 	// Logger receives business failures, late actions and empty
-	// compensations at debug level. Defaults to watermill.NopLogger.
+	// compensations at debug level. Defaults to errors to slog.Default()
+	// (outbox.DefaultLogger).
 	Logger watermill.LoggerAdapter
 }
 
@@ -103,7 +105,7 @@ func NewParticipant(pool *pgxpool.Pool, cfg Config) (*Participant, error) {
 		}
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = watermill.NopLogger{}
+		cfg.Logger = logging.Default()
 	}
 	return &Participant{
 		pool:     pool,

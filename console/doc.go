@@ -46,6 +46,7 @@
 // gives it the navigation, the operator, the CSRF token as .CSRF and the
 // page's data as .Data), one handler that calls render, and one entry in
 // nav. Actions go through post, which checks read-only mode and the token
-// before the handler runs. The sagas pages will be added this way when the
-// saga package lands; until then the navigation marks them as coming.
+// before the handler runs. The sagas pages (the list by status, one saga's
+// steps and history, and the operator actions with their confirm step)
+// are built this way.
 package console

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/internal/logging"
 	"github.com/millrace/millrace/internal/periodic"
 	"github.com/millrace/millrace/internal/sqlident"
 )
@@ -29,7 +30,7 @@ type CleanerConfig struct {
 	// Defaults to 1 minute.
 	Interval time.Duration
 	// Logger receives failed rounds and what each round deleted. Defaults
-	// to watermill.NopLogger.
+	// to errors to slog.Default() (outbox.DefaultLogger).
 	Logger watermill.LoggerAdapter
 	// OnError, when set, is called with the error of a failed round of
 	// Run (the next round retries). Defaults to nil.
@@ -67,7 +68,7 @@ func NewCleaner(pool *pgxpool.Pool, cfg CleanerConfig) (*Cleaner, error) {
 		cfg.Retention = 7 * 24 * time.Hour
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = watermill.NopLogger{}
+		cfg.Logger = logging.Default()
 	}
 	if cfg.BatchSize == 0 {
 		cfg.BatchSize = 1000

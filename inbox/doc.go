@@ -1,5 +1,6 @@
 // Package inbox gives Watermill consumers exactly-once effects on
-// PostgreSQL (rule R-DIST-OBX-2), in two ways.
+// PostgreSQL (the consumer records each event's id in the transaction of its
+// effects, and skips an id it has), in two ways.
 //
 // # Dedup middleware (the default)
 //

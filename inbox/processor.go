@@ -15,6 +15,7 @@ import (
 
 	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/internal/backoff"
+	"github.com/millrace/millrace/internal/logging"
 	"github.com/millrace/millrace/internal/sqlident"
 )
 
@@ -59,7 +60,8 @@ type ProcessorConfig struct {
 	// metrics). Defaults to nil.
 	OnError func(msg *message.Message, attempt int, err error)
 	// Logger receives handler failures, dead letters and failed batches
-	// (the database unavailable, say). Defaults to watermill.NopLogger.
+	// (the database unavailable, say). Defaults to errors to
+	// slog.Default() (outbox.DefaultLogger).
 	Logger watermill.LoggerAdapter
 }
 
@@ -112,7 +114,7 @@ func NewProcessor(pool *pgxpool.Pool, cfg ProcessorConfig) (*Processor, error) {
 		cfg.PollInterval = 100 * time.Millisecond
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = watermill.NopLogger{}
+		cfg.Logger = logging.Default()
 	}
 	cfg.Logger = cfg.Logger.With(watermill.LogFields{"component": "inbox.Processor", "consumer": cfg.Consumer})
 	if cfg.Workers == 0 {

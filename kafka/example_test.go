@@ -10,14 +10,14 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millrace/millrace"
-	"github.com/millrace/millrace/internal/devkafka"
+	"github.com/millrace/millrace/devbroker"
 	"github.com/millrace/millrace/kafka"
 )
 
 // Publish three messages as one batch to an embedded broker and read them
 // back with watermill-kafka's Subscriber in a consumer group.
 func Example_publishAndReadBack() {
-	broker, err := devkafka.Start(devkafka.Config{Partitions: 1})
+	broker, err := devbroker.Start(devbroker.Config{Partitions: 1})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/internal/logging"
 )
 
 // Errors returned by NewPublisher and Publish. Test for them with errors.Is.
@@ -141,7 +142,8 @@ type Publisher struct {
 
 // NewPublisher connects to the brokers and returns a Publisher. It fails,
 // naming the brokers it tried, when none of them answers within 10 seconds
-// (or the dial timeout in ClientOptions). A nil logger logs nothing.
+// (or the dial timeout in ClientOptions). A nil logger logs errors to
+// slog.Default() (the default of every millrace part, outbox.DefaultLogger).
 func NewPublisher(cfg PublisherConfig, logger watermill.LoggerAdapter) (*Publisher, error) {
 	if len(cfg.Brokers) == 0 {
 		return nil, fmt.Errorf("%w: kafka: PublisherConfig.Brokers is required", ErrInvalidConfig)
@@ -161,7 +163,7 @@ func NewPublisher(cfg PublisherConfig, logger watermill.LoggerAdapter) (*Publish
 		cfg.Marshaler = DefaultMarshaler()
 	}
 	if logger == nil {
-		logger = watermill.NopLogger{}
+		logger = logging.Default()
 	}
 	p := &Publisher{
 		brokers:   append([]string(nil), cfg.Brokers...),

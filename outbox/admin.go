@@ -334,8 +334,8 @@ func (f ReplayFilter) validate() error {
 }
 
 // Replay publishes again the published events that filter selects, with
-// their original event ids (R-DIST-OBX-3: rebuilding a read model from the
-// log). It puts them back into the pending set and the relays publish them
+// their original event ids (to rebuild a read model from the log; a
+// consumer behind the inbox skips what it applied). It puts them back into the pending set and the relays publish them
 // again, in id order per partition key. It works in chunks of
 // AdminConfig.ReplayChunk rows, each a statement and transaction of its
 // own, so a large replay holds no long locks; if it fails midway, the

@@ -69,9 +69,10 @@
 //
 // Run as many relays as you like, in one process or many. Partition keys
 // hash into 128 lanes; a batch locks the lanes it works on with SELECT ...
-// FOR NO KEY UPDATE SKIP LOCKED (R-DIST-OBX-1) for as long as it takes to
-// claim, publish and mark it, so a key's events are in flight from one relay
-// at a time, and a relay that dies drops its locks with its connection.
+// FOR NO KEY UPDATE SKIP LOCKED (relays skip each other's rows instead of
+// waiting on them) for as long as it takes to claim, publish and mark it,
+// so a key's events are in flight from one relay at a time, and a relay
+// that dies drops its locks with its connection.
 // Order is per topic and partition key: events of one topic and key are
 // published in commit order; events of one key written to two topics leave
 // grouped by topic (one Publish call per topic), as Kafka orders within a
@@ -132,7 +133,8 @@
 // own should too.
 //
 // An Admin lists, requeues and discards dead letters, replays published
-// events with their original ids (R-DIST-OBX-3, to rebuild a read model) and
+// events with their original ids (so a consumer can rebuild a read model
+// from the log, and skip what it applied) and
 // reports the backlog; a Cleaner deletes published events older than the
 // retention window in small batches; Metrics exposes it all to Prometheus.
 //

@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"os"
+	"strings"
 	"time"
 
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 
 	"github.com/millrace/millrace"
-	"github.com/millrace/millrace/internal/devkafka"
+	"github.com/millrace/millrace/devbroker"
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/kafka"
 	"github.com/millrace/millrace/outbox"
@@ -25,9 +27,9 @@ func Example_relay() {
 	}
 	defer closeDB()
 	pool, schema := db.Pool, db.Schema
-	brokers := devkafka.EnvBrokers()
-	if brokers == nil {
-		b, err := devkafka.Start(devkafka.Config{})
+	brokers := strings.Split(os.Getenv("KAFKA_BROKERS"), ",")
+	if brokers[0] == "" {
+		b, err := devbroker.Start(devbroker.Config{})
 		if err != nil {
 			log.Fatal(err)
 		}

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
 	"net"
 	"slices"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/internal/backoff"
+	"github.com/millrace/millrace/internal/logging"
 	"github.com/millrace/millrace/internal/sqlident"
 )
 
@@ -144,9 +144,8 @@ func (c *RelayConfig) setDefaults() {
 // slog.Default() as it is when called, with Watermill's Info level mapped
 // to slog's Debug, so that by default errors are printed and routine lines
 // are not.
-func DefaultLogger() watermill.LoggerAdapter {
-	return watermill.NewSlogLoggerWithLevelMapping(nil, map[slog.Level]slog.Level{slog.LevelInfo: slog.LevelDebug})
-}
+// Every millrace part without a Logger of its own uses the same.
+func DefaultLogger() watermill.LoggerAdapter { return logging.Default() }
 
 func (c *RelayConfig) validate() error {
 	switch {

@@ -458,7 +458,7 @@ func TestRequeuedDeadLetterIsPublishedThroughKafka(t *testing.T) {
 	c.checkKeyOrder(t)
 }
 
-// Replay (R-DIST-OBX-3) publishes a selection again with the original event
+// Replay publishes a selection again with the original event
 // ids, so idempotent consumers can skip what they applied.
 func TestReplayRepublishesWithSameEventIDs(t *testing.T) {
 	t.Parallel()

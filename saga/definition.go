@@ -78,8 +78,8 @@ func (a TimeoutAction) String() string {
 // between tries.
 type RetryPolicy struct {
 	// MaxAttempts is the number of tries in all, the first included. Zero
-	// means "no policy": the step's default applies (see Step). A
-	// retriable step must set it.
+	// means "no policy": the default applies (Spec.Defaults, see Step). A
+	// retriable step must have it, from itself or from Spec.Defaults.
 	MaxAttempts int
 	// MinBackoff is the wait before the second try; it doubles per try up
 	// to MaxBackoff. Defaults to 1s.
@@ -170,17 +170,20 @@ type Step[D any] struct {
 	LocalCompensation func(ctx context.Context, tx pgx.Tx, data *D) error
 
 	// Timeout is how long a remote step waits for a reply to one attempt
-	// (of its action or its compensation). Defaults to 30s.
+	// (of its action or its compensation). Defaults to Spec.Defaults's,
+	// else 30s.
 	Timeout time.Duration
 	// OnTimeout is what the action's timeout does. Defaults to
 	// TimeoutRetry. A compensation's timeout always retries it.
 	OnTimeout TimeoutAction
-	// Retry is the action's retry policy. Defaults to 3 attempts, 1s to
-	// 1m apart. Required for a retriable step.
+	// Retry is the action's retry policy; each zero field defaults to
+	// Spec.Defaults's, else to 3 attempts, 1s to 1m apart. A retriable
+	// step needs MaxAttempts here or in Spec.Defaults.
 	Retry RetryPolicy
 	// CompensationRetry is the compensation's retry policy (a failure
 	// reply of a compensation is always retried). When its attempts are
-	// spent the saga is stuck. Defaults to 8 attempts, 1s to 1m apart.
+	// spent the saga is stuck. Each zero field defaults to
+	// Spec.Defaults's, else to 8 attempts, 1s to 1m apart.
 	CompensationRetry RetryPolicy
 }
 
@@ -202,6 +205,59 @@ type Spec[D any] struct {
 	// reason "deadline exceeded". Defaults to 24h; a negative value turns
 	// it off.
 	Deadline time.Duration
+	// Defaults is the policy every step inherits where it sets none, so a
+	// small saga sets its timeout and retries once. Defaults to the
+	// built-in step defaults (see StepDefaults).
+	Defaults StepDefaults
+}
+
+// StepDefaults is a definition's default step policy (Spec.Defaults).
+// Each field a step leaves zero (Step.Timeout, each field of Step.Retry and
+// of Step.CompensationRetry) is taken from here, and what is zero here too
+// from the built-in defaults: 30s timeout; 3 attempts of an action and 8 of
+// a compensation, 1s to 1m apart.
+//
+// How to choose them:
+//   - Timeout: longer than a participant takes to answer when all is well,
+//     end to end (the relay's poll or wake-up, the broker, the consumer, the
+//     handler's transaction, the way back), with room for a slow moment: a
+//     timeout sends the command again with a new attempt, which the barrier
+//     makes safe but which is load. A few times the p99 of a step.
+//   - Retry: attempts times backoff should outlast what you expect to ride
+//     out without a person (a participant restarting, a short outage);
+//     what takes longer compensates (or, after the pivot, parks the saga).
+//     Setting Retry.MaxAttempts here also gives retriable steps their
+//     required policy.
+//   - CompensationRetry: more and longer than Retry, since an undo must
+//     succeed: when its attempts are spent the saga is stuck for a person.
+//   - Spec.Deadline should exceed the sum of the steps' worst cases, or it
+//     ends sagas that were still making progress.
+type StepDefaults struct {
+	// Timeout is a remote step's default Timeout. Defaults to 30s.
+	Timeout time.Duration
+	// Retry is the default action retry policy, field by field. Defaults
+	// to 3 attempts, 1s to 1m apart.
+	Retry RetryPolicy
+	// CompensationRetry is the default compensation retry policy, field by
+	// field. Defaults to 8 attempts, 1s to 1m apart.
+	CompensationRetry RetryPolicy
+}
+
+// inherit fills the zero fields of p from d.
+func (p RetryPolicy) inherit(d RetryPolicy) RetryPolicy {
+	if p.MaxAttempts == 0 {
+		p.MaxAttempts = d.MaxAttempts
+	}
+	if p.MinBackoff == 0 {
+		p.MinBackoff = d.MinBackoff
+	}
+	if p.MaxBackoff == 0 {
+		p.MaxBackoff = d.MaxBackoff
+	}
+	if p.Retryable == nil {
+		p.Retryable = d.Retryable
+	}
+	return p
 }
 
 // Definition is a checked saga type of data D. Register it with an
@@ -294,6 +350,20 @@ func Define[D any](spec Spec[D]) (*Definition[D], error) {
 	if len(spec.Steps) == 0 {
 		return fail("no steps")
 	}
+	dflt := spec.Defaults
+	if dflt.Timeout < 0 || dflt.Retry.MaxAttempts < 0 || dflt.CompensationRetry.MaxAttempts < 0 ||
+		dflt.Retry.MinBackoff < 0 || dflt.Retry.MaxBackoff < 0 || dflt.CompensationRetry.MinBackoff < 0 || dflt.CompensationRetry.MaxBackoff < 0 {
+		return fail("Defaults: negative Timeout, MaxAttempts or backoff")
+	}
+	spec.Steps = append([]Step[D](nil), spec.Steps...) // the caller's steps stay as they are
+	for i := range spec.Steps {
+		s := &spec.Steps[i]
+		if s.Timeout == 0 {
+			s.Timeout = dflt.Timeout
+		}
+		s.Retry = s.Retry.inherit(dflt.Retry)
+		s.CompensationRetry = s.CompensationRetry.inherit(dflt.CompensationRetry)
+	}
 	d := &def{typ: spec.Type, version: spec.Version, replyTopic: spec.ReplyTopic, deadline: spec.Deadline}
 	if d.replyTopic == "" {
 		d.replyTopic = "saga." + spec.Type + ".replies"
@@ -351,7 +421,7 @@ func Define[D any](spec Spec[D]) (*Definition[D], error) {
 				return fail("retriable step %q has a compensation: steps after the pivot are never compensated", s.Name)
 			}
 			if s.Retry.MaxAttempts == 0 {
-				return fail("retriable step %q has no retry policy (set Retry.MaxAttempts)", s.Name)
+				return fail("retriable step %q has no retry policy (set its Retry.MaxAttempts, or Spec.Defaults.Retry.MaxAttempts)", s.Name)
 			}
 			if s.OnTimeout == TimeoutCompensate {
 				return fail("retriable step %q: OnTimeout is TimeoutCompensate, but steps after the pivot never compensate", s.Name)

@@ -236,3 +236,36 @@ func TestPanickingLocalStepFails(t *testing.T) {
 		t.Fatalf("%s %q", in.Status, in.LastError)
 	}
 }
+
+// Steps that set no policy take Spec.Defaults: here a 5s timeout and two
+// attempts 2s apart (the built-in defaults are 30s and three, 1s apart),
+// and a retriable step needs no Retry of its own.
+func TestStepsInheritSpecDefaults(t *testing.T) {
+	t.Parallel()
+	var def *saga.Definition[order]
+	d := setupDriver(t, func(b *testBundle) []saga.Registrable {
+		def = mustDefine(t, saga.Spec[order]{Type: "order", Version: 1,
+			Defaults: saga.StepDefaults{Timeout: 5 * time.Second, Retry: saga.RetryPolicy{MaxAttempts: 2, MinBackoff: 2 * time.Second}},
+			Steps: []saga.Step[order]{
+				{Name: "credit", Kind: saga.Compensatable, Action: &saga.Command[order]{Topic: "credit"}, Compensation: &saga.Command[order]{}},
+				{Name: "charge", Kind: saga.Pivot, Local: func(ctx context.Context, tx pgx.Tx, o *order) error { return nil }},
+				{Name: "ship", Kind: saga.Retriable, Action: &saga.Command[order]{Topic: "ship"}},
+			}})
+		return []saga.Registrable{def}
+	})
+	id := "o-defaults"
+	start(t, d.testBundle, def, id, 1)
+	d.tick(5 * time.Second) // the inherited timeout of attempt 1
+	d.tick(time.Second)
+	if c := d.last(id); c.Attempt != 1 {
+		t.Fatalf("attempt 2 after 1s of backoff: %+v, want the inherited 2s", c)
+	}
+	d.tick(time.Second)
+	if c := d.last(id); c.Step != "credit" || c.Attempt != 2 || c.Op != "action" {
+		t.Fatalf("after the backoff: %+v, want credit's action, attempt 2", c)
+	}
+	d.tick(5 * time.Second) // attempt 2 times out: the inherited two attempts are spent
+	if c := d.last(id); c.Op != "compensation" {
+		t.Fatalf("after two attempts: %+v, want credit's compensation", c)
+	}
+}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/inbox"
+	"github.com/millrace/millrace/internal/logging"
 	"github.com/millrace/millrace/internal/sqlident"
 	"github.com/millrace/millrace/outbox"
 )
@@ -89,8 +90,8 @@ type Config struct {
 	Hook Hook
 	// Metrics counts what the orchestrator does. Defaults to none.
 	Metrics *Metrics
-	// Logger logs unregistered versions and timer errors. Defaults to
-	// watermill.NopLogger.
+	// Logger logs unregistered versions and timer and reply-batch errors.
+	// Defaults to errors to slog.Default() (outbox.DefaultLogger).
 	Logger watermill.LoggerAdapter
 }
 
@@ -151,7 +152,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Orchestrator, error) {
 		cfg.ClaimBatch = 100
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = watermill.NopLogger{}
+		cfg.Logger = logging.Default()
 	}
 	return &Orchestrator{
 		pool: pool, schema: schema, writer: cfg.Writer, dedup: dedup, clock: cfg.Clock,

@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-// target is what DESIGN.md asks of a figure.
+// target is the figure's target, as the README's Performance table shows it.
 type target struct {
 	atLeast bool // true: value >= limit; false: value <= limit
 	limit   float64

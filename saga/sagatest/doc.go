@@ -48,6 +48,41 @@
 // Config.BatchReplies, those queued together in one HandleReplies call:
 // the batched path of RunBatched, under the same faults.
 //
+// # The database
+//
+// The harness runs on the PostgreSQL named by the environment variable
+// DATABASE_URL (a pgx connection string; when unset,
+// postgres://postgres@127.0.0.1:5432/test?sslmode=disable). Each New,
+// Open and each worker of Explore creates a schema of its own with a
+// random name, applies millrace's migrations to it, and drops it at the
+// end (t.Cleanup, or Close), so tests may run in parallel on one
+// database. The role needs to create schemas. The harness's connections
+// commit with synchronous_commit off (see Limits).
+//
+// # Table names
+//
+// A participant's and a local step's SQL must name the tables of the
+// harness it runs in: h.Schema(), or h.Table("name") for a quoted,
+// qualified name. Hand the names to the code that builds the participant
+// functions (a constructor argument, a struct field) rather than setting
+// a package variable from the test: Explore runs several harnesses at once
+// (Workers), each on its own schema, and a package variable would point
+// them all at one.
+//
+//	type payments struct{ account string } // a qualified table name
+//
+//	func (p payments) reserve(ctx context.Context, tx pgx.Tx, call compensation.Call, c Credit) (struct{}, error) {
+//		_, err := tx.Exec(ctx, `UPDATE `+p.account+` SET available = available - $2 WHERE customer = $1`, c.Customer, c.Amount)
+//		return struct{}{}, err
+//	}
+//
+//	// In the Scenario, per harness:
+//	pay := payments{account: h.Table("account")}
+//	compensation.Register(p, "credit", pay.reserve, pay.release)
+//
+// In production the same constructor takes the service's own names (or
+// pgx.Identifier{"account"}.Sanitize() with the service's search_path).
+//
 // # Faults
 //
 // A fault names the event it hits with an Event: a Command delivered to a

@@ -5,8 +5,9 @@
 //
 //	func main() { os.Exit(cli.Main(cli.Config{Sagas: orders.RegisterSagas})) }
 //
-// Everything else works the same without definitions. See cmd/millrace
-// for the commands.
+// Without definitions (the stock binary) a saga action is recorded as an
+// operator request for the service's running orchestrator; everything
+// else works the same. See cmd/millrace for the commands.
 package cli
 
 import (
@@ -36,8 +37,10 @@ type Config struct {
 	// the saga commands act through. An operator action (retry, skip,
 	// mark-compensated, abort) runs the saga's next step, which is the
 	// definition's Go code: only a binary built with the definitions can
-	// take it. Defaults to none: listing and showing work for every saga,
-	// and actions are refused (saga.ErrNotRegistered), changing nothing.
+	// take it at once. Defaults to none (the stock binary): listing and
+	// showing work for every saga, and an action records an operator
+	// request (saga.Operator), checked against the saga's state, that the
+	// service's running orchestrator applies on its next timer pass.
 	Sagas func(*saga.Orchestrator) error
 }
 

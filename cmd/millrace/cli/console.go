@@ -107,10 +107,12 @@ func loggingTopic() *cobra.Command {
 
 const loggingHelp = `Logging
 
-millrace's long-running parts (outbox.Relay, outbox.Cleaner, inbox.Processor, inbox.Cleaner,
-kafka.Publisher) log through Watermill's watermill.LoggerAdapter, given in their Config's Logger
-field (default: no logs). To send them to log/slog, wrap your *slog.Logger with Watermill's
-adapter:
+millrace's parts (outbox.Relay, outbox.Cleaner, inbox.Processor, inbox.Cleaner,
+saga.Orchestrator, compensation.Participant, compensation.Cleaner, kafka.Publisher,
+service.Service) log through Watermill's watermill.LoggerAdapter, given in their Config's Logger
+field. One default everywhere (outbox.DefaultLogger): errors and warnings go to slog.Default(),
+routine lines are logged at slog's Debug level and so are not shown. To log elsewhere, or more,
+wrap your *slog.Logger with Watermill's adapter; watermill.NopLogger{} silences a part:
 
     logger := watermill.NewSlogLogger(slog.Default())
     relay, err := outbox.NewRelay(pool, outbox.RelayConfig{Publisher: pub, Logger: logger})

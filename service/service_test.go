@@ -1,0 +1,242 @@
+package service_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/compensation"
+	"github.com/millrace/millrace/inbox"
+	"github.com/millrace/millrace/internal/kafkatest"
+	"github.com/millrace/millrace/internal/leaktest"
+	"github.com/millrace/millrace/internal/pgtest"
+	"github.com/millrace/millrace/kafka"
+	"github.com/millrace/millrace/outbox"
+	"github.com/millrace/millrace/saga"
+	"github.com/millrace/millrace/service"
+)
+
+func TestMain(m *testing.M) { leaktest.VerifyTestMain(m) }
+
+type order struct {
+	ID     string `json:"id"`
+	Amount int    `json:"amount"`
+}
+
+// testBundle is a service with one saga ("order": reserve credit at the
+// participant "payments") on an isolated schema and an embedded broker.
+type testBundle struct {
+	db          *pgtest.DB
+	brokers     []string
+	orch        *saga.Orchestrator
+	def         *saga.Definition[order]
+	creditTopic string
+	cfg         service.Config
+}
+
+// relayFast polls often, for tests that wait on the relay.
+var relayFast = outbox.RelayConfig{PollInterval: 50 * time.Millisecond}
+
+func setup(t *testing.T, migrate bool) *testBundle {
+	t.Helper()
+	db := pgtest.NewWith(t, pgtest.Options{NoMigrate: !migrate})
+	b := &testBundle{db: db, brokers: kafkatest.Brokers(t), creditTopic: kafkatest.Topic()}
+	var err error
+	b.def, err = saga.Define(saga.Spec[order]{
+		Type: "order", Version: 1, ReplyTopic: kafkatest.Topic(),
+		Steps: []saga.Step[order]{{
+			Name: "credit", Kind: saga.Compensatable,
+			Action:       &saga.Command[order]{Topic: b.creditTopic},
+			Compensation: &saga.Command[order]{},
+		}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.orch, err = saga.New(db.Pool, saga.Config{Schema: db.Schema, PollInterval: 50 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.orch.Register(b.def); err != nil {
+		t.Fatal(err)
+	}
+	payments, err := compensation.NewParticipant(db.Pool, compensation.Config{Schema: db.Schema, Name: "payments"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = compensation.Register(payments, "credit",
+		func(ctx context.Context, tx pgx.Tx, call compensation.Call, o order) (struct{}, error) {
+			return struct{}{}, nil
+		},
+		func(ctx context.Context, tx pgx.Tx, call compensation.Call, o order) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.cfg = service.Config{
+		Name: kafkatest.Group(), Schema: db.Schema, Brokers: b.brokers,
+		Orchestrator: b.orch,
+		Participants: []service.Participant{{Participant: payments, Router: compensation.RouterConfig{Topic: b.creditTopic}}},
+		Relay:        relayFast,
+		Retry:        &middleware.Retry{MaxRetries: 2, InitialInterval: 10 * time.Millisecond, ShouldRetry: inbox.ShouldRetry},
+		Logger:       watermill.NopLogger{},
+	}
+	return b
+}
+
+// run runs svc in the background; stop cancels it and returns Run's error.
+func run(t *testing.T, svc *service.Service) (stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+	var err error
+	stopped := false
+	stop = func() error {
+		if !stopped {
+			stopped = true
+			cancel()
+			select {
+			case err = <-done:
+			case <-time.After(time.Minute):
+				t.Fatal("Run did not return within a minute of its context ending")
+			}
+		}
+		return err
+	}
+	t.Cleanup(func() { _ = stop() })
+	return stop
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s within a minute", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestRunCompletesASagaAndStopsOnCancel(t *testing.T) {
+	t.Parallel()
+	b := setup(t, true)
+	svc, err := service.New(b.db.Pool, b.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, svc)
+	ctx := context.Background()
+	id := uuid.NewString()
+	if _, err := saga.Start(ctx, b.orch, b.def, id, order{ID: id, Amount: 5}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "completed saga", func() bool {
+		in, err := b.orch.Get(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return in.Status == saga.StatusCompleted
+	})
+	if err := stop(); err != nil {
+		t.Fatalf("Run after cancel: %v, want nil", err)
+	}
+	if err := svc.Run(ctx); !errors.Is(err, service.ErrRunTwice) {
+		t.Fatalf("second Run: %v, want ErrRunTwice", err)
+	}
+	// TestMain's leak check fails the package if a part outlived Run.
+}
+
+func TestRunReturnsTheFailingPart(t *testing.T) {
+	t.Parallel()
+	b := setup(t, false) // no tables: the relay refuses to start
+	svc, err := service.New(b.db.Pool, b.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(context.Background()) }()
+	select {
+	case err = <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("Run did not fail within a minute on a schema without tables")
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "42P01" && pgErr.Code != "3F000" {
+		t.Fatalf("Run: %v, want the undefined-table or undefined-schema error", err)
+	}
+	if want := "service " + b.cfg.Name + ": relay: "; !strings.HasPrefix(err.Error(), want) {
+		t.Fatalf("Run: %q, want it to start with %q", err, want)
+	}
+}
+
+func TestPoisonGoesThroughTheOutboxByDefault(t *testing.T) {
+	t.Parallel()
+	b := setup(t, true)
+	svc, err := service.New(b.db.Pool, b.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, svc)
+	// A command no participant can take, with text PostgreSQL cannot store
+	// in its metadata and a payload that is not JSON, straight to the
+	// broker.
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: b.brokers}, watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	bad := message.NewMessage(uuid.NewString(), []byte("\xff not json"))
+	bad.Metadata.Set("test_case", "a\x00b\xfe")
+	bad.Metadata.Set(millrace.MetadataContentType, millrace.ContentTypeJSON)
+	if err := pub.Publish(b.creditTopic, bad); err != nil {
+		t.Fatal(err)
+	}
+	got := kafkatest.Read(t, b.brokers, b.creditTopic+".poison", 1)[0]
+	if got.Metadata.Get(service.MetadataPoisonedID) != bad.UUID {
+		t.Fatalf("poisoned message id %q, want %q", got.Metadata.Get(service.MetadataPoisonedID), bad.UUID)
+	}
+	if got.Metadata.Get(middleware.ReasonForPoisonedKey) == "" {
+		t.Fatal("no reason_poisoned on the poisoned message")
+	}
+	if string(got.Payload) != string(bad.Payload) || got.Metadata.Get("test_case") != "a\uFFFDb\uFFFD" {
+		t.Fatalf("poisoned message: payload %q, test_case %q", got.Payload, got.Metadata.Get("test_case"))
+	}
+	// It went through the service's outbox, not around it.
+	var n int
+	if err := b.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM `+pgx.Identifier{b.db.Schema, "outbox_event"}.Sanitize()+
+		` WHERE topic = $1`, b.creditTopic+".poison").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Fatalf("%d poison events in the outbox, want 1", n)
+	}
+}
+
+func TestNewRefusesBadConfig(t *testing.T) {
+	t.Parallel()
+	b := setup(t, false)
+	for name, edit := range map[string]func(c *service.Config){
+		"no name":         func(c *service.Config) { c.Name = "" },
+		"no brokers":      func(c *service.Config) { c.Brokers = nil },
+		"batch, no sagas": func(c *service.Config) { c.Orchestrator, c.Batch = nil, &saga.BatchConfig{} },
+		"relay schema":    func(c *service.Config) { c.Relay.Schema = "other" },
+		"no topic":        func(c *service.Config) { c.Participants[0].Router.Topic = "" },
+	} {
+		cfg := b.cfg
+		cfg.Participants = append([]service.Participant(nil), b.cfg.Participants...)
+		edit(&cfg)
+		if _, err := service.New(b.db.Pool, cfg); !errors.Is(err, millrace.ErrConfig) {
+			t.Errorf("%s: %v, want ErrConfig", name, err)
+		}
+	}
+}
