@@ -220,3 +220,29 @@ func TestFilesExported(t *testing.T) {
 		t.Fatal("migration files must not be schema-qualified")
 	}
 }
+
+// A database migrated by a release whose migrations 001 and 002 had other
+// comments (the checksums it stored are the old text's) validates clean;
+// any other stored checksum is still reported as changed.
+func TestValidateAcceptsFormerChecksums(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	m, _ := migrations.New(db.Pool, migrations.Config{Schema: db.Schema})
+	set := func(version int, sum string) {
+		t.Helper()
+		if _, err := db.Pool.Exec(ctx, `UPDATE "`+db.Schema+`".schema_migration SET checksum = $2 WHERE version = $1`, version, sum); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set(1, "4f61d71fb19a5f5c")
+	set(2, "6cbc49f4692acf2d")
+	if err := m.Validate(ctx); err != nil {
+		t.Fatalf("Validate with the former checksums = %v, want nil", err)
+	}
+	set(2, "0000000000000000")
+	var verr *migrations.ValidationError
+	if err := m.Validate(ctx); !errors.As(err, &verr) || len(verr.Changed) != 1 || verr.Changed[0] != 2 {
+		t.Fatalf("Validate with a foreign checksum = %v, want changed [2]", err)
+	}
+}

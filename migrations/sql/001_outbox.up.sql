@@ -38,7 +38,7 @@ CREATE INDEX outbox_event_created_at_idx ON outbox_event (created_at);
 
 -- outbox_pending is the unpublished set: one narrow row per event not yet
 -- published (or dead-lettered). It plays the part of the partial index
--- "WHERE published_at IS NULL" of R-DIST-OBX-1: the relay claims from it and
+-- "WHERE published_at IS NULL" that keeps the unpublished set hot: the relay claims from it and
 -- deletes what it published, which costs far less index churn than updating
 -- a partially indexed column in the log.
 CREATE TABLE outbox_pending (

@@ -1,5 +1,5 @@
--- millrace 002: the inbox (rule R-DIST-OBX-2): exactly-once effects on the
--- consumer side. Not schema-qualified: the migrator sets search_path.
+-- millrace 002: the inbox: exactly-once effects on the consumer side (the
+-- dedup mark commits in the same transaction as the handler's effects). Not schema-qualified: the migrator sets search_path.
 
 -- processed_event is the default dedup: one row per (consumer, event) that a
 -- handler applied, inserted with ON CONFLICT DO NOTHING in the handler's own
