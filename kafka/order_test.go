@@ -190,15 +190,16 @@ func TestPublishKeepsKeyOrderUnderBrokerFaults(t *testing.T) {
 	}
 }
 
-// A record larger than the topic's max.message.bytes (the broker's
-// message.max.bytes, 700 KB here, under the Publisher's 1 MB) is refused
-// before sending, as permanent, and holds back the later messages of its
-// key; everything else is delivered.
+// A record larger than the topic's max.message.bytes (700 KB here, set
+// when the topic is created, under the Publisher's 1 MB) is refused before
+// sending, as permanent, and holds back the later messages of its key;
+// everything else is delivered.
 func TestPublishRecordOverTopicLimitHoldsItsKey(t *testing.T) {
 	t.Parallel()
-	b := kafkatest.Embedded(t, devkafka.Config{BrokerConfigs: map[string]string{"message.max.bytes": "700000"}})
+	brokers := kafkatest.Brokers(t)
 	topic := kafkatest.Topic()
-	p := newPublisher(t, b.Addrs())
+	kafkatest.CreateTopic(t, brokers, topic, -1, map[string]string{"max.message.bytes": "700000"})
+	p := newPublisher(t, brokers)
 
 	var msgs []*message.Message
 	for i := range 9 {
@@ -225,8 +226,13 @@ func TestPublishRecordOverTopicLimitHoldsItsKey(t *testing.T) {
 			t.Fatalf("failure %d: %s %v, want %s held back, temporary", i+1, me.UUID, me.Err, held.UUID)
 		}
 	}
-	if n := kafkatest.RecordCount(t, b.Addrs(), topic); n != 9 {
+	if n := kafkatest.RecordCount(t, brokers, topic); n != 9 {
 		t.Fatalf("topic holds %d records, want the 9 of other keys", n)
+	}
+	for _, r := range readBack(t, brokers, topic, 9) {
+		if r.key == "k" {
+			t.Fatalf("message %s of key k was stored", r.msg.UUID)
+		}
 	}
 }
 

@@ -2,13 +2,10 @@ package outbox_test
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
-	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
 	"github.com/jackc/pgx/v5"
@@ -58,7 +55,7 @@ func TestOutboxPubSubConformance(t *testing.T) {
 	})
 
 	newPubSub := func(t *testing.T, group string) (message.Publisher, message.Subscriber) {
-		return &txPublishPerCall{pool: db, w: w}, &groupSubscriber{t: t, brokers: brokers, group: group}
+		return &txPublishPerCall{pool: db, w: w}, kafkatest.NewGroupSubscriber(t, brokers, group)
 	}
 	tests.TestPubSub(t, tests.Features{
 		ConsumerGroups:      true,
@@ -96,69 +93,3 @@ func (p *txPublishPerCall) Publish(topic string, msgs ...*message.Message) error
 }
 
 func (p *txPublishPerCall) Close() error { return nil }
-
-// groupSubscriber is watermill-kafka's subscriber in a consumer group: the
-// given one, or else one per topic, the same for every subscriber of the
-// suite, so that a subscriber made later continues where an earlier one
-// stopped (what the suite expects of a subscriber without a group) without
-// every test of the suite rebalancing one shared group.
-type groupSubscriber struct {
-	t       *testing.T
-	brokers []string
-	group   string
-
-	mu   sync.Mutex
-	subs []*wkafka.Subscriber
-}
-
-func (s *groupSubscriber) subscriber(topic string) (*wkafka.Subscriber, error) {
-	group := s.group
-	if group == "" {
-		group = "cg_" + topic
-	}
-	sub, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{
-		Brokers:               s.brokers,
-		Unmarshaler:           kafka.DefaultMarshaler(),
-		OverwriteSaramaConfig: kafka.DefaultSaramaSubscriberConfig(),
-		ConsumerGroup:         group,
-		// SubscribeInitialize creates the topic with several partitions,
-		// so that unkeyed messages really spread.
-		InitializeTopicDetails: &sarama.TopicDetail{NumPartitions: 4, ReplicationFactor: 1},
-	}, nil)
-	if err != nil {
-		return nil, err
-	}
-	s.mu.Lock()
-	s.subs = append(s.subs, sub)
-	s.mu.Unlock()
-	return sub, nil
-}
-
-func (s *groupSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	sub, err := s.subscriber(topic)
-	if err != nil {
-		return nil, err
-	}
-	return sub.Subscribe(ctx, topic)
-}
-
-func (s *groupSubscriber) SubscribeInitialize(topic string) error {
-	sub, err := s.subscriber(topic)
-	if err != nil {
-		return err
-	}
-	return sub.SubscribeInitialize(topic)
-}
-
-func (s *groupSubscriber) Close() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var first error
-	for _, sub := range s.subs {
-		if err := sub.Close(); err != nil && first == nil {
-			first = err
-		}
-	}
-	s.subs = nil
-	return first
-}

@@ -418,6 +418,59 @@ func TestPoisonMessageDeadLetteredOthersFlow(t *testing.T) {
 	}
 }
 
+// An event larger than its topic's max.message.bytes (set on the topic,
+// under the producer's own limit) is refused before sending and
+// dead-lettered at once, with the topic's limit in its reason; the later
+// events of its key wait behind it, unpublished, while every other key's
+// events flow.
+func TestRecordOverTopicLimitDeadLetteredHoldsItsKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	bundle := kafkaSetup(t)
+	kafkatest.CreateTopic(t, bundle.brokers, bundle.topic, -1, map[string]string{"max.message.bytes": "100000"})
+	big := fmt.Appendf(nil, `{"seq":0,"blob":%q}`, strings.Repeat("x", 150_000))
+	over, err := bundle.w.Write(ctx, outbox.Event{Topic: bundle.topic, PartitionKey: "k", Payload: big})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var behind []string
+	for i := 1; i <= 3; i++ {
+		id, err := bundle.w.Write(ctx, outbox.Event{Topic: bundle.topic, PartitionKey: "k", Payload: fmt.Appendf(nil, `{"seq":%d}`, i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		behind = append(behind, id...)
+	}
+	others := writeN(t, bundle.w, bundle.topic, 300, 10)
+	startRelay(t, bundle.db, outbox.RelayConfig{Publisher: newKafkaPublisher(t, bundle.brokers), MaxAttempts: 3, RetryMin: time.Millisecond, RetryMax: 10 * time.Millisecond, PollInterval: 10 * time.Millisecond})
+	c := consume(t, bundle.brokers, bundle.topic)
+	eventually(t, time.Minute, "other keys' events consumed", func() bool { return c.unique() == len(others) })
+	eventually(t, 30*time.Second, "the record over the limit dead-lettered", func() bool {
+		return countRows(t, bundle.db, "outbox_event", "dead_at IS NOT NULL AND attempts = 1") == 1
+	})
+	var reason string
+	if err := bundle.db.Pool.QueryRow(ctx, `SELECT last_error FROM "`+bundle.db.Schema+`".outbox_event WHERE event_id = $1 AND dead_at IS NOT NULL`, over[0]).Scan(&reason); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(reason, "100000") {
+		t.Fatalf("dead letter reason %q does not name the topic's limit", reason)
+	}
+	// The events behind it were claimed with the later ones (they precede
+	// every other key's events) and are still held.
+	if n := countRows(t, bundle.db, "outbox_event", "published_at IS NULL AND dead_at IS NULL"); n != len(behind) {
+		t.Fatalf("%d events unpublished and not dead, want the %d behind the dead letter", n, len(behind))
+	}
+	if n := kafkatest.RecordCount(t, bundle.brokers, bundle.topic); n != int64(len(others)) {
+		t.Fatalf("topic holds %d records, want the %d of other keys", n, len(others))
+	}
+	for _, id := range append(over, behind...) {
+		if c.count(id) != 0 {
+			t.Fatalf("event %s of the held key reached the topic", id)
+		}
+	}
+	c.checkKeyOrder(t)
+}
+
 // A dead letter holds the later events of its key; once the cause is fixed
 // (here: the producer's size limit is raised) and an operator requeues it,
 // it is published, then the events behind it, in order.

@@ -1,0 +1,132 @@
+package kafkatest
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/millrace/millrace/kafka"
+)
+
+// GroupSubscriber is the subscriber side of Watermill's conformance suite:
+// watermill-kafka's subscriber in a consumer group, the given one, or else
+// one per topic, the same for every subscriber of the suite, so that a
+// subscriber made later continues where an earlier one stopped (what the
+// suite expects of a subscriber without a group) without every test of the
+// suite rebalancing one shared group. SubscribeInitialize creates the topic
+// with several partitions, so that unkeyed messages really spread, and the
+// cluster's default replication factor, so that a cluster that wants
+// several in-sync replicas accepts acks=all writes to it.
+type GroupSubscriber struct {
+	brokers []string
+	group   string
+
+	mu   sync.Mutex
+	subs []*wkafka.Subscriber
+}
+
+// NewGroupSubscriber returns a GroupSubscriber on brokers in group ("" for
+// one group per topic). What it has not closed when the test ends is closed
+// then (the suite's order test subscribes after closing its subscriber).
+func NewGroupSubscriber(t testing.TB, brokers []string, group string) *GroupSubscriber {
+	s := &GroupSubscriber{brokers: brokers, group: group}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return s
+}
+
+func (s *GroupSubscriber) subscriber(topic string) (*wkafka.Subscriber, error) {
+	group := s.group
+	if group == "" {
+		group = "cg_" + topic
+	}
+	sub, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{
+		Brokers:                s.brokers,
+		Unmarshaler:            kafka.DefaultMarshaler(),
+		OverwriteSaramaConfig:  kafka.DefaultSaramaSubscriberConfig(),
+		ConsumerGroup:          group,
+		InitializeTopicDetails: &sarama.TopicDetail{NumPartitions: 4, ReplicationFactor: -1},
+	}, nil)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.subs = append(s.subs, sub)
+	s.mu.Unlock()
+	return sub, nil
+}
+
+// Subscribe subscribes a new watermill-kafka subscriber to topic.
+func (s *GroupSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	sub, err := s.subscriber(topic)
+	if err != nil {
+		return nil, err
+	}
+	return sub.Subscribe(ctx, topic)
+}
+
+// SubscribeInitialize creates topic with four partitions.
+func (s *GroupSubscriber) SubscribeInitialize(topic string) error {
+	sub, err := s.subscriber(topic)
+	if err != nil {
+		return err
+	}
+	return sub.SubscribeInitialize(topic)
+}
+
+// Close closes every subscriber made so far.
+func (s *GroupSubscriber) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var first error
+	for _, sub := range s.subs {
+		if err := sub.Close(); err != nil && first == nil {
+			first = err
+		}
+	}
+	s.subs = nil
+	return first
+}
+
+// CreateTopic creates topic with the given number of partitions (-1: the
+// cluster's default), the cluster's default replication factor and the
+// given topic configs (max.message.bytes, ...), the same way on the
+// embedded broker and on a real cluster.
+func CreateTopic(t testing.TB, brokers []string, topic string, partitions int32, configs map[string]string) {
+	t.Helper()
+	c, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	req := kmsg.NewPtrCreateTopicsRequest()
+	req.TimeoutMillis = 30_000
+	rt := kmsg.NewCreateTopicsRequestTopic()
+	rt.Topic, rt.NumPartitions, rt.ReplicationFactor = topic, partitions, -1
+	for k, v := range configs {
+		rc := kmsg.NewCreateTopicsRequestTopicConfig()
+		rc.Name, rc.Value = k, kmsg.StringPtr(v)
+		rt.Configs = append(rt.Configs, rc)
+	}
+	req.Topics = append(req.Topics, rt)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := req.RequestWith(ctx, c)
+	if err != nil {
+		t.Fatalf("create topic %s: %v", topic, err)
+	}
+	if err := kerr.ErrorForCode(resp.Topics[0].ErrorCode); err != nil {
+		t.Fatalf("create topic %s: %v", topic, err)
+	}
+}
