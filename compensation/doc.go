@@ -136,8 +136,9 @@
 // spent; each retry runs the compensation again. Any other error is
 // technical: the whole transaction rolls back (dedup mark, barrier, effects),
 // nothing is replied, and the message is retried by Retry and redelivery.
-// A command that cannot be understood (bad metadata, an unknown command, a
-// payload that does not decode) fails with a millrace.Permanent error
+// A command that cannot be understood or answered (bad metadata, an
+// unknown command, a payload that does not decode, a reply topic the
+// participant's outbox Writer refuses) fails with a millrace.Permanent error
 // wrapping ErrInvalidCommand or ErrUnknownCommand before anything is
 // written, and goes to the poison topic with the reason.
 //

@@ -3,6 +3,7 @@ package compensation
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -192,9 +193,10 @@ func (p *Participant) Handle(msg *message.Message) error {
 // inbox.HandlerFunc, so an inbox.Processor can apply stored commands many
 // per transaction (each under a savepoint) with the same guarantees.
 //
-// A message with bad saga metadata, an unknown command or a payload that
-// does not decode fails with a millrace.Permanent error (ErrInvalidCommand,
-// ErrUnknownCommand) before anything is written. A technical error of the
+// A message with bad saga metadata, an unknown command, a payload that
+// does not decode or a reply topic the Writer refuses
+// (WriterConfig.ValidateTopic) fails with a millrace.Permanent error
+// (ErrInvalidCommand, ErrUnknownCommand) before anything is written. A technical error of the
 // function is returned as is: roll tx back and retry the message. A
 // business failure (Fail) is not an error here: it is replied.
 func (p *Participant) HandleTx(ctx context.Context, tx pgx.Tx, msg *message.Message) (err error) {
@@ -255,7 +257,14 @@ func (p *Participant) HandleTx(ctx context.Context, tx pgx.Tx, msg *message.Mess
 		err = ptx.flush(ctx)
 	}
 	if err != nil {
-		return fmt.Errorf("compensation: %s: reply to %s/%s %s: %w", p.name, it.call.SagaID, it.call.Step, it.call.Operation, err)
+		err = fmt.Errorf("compensation: %s: reply to %s/%s %s: %w", p.name, it.call.SagaID, it.call.Step, it.call.Operation, err)
+		var ee *outbox.EventError
+		if errors.As(err, &ee) {
+			// The Writer refused the reply before sending it: the same
+			// command fails the same way on every retry.
+			err = millrace.Permanent(fmt.Errorf("%w: message %q: %w", ErrInvalidCommand, msg.UUID, err))
+		}
+		return err
 	}
 	return nil
 }
@@ -307,6 +316,11 @@ func (p *Participant) item(msg *message.Message) (*item, error) {
 	cmd, err := c.decode(msg.Payload)
 	if err != nil {
 		return nil, invalid(msg, "payload of command %q: %v", call.Command, err)
+	}
+	// A reply the Writer refuses (a reply topic the transport does not
+	// allow) would fail the same way on every retry.
+	if err := p.writer.Check(outbox.Event{Topic: call.ReplyTopic, PartitionKey: call.SagaID, Payload: emptyReply}); err != nil {
+		return nil, invalid(msg, "metadata %s %q: the outbox refuses it as the reply's topic: %v", millrace.MetadataSagaReplyTopic, call.ReplyTopic, err)
 	}
 	return &item{msg: msg, call: call, c: c, cmd: cmd}, nil
 }
