@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -51,5 +52,70 @@ func TestRefusedReplyTopicIsPermanent(t *testing.T) {
 	}
 	if n := b.count(t, `SELECT count(*) FROM `+b.db.Schema+`.compensation_barrier`); n != 0 {
 		t.Fatalf("barrier rows = %d, want 0", n)
+	}
+}
+
+// A business failure has no effect, so it is not final: a later attempt of
+// the step runs the action again, while the failed attempt sent again (or
+// an earlier one, late) gets the stored failure. A compensation that finds
+// the failure still blocks every later attempt. Alone and in batches.
+func TestFailedActionRunsAgain(t *testing.T) {
+	t.Parallel()
+	for _, batched := range []bool{false, true} {
+		t.Run(map[bool]string{false: "single", true: "batch"}[batched], func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, 4)
+			handle := b.handle
+			if batched {
+				handle = func(m *message.Message) error { return b.handleBatch([]*message.Message{m}) }
+			}
+			var failed sync.Map
+			b.setFailAction(func(call compensation.Call) error {
+				if _, again := failed.LoadOrStore(call.SagaID, true); !again || strings.HasPrefix(call.SagaID, "always-") {
+					return compensation.Fail("insufficient credit")
+				}
+				return nil
+			})
+			saga := uuid.NewString()
+			must(t, handle(action(saga, 2)))
+			must(t, handle(action(saga, 2))) // the failed attempt, sent again
+			must(t, handle(action(saga, 1))) // an earlier attempt, late
+			if n := b.actionCalls.Load(); n != 1 {
+				t.Fatalf("action ran %d times for the failed attempt and an earlier one, want 1", n)
+			}
+			must(t, handle(action(saga, 3)))
+			must(t, handle(action(saga, 4)))
+			if n := b.actionCalls.Load(); n != 2 {
+				t.Fatalf("action ran %d times, want 2 (the failure, then the later attempt)", n)
+			}
+			var outcomes []string
+			for _, r := range b.replies(t, saga) {
+				outcomes = append(outcomes, r.Attempt+":"+r.Outcome)
+			}
+			if got := strings.Join(outcomes, " "); got != "2:failure 2:failure 1:failure 3:success 4:success" {
+				t.Fatalf("replies %s", got)
+			}
+			if n := b.effects(t, saga, "reserve"); n != 1 {
+				t.Fatalf("effects = %d, want 1", n)
+			}
+
+			// A compensation after the failure: the failure becomes
+			// cancelled, and a later attempt does not run.
+			saga = "always-" + uuid.NewString()
+			calls := b.actionCalls.Load()
+			must(t, handle(action(saga, 1)))
+			must(t, handle(compensationOf(saga, 1)))
+			must(t, handle(action(saga, 2)))
+			if n := b.actionCalls.Load() - calls; n != 1 {
+				t.Fatalf("action ran %d times, want 1 (not after its compensation)", n)
+			}
+			if outcome, _, _ := b.barrier(t, saga, millrace.OperationAction); outcome != millrace.OutcomeCancelled {
+				t.Fatalf("action row %q after the compensation of a failure, want cancelled", outcome)
+			}
+			rs := b.replies(t, saga)
+			if last := rs[len(rs)-1]; last.Attempt != "2" || last.Outcome != millrace.OutcomeCancelled {
+				t.Fatalf("replies %+v, want attempt 2 cancelled", rs)
+			}
+		})
 	}
 }

@@ -216,7 +216,7 @@ func (p *Participant) HandleTx(ctx context.Context, tx pgx.Tx, msg *message.Mess
 		b.Queue(p.sql.claimCompensation, it.call.SagaID, it.call.Step, it.call.SagaType, it.call.Command)
 		b.Queue(p.sql.claimForCompensation, it.call.SagaID, it.call.Step, it.call.SagaType, it.call.Command, lateReason)
 	} else {
-		b.Queue(p.sql.claimAction, it.call.SagaID, it.call.Step, it.call.SagaType, it.call.Command)
+		b.Queue(p.sql.claimAction, it.call.SagaID, it.call.Step, it.call.SagaType, it.call.Command, it.call.Attempt)
 	}
 	b.Queue(savepoint)
 	var cl claim
