@@ -60,32 +60,3 @@ func TestRetriableStepRunsAgainAfterBusinessFailure(t *testing.T) {
 		t.Fatalf("stock replies %v, want a failure then a success", replies)
 	}
 }
-
-// A failure is not final at the barrier (a later attempt runs the action
-// again), so the late failure of attempt 1 while attempt 2 is out is
-// fenced: attempt 2 may still take effect, and the step must not fail (and
-// leave that effect uncompensated) on attempt 1's word. Attempt 2's own
-// failure is the step's answer.
-func TestLateFailureOfEarlierAttemptIsFenced(t *testing.T) {
-	t.Parallel()
-	d, def := orderDriver(t, nil)
-	id := "late-failure-1"
-	stock1 := stockRunning(t, d, def, id)
-	d.tick(time.Second) // attempt 1 times out: backoff
-	d.tick(time.Second) // attempt 2
-	stock2 := d.last(id)
-	if stock2.Step != "stock" || stock2.Attempt != 2 {
-		t.Fatalf("after the timeout and the backoff: %+v", stock2)
-	}
-	d.deliver(replyMsg(id, stock1, millrace.OutcomeFailure, "out of stock", `{}`))
-	if in := d.get(id); in.Status != saga.StatusRunning || in.Steps["stock"].Status != saga.StepRunning {
-		t.Fatalf("attempt 1's late failure was applied: saga %s, stock %+v", in.Status, in.Steps["stock"])
-	}
-	if n := fencedCount(t, d.o, id); n != 1 {
-		t.Fatalf("%d fenced replies, want 1", n)
-	}
-	d.deliver(replyMsg(id, stock2, millrace.OutcomeFailure, "out of stock", `{}`))
-	if in := d.get(id); in.Status == saga.StatusRunning || in.Steps["stock"].Status == saga.StepRunning {
-		t.Fatalf("attempt 2's failure was not applied: saga %s, stock %+v", in.Status, in.Steps["stock"])
-	}
-}
