@@ -1,13 +1,19 @@
 package compensation_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
@@ -118,4 +124,47 @@ func TestFailedActionRunsAgain(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A poisoned command is logged at error level with its reason and the
+// message's UUID, and counted in poisoned_total.
+func TestPoisonedCommandIsLoggedAndCounted(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 4)
+	var (
+		logMu sync.Mutex
+		logs  bytes.Buffer
+	)
+	logger := watermill.NewSlogLogger(slog.New(slog.NewTextHandler(&lockedWriter{mu: &logMu, w: &logs}, &slog.HandlerOptions{Level: slog.LevelError})))
+	p, err := compensation.NewParticipant(b.db.Pool, compensation.Config{Schema: b.db.Schema, Name: "flight", Metrics: b.metrics, Logger: logger})
+	must(t, err)
+	must(t, compensation.Register(p, "book_flight", b.reserve, b.release))
+	ps := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 16, Persistent: true}, watermill.NopLogger{})
+	t.Cleanup(func() { _ = ps.Close() })
+	router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+	must(t, err)
+	_, err = p.AddToRouter(router, compensation.RouterConfig{Topic: "flights", Subscriber: ps, Poison: ps})
+	must(t, err)
+	startRouter(t, router)
+	msg := action(uuid.NewString(), 1) // reserve_credit: flight does not register it
+	must(t, ps.Publish("flights", msg))
+	waitFor(t, 30*time.Second, "the poisoned command's count", func() bool { return b.metric(t, "poisoned_total") == 1 })
+	logMu.Lock()
+	line := logs.String()
+	logMu.Unlock()
+	if !strings.Contains(line, "level=ERROR") || !strings.Contains(line, msg.UUID) ||
+		!strings.Contains(line, `unknown command`) || !strings.Contains(line, "participant flight") || !strings.Contains(line, "topic=flights") {
+		t.Fatalf("log %q, want an error line with the reason, the message and the topic", line)
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

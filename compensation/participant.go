@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/inbox"
+	"github.com/millrace/millrace/internal/poison"
 	"github.com/millrace/millrace/internal/sqlident"
 	"github.com/millrace/millrace/outbox"
 )
@@ -40,7 +42,10 @@ type Config struct {
 	// (counts nothing).
 	Metrics *Metrics
 	// Logger receives business failures, late actions and empty
-	// compensations at debug level. Defaults to watermill.NopLogger.
+	// compensations at debug level, and the commands AddToRouter poisons
+	// at error level, with the reason. Defaults to slog.Default(), through
+	// watermill.NewSlogLogger (so debug lines are dropped at its default
+	// level).
 	Logger watermill.LoggerAdapter
 }
 
@@ -104,7 +109,7 @@ func NewParticipant(pool *pgxpool.Pool, cfg Config) (*Participant, error) {
 		}
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = watermill.NopLogger{}
+		cfg.Logger = watermill.NewSlogLogger(slog.Default())
 	}
 	return &Participant{
 		pool:     pool,
@@ -465,9 +470,13 @@ type RouterConfig struct {
 	// Subscriber reads Topic. Required.
 	Subscriber message.Subscriber
 	// Poison receives the messages that fail permanently (bad metadata, an
-	// unknown command, a payload that does not decode), with the reason in
-	// metadata "reason_poisoned"; other failures are nacked for
-	// redelivery. Required: a bad command must not be lost.
+	// unknown command, a payload that does not decode, a reply topic the
+	// Writer refuses), with the reason in metadata "reason_poisoned" and
+	// the command topic in "topic_poisoned"; each is logged at error level
+	// with the reason (Config.Logger) and counted (Metrics, poisoned_total).
+	// Other failures are nacked for redelivery. Required: a bad command
+	// must not be lost. The millrace command's "poison" commands and the
+	// console list a poison topic on Kafka and requeue its messages.
 	Poison message.Publisher
 	// PoisonTopic is the topic of Poison. Defaults to Topic + ".poison".
 	PoisonTopic string
@@ -512,7 +521,8 @@ func (p *Participant) AddToRouter(r *message.Router, cfg RouterConfig) (*message
 	if cfg.Retry != nil {
 		retry = *cfg.Retry
 	}
-	poison, err := middleware.PoisonQueueWithFilter(cfg.Poison, cfg.PoisonTopic, millrace.IsPermanent)
+	poisonPub := poison.Publisher(cfg.Poison, p.logger, func(*message.Message) { p.metrics.poisoned(p.name) })
+	poison, err := middleware.PoisonQueueWithFilter(poisonPub, cfg.PoisonTopic, millrace.IsPermanent)
 	if err != nil {
 		return nil, fmt.Errorf("%w: compensation: %v", millrace.ErrConfig, err)
 	}
