@@ -29,6 +29,7 @@ var nav = []navItem{
 	{Key: "outbox", Label: "Outbox dead letters", Path: "/outbox/dead"},
 	{Key: "inbox", Label: "Inbox dead letters", Path: "/inbox/dead"},
 	{Key: "sagas", Label: "Sagas", Path: "/sagas"},
+	{Key: "poison", Label: "Poison topics", Path: "/poison"},
 }
 
 // view is what every page template gets: the layout's fields and the
@@ -95,7 +96,7 @@ func (c *Console) parseTemplates() error {
 		return err
 	}
 	c.pages = map[string]*template.Template{}
-	for _, page := range []string{"overview", "outbox_dead", "inbox_dead", "confirm", "error", "sagas", "saga", "saga_confirm"} {
+	for _, page := range []string{"overview", "outbox_dead", "inbox_dead", "confirm", "error", "sagas", "saga", "saga_confirm", "poison"} {
 		t, err := template.Must(base.Clone()).ParseFS(templateFS, "templates/"+page+".html")
 		if err != nil {
 			return err
@@ -146,7 +147,7 @@ func flash(q url.Values) string {
 	if err != nil || n < 0 {
 		return ""
 	}
-	what := map[string]string{"outbox": "outbox dead letter", "inbox": "inbox dead letter"}[q.Get("kind")]
+	what := map[string]string{"outbox": "outbox dead letter", "inbox": "inbox dead letter", "poison": "poisoned message"}[q.Get("kind")]
 	verb := map[string]string{"requeue": "Requeued", "discard": "Discarded"}[q.Get("done")]
 	if what == "" || verb == "" {
 		return ""

@@ -27,12 +27,7 @@ func (a *app) poisonCmd() *cobra.Command {
 		if b == "" {
 			b = a.getenv("KAFKA_BROKERS")
 		}
-		var out []string
-		for _, s := range strings.Split(b, ",") {
-			if s = strings.TrimSpace(s); s != "" {
-				out = append(out, s)
-			}
-		}
+		out := splitList(b)
 		if len(out) == 0 {
 			return nil, usagef("no Kafka: set KAFKA_BROKERS or --brokers")
 		}
@@ -121,4 +116,15 @@ func (a *app) poisonCmd() *cobra.Command {
 	requeue.Flags().BoolVar(&all, "all", false, "requeue every message of the topic")
 	cmd.AddCommand(list, requeue)
 	return cmd
+}
+
+// splitList splits a comma-separated list, dropping empty items.
+func splitList(s string) []string {
+	var out []string
+	for _, item := range strings.Split(s, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			out = append(out, item)
+		}
+	}
+	return out
 }
