@@ -211,7 +211,11 @@
 //
 // Metrics is a Prometheus collector of actions, compensations, empty
 // compensations, late actions, business failures and duplicates, by
-// participant and command.
+// participant and command, and of poisoned commands by participant. A
+// poisoned command is also logged at error level with its reason
+// (Config.Logger, slog.Default() unless set); "millrace poison list" and
+// the console's poison-topic page show a poison topic, and requeue its
+// messages.
 //
 // # Tables
 //
