@@ -1,6 +1,7 @@
 package console
 
 import (
+	"encoding/json"
 	"fmt"
 	"html/template"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/outbox"
+	"github.com/millrace/millrace/saga"
 )
 
 // navItem is an entry of the navigation bar. A page is one template in
@@ -54,6 +56,15 @@ var funcs = template.FuncMap{
 		return human(time.Since(t))
 	},
 	"human": human,
+	// operatorAction is the action of an operator history line.
+	"operatorAction": func(h saga.HistoryEntry) string {
+		var d struct{ Action string }
+		if h.Event != "operator" && h.Event != "operator_request" && h.Event != "operator_refused" || json.Unmarshal(h.Detail, &d) != nil {
+			return ""
+		}
+		return actionLabel(d.Action)
+	},
+	"actionLabel": actionLabel,
 	"stamp": func(t time.Time) string {
 		if t.IsZero() {
 			return "-"
