@@ -28,20 +28,22 @@ type statements struct {
 // first; ON CONFLICT DO UPDATE locks the existing row and returns its
 // newest committed version (DO NOTHING would return nothing, and a plain
 // SELECT might not see a row committed after the statement began).
-// "xmax = 0" tells an inserted row from an updated one.
+// "xmax = 0" tells an inserted row from an updated one; an updated row
+// whose outcome is empty was claimed again (see reclaimFailure).
 func newStatements(schema string) statements {
 	t := sqlident.Table(schema, "compensation_barrier")
 	claim := func(op, extraCols, extraVals, onConflict, returning string) string {
 		return fmt.Sprintf(`INSERT INTO %[1]s AS b (saga_id, step, operation, saga_type, command%[3]s)
 VALUES ($1, $2, '%[2]s', $3, $4%[4]s)
 ON CONFLICT (saga_id, step, operation) DO UPDATE SET %[5]s
-RETURNING (b.xmax = 0), %[6]s`, t, op, extraCols, extraVals, onConflict, returning)
+RETURNING (b.xmax = 0 OR b.outcome = ''), %[6]s`, t, op, extraCols, extraVals, onConflict, returning)
 	}
 	return statements{
-		// An action: inserted means it runs now; otherwise the row holds
-		// its final answer (success or failure) or says that a
+		// An action: claimed (inserted, or a failure claimed again) means
+		// it runs now; otherwise the row holds its final answer (success,
+		// or the failure of this or a later attempt) or says that a
 		// compensation came first (cancelled).
-		claimAction: claim("action", "", "", "deliveries = b.deliveries + 1, updated_at = now()",
+		claimAction: claim("action", ", attempt", ", $5", "deliveries = b.deliveries + 1, updated_at = now(), "+reclaimFailure,
 			"b.outcome, b.reply, b.reason"),
 		// A compensation's own row: success means compensated before.
 		claimCompensation: claim("compensation", "", "", "deliveries = b.deliveries + 1, updated_at = now()",
@@ -49,7 +51,9 @@ RETURNING (b.xmax = 0), %[6]s`, t, op, extraCols, extraVals, onConflict, returni
 		// A compensation also upserts its action's row: inserting it (as
 		// cancelled) makes the compensation empty and blocks the action if
 		// it comes late; finding it tells whether there is an effect to undo.
-		claimForCompensation: claim("action", ", outcome, reason", ", 'cancelled', $5", "updated_at = now()",
+		// A failed action's row becomes cancelled, so that no later attempt
+		// claims it again after its compensation.
+		claimForCompensation: claim("action", ", outcome, reason", ", 'cancelled', $5", "updated_at = now(), "+reclaimFailure,
 			"b.outcome, b.reply"),
 		// The answer, in the claiming transaction. updated_at keeps its value
 		// (set by the claim in this transaction), so the update stays HOT.
@@ -58,7 +62,7 @@ WHERE saga_id = $5 AND step = $6 AND operation = $7`, t),
 		// Many actions' rows, and the action rows of many compensations
 		// (outcome cancelled, which counts no delivery), in the order given
 		// (the caller sorts them, for a fixed lock order).
-		claimActions:       claimMany(t, "action", "deliveries = b.deliveries + (excluded.outcome = '')::int, updated_at = now()"),
+		claimActions:       claimMany(t, "action", "deliveries = b.deliveries + (excluded.outcome = '')::int, updated_at = now(), "+reclaimFailure),
 		claimCompensations: claimMany(t, "compensation", "deliveries = b.deliveries + 1, updated_at = now()"),
 		finishMany: fmt.Sprintf(`UPDATE %s b SET outcome = u.outcome, empty = u.empty, reply = u.reply, reason = u.reason
   FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bool[], $6::bytea[], $7::text[])
@@ -68,11 +72,27 @@ WHERE saga_id = $5 AND step = $6 AND operation = $7`, t),
 }
 
 func claimMany(table, op, onConflict string) string {
-	return fmt.Sprintf(`INSERT INTO %[1]s AS b (saga_id, step, operation, saga_type, command, outcome, reason)
-SELECT u.saga_id, u.step, '%[2]s', u.saga_type, u.command, u.outcome, u.reason
-  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) WITH ORDINALITY
-       AS u(saga_id, step, saga_type, command, outcome, reason, n)
+	return fmt.Sprintf(`INSERT INTO %[1]s AS b (saga_id, step, operation, saga_type, command, outcome, reason, attempt)
+SELECT u.saga_id, u.step, '%[2]s', u.saga_type, u.command, u.outcome, u.reason, u.attempt
+  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int[]) WITH ORDINALITY
+       AS u(saga_id, step, saga_type, command, outcome, reason, attempt, n)
  ORDER BY u.n
 ON CONFLICT (saga_id, step, operation) DO UPDATE SET %[3]s
-RETURNING b.saga_id, b.step, (b.xmax = 0), b.outcome, b.reply, b.reason`, table, op, onConflict)
+RETURNING b.saga_id, b.step, (b.xmax = 0 OR b.outcome = ''), b.outcome, b.reply, b.reason`, table, op, onConflict)
 }
+
+// reclaimFailure is the part of an action row's upsert that claims a
+// business failure again. A failure promises no effect, so it is not
+// final: a later attempt of the step (a higher attempt number than the one
+// that failed) takes the row back (an empty outcome: it runs the action now),
+// while the failed attempt itself and earlier ones, delivered again or
+// late, get the stored failure. A compensation's upsert (its outcome is
+// cancelled) turns the failure into cancelled, which blocks every later
+// attempt of the action as when the compensation came first. The SET
+// expressions read the row as it was.
+const reclaimFailure = `outcome = CASE WHEN ` + reclaimable + ` THEN excluded.outcome ELSE b.outcome END,
+    reason = CASE WHEN ` + reclaimable + ` THEN excluded.reason ELSE b.reason END,
+    reply = CASE WHEN ` + reclaimable + ` THEN '\x'::bytea ELSE b.reply END,
+    attempt = CASE WHEN ` + reclaimable + ` THEN excluded.attempt ELSE b.attempt END`
+
+const reclaimable = `(b.outcome = 'failure' AND (excluded.outcome <> '' OR excluded.attempt > b.attempt))`

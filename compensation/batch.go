@@ -86,10 +86,10 @@ func (p *Participant) handleRound(ctx context.Context, tx pgx.Tx, items []*item)
 	var comp, act claimColumns
 	for _, it := range sorted {
 		if it.call.Operation == millrace.OperationCompensation {
-			comp.add(it.call, "", "")
-			act.add(it.call, millrace.OutcomeCancelled, lateReason)
+			comp.add(it.call, "", "", it.call.Attempt)
+			act.add(it.call, millrace.OutcomeCancelled, lateReason, 0)
 		} else {
-			act.add(it.call, "", "")
+			act.add(it.call, "", "", it.call.Attempt)
 		}
 	}
 	b := &pgx.Batch{}
@@ -200,9 +200,11 @@ func (p *Participant) handleRound(ctx context.Context, tx pgx.Tx, items []*item)
 // claimColumns are the arrays of a many-row claim.
 type claimColumns struct {
 	sagaIDs, steps, sagaTypes, commands, outcomes, reasons []string
+	attempts                                               []int32
 }
 
-func (c *claimColumns) add(call Call, outcome, reason string) {
+func (c *claimColumns) add(call Call, outcome, reason string, attempt int) {
+	c.attempts = append(c.attempts, int32(attempt))
 	c.sagaIDs = append(c.sagaIDs, call.SagaID)
 	c.steps = append(c.steps, call.Step)
 	c.sagaTypes = append(c.sagaTypes, call.SagaType)
@@ -212,7 +214,7 @@ func (c *claimColumns) add(call Call, outcome, reason string) {
 }
 
 func (c *claimColumns) args() []any {
-	return []any{c.sagaIDs, c.steps, c.sagaTypes, c.commands, c.outcomes, c.reasons}
+	return []any{c.sagaIDs, c.steps, c.sagaTypes, c.commands, c.outcomes, c.reasons, c.attempts}
 }
 
 // finishColumns are the arrays of a many-row finish.

@@ -58,8 +58,9 @@ func IdempotencyKey(sagaID, step, operation string) string {
 }
 
 // ErrInvalidCommand is returned for a command message whose saga metadata
-// is missing or malformed, or whose payload does not decode into the
-// command's type. It comes wrapped as millrace.Permanent, naming the message
+// is missing or malformed, whose payload does not decode into the
+// command's type, or whose reply the outbox Writer refuses (its reply
+// topic, say). It comes wrapped as millrace.Permanent, naming the message
 // and the fault, so the inbox's ShouldRetry skips retrying it and a
 // PoisonQueue dead-letters it with the reason.
 var ErrInvalidCommand = errors.New("compensation: invalid command message")

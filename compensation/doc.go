@@ -87,7 +87,8 @@
 // committed. It handles three cases.
 //
 // Duplicate action. The orchestrator times out and sends attempt 2; the
-// action must not run twice and must answer as it did the first time:
+// action must not run twice and must answer as it did the first time (a
+// business failure excepted: see Failures):
 //
 //	orchestrator                 participant
 //	action #1  ───────────────►  claims (S, step, action); runs the action;
@@ -123,21 +124,29 @@
 // transaction to end and then sees what it decided. A compensation locks its
 // own row before the action's, so two attempts of one compensation never
 // deadlock. A compensation delivered twice runs once; a compensation of an
-// action that failed (a business failure, no effect) is empty too.
+// action that failed (a business failure, no effect) is empty too, and
+// cancels the action's row.
 //
 // # Failures
 //
 // Return compensation.Fail(reason) for a business failure. From an action,
 // it rolls back what the action wrote (a savepoint), records the failure
-// in the barrier and replies "failure" with the reason; every later
-// attempt gets the same answer. From a compensation, it also rolls back and
+// and its attempt in the barrier and replies "failure" with the reason. A
+// failure promises no effect, so it is not final: that attempt and earlier
+// ones, delivered again or late, get the stored failure, and a later
+// attempt (the orchestrator retrying the step, or an operator's Retry)
+// claims the row again and runs the action, so a retried step can succeed.
+// A compensation that finds the failure turns the action's row into
+// cancelled, so no attempt runs the action after its compensation (the
+// late-action rule above). From a compensation, it also rolls back and
 // replies "failure", but it is not final: the orchestrator retries the
 // compensation with backoff and parks the saga stuck when its budget is
 // spent; each retry runs the compensation again. Any other error is
 // technical: the whole transaction rolls back (dedup mark, barrier, effects),
 // nothing is replied, and the message is retried by Retry and redelivery.
-// A command that cannot be understood (bad metadata, an unknown command, a
-// payload that does not decode) fails with a millrace.Permanent error
+// A command that cannot be understood or answered (bad metadata, an
+// unknown command, a payload that does not decode, a reply topic the
+// participant's outbox Writer refuses) fails with a millrace.Permanent error
 // wrapping ErrInvalidCommand or ErrUnknownCommand before anything is
 // written, and goes to the poison topic with the reason.
 //
@@ -202,11 +211,16 @@
 //
 // Metrics is a Prometheus collector of actions, compensations, empty
 // compensations, late actions, business failures and duplicates, by
-// participant and command.
+// participant and command, and of poisoned commands by participant. A
+// poisoned command is also logged at error level with its reason
+// (Config.Logger, slog.Default() unless set); "millrace poison list" and
+// the console's poison-topic page show a poison topic, and requeue its
+// messages.
 //
 // # Tables
 //
 // Migration 004_compensation (package migrations) creates
-// compensation_barrier in millrace's schema; the participant also uses the
+// compensation_barrier in millrace's schema, and 006_barrier_attempt adds
+// the attempt that wrote each row's outcome; the participant also uses the
 // outbox (001) and the inbox's processed_event (002).
 package compensation

@@ -21,11 +21,15 @@ func (e *FailureError) Is(target error) bool { return target == ErrFailure }
 
 // Fail returns the business failure reason. An action that returns it (or
 // an error wrapping it) replies millrace.OutcomeFailure with the reason, and
-// nothing it wrote takes effect; the barrier records the failure, so every
-// later attempt of the action gets the same reply. A compensation that
-// returns it also replies failure and has no effect, but it is not final:
-// the orchestrator retries the compensation with backoff (and parks the saga
-// stuck when its budget is spent), and a later attempt runs it again.
+// nothing it wrote takes effect. Since it had no effect it is not final:
+// the barrier records the failure with its attempt, answers that attempt
+// and earlier ones (sent again, or late) with it, and runs the action again
+// for a later attempt (a step the orchestrator retries), unless the
+// compensation came in between (the action is then cancelled for good). A
+// compensation that returns it also replies failure and has no effect, and
+// is not final either: the orchestrator retries the compensation with
+// backoff (and parks the saga stuck when its budget is spent), and a later
+// attempt runs it again.
 //
 // Any other error is technical (the database is down, a bug): the whole
 // transaction rolls back, nothing is replied, and the message is retried.

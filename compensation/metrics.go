@@ -17,11 +17,13 @@ import (
 //	late_actions_total          actions that arrived after their compensation (cancelled, not run)
 //	business_failures_total     business failures returned (label operation)
 //	duplicates_total            repeated commands answered from the barrier (label operation)
+//	poisoned_total              commands AddToRouter sent to the poison topic (label participant only)
 //
 // A count is taken when the handler returns, before its transaction
 // commits: a commit that then fails (and is retried) may count twice.
 type Metrics struct {
 	actions, compensations, empties, lates, failures, duplicates *prometheus.CounterVec
+	poisonedVec                                                  *prometheus.CounterVec
 }
 
 // NewMetrics returns the participants' collector. constLabels (may be nil)
@@ -39,11 +41,16 @@ func NewMetrics(constLabels prometheus.Labels) *Metrics {
 		lates:         vec("late_actions_total", "Saga actions that arrived after their compensation and were cancelled."),
 		failures:      vec("business_failures_total", "Business failures returned by saga actions and compensations.", "operation"),
 		duplicates:    vec("duplicates_total", "Repeated saga commands answered from the barrier.", "operation"),
+		// By participant only: a poisoned command's name may be anything.
+		poisonedVec: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "millrace", Subsystem: "compensation", Name: "poisoned_total", ConstLabels: constLabels,
+			Help: "Saga commands sent to the poison topic (malformed, unknown, unanswerable).",
+		}, []string{"participant"}),
 	}
 }
 
 func (m *Metrics) all() []*prometheus.CounterVec {
-	return []*prometheus.CounterVec{m.actions, m.compensations, m.empties, m.lates, m.failures, m.duplicates}
+	return []*prometheus.CounterVec{m.actions, m.compensations, m.empties, m.lates, m.failures, m.duplicates, m.poisonedVec}
 }
 
 // Describe implements prometheus.Collector.
@@ -93,5 +100,11 @@ func (m *Metrics) failure(participant, command, operation string) {
 func (m *Metrics) duplicate(participant, command, operation string) {
 	if m != nil {
 		m.duplicates.WithLabelValues(participant, command, operation).Inc()
+	}
+}
+
+func (m *Metrics) poisoned(participant string) {
+	if m != nil {
+		m.poisonedVec.WithLabelValues(participant).Inc()
 	}
 }

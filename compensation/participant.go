@@ -3,6 +3,7 @@ package compensation
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -19,6 +20,7 @@ import (
 	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/internal/logging"
+	"github.com/millrace/millrace/internal/poison"
 	"github.com/millrace/millrace/internal/sqlident"
 	"github.com/millrace/millrace/outbox"
 )
@@ -40,8 +42,9 @@ type Config struct {
 	// (counts nothing).
 	Metrics *Metrics
 	// Logger receives business failures, late actions and empty
-	// compensations at debug level. Defaults to errors to slog.Default()
-	// (outbox.DefaultLogger).
+	// compensations at debug level, and the commands AddToRouter poisons
+	// at error level, with the reason. Defaults to errors to
+	// slog.Default() (outbox.DefaultLogger).
 	Logger watermill.LoggerAdapter
 }
 
@@ -194,9 +197,10 @@ func (p *Participant) Handle(msg *message.Message) error {
 // inbox.HandlerFunc, so an inbox.Processor can apply stored commands many
 // per transaction (each under a savepoint) with the same guarantees.
 //
-// A message with bad saga metadata, an unknown command or a payload that
-// does not decode fails with a millrace.Permanent error (ErrInvalidCommand,
-// ErrUnknownCommand) before anything is written. A technical error of the
+// A message with bad saga metadata, an unknown command, a payload that
+// does not decode or a reply topic the Writer refuses
+// (WriterConfig.ValidateTopic) fails with a millrace.Permanent error
+// (ErrInvalidCommand, ErrUnknownCommand) before anything is written. A technical error of the
 // function is returned as is: roll tx back and retry the message. A
 // business failure (Fail) is not an error here: it is replied.
 func (p *Participant) HandleTx(ctx context.Context, tx pgx.Tx, msg *message.Message) (err error) {
@@ -216,7 +220,7 @@ func (p *Participant) HandleTx(ctx context.Context, tx pgx.Tx, msg *message.Mess
 		b.Queue(p.sql.claimCompensation, it.call.SagaID, it.call.Step, it.call.SagaType, it.call.Command)
 		b.Queue(p.sql.claimForCompensation, it.call.SagaID, it.call.Step, it.call.SagaType, it.call.Command, lateReason)
 	} else {
-		b.Queue(p.sql.claimAction, it.call.SagaID, it.call.Step, it.call.SagaType, it.call.Command)
+		b.Queue(p.sql.claimAction, it.call.SagaID, it.call.Step, it.call.SagaType, it.call.Command, it.call.Attempt)
 	}
 	b.Queue(savepoint)
 	var cl claim
@@ -257,7 +261,14 @@ func (p *Participant) HandleTx(ctx context.Context, tx pgx.Tx, msg *message.Mess
 		err = ptx.flush(ctx)
 	}
 	if err != nil {
-		return fmt.Errorf("compensation: %s: reply to %s/%s %s: %w", p.name, it.call.SagaID, it.call.Step, it.call.Operation, err)
+		err = fmt.Errorf("compensation: %s: reply to %s/%s %s: %w", p.name, it.call.SagaID, it.call.Step, it.call.Operation, err)
+		var ee *outbox.EventError
+		if errors.As(err, &ee) {
+			// The Writer refused the reply before sending it: the same
+			// command fails the same way on every retry.
+			err = millrace.Permanent(fmt.Errorf("%w: message %q: %w", ErrInvalidCommand, msg.UUID, err))
+		}
+		return err
 	}
 	return nil
 }
@@ -309,6 +320,11 @@ func (p *Participant) item(msg *message.Message) (*item, error) {
 	cmd, err := c.decode(msg.Payload)
 	if err != nil {
 		return nil, invalid(msg, "payload of command %q: %v", call.Command, err)
+	}
+	// A reply the Writer refuses (a reply topic the transport does not
+	// allow) would fail the same way on every retry.
+	if err := p.writer.Check(outbox.Event{Topic: call.ReplyTopic, PartitionKey: call.SagaID, Payload: emptyReply}); err != nil {
+		return nil, invalid(msg, "metadata %s %q: the outbox refuses it as the reply's topic: %v", millrace.MetadataSagaReplyTopic, call.ReplyTopic, err)
 	}
 	return &item{msg: msg, call: call, c: c, cmd: cmd}, nil
 }
@@ -453,9 +469,13 @@ type RouterConfig struct {
 	// Subscriber reads Topic. Required.
 	Subscriber message.Subscriber
 	// Poison receives the messages that fail permanently (bad metadata, an
-	// unknown command, a payload that does not decode), with the reason in
-	// metadata "reason_poisoned"; other failures are nacked for
-	// redelivery. Required: a bad command must not be lost.
+	// unknown command, a payload that does not decode, a reply topic the
+	// Writer refuses), with the reason in metadata "reason_poisoned" and
+	// the command topic in "topic_poisoned"; each is logged at error level
+	// with the reason (Config.Logger) and counted (Metrics, poisoned_total).
+	// Other failures are nacked for redelivery. Required: a bad command
+	// must not be lost. The millrace command's "poison" commands and the
+	// console list a poison topic on Kafka and requeue its messages.
 	Poison message.Publisher
 	// PoisonTopic is the topic of Poison. Defaults to Topic + ".poison".
 	PoisonTopic string
@@ -500,7 +520,8 @@ func (p *Participant) AddToRouter(r *message.Router, cfg RouterConfig) (*message
 	if cfg.Retry != nil {
 		retry = *cfg.Retry
 	}
-	poison, err := middleware.PoisonQueueWithFilter(cfg.Poison, cfg.PoisonTopic, millrace.IsPermanent)
+	poisonPub := poison.Publisher(cfg.Poison, p.logger, func(*message.Message) { p.metrics.poisoned(p.name) })
+	poison, err := middleware.PoisonQueueWithFilter(poisonPub, cfg.PoisonTopic, millrace.IsPermanent)
 	if err != nil {
 		return nil, fmt.Errorf("%w: compensation: %v", millrace.ErrConfig, err)
 	}

@@ -244,8 +244,24 @@ func property(t *testing.T, batched bool) {
 				fail("uncompensated saga: effect does not match the action's reply")
 			}
 		}
-		for _, r := range actionReplies {
-			if r.Outcome != actionReplies[0].Outcome || r.Payload != actionReplies[0].Payload {
+		// In commit order, every reply repeats the one before, except after
+		// a failure (no effect, not final): any attempt may be cancelled
+		// once the compensation came, and a later attempt may run the
+		// action again, never the failed attempt or an earlier one.
+		failedAttempt := 0
+		for i, r := range actionReplies {
+			if i == 0 {
+				continue
+			}
+			prev := actionReplies[i-1]
+			if prev.Outcome == millrace.OutcomeFailure {
+				a, _ := strconv.Atoi(prev.Attempt)
+				failedAttempt = max(failedAttempt, a)
+			}
+			if r.Outcome == prev.Outcome && r.Payload == prev.Payload {
+				continue
+			}
+			if a, _ := strconv.Atoi(r.Attempt); prev.Outcome != millrace.OutcomeFailure || (r.Outcome != millrace.OutcomeCancelled && a <= failedAttempt) {
 				fail("the action's replies disagree")
 			}
 		}

@@ -189,6 +189,12 @@ func TestBrowser(t *testing.T) {
 		t.Errorf("the browser's retry is not in the saga's history as alice's: %+v", hist)
 	}
 
+	// The poison-topic page is in the navigation; without Kafka brokers it
+	// says it cannot read poison topics.
+	if err := chromedp.Do(ctx, chromedp.Navigate(base+"/"), chromedp.Click(`nav a[href$="/poison"]`), chromedp.WaitVisible(`#no-brokers`)); err != nil {
+		t.Fatalf("the poison-topic page: %v", err)
+	}
+
 	// The screenshot for the docs: the sagas page, stuck, running and
 	// compensated ones.
 	if err := chromedp.Do(ctx, chromedp.Navigate(base+"/sagas"), chromedp.WaitVisible(`#sagas`)); err != nil {

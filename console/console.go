@@ -61,6 +61,13 @@ type Config struct {
 	// that the service's running orchestrator applies on its next timer
 	// pass.
 	Sagas *saga.Orchestrator
+	// KafkaBrokers are the Kafka brokers the poison-topic page reads
+	// poisoned messages from (and requeues them through). Defaults to none:
+	// the page says it cannot read them.
+	KafkaBrokers []string
+	// PoisonTopics are poison topics the poison-topic page links to
+	// (any other can be typed in). Defaults to none.
+	PoisonTopics []string
 	// Logger records every operator action (and failures). Defaults to
 	// slog.Default().
 	Logger *slog.Logger
@@ -218,6 +225,8 @@ func (c *Console) routes() http.Handler {
 	mux.HandleFunc("GET /saga", c.sagaPage)
 	mux.HandleFunc("GET /saga/{action}", c.sagaConfirm)
 	mux.HandleFunc("POST /saga/{action}", c.post(c.sagaAct))
+	mux.HandleFunc("GET /poison", c.poisonPage)
+	mux.HandleFunc("POST /poison/requeue", c.post(c.poisonRequeue))
 	static, _ := fs.Sub(staticFS, "static")
 	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {

@@ -1,6 +1,7 @@
 package console
 
 import (
+	"encoding/json"
 	"fmt"
 	"html/template"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/outbox"
+	"github.com/millrace/millrace/saga"
 )
 
 // navItem is an entry of the navigation bar. A page is one template in
@@ -29,6 +31,7 @@ var nav = []navItem{
 	{Key: "outbox", Label: "Outbox dead letters", Path: "/outbox/dead"},
 	{Key: "inbox", Label: "Inbox dead letters", Path: "/inbox/dead"},
 	{Key: "sagas", Label: "Sagas", Path: "/sagas"},
+	{Key: "poison", Label: "Poison topics", Path: "/poison"},
 }
 
 // view is what every page template gets: the layout's fields and the
@@ -53,6 +56,15 @@ var funcs = template.FuncMap{
 		return human(time.Since(t))
 	},
 	"human": human,
+	// operatorAction is the action of an operator history line.
+	"operatorAction": func(h saga.HistoryEntry) string {
+		var d struct{ Action string }
+		if h.Event != "operator" && h.Event != "operator_request" && h.Event != "operator_refused" || json.Unmarshal(h.Detail, &d) != nil {
+			return ""
+		}
+		return actionLabel(d.Action)
+	},
+	"actionLabel": actionLabel,
 	"stamp": func(t time.Time) string {
 		if t.IsZero() {
 			return "-"
@@ -95,7 +107,7 @@ func (c *Console) parseTemplates() error {
 		return err
 	}
 	c.pages = map[string]*template.Template{}
-	for _, page := range []string{"overview", "outbox_dead", "inbox_dead", "confirm", "error", "sagas", "saga", "saga_confirm"} {
+	for _, page := range []string{"overview", "outbox_dead", "inbox_dead", "confirm", "error", "sagas", "saga", "saga_confirm", "poison"} {
 		t, err := template.Must(base.Clone()).ParseFS(templateFS, "templates/"+page+".html")
 		if err != nil {
 			return err
@@ -146,7 +158,7 @@ func flash(q url.Values) string {
 	if err != nil || n < 0 {
 		return ""
 	}
-	what := map[string]string{"outbox": "outbox dead letter", "inbox": "inbox dead letter"}[q.Get("kind")]
+	what := map[string]string{"outbox": "outbox dead letter", "inbox": "inbox dead letter", "poison": "poisoned message"}[q.Get("kind")]
 	verb := map[string]string{"requeue": "Requeued", "discard": "Discarded"}[q.Get("done")]
 	if what == "" || verb == "" {
 		return ""

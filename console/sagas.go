@@ -102,6 +102,11 @@ type sagaPageData struct {
 	History []saga.HistoryEntry
 	Actions []string
 	Ended   bool
+	// Outcome is, for an ended saga, why it ended so: for a compensated
+	// one the failure that started the compensation. An ended saga's
+	// LastError may still hold a reason an operator has since fixed (it
+	// is in the history, with the fix).
+	Outcome string
 	// Requests: actions are recorded as operator requests.
 	Requests bool
 }
@@ -149,10 +154,61 @@ func (c *Console) sagaPage(w http.ResponseWriter, r *http.Request) {
 	for _, name := range names {
 		d.Steps = append(d.Steps, stepRow{Name: name, State: in.Steps[name], Current: name == in.Step})
 	}
-	if !d.Ended {
-		d.Actions = sagaActionOrder
+	d.Actions = allowedActions(in)
+	if in.Status == saga.StatusCompensated {
+		d.Outcome = in.LastError
+		for _, h := range hist {
+			if h.Event == "compensate" && h.Reason != "" {
+				d.Outcome = h.Reason // the last one: what the saga compensated for
+			}
+		}
 	}
 	c.render(w, r, http.StatusOK, "saga", "Saga "+id, "sagas", d)
+}
+
+// allowedActions are the operator actions the saga's status and phase
+// allow, as the orchestrator checks them: none once it ended; Retry, Skip
+// and Abort going forward; Retry and Mark compensated while compensating.
+// (A check that needs the definition, such as Abort after the pivot, is
+// made when the action is confirmed.)
+func allowedActions(in *saga.Instance) []string {
+	switch {
+	case in.Status == saga.StatusCompleted || in.Status == saga.StatusCompensated:
+		return nil
+	case in.Phase == saga.PhaseCompensating:
+		return []string{"retry", "mark-compensated"}
+	}
+	return []string{"retry", "skip", "abort"}
+}
+
+// actionLabel is an action's name as the console's buttons say it.
+func actionLabel(action string) string {
+	return map[string]string{"retry": "Retry", "skip": "Skip", "mark-compensated": "Mark compensated", "abort": "Abort"}[action]
+}
+
+// refusal words why the saga's state refuses action, in the console's
+// terms (its buttons and states), not the library's.
+func refusal(action string, in *saga.Instance, err error) string {
+	if in != nil {
+		switch {
+		case in.Status == saga.StatusCompleted || in.Status == saga.StatusCompensated:
+			return fmt.Sprintf("the saga has ended (%s): there is nothing left to %s.", in.Status, strings.ToLower(actionLabel(action)))
+		case action == "skip" && in.Phase == saga.PhaseCompensating:
+			return "Skip moves a saga forward past its current step, and this saga is compensating. Use Mark compensated if the step's effect was undone by hand, or Retry to send its compensation again."
+		case action == "mark-compensated" && in.Phase != saga.PhaseCompensating:
+			return "Mark compensated is for a saga that is compensating, and this one is going forward. Use Skip if the step was done by hand, or Abort to compensate."
+		case action == "abort" && in.Phase == saga.PhaseCompensating:
+			return "the saga is compensating already. Use Retry to send the current step's compensation again, or Mark compensated if it was undone by hand."
+		}
+	}
+	// A refusal that needs the definition (the pivot, a parallel group):
+	// the library's reason, with its method names in the console's words.
+	why := err.Error()
+	if i := strings.LastIndex(why, saga.ErrActionNotAllowed.Error()+": "); i >= 0 {
+		why = why[i+len(saga.ErrActionNotAllowed.Error())+2:]
+	}
+	return strings.NewReplacer("MarkCompensated", "Mark compensated",
+		"Actor.Operator and Actor.Reason are required", "an operator and a reason are required").Replace(why) + "."
 }
 
 func indent(raw []byte) string {
@@ -253,12 +309,16 @@ func (c *Console) sagaAct(w http.ResponseWriter, r *http.Request) (string, bool)
 		return "", false
 	case errors.Is(err, saga.ErrNotRegistered):
 		c.log.Warn("console: saga action refused", append(attrs, "err", err)...)
-		c.fail(w, r, http.StatusConflict, "Refused, nothing was changed: "+err.Error()+
-			". This console's orchestrator does not have the saga's definition: mount the console in the service that registers it (Config.Sagas).")
+		msg := "this console does not have the saga's definition, so it cannot run the saga's next step. Serve the console from the service that registers the saga's type and version."
+		if cur, gerr := c.sagas.Get(ctx, d.ID); gerr == nil {
+			msg = fmt.Sprintf("this console does not have the definition of %s v%d, so it cannot run the saga's next step. Serve the console from the service that registers it.", cur.Type, cur.Version)
+		}
+		c.fail(w, r, http.StatusConflict, "Refused, nothing was changed: "+msg)
 		return "", false
 	case errors.Is(err, saga.ErrActionNotAllowed):
 		c.log.Warn("console: saga action refused", append(attrs, "err", err)...)
-		c.fail(w, r, http.StatusConflict, "Refused, nothing was changed: "+err.Error()+".")
+		cur, _ := c.sagas.Get(ctx, d.ID)
+		c.fail(w, r, http.StatusConflict, "Refused, nothing was changed: "+refusal(d.Action, cur, err))
 		return "", false
 	case err != nil:
 		c.log.Error("console: saga action failed", append(attrs, "err", err)...)

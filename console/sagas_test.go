@@ -72,7 +72,13 @@ func TestSagaPages(t *testing.T) {
 	contains(t, "saga page", r.body, `<span class="status stuck" id="saga-status">stuck</span>`,
 		`<td class="mono" id="saga-step">reserve</td>`, `stock service says: no such reservation`,
 		`&#34;reserved&#34;: true`, `data-event="started"`, `data-event="stuck"`,
-		`href="/saga/retry?id=refund-1"`, `href="/saga/abort?id=refund-1"`)
+		`href="/saga/retry?id=refund-1"`, `href="/saga/mark-compensated?id=refund-1"`, `>Mark compensated</a>`)
+	// Stuck while compensating: only what that state allows is offered.
+	for _, forbidden := range []string{`id="action-skip"`, `id="action-abort"`} {
+		if strings.Contains(r.body, forbidden) {
+			t.Errorf("saga page of a saga stuck compensating offers %s", forbidden)
+		}
+	}
 	if r := b.get("/saga?id=nope"); r.status != http.StatusNotFound {
 		t.Errorf("unknown saga: %d", r.status)
 	}
@@ -104,8 +110,8 @@ func TestSagaActions(t *testing.T) {
 	}
 	r = b.post("/saga/skip", url.Values{"id": {"refund-1"}, "csrf_token": {token}, "reason": {"x"}})
 	if r.status != http.StatusConflict || !strings.Contains(r.body, "Refused, nothing was changed") ||
-		!strings.Contains(r.body, "the saga is compensating (use MarkCompensated)") {
-		t.Errorf("skip of a compensating saga: %d\n%s", r.status, r.body)
+		!strings.Contains(r.body, "this saga is compensating. Use Mark compensated") || strings.Contains(r.body, "MarkCompensated") {
+		t.Errorf("skip of a compensating saga: %d, want a refusal in the console's words\n%s", r.status, r.body)
 	}
 	r = b.post("/saga/retry", url.Values{"id": {"nope"}, "csrf_token": {token}, "reason": {"x"}})
 	if r.status != http.StatusNotFound {
@@ -164,8 +170,8 @@ func TestSagaActionsWithoutDefinitions(t *testing.T) {
 
 	// Refused by the saga's state before anything is recorded.
 	r := b.post("/saga/skip", url.Values{"id": {"refund-1"}, "csrf_token": {token}, "reason": {"x"}})
-	if r.status != http.StatusConflict || !strings.Contains(r.body, "the saga is compensating (use MarkCompensated)") {
-		t.Errorf("skip of a compensating saga: %d\n%s", r.status, r.body)
+	if r.status != http.StatusConflict || !strings.Contains(r.body, "this saga is compensating. Use Mark compensated") || strings.Contains(r.body, "MarkCompensated") {
+		t.Errorf("skip of a compensating saga: %d, want a refusal in the console's words\n%s", r.status, r.body)
 	}
 	if in := s.Get(t, "refund-1"); in.Revision != rev || in.Request != nil {
 		t.Error("a refused request changed the saga")
@@ -278,4 +284,30 @@ func TestSagaWithdrawRequest(t *testing.T) {
 		t.Errorf("no operator_withdrawn entry in %+v", hist)
 	}
 	contains(t, "log", b.logs.String(), "console: saga request withdrawn", "operator=alice", "requested_by=alice")
+}
+
+// A saga an operator fixed by hand (stuck compensating, then marked
+// compensated) shows why it was compensated, not the stuck reason in red;
+// the stuck reason and the fix are in the history.
+func TestSagaFixedByOperatorShowsItsOutcome(t *testing.T) {
+	t.Parallel()
+	b, s := setupSagas(t, console.Config{})
+	stuck := s.StuckRefund(t, "refund-1")
+	in, err := s.O.MarkCompensated(context.Background(), "refund-1", saga.Actor{Operator: "alice", Reason: "released by hand"})
+	if err != nil || in.Status != saga.StatusCompensated {
+		t.Fatalf("MarkCompensated: %v, %+v", err, in)
+	}
+	r := b.get("/saga?id=refund-1")
+	if strings.Contains(r.body, `id="saga-error"`) {
+		t.Errorf("a compensated saga shows a last error:\n%s", r.body)
+	}
+	why := regexpFind(t, r.body, `<td id="saga-outcome">([^<]*)</td>`)
+	if !strings.Contains(why, "charge") || strings.Contains(why, "no such reservation") {
+		t.Errorf("compensated because %q, want the failure of step charge (not the stuck compensation: %q)", why, stuck.LastError)
+	}
+	contains(t, "history", r.body, `data-event="stuck"`, `stock service says: no such reservation`,
+		`<b class="operator-action">Mark compensated</b>`, "released by hand")
+	if strings.Contains(r.body, `id="saga-actions"`) {
+		t.Error("an ended saga offers actions")
+	}
 }

@@ -133,6 +133,17 @@ func (w *Writer) Write(ctx context.Context, events ...Event) ([]string, error) {
 	return ids, err
 }
 
+// Check returns the error WriteTx would give e, without writing anything:
+// nil, or an *EventError (see WriteTx) when e fails validation, a topic
+// WriterConfig.ValidateTopic refuses, say. A caller that builds an event
+// from input it did not choose (a reply topic named by a message) can tell
+// a permanent fault of the input from a technical failure before it does
+// any work.
+func (w *Writer) Check(e Event) error {
+	_, err := e.normalize(0, w.validateTopic)
+	return err
+}
+
 // WriteTx writes events in the caller's transaction, in one round trip, and
 // returns their ids. The events become visible to relays when tx commits,
 // and vanish if it rolls back.

@@ -122,7 +122,7 @@
 //
 // What does not hold: a participant sees a command at least once, and a
 // timed-out action may run after all (the barrier of package compensation
-// makes both safe: repeated attempts answer the first outcome, a late
+// makes both safe: repeated attempts answer the first success, a late
 // action after its compensation is cancelled). Local steps run at least
 // once per try, in the orchestrator's transaction; their external side
 // effects (an HTTP call) are not rolled back with it. Timers fire when Run
@@ -140,25 +140,37 @@
 // behind other replies. A compensation that times out backs off likewise
 // (CompensationRetry).
 //
-// Meanwhile, and after the next attempt went out, the reply to an earlier
-// attempt is not fenced: it is the step's answer. This is sound because a
-// participant's barrier (package compensation) keys its row by saga id,
-// step and operation, never by attempt: the first attempt to reach it runs
-// the action and stores its outcome, and every attempt, earlier or later,
-// is answered with that outcome (success with the same reply, failure or
-// cancelled). So the late reply of attempt 1 says what attempt 2's reply
-// will say, and waiting for attempt 2 would only add a timeout. Once a
-// reply is applied the step stops waiting and the other attempts' replies
-// are fenced. For a compensation the same holds for success (it committed,
-// and every later attempt answers success); a failed compensation is not
-// final (each retry runs it again), so an earlier attempt's failure is
-// fenced while a later attempt is awaited. Replies for another step or
-// operation, for a step that no longer waits, and for an attempt higher
-// than any sent (impossible from a real participant) stay fenced.
+// Meanwhile, and after the next attempt went out, a success or
+// cancellation replied to an earlier attempt is not fenced: it is the
+// step's answer. This is sound because a participant's barrier (package
+// compensation) keys its row by saga id, step and operation, never by
+// attempt: the first attempt to reach it that takes effect stores its
+// reply, and every attempt, earlier or later, is answered with it; a
+// compensation that came first cancels the action for every attempt. So
+// the late success of attempt 1 says what attempt 2's reply will say, and
+// waiting for attempt 2 would only add a timeout. Once a reply is applied
+// the step stops waiting and the other attempts' replies are fenced.
+//
+// A failure is different: it promises no effect, so it is not final. The
+// barrier answers the failed attempt and earlier ones (sent again, or
+// late) with the stored failure, but a later attempt runs the action
+// again: a step that retries failures (a retriable step, or a
+// RetryPolicy.Retryable that says so) gets a fresh try each time, and an
+// operator's Retry of a step stuck on failures runs the action too. So an
+// earlier attempt's failure is fenced while a later attempt is awaited
+// (that attempt may still take effect); only the latest attempt's failure
+// fails the step. For a compensation likewise: its success is final (it
+// committed, and every later attempt answers success), its failure is not
+// (each retry runs it again), so an earlier attempt's failure is fenced
+// while a later attempt is awaited. Replies for another step or operation,
+// for a step that no longer waits, and for an attempt higher than any sent
+// (impossible from a real participant) stay fenced.
 //
 // A participant written without package compensation must keep the same
-// contract: answer every attempt of one step's operation the same, from
-// the first outcome it committed, and never run the action twice.
+// contract: answer every attempt of one step's operation the same from the
+// first success it committed (or the cancellation by the compensation),
+// never run the action twice to effect, and answer a failed attempt and the
+// earlier ones with that failure.
 //
 // # Versions
 //

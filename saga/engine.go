@@ -536,12 +536,15 @@ func (m *machine) onReply(r reply) error {
 
 // awaits reports whether step s (of the saga's current step or group)
 // waits for reply r. A participant's barrier answers every attempt of one
-// step's operation alike (see "Retries and late replies" in the package
-// documentation), so besides the latest attempt's reply it takes
+// step's operation alike once it took effect or was cancelled (see
+// "Retries and late replies" in the package documentation), so besides the
+// latest attempt's reply it takes
 //
-//   - for the action: the reply of an earlier attempt that timed out
-//     unanswered (AwaitFrom to Attempt), while the step runs or backs off
-//     after that timeout;
+//   - for the action: the success or cancellation of an earlier attempt
+//     that timed out unanswered (AwaitFrom to Attempt), while the step runs
+//     or backs off after that timeout (a failure is not final at the
+//     barrier, as a later attempt runs the action again, so an earlier
+//     attempt's failure says nothing of the current one);
 //   - for the compensation: a success of any attempt sent, while the step
 //     compensates or backs off (a compensation's success is final at the
 //     barrier; its failure is not, as each retry runs it again, so an
@@ -556,11 +559,12 @@ func awaits(s *stepDef, st *StepState, r reply) bool {
 		if !s.remote || r.attempt > st.Attempt {
 			return false
 		}
+		earlier := st.AwaitFrom > 0 && r.attempt >= st.AwaitFrom && (r.attempt == st.Attempt || r.outcome != millrace.OutcomeFailure)
 		switch st.Status {
 		case StepRunning:
-			return r.attempt == st.Attempt || (st.AwaitFrom > 0 && r.attempt >= st.AwaitFrom)
+			return r.attempt == st.Attempt || earlier
 		case StepBackoff:
-			return st.AwaitFrom > 0 && r.attempt >= st.AwaitFrom
+			return earlier
 		}
 	case millrace.OperationCompensation:
 		if s.comp == nil || r.attempt > st.CompensationAttempt {

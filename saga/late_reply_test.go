@@ -95,26 +95,32 @@ func TestLateReplyDuringBackoffSendsNoMoreAttempts(t *testing.T) {
 	}
 }
 
-// A late failure of an earlier attempt is the step's answer too (the
-// barrier stores an action's failure and answers every attempt with it):
-// the saga compensates.
-func TestLateFailureOfEarlierAttemptFailsStep(t *testing.T) {
+// A failure is not final at the barrier (a later attempt runs the action
+// again), so the late failure of attempt 1 while attempt 2 is out is
+// fenced: attempt 2 may still take effect, and the step must not fail (and
+// leave that effect uncompensated) on attempt 1's word. Attempt 2's own
+// failure is the step's answer.
+func TestLateFailureOfEarlierAttemptIsFenced(t *testing.T) {
 	t.Parallel()
 	d, def := orderDriver(t, nil)
-	id := "late-3"
+	id := "late-failure-1"
 	stock1 := stockRunning(t, d, def, id)
-	d.tick(time.Second)
-	d.tick(time.Second)
-	if c := d.last(id); c.Attempt != 2 {
-		t.Fatalf("%+v", c)
+	d.tick(time.Second) // attempt 1 times out: backoff
+	d.tick(time.Second) // attempt 2
+	stock2 := d.last(id)
+	if stock2.Step != "stock" || stock2.Attempt != 2 {
+		t.Fatalf("after the timeout and the backoff: %+v", stock2)
 	}
-	d.reply(id, stock1, millrace.OutcomeFailure)
-	in := d.get(id)
-	if in.Status != saga.StatusCompensating || in.Steps["stock"].Status != saga.StepFailed {
-		t.Fatalf("saga %s, stock %+v", in.Status, in.Steps["stock"])
+	d.deliver(replyMsg(id, stock1, millrace.OutcomeFailure, "out of stock", `{}`))
+	if in := d.get(id); in.Status != saga.StatusRunning || in.Steps["stock"].Status != saga.StepRunning {
+		t.Fatalf("attempt 1's late failure was applied: saga %s, stock %+v", in.Status, in.Steps["stock"])
 	}
-	if c := d.last(id); c.Step != "credit" || c.Op != "compensation" {
-		t.Fatalf("then %+v", c)
+	if n := fencedCount(t, d.o, id); n != 1 {
+		t.Fatalf("%d fenced replies, want 1", n)
+	}
+	d.deliver(replyMsg(id, stock2, millrace.OutcomeFailure, "out of stock", `{}`))
+	if in := d.get(id); in.Status == saga.StatusRunning || in.Steps["stock"].Status == saga.StepRunning {
+		t.Fatalf("attempt 2's failure was not applied: saga %s, stock %+v", in.Status, in.Steps["stock"])
 	}
 }
 

@@ -4,11 +4,13 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/inbox"
+	poisonlog "github.com/millrace/millrace/internal/poison"
 )
 
 // RouterConfig says how AddToRouter wires the orchestrator into a Router.
@@ -51,13 +53,20 @@ func (o *Orchestrator) AddToRouter(r *message.Router, cfg RouterConfig) ([]*mess
 	if cfg.Retry != nil {
 		retry = *cfg.Retry
 	}
+	// Each poisoned reply is logged at error level with its reason: to
+	// Config.Logger, or slog.Default() when it is unset.
+	poisonLogger := o.logger
+	if _, nop := poisonLogger.(watermill.NopLogger); nop {
+		poisonLogger = nil
+	}
+	poisonPub := poisonlog.Publisher(cfg.Poison, poisonLogger, nil)
 	var hs []*message.Handler
 	for _, topic := range topics {
 		poisonTopic := cfg.PoisonTopic
 		if poisonTopic == "" {
 			poisonTopic = topic + ".poison"
 		}
-		poison, err := middleware.PoisonQueueWithFilter(cfg.Poison, poisonTopic, millrace.IsPermanent)
+		poison, err := middleware.PoisonQueueWithFilter(poisonPub, poisonTopic, millrace.IsPermanent)
 		if err != nil {
 			return nil, fmt.Errorf("%w: saga: %v", millrace.ErrConfig, err)
 		}

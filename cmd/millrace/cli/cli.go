@@ -23,6 +23,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
@@ -98,6 +100,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	root.SetErr(stderr)
 	err := root.ExecuteContext(ctx)
 	if a.pool != nil {
+		err = a.explainMissingTables(ctx, err)
 		a.pool.Close()
 	}
 	if err == nil {
@@ -128,7 +131,7 @@ func (a *app) rootCmd() *cobra.Command {
 	pf.StringVar(&a.databaseURL, "database-url", "", "PostgreSQL connection URL (default $DATABASE_URL)")
 	pf.StringVar(&a.schema, "schema", "millrace", "schema that holds millrace's tables")
 	pf.BoolVar(&a.json, "json", false, "print JSON instead of a table")
-	root.AddCommand(a.migrateCmd(), a.outboxCmd(), a.inboxCmd(), a.sagaCmd(), a.consoleCmd(), loggingTopic())
+	root.AddCommand(a.migrateCmd(), a.outboxCmd(), a.inboxCmd(), a.sagaCmd(), a.poisonCmd(), a.consoleCmd(), loggingTopic())
 	return root
 }
 
@@ -250,3 +253,47 @@ func age(d time.Duration) string {
 		return fmt.Sprintf("%dd%dh", days, int((d%(24*time.Hour))/time.Hour))
 	}
 }
+
+// millraceTables are tables whose presence marks a schema as millrace's.
+var millraceTables = []string{"schema_migration", "outbox_event", "inbox_event", "compensation_barrier", "saga_instance"}
+
+// explainMissingTables turns err, when it is PostgreSQL's "relation does
+// not exist", into one that says which schema the command looked in and
+// which schemas hold millrace tables.
+func (a *app) explainMissingTables(ctx context.Context, err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "42P01" { // undefined_table
+		return err
+	}
+	const most = 10
+	rows, qerr := a.pool.Query(ctx, `SELECT DISTINCT table_schema FROM information_schema.tables
+ WHERE table_name = ANY($1) ORDER BY table_schema`, millraceTables)
+	if qerr != nil {
+		return err
+	}
+	schemas, qerr := pgx.CollectRows(rows, pgx.RowTo[string])
+	if qerr != nil {
+		return err
+	}
+	where := "no schema holds them"
+	if len(schemas) > 0 {
+		shown := schemas[:min(len(schemas), most)]
+		where = "the schemas that hold them: " + strings.Join(shown, ", ")
+		if len(schemas) > most {
+			where += fmt.Sprintf(" and %d more", len(schemas)-most)
+		}
+		where += "; pass --schema"
+	} else {
+		where += `; run "millrace migrate up" to create them`
+	}
+	return wrapped{msg: fmt.Sprintf("schema %q has no millrace tables (%s): %s", a.schema, pgErr.Message, where), err: err}
+}
+
+// wrapped is err with a message of its own.
+type wrapped struct {
+	msg string
+	err error
+}
+
+func (w wrapped) Error() string { return w.msg }
+func (w wrapped) Unwrap() error { return w.err }

@@ -19,7 +19,8 @@ func (a *app) consoleCmd() *cobra.Command {
 	var (
 		listen, prefix, operatorHeader string
 		readOnly                       bool
-		consumers                      []string
+		consumers, poisonTopics        []string
+		brokers                        string
 	)
 	cmd := &cobra.Command{
 		Use:   "console",
@@ -36,8 +37,12 @@ func (a *app) consoleCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if brokers == "" {
+				brokers = a.getenv("KAFKA_BROKERS")
+			}
 			cfg := console.Config{
 				Schema: a.schema, Prefix: prefix, ReadOnly: readOnly, InboxConsumers: consumers,
+				KafkaBrokers: splitList(brokers), PoisonTopics: poisonTopics,
 				Logger: slog.New(slog.NewTextHandler(a.stderr, nil)),
 			}
 			if operatorHeader != "" {
@@ -94,6 +99,8 @@ func (a *app) consoleCmd() *cobra.Command {
 	f.BoolVar(&readOnly, "read-only", false, "show everything, change nothing (no action buttons; POSTs refused)")
 	f.StringVar(&operatorHeader, "operator-header", "", "request header naming the operator, set by your proxy (default X-Forwarded-User)")
 	f.StringSliceVar(&consumers, "consumers", nil, "inbox consumers to show (default: those with dead letters)")
+	f.StringVar(&brokers, "brokers", "", "Kafka broker addresses, comma-separated, for the poison-topic page (default $KAFKA_BROKERS)")
+	f.StringSliceVar(&poisonTopics, "poison-topics", nil, "poison topics the poison-topic page links to")
 	return cmd
 }
 

@@ -1,0 +1,273 @@
+// Package poison reads and requeues a poison topic (the dead letters a
+// Watermill PoisonQueue writes to Kafka), for the millrace command and the
+// console, and wraps a poison publisher so that every poisoned message is
+// logged and counted.
+package poison
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/millrace/millrace/kafka"
+)
+
+// Message is one poisoned message, as read back from its poison topic.
+type Message struct {
+	Partition int32     `json:"partition"`
+	Offset    int64     `json:"offset"`
+	Time      time.Time `json:"time"`
+	// UUID is the Watermill message's UUID.
+	UUID string `json:"uuid"`
+	// Reason is why it was poisoned (metadata "reason_poisoned").
+	Reason string `json:"reason"`
+	// Topic is the topic it was consumed from (metadata "topic_poisoned"),
+	// where Requeue sends it back.
+	Topic string `json:"topic"`
+	// Handler is the Router handler that poisoned it.
+	Handler string `json:"handler,omitempty"`
+	// Metadata holds its original metadata, without the poison keys.
+	Metadata map[string]string `json:"metadata"`
+	Payload  string            `json:"payload"`
+	msg      *message.Message
+}
+
+// poisonKeys are the metadata keys PoisonQueue adds.
+var poisonKeys = []string{middleware.ReasonForPoisonedKey, middleware.PoisonedTopicKey,
+	middleware.PoisonedHandlerKey, middleware.PoisonedSubscriberKey}
+
+// Read returns the number of messages on topic and up to limit of them,
+// newest first (limit <= 0: all). It reads every partition from its start
+// to its end at the time of the call and does not join a consumer group.
+func Read(ctx context.Context, brokers []string, topic string, limit int) (total int, msgs []Message, err error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DialTimeout(10*time.Second))
+	if err != nil {
+		return 0, nil, fmt.Errorf("poison: kafka client: %w", err)
+	}
+	defer cl.Close()
+	start, end, err := offsets(ctx, cl, topic)
+	if err != nil {
+		return 0, nil, err
+	}
+	parts := map[int32]kgo.Offset{}
+	for p, e := range end {
+		total += int(e - start[p])
+		if e > start[p] {
+			parts[p] = kgo.NewOffset().At(start[p])
+		}
+	}
+	if total == 0 {
+		return 0, nil, nil
+	}
+	cl.AddConsumePartitions(map[string]map[int32]kgo.Offset{topic: parts})
+	unmarshal := kafka.DefaultMarshaler()
+	pos := map[int32]int64{}
+	for p := range parts {
+		pos[p] = start[p]
+	}
+	done := func() bool {
+		for p, o := range pos {
+			if o < end[p] {
+				return false
+			}
+		}
+		return true
+	}
+	for !done() {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return 0, nil, err
+		}
+		var ferr error
+		fs.EachError(func(_ string, _ int32, err error) { ferr = errors.Join(ferr, err) })
+		if ferr != nil {
+			return 0, nil, fmt.Errorf("poison: read %s: %w", topic, ferr)
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			if r.Offset >= end[r.Partition] {
+				return
+			}
+			pos[r.Partition] = r.Offset + 1
+			m, err := decode(unmarshal, r)
+			if err != nil {
+				m = Message{Reason: "(not a Watermill message: " + err.Error() + ")", Payload: string(r.Value)}
+			}
+			m.Partition, m.Offset, m.Time = r.Partition, r.Offset, r.Timestamp
+			msgs = append(msgs, m)
+		})
+	}
+	slices.SortFunc(msgs, func(a, b Message) int {
+		if c := b.Time.Compare(a.Time); c != 0 {
+			return c
+		}
+		return int(b.Offset - a.Offset)
+	})
+	if limit > 0 && len(msgs) > limit {
+		msgs = msgs[:limit]
+	}
+	return total, msgs, nil
+}
+
+func decode(u wkafka.Unmarshaler, r *kgo.Record) (Message, error) {
+	cm := &sarama.ConsumerMessage{Key: r.Key, Value: r.Value, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Timestamp: r.Timestamp}
+	for _, h := range r.Headers {
+		cm.Headers = append(cm.Headers, &sarama.RecordHeader{Key: []byte(h.Key), Value: h.Value})
+	}
+	wm, err := u.Unmarshal(cm)
+	if err != nil {
+		return Message{}, err
+	}
+	m := Message{UUID: wm.UUID, Reason: wm.Metadata.Get(middleware.ReasonForPoisonedKey),
+		Topic: wm.Metadata.Get(middleware.PoisonedTopicKey), Handler: wm.Metadata.Get(middleware.PoisonedHandlerKey),
+		Metadata: map[string]string{}, Payload: string(wm.Payload), msg: wm}
+	for k, v := range wm.Metadata {
+		if !slices.Contains(poisonKeys, k) {
+			m.Metadata[k] = v
+		}
+	}
+	return m, nil
+}
+
+// offsets returns the start and end offset of each partition of topic.
+func offsets(ctx context.Context, cl *kgo.Client, topic string) (start, end map[int32]int64, err error) {
+	mreq := kmsg.NewPtrMetadataRequest()
+	t := kmsg.NewMetadataRequestTopic()
+	t.Topic = kmsg.StringPtr(topic)
+	mreq.Topics = append(mreq.Topics, t)
+	mresp, err := mreq.RequestWith(ctx, cl)
+	if err != nil {
+		return nil, nil, fmt.Errorf("poison: kafka metadata: %w", err)
+	}
+	if len(mresp.Topics) != 1 {
+		return nil, nil, fmt.Errorf("poison: kafka metadata: %d topics for %q", len(mresp.Topics), topic)
+	}
+	if code := mresp.Topics[0].ErrorCode; code != 0 {
+		return nil, nil, fmt.Errorf("poison: topic %q: %w", topic, kerr.ErrorForCode(code))
+	}
+	start, end = map[int32]int64{}, map[int32]int64{}
+	for _, ts := range []int64{-2, -1} { // earliest, latest
+		req := kmsg.NewPtrListOffsetsRequest()
+		rt := kmsg.NewListOffsetsRequestTopic()
+		rt.Topic = topic
+		for _, p := range mresp.Topics[0].Partitions {
+			rp := kmsg.NewListOffsetsRequestTopicPartition()
+			rp.Partition, rp.Timestamp = p.Partition, ts
+			rt.Partitions = append(rt.Partitions, rp)
+		}
+		req.Topics = append(req.Topics, rt)
+		resp, err := req.RequestWith(ctx, cl)
+		if err != nil {
+			return nil, nil, fmt.Errorf("poison: list offsets of %q: %w", topic, err)
+		}
+		for _, rt := range resp.Topics {
+			for _, p := range rt.Partitions {
+				if p.ErrorCode != 0 {
+					return nil, nil, fmt.Errorf("poison: offsets of %q partition %d: %w", topic, p.Partition, kerr.ErrorForCode(p.ErrorCode))
+				}
+				if ts == -2 {
+					start[p.Partition] = p.Offset
+				} else {
+					end[p.Partition] = p.Offset
+				}
+			}
+		}
+	}
+	return start, end, nil
+}
+
+// Requeue publishes the messages of topic whose UUID is in ids (all of
+// them when ids is empty) back to the topic they were poisoned from, with
+// their payload and original metadata, and returns how many it sent. The
+// poison topic keeps them (Kafka deletes nothing): requeue a message once.
+func Requeue(ctx context.Context, brokers []string, topic string, ids []string) (int, error) {
+	_, msgs, err := Read(ctx, brokers, topic, 0)
+	if err != nil {
+		return 0, err
+	}
+	byTopic := map[string][]*message.Message{}
+	var order []string
+	found := map[string]bool{}
+	for i := len(msgs) - 1; i >= 0; i-- { // oldest first, as they came
+		m := msgs[i]
+		if len(ids) > 0 && !slices.Contains(ids, m.UUID) {
+			continue
+		}
+		if m.msg == nil || m.Topic == "" {
+			return 0, fmt.Errorf("poison: message at partition %d offset %d of %s does not say its original topic", m.Partition, m.Offset, topic)
+		}
+		found[m.UUID] = true
+		out := message.NewMessage(m.UUID, m.msg.Payload)
+		for k, v := range m.Metadata {
+			out.Metadata.Set(k, v)
+		}
+		if byTopic[m.Topic] == nil {
+			order = append(order, m.Topic)
+		}
+		byTopic[m.Topic] = append(byTopic[m.Topic], out)
+	}
+	for _, id := range ids {
+		if !found[id] {
+			return 0, fmt.Errorf("poison: no message %s on %s", id, topic)
+		}
+	}
+	if len(order) == 0 {
+		return 0, nil
+	}
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers}, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer pub.Close()
+	n := 0
+	for _, t := range order {
+		if err := pub.Publish(t, byTopic[t]...); err != nil {
+			return n, fmt.Errorf("poison: requeue to %s: %w", t, err)
+		}
+		n += len(byTopic[t])
+	}
+	return n, nil
+}
+
+// Publisher wraps a poison publisher: each message published through it
+// is logged at error level with its reason and counted by count (may be
+// nil), once its publish succeeded. A nil logger logs to slog.Default().
+func Publisher(pub message.Publisher, logger watermill.LoggerAdapter, count func(msg *message.Message)) message.Publisher {
+	if logger == nil {
+		logger = watermill.NewSlogLogger(slog.Default())
+	}
+	return &publisher{Publisher: pub, log: logger, count: count}
+}
+
+type publisher struct {
+	message.Publisher
+	log   watermill.LoggerAdapter
+	count func(msg *message.Message)
+}
+
+func (p *publisher) Publish(topic string, msgs ...*message.Message) error {
+	if err := p.Publisher.Publish(topic, msgs...); err != nil {
+		return err
+	}
+	for _, m := range msgs {
+		reason := m.Metadata.Get(middleware.ReasonForPoisonedKey)
+		p.log.Error("Message poisoned", errors.New(reason), watermill.LogFields{"event_id": m.UUID, "poison_topic": topic,
+			"topic": m.Metadata.Get(middleware.PoisonedTopicKey), "handler": m.Metadata.Get(middleware.PoisonedHandlerKey),
+			"reason": reason})
+		if p.count != nil {
+			p.count(m)
+		}
+	}
+	return nil
+}

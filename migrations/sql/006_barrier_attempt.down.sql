@@ -1,0 +1,1 @@
+ALTER TABLE compensation_barrier DROP COLUMN IF EXISTS attempt;
