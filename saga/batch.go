@@ -2,7 +2,6 @@ package saga
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"sync"
 	"time"
@@ -350,7 +349,7 @@ func (o *Orchestrator) saveMany(ctx context.Context, tx pgx.Tx, ms []*machine, e
 		in := m.in
 		in.NextWakeupAt = m.nextWakeup()
 		in.UpdatedAt = m.now
-		st, err := json.Marshal(in.Steps)
+		st, err := encodeSteps(in.Steps)
 		if err != nil {
 			return fmt.Errorf("saga %s: encode step state: %w", in.ID, err)
 		}

@@ -100,6 +100,11 @@ func (m *machine) runLocal(fn func(context.Context, pgx.Tx, []byte) ([]byte, err
 		return nil, technicalError{fmt.Errorf("saga %s: savepoint: %w", m.in.ID, err)}
 	}
 	data, ferr := fn(m.ctx, sp, m.in.Data)
+	if ferr == nil {
+		if serr := checkStorable(data); serr != nil {
+			ferr = millrace.Permanent(serr)
+		}
+	}
 	if ferr != nil {
 		if rerr := sp.Rollback(m.ctx); rerr != nil {
 			return nil, technicalError{fmt.Errorf("saga %s: rollback to savepoint after %v: %w", m.in.ID, ferr, rerr)}
@@ -515,6 +520,9 @@ func (m *machine) onReply(r reply) error {
 	}
 	if s.onSuccess != nil {
 		data, err := s.onSuccess(m.in.Data, r.payload)
+		if err == nil {
+			err = checkStorable(data)
+		}
 		if err != nil {
 			// The action took effect, but its reply cannot be applied:
 			// nothing automatic is right, so an operator decides.
@@ -680,7 +688,7 @@ func (m *machine) save() error {
 	}
 	m.in.NextWakeupAt = m.nextWakeup()
 	m.in.UpdatedAt = m.now
-	steps, err := json.Marshal(m.in.Steps)
+	steps, err := encodeSteps(m.in.Steps)
 	if err != nil {
 		return fmt.Errorf("saga %s: encode step state: %w", m.in.ID, err)
 	}

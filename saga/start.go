@@ -76,6 +76,9 @@ func StartTx[D any](ctx context.Context, tx pgx.Tx, o *Orchestrator, def *Defini
 		return nil, fmt.Errorf("%w %q: %v", ErrInvalidID, id, err)
 	}
 	raw, err := json.Marshal(data)
+	if err == nil {
+		err = checkStorable(raw)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("saga %s: encode data: %w", id, err)
 	}
@@ -97,7 +100,7 @@ func StartTx[D any](ctx context.Context, tx pgx.Tx, o *Orchestrator, def *Defini
 			return nil, err
 		}
 		in.NextWakeupAt = m.nextWakeup()
-		steps, err := json.Marshal(in.Steps)
+		steps, err := encodeSteps(in.Steps)
 		if err != nil {
 			return nil, fmt.Errorf("saga %s: encode step state: %w", id, err)
 		}

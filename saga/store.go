@@ -283,7 +283,7 @@ func historyArgs(rows []historyRow) []any {
 		outcomes[i], statuses[i], actors[i], reasons[i] = clean(r.outcome), r.status, clean(r.actor), oneLine(r.reason)
 		ats[i], attempts[i] = r.at, int32(r.attempt)
 		if r.detail != nil {
-			s := string(r.detail)
+			s := string(storable(r.detail))
 			details[i] = &s
 		}
 	}
