@@ -125,7 +125,9 @@ func TestEndToEndKafkaBatched(t *testing.T) {
 // listSubscriber hands the messages put on its topics' channels to a
 // subscriber at once, without waiting for acknowledgements (as a broker
 // consumer with many partitions does), and closes them when ctx ends.
-type listSubscriber struct{ topics map[string]chan *message.Message }
+type listSubscriber struct {
+	topics map[string]chan *message.Message
+}
 
 func (s listSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	src := s.topics[topic]

@@ -84,6 +84,16 @@ type Config struct {
 	// ClaimBatch is the most due sagas one timer transaction claims.
 	// Defaults to 100.
 	ClaimBatch int
+	// MaxTimerFailures is how many times in a row a saga's timer may fail
+	// technically (a database error, a failing Hook: not a step's failure,
+	// which its retry policy handles) before the saga is parked as stuck
+	// with the error as its reason. Until then each failure is rolled back
+	// alone, recorded in the history ("timer_failed"), and the saga tried
+	// again after a backoff (PollInterval, doubling, up to 30 times it)
+	// while the other sagas' timers go on. The count is kept in the
+	// history, so it survives restarts. An operator request that fails so
+	// often is dropped, recorded as "operator_refused". Defaults to 5.
+	MaxTimerFailures int
 	// Hook, when set, is called at each persistence boundary. Defaults to
 	// none (and costs nothing).
 	Hook Hook
@@ -100,18 +110,20 @@ type Config struct {
 // many, may share a schema: every change to a saga happens under a row
 // lock on it. It is safe for concurrent use.
 type Orchestrator struct {
-	pool     *pgxpool.Pool
-	schema   string
-	writer   *outbox.Writer
-	dedup    *inbox.Deduplicator
-	clock    Clock
-	poll     time.Duration
-	batch    int
-	hook     Hook
-	metrics  *Metrics
-	logger   watermill.LoggerAdapter
-	sql      statements
-	consumer string
+	pool   *pgxpool.Pool
+	schema string
+	writer *outbox.Writer
+	dedup  *inbox.Deduplicator
+	clock  Clock
+	poll   time.Duration
+	batch  int
+	// maxFailures is Config.MaxTimerFailures.
+	maxFailures int
+	hook        Hook
+	metrics     *Metrics
+	logger      watermill.LoggerAdapter
+	sql         statements
+	consumer    string
 
 	mu   sync.RWMutex
 	defs map[string]map[int]*def
@@ -126,8 +138,8 @@ func New(pool *pgxpool.Pool, cfg Config) (*Orchestrator, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: saga.Config.Schema: %v", millrace.ErrConfig, err)
 	}
-	if cfg.PollInterval < 0 || cfg.ClaimBatch < 0 {
-		return nil, fmt.Errorf("%w: saga.Config: PollInterval and ClaimBatch must not be negative", millrace.ErrConfig)
+	if cfg.PollInterval < 0 || cfg.ClaimBatch < 0 || cfg.MaxTimerFailures < 0 {
+		return nil, fmt.Errorf("%w: saga.Config: PollInterval, ClaimBatch and MaxTimerFailures must not be negative", millrace.ErrConfig)
 	}
 	if cfg.Writer == nil {
 		if cfg.Writer, err = outbox.NewWriter(pool, outbox.WriterConfig{Schema: schema}); err != nil {
@@ -150,12 +162,15 @@ func New(pool *pgxpool.Pool, cfg Config) (*Orchestrator, error) {
 	if cfg.ClaimBatch == 0 {
 		cfg.ClaimBatch = 100
 	}
+	if cfg.MaxTimerFailures == 0 {
+		cfg.MaxTimerFailures = 5
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = watermill.NopLogger{}
 	}
 	return &Orchestrator{
 		pool: pool, schema: schema, writer: cfg.Writer, dedup: dedup, clock: cfg.Clock,
-		poll: cfg.PollInterval, batch: cfg.ClaimBatch, hook: cfg.Hook, metrics: cfg.Metrics,
+		poll: cfg.PollInterval, batch: cfg.ClaimBatch, maxFailures: cfg.MaxTimerFailures, hook: cfg.Hook, metrics: cfg.Metrics,
 		logger: cfg.Logger, sql: newStatements(schema), consumer: cfg.Consumer,
 		defs: map[string]map[int]*def{},
 	}, nil
