@@ -78,7 +78,7 @@ func (m *machine) command(s *stepDef, c *command, op string, attempt int) error 
 		millrace.MetadataPartitionKey:   m.in.ID,
 	}
 	traceCommand(m.ctx, md) // tracing.go
-	m.events = append(m.events, outbox.Event{
+	ev := outbox.Event{
 		Topic:         c.topic,
 		PartitionKey:  m.in.ID,
 		AggregateType: "saga:" + m.d.typ,
@@ -86,7 +86,14 @@ func (m *machine) command(s *stepDef, c *command, op string, attempt int) error 
 		EventType:     c.name,
 		Payload:       payload,
 		Metadata:      md,
-	})
+	}
+	if err := m.o.writer.Validate(ev); err != nil {
+		// The outbox refuses it (a topic WriterConfig.ValidateTopic
+		// refuses, say): it would be refused on every try, so, as for a
+		// payload that cannot be built, an operator decides.
+		return m.stuck(fmt.Sprintf("step %s: the outbox refuses the %s command: %v", s.name, op, err))
+	}
+	m.events = append(m.events, ev)
 	m.in.Attempts = attempt
 	m.record("command", s.name, op, attempt, "", "")
 	return nil

@@ -179,7 +179,9 @@ func New(pool *pgxpool.Pool, cfg Config) (*Orchestrator, error) {
 // Register adds definitions. Several versions of one type may be
 // registered at once: each instance runs on the version it started with.
 // Registering a type and version twice is an error wrapping
-// millrace.ErrConfig, unless it is the very same *Definition.
+// millrace.ErrConfig, unless it is the very same *Definition; so is a
+// definition whose command or reply topic the Writer refuses
+// (WriterConfig.ValidateTopic; the error wraps the *outbox.EventError too).
 func (o *Orchestrator) Register(defs ...Registrable) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -188,6 +190,9 @@ func (o *Orchestrator) Register(defs ...Registrable) error {
 			return fmt.Errorf("%w: saga.Register: nil definition", millrace.ErrConfig)
 		}
 		d := r.erased()
+		if err := o.checkTopics(d); err != nil {
+			return err
+		}
 		byVersion := o.defs[d.typ]
 		if byVersion == nil {
 			byVersion = map[int]*def{}
@@ -197,6 +202,31 @@ func (o *Orchestrator) Register(defs ...Registrable) error {
 			return fmt.Errorf("%w: saga %q v%d is registered already", millrace.ErrConfig, d.typ, d.version)
 		}
 		byVersion[d.version] = d
+	}
+	return nil
+}
+
+// checkTopics checks d's reply topic and command topics as the Writer
+// checks an event's topic.
+func (o *Orchestrator) checkTopics(d *def) error {
+	check := func(what, topic string) error {
+		err := o.writer.Validate(outbox.Event{Topic: topic, PartitionKey: d.typ, Payload: []byte("{}")})
+		if err != nil {
+			return fmt.Errorf("%w: saga %q v%d: %s topic %q: %w", millrace.ErrConfig, d.typ, d.version, what, topic, err)
+		}
+		return nil
+	}
+	if err := check("reply", d.replyTopic); err != nil {
+		return err
+	}
+	for _, s := range d.steps {
+		for _, c := range []*command{s.action, s.comp} {
+			if c != nil {
+				if err := check("step "+s.name+" command", c.topic); err != nil {
+					return err
+				}
+			}
+		}
 	}
 	return nil
 }
