@@ -108,7 +108,7 @@ func StartTx[D any](ctx context.Context, tx pgx.Tx, o *Orchestrator, def *Defini
 			in.Attempts, oneLine(in.LastError), now}, historyArgs(m.hist)...)
 		var inserted int
 		if err := tx.QueryRow(ctx, o.sql.insertStarted, args...).Scan(&inserted); err != nil {
-			return nil, fmt.Errorf("saga %s: insert: %w", id, err)
+			return nil, fmt.Errorf("saga %s: insert: %w", id, o.tablesError(err))
 		}
 		if inserted == 1 {
 			if len(m.events) > 0 {
@@ -123,7 +123,7 @@ func StartTx[D any](ctx context.Context, tx pgx.Tx, o *Orchestrator, def *Defini
 	}
 	tag, err := tx.Exec(ctx, o.sql.insert, id, d.typ, d.version, raw, in.DeadlineAt, now)
 	if err != nil {
-		return nil, fmt.Errorf("saga %s: insert: %w", id, err)
+		return nil, fmt.Errorf("saga %s: insert: %w", id, o.tablesError(err))
 	}
 	if tag.RowsAffected() == 0 {
 		return o.existing(ctx, tx, d, id, raw)

@@ -20,11 +20,19 @@ import (
 // in one process or many, share the work: a saga is claimed with FOR
 // UPDATE SKIP LOCKED, so one loop fires it and the others pass over it.
 //
-// At start Run reports, loudly (an error log and the unregistered metric),
-// the live sagas of a registered type whose version is not registered, and
-// parks them as stuck with that reason: nothing would ever move them. It
-// returns nil when ctx ends.
+// At start Run probes the saga tables with the statements it will run (in
+// a transaction it rolls back) and returns an error at once if they are
+// missing ("saga tables missing in schema ...: migrations applied?", a
+// wrong Schema or migrations not applied) or the role lacks a privilege
+// on them; other database failures, then and later, are logged and
+// retried. Then it reports, loudly (an error log and the unregistered
+// metric), the live sagas of a registered type whose version is not
+// registered, and parks them as stuck with that reason: nothing would ever
+// move them. It returns nil when ctx ends.
 func (o *Orchestrator) Run(ctx context.Context) error {
+	if err := o.probe(ctx); err != nil { // probe.go
+		return err
+	}
 	if _, err := o.ParkUnregistered(ctx); err != nil && ctx.Err() == nil {
 		o.logger.Error("saga: checking for unregistered versions", err, nil)
 	}
@@ -93,7 +101,7 @@ func (o *Orchestrator) RunDue(ctx context.Context) (int, error) {
 		// Relies on the partial index saga_instance_wakeup_idx.
 		due, err := queryInstances(ctx, tx, o.sql.claim, now, o.batch, types, versions)
 		if err != nil {
-			return fmt.Errorf("saga: claim due sagas: %w", err)
+			return fmt.Errorf("saga: claim due sagas: %w", o.tablesError(err))
 		}
 		for _, in := range due {
 			claimed := *in // as read: the machine changes in
