@@ -62,9 +62,11 @@ func (p HookPoint) String() string {
 }
 
 // Hook is called at each HookPoint with the saga's id. An error returned
-// before the commit rolls the transaction back (as a crash there would); an
-// error after the commit is returned to the caller (a reply is then
-// redelivered and deduplicated). Test harnesses use it to inject crashes.
+// before the commit rolls the transaction back (as a crash there would; in
+// a timer pass, that saga's part of it, as for any technical failure of
+// its timer: see Config.MaxTimerFailures); an error after the commit is
+// returned to the caller (a reply is then redelivered and deduplicated).
+// Test harnesses use it to inject crashes.
 type Hook func(ctx context.Context, point HookPoint, sagaID string) error
 
 // Config configures an Orchestrator.
