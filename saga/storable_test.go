@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/millrace"
@@ -27,6 +28,17 @@ func TestNULInFailureReasonIsStored(t *testing.T) {
 	}
 	if r := in.Steps["credit"].Reason; !strings.Contains(r, "no\uFFFDmoney") {
 		t.Fatalf("step reason %q", r)
+	}
+	// Through a batch (HandleReplies), likewise.
+	id = "o-nul-batch"
+	start(t, d.testBundle, def, id, 1)
+	if _, err := d.o.HandleReplies(context.Background(), []*message.Message{
+		replyMsg(id, d.last(id), millrace.OutcomeFailure, "no\x00money", ""),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if in := d.get(id); in.Status != saga.StatusCompensated || !strings.Contains(in.Steps["credit"].Reason, "no\uFFFDmoney") {
+		t.Fatalf("batch: %s %+v", in.Status, in.Steps["credit"])
 	}
 
 	// A compensation's failure reason, likewise.
