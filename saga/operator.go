@@ -261,7 +261,7 @@ func (o *Orchestrator) applyRequests(ctx context.Context) (int, error) {
 				if rerr := sp.Rollback(ctx); rerr != nil || ctx.Err() != nil {
 					return errors.Join(err, rerr)
 				}
-				failed = errors.Join(failed, err)
+				failed = errors.Join(failed, skipped{err}) // timer.go
 				dropped, ferr := o.requestFailed(ctx, tx, in, err)
 				if ferr != nil {
 					return errors.Join(err, ferr)

@@ -44,14 +44,15 @@ func (o *Orchestrator) Run(ctx context.Context) error {
 		}
 		wait := o.poll
 		switch {
-		case err != nil && n == 0:
+		case err != nil && n == 0 && !onlySkipped(err):
 			failures++
 			wait = backoff.Exponential(failures, o.poll, 30*o.poll)
 			o.logger.Error("saga: timers", err, nil)
 		case err != nil:
-			// Some sagas failed (they are tried again after a backoff of
-			// their own), others moved: go on after one interval, so a
-			// failing request is not retried in a tight loop.
+			// Some sagas failed alone (they are tried again after a
+			// backoff of their own), others may have moved: go on after
+			// one interval, so a failing request is not retried in a
+			// tight loop, nor the other sagas' timers held up.
 			failures = 0
 			o.logger.Error("saga: timers", err, nil)
 		case n > 0:
@@ -124,7 +125,7 @@ func (o *Orchestrator) RunDue(ctx context.Context) (int, error) {
 			if ferr != nil {
 				return errors.Join(err, ferr)
 			}
-			failed = errors.Join(failed, err)
+			failed = errors.Join(failed, skipped{err})
 			if parked {
 				woken = append(woken, done{in.ID, after})
 			}
@@ -144,6 +145,30 @@ func (o *Orchestrator) RunDue(ctx context.Context) (int, error) {
 		}
 	}
 	return requests + len(woken), hookErr
+}
+
+// skipped is the technical failure of one saga's timer or operator
+// request in a pass that went on with the others.
+type skipped struct{ err error }
+
+func (e skipped) Error() string { return e.err.Error() }
+func (e skipped) Unwrap() error { return e.err }
+
+// onlySkipped reports whether err (maybe joined) is made of skipped
+// failures only: the pass itself worked.
+func onlySkipped(err error) bool {
+	switch e := err.(type) {
+	case skipped:
+		return true
+	case interface{ Unwrap() []error }:
+		for _, c := range e.Unwrap() {
+			if !onlySkipped(c) {
+				return false
+			}
+		}
+		return true
+	}
+	return false
 }
 
 // wake fires one claimed saga's timer in tx.
