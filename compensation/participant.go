@@ -323,7 +323,7 @@ func (p *Participant) item(msg *message.Message) (*item, error) {
 	}
 	// A reply the Writer refuses (a reply topic the transport does not
 	// allow) would fail the same way on every retry.
-	if err := p.writer.Check(outbox.Event{Topic: call.ReplyTopic, PartitionKey: call.SagaID, Payload: emptyReply}); err != nil {
+	if err := p.writer.Validate(outbox.Event{Topic: call.ReplyTopic, PartitionKey: call.SagaID, Payload: emptyReply}); err != nil {
 		return nil, invalid(msg, "metadata %s %q: the outbox refuses it as the reply's topic: %v", millrace.MetadataSagaReplyTopic, call.ReplyTopic, err)
 	}
 	return &item{msg: msg, call: call, c: c, cmd: cmd}, nil

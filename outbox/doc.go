@@ -24,7 +24,8 @@
 // byte or invalid UTF-8, a topic or key over MaxKeyBytes, metadata that
 // cannot travel unchanged, a topic WriterConfig.ValidateTopic refuses, one
 // id twice for one topic) is an *EventError reported before anything is
-// sent: the transaction is untouched and can still commit. WriteTx with a nil transaction returns
+// sent: the transaction is untouched and can still commit; Writer.Validate
+// reports the same without writing. WriteTx with a nil transaction returns
 // ErrNilTx, with no events ErrNoEvents.
 //
 // What is written is what is delivered: the payload byte for byte (JSON is

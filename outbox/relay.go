@@ -9,19 +9,18 @@ import (
 	"math/rand/v2"
 	"net"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/internal/backoff"
 	"github.com/millrace/millrace/internal/logging"
+	"github.com/millrace/millrace/internal/pgprobe"
 	"github.com/millrace/millrace/internal/sqlident"
 )
 
@@ -301,40 +300,27 @@ func (r *Relay) Run(ctx context.Context) error {
 }
 
 // probe runs the relay's statements on no rows, in a transaction it rolls
-// back: PostgreSQL checks that the tables exist and the privileges the
-// statements need when it plans and starts them, whatever the rows. It
-// returns an error only for a missing object or privilege (SQLSTATE classes
-// 42 and 3F); other failures (the database is not up yet) are logged and
-// retried until ctx ends.
+// back (internal/pgprobe): it returns an error only for a missing object
+// or privilege (SQLSTATE classes 42 and 3F); other failures (the database
+// is not up yet) are logged and retried until ctx ends.
 func (r *Relay) probe(ctx context.Context) error {
-	for attempt := 1; ; attempt++ {
-		err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, r.lockLanes, 0, 0); err != nil {
-				return err
-			}
-			if _, err := tx.Exec(ctx, r.claim, []int16{}, 0, false); err != nil {
-				return err
-			}
-			_, err := tx.Exec(ctx, r.unclaim, []int64{}, []bool{}, []bool{}, []*time.Time{}, []*string{}, []bool{})
-			if err == nil {
-				err = errProbeDone // roll back: the probe changes nothing
-			}
-			return err
-		})
-		if errors.Is(err, errProbeDone) || ctx.Err() != nil {
-			return nil
-		}
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "42") || strings.HasPrefix(pgErr.Code, "3F")) {
-			return fmt.Errorf("outbox: relay cannot use the outbox tables in schema %q (migrations applied? privileges granted?): %w", r.schema, err)
-		}
-		wait := backoff.Exponential(attempt, 100*time.Millisecond, r.cfg.OutageBackoffMax)
+	err := pgprobe.Probe(ctx, r.pool, r.cfg.OutageBackoffMax, func(err error, wait time.Duration) {
 		r.log.Error("Relay cannot reach the database at start; retrying", err, watermill.LogFields{"retry_in": wait.String()})
-		backoff.Sleep(ctx, wait)
+	}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, r.lockLanes, 0, 0); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, r.claim, []int16{}, 0, false); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, r.unclaim, []int64{}, []bool{}, []bool{}, []*time.Time{}, []*string{}, []bool{})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("outbox: relay cannot use the outbox tables in schema %q (migrations applied? privileges granted?): %w", r.schema, err)
 	}
+	return nil
 }
-
-var errProbeDone = errors.New("probe done")
 
 // errOutage is returned by a batch when every publish failed with a
 // temporary error: the broker (or the database) is unavailable.

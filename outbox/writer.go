@@ -133,17 +133,6 @@ func (w *Writer) Write(ctx context.Context, events ...Event) ([]string, error) {
 	return ids, err
 }
 
-// Check returns the error WriteTx would give e, without writing anything:
-// nil, or an *EventError (see WriteTx) when e fails validation, a topic
-// WriterConfig.ValidateTopic refuses, say. A caller that builds an event
-// from input it did not choose (a reply topic named by a message) can tell
-// a permanent fault of the input from a technical failure before it does
-// any work.
-func (w *Writer) Check(e Event) error {
-	_, err := e.normalize(0, w.validateTopic)
-	return err
-}
-
 // WriteTx writes events in the caller's transaction, in one round trip, and
 // returns their ids. The events become visible to relays when tx commits,
 // and vanish if it rolls back.
@@ -167,20 +156,14 @@ func (w *Writer) WriteTx(ctx context.Context, tx pgx.Tx, events ...Event) ([]str
 		return nil, ErrNoEvents
 	}
 	events = withTrace(ctx, events) // tracing.go: the caller's trace context, when tracing is on
-	rows := make([]eventRow, len(events))
+	rows, err := w.rows(events)
+	if err != nil {
+		return nil, err
+	}
 	ids := make([]string, len(events))
-	for i := range events {
-		if err := rows[i].set(events[i], i, w.validateTopic); err != nil {
-			return nil, err
-		}
+	for i := range rows {
 		ids[i] = rows[i].idText
 	}
-	if len(rows) > 1 {
-		if err := checkDuplicates(rows); err != nil {
-			return nil, err
-		}
-	}
-	var err error
 	if len(rows) == 1 {
 		// The common case, one event per transaction, with scalar
 		// parameters: cheaper to encode than ten one-element arrays.
@@ -207,6 +190,33 @@ func (w *Writer) WriteTx(ctx context.Context, tx pgx.Tx, events ...Event) ([]str
 		return nil, fmt.Errorf("outbox: write %d event(s): %w", len(rows), err)
 	}
 	return ids, nil
+}
+
+// Validate reports what WriteTx would refuse in events before sending
+// anything, the same *EventError, without writing them: a caller that
+// builds events from its own state (the saga orchestrator) or from input
+// it did not choose (a participant's reply topic, named by the command)
+// can tell a permanent fault from a technical failure before it touches
+// its transaction. It does not change events.
+func (w *Writer) Validate(events ...Event) error {
+	_, err := w.rows(events)
+	return err
+}
+
+// rows checks and encodes events for the insert.
+func (w *Writer) rows(events []Event) ([]eventRow, error) {
+	rows := make([]eventRow, len(events))
+	for i := range events {
+		if err := rows[i].set(events[i], i, w.validateTopic); err != nil {
+			return nil, err
+		}
+	}
+	if len(rows) > 1 {
+		if err := checkDuplicates(rows); err != nil {
+			return nil, err
+		}
+	}
+	return rows, nil
 }
 
 // checkDuplicates refuses a call that gives one event id twice for one

@@ -2,7 +2,6 @@ package saga
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"sync"
 	"time"
@@ -47,11 +46,13 @@ type BatchConfig struct {
 // deadlock), and one each writes the sagas' new state, their history and
 // the next commands. The guarantees are Handler's: a reply is applied at
 // most once, with its state change and its next command in one
-// transaction; a failed batch rolls back whole and its messages are
-// nacked for redelivery. Use it instead of AddToRouter when throughput
-// matters; the consumer's in-flight limit bounds the batches (with
-// watermill-kafka, one message per partition: give the reply topics many
-// partitions).
+// transaction. A failed batch rolls back whole and its replies are applied
+// again one per transaction: the ones that fail again are nacked for
+// redelivery and the others acknowledged, so one reply that cannot be
+// applied holds up no other saga's. Use it instead of AddToRouter when
+// throughput matters; the consumer's in-flight limit bounds the batches
+// (with watermill-kafka, one message per partition: give the reply topics
+// many partitions).
 func (o *Orchestrator) RunBatched(ctx context.Context, cfg BatchConfig) error {
 	if cfg.Subscriber == nil || cfg.Poison == nil {
 		return fmt.Errorf("%w: saga: BatchConfig.Subscriber and Poison are required", millrace.ErrConfig)
@@ -121,25 +122,10 @@ func (o *Orchestrator) RunBatched(ctx context.Context, cfg BatchConfig) error {
 					}
 				}
 				timer.Stop()
-				msgs := make([]*message.Message, len(batch))
-				for i, t := range batch {
-					msgs[i] = t.msg
-				}
-				res, err := o.HandleReplies(ctx, msgs)
-				if err != nil {
-					failures++
-					if ctx.Err() == nil {
-						o.logger.Error("saga: reply batch", err, map[string]any{"replies": len(msgs)})
-					}
-					for _, m := range msgs {
-						m.Nack()
-					}
-					backoff.Sleep(ctx, backoff.Exponential(failures, 10*time.Millisecond, time.Second))
-					continue
-				}
-				failures = 0
-				for i, t := range batch {
-					if perr := res.Poisoned[i]; perr != nil {
+				// settle acknowledges a handled message, once its poison
+				// copy (for one that is not a saga reply) is published.
+				settle := func(t tagged, perr error) {
+					if perr != nil {
 						topic := cfg.PoisonTopic
 						if topic == "" {
 							topic = t.topic + ".poison"
@@ -149,11 +135,56 @@ func (o *Orchestrator) RunBatched(ctx context.Context, cfg BatchConfig) error {
 						if err := cfg.Poison.Publish(topic, p); err != nil {
 							o.logger.Error("saga: poison a bad reply", err, map[string]any{"message": t.msg.UUID})
 							t.msg.Nack()
-							continue
+							return
 						}
 					}
 					t.msg.Ack()
 				}
+				msgs := make([]*message.Message, len(batch))
+				for i, t := range batch {
+					msgs[i] = t.msg
+				}
+				res, err := o.HandleReplies(ctx, msgs)
+				if err == nil {
+					failures = 0
+					for i, t := range batch {
+						settle(t, res.Poisoned[i])
+					}
+					continue
+				}
+				if ctx.Err() == nil {
+					o.logger.Error("saga: reply batch", err, map[string]any{"replies": len(msgs)})
+				}
+				// The batch rolled back whole: one reply that cannot be
+				// applied must not hold up the others. Each again in a
+				// transaction of its own, for its own result (as
+				// compensation.Batcher does); only the failing ones are
+				// nacked.
+				applied := 0
+				for i, t := range batch {
+					if ctx.Err() != nil || len(batch) == 1 {
+						t.msg.Nack()
+						continue
+					}
+					res, err := o.HandleReplies(ctx, msgs[i:i+1])
+					if err != nil {
+						if ctx.Err() == nil {
+							o.logger.Error("saga: reply", err, map[string]any{"message": t.msg.UUID})
+						}
+						t.msg.Nack()
+						continue
+					}
+					applied++
+					settle(t, res.Poisoned[0])
+				}
+				if applied > 0 {
+					failures = 0
+					continue
+				}
+				// Nothing could be applied: the database is likely
+				// unavailable. Wait before the redeliveries.
+				failures++
+				backoff.Sleep(ctx, backoff.Exponential(failures, 10*time.Millisecond, time.Second))
 			}
 		}()
 	}
@@ -350,7 +381,7 @@ func (o *Orchestrator) saveMany(ctx context.Context, tx pgx.Tx, ms []*machine, e
 		in := m.in
 		in.NextWakeupAt = m.nextWakeup()
 		in.UpdatedAt = m.now
-		st, err := json.Marshal(in.Steps)
+		st, err := encodeSteps(in.Steps)
 		if err != nil {
 			return fmt.Errorf("saga %s: encode step state: %w", in.ID, err)
 		}

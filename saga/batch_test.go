@@ -121,3 +121,95 @@ func TestEndToEndKafkaBatched(t *testing.T) {
 		t.Fatalf("poisoned %s: %q", poisoned[0].UUID, poisoned[0].Metadata.Get(middleware.ReasonForPoisonedKey))
 	}
 }
+
+// listSubscriber hands the messages put on its topics' channels to a
+// subscriber at once, without waiting for acknowledgements (as a broker
+// consumer with many partitions does), and closes them when ctx ends.
+type listSubscriber struct {
+	topics map[string]chan *message.Message
+}
+
+func (s listSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	src := s.topics[topic]
+	out := make(chan *message.Message)
+	go func() {
+		defer close(out)
+		for {
+			select {
+			case m := <-src:
+				select {
+				case out <- m:
+				case <-ctx.Done():
+					return
+				}
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out, nil
+}
+
+func (listSubscriber) Close() error { return nil }
+
+// One reply that fails to apply (here a failing Hook for its saga) does
+// not hold up the other replies of its batch: the batch is applied again
+// one reply per transaction, and only the failing one is nacked.
+func TestRunBatchedAppliesTheGoodRepliesOfAFailedBatch(t *testing.T) {
+	t.Parallel()
+	hook := func(ctx context.Context, p saga.HookPoint, id string) error {
+		if id == "bad" && p == saga.HookLoaded {
+			return errors.New("injected")
+		}
+		return nil
+	}
+	b := setup(t, bundleOptions{clock: newManualClock(), hook: hook})
+	def := mustDefine(t, orderSpec(b, 1))
+	if err := b.o.Register(def); err != nil {
+		t.Fatal(err)
+	}
+	d := &driver{testBundle: b}
+	start(t, b, def, "good", 1)
+	start(t, b, def, "bad", 1)
+	good := replyMsg("good", d.last("good"), millrace.OutcomeSuccess, "", "")
+	bad := replyMsg("bad", d.last("bad"), millrace.OutcomeSuccess, "", "")
+	replies := make(chan *message.Message, 2)
+	replies <- bad
+	replies <- good
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- b.o.RunBatched(ctx, saga.BatchConfig{
+			Subscriber: listSubscriber{map[string]chan *message.Message{def.ReplyTopic(): replies}},
+			Poison:     b.pubsub, Workers: 1, BatchWait: 200 * time.Millisecond,
+		})
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	settled := func(msg *message.Message) string {
+		select {
+		case <-msg.Acked():
+			return "acked"
+		case <-msg.Nacked():
+			return "nacked"
+		case <-time.After(30 * time.Second):
+			return "neither"
+		}
+	}
+	if got := settled(good); got != "acked" {
+		t.Fatalf("the good reply was %s with the bad one's batch", got)
+	}
+	if got := settled(bad); got != "nacked" {
+		t.Fatalf("the bad reply was %s", got)
+	}
+	if c := d.last("good"); c.Step != "stock" {
+		t.Fatalf("good went on with %+v", c)
+	}
+	if c := d.last("bad"); c.Step != "credit" {
+		t.Fatalf("bad went on with %+v", c)
+	}
+}

@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/outbox"
 )
 
 // Kind says what a step's failure means for the saga.
@@ -196,7 +198,8 @@ type Spec[D any] struct {
 	// at least 1.
 	Version int
 	// ReplyTopic is where participants reply to this type's commands.
-	// Defaults to "saga.<Type>.replies".
+	// Defaults to "saga.<Type>.replies" (then Type must hold only a-z,
+	// A-Z, 0-9, '.', '_' and '-', as topic names on Kafka do).
 	ReplyTopic string
 	// Steps in order. Required.
 	Steps []Step[D]
@@ -336,7 +339,11 @@ func Fail(reason string) error {
 // pivot, a second pivot, a retriable step before the pivot or without a
 // retry policy, a compensation on a pivot or retriable step, a remote
 // compensation on a local step (or the reverse), a TimeoutCompensate after
-// the pivot.
+// the pivot, a topic no outbox can write (NUL, invalid UTF-8, longer than
+// outbox.MaxKeyBytes), and a Type that would make a default reply topic
+// brokers refuse (anything but a-z, A-Z, 0-9, '.', '_' and '-', "order
+// saga" say) when ReplyTopic is not set. Register checks the topics
+// against the orchestrator's Writer (WriterConfig.ValidateTopic).
 func Define[D any](spec Spec[D]) (*Definition[D], error) {
 	fail := func(format string, args ...any) (*Definition[D], error) {
 		return nil, fmt.Errorf("%w: saga %q v%d: %s", millrace.ErrConfig, spec.Type, spec.Version, fmt.Sprintf(format, args...))
@@ -367,6 +374,11 @@ func Define[D any](spec Spec[D]) (*Definition[D], error) {
 	d := &def{typ: spec.Type, version: spec.Version, replyTopic: spec.ReplyTopic, deadline: spec.Deadline}
 	if d.replyTopic == "" {
 		d.replyTopic = "saga." + spec.Type + ".replies"
+		if strings.IndexFunc(spec.Type, notPortable) >= 0 {
+			return fail("Type makes the default reply topic %q, which brokers such as Kafka refuse (they take only a-z, A-Z, 0-9, '.', '_' and '-'): set ReplyTopic, or change the Type", d.replyTopic)
+		}
+	} else if err := checkTopic(d.replyTopic); err != nil {
+		return fail("ReplyTopic: %v", err)
 	}
 	if d.deadline == 0 {
 		d.deadline = 24 * time.Hour
@@ -397,6 +409,14 @@ func Define[D any](spec Spec[D]) (*Definition[D], error) {
 		if remote {
 			if s.Action.Topic == "" {
 				return fail("step %q: Action.Topic is required", s.Name)
+			}
+			if err := checkTopic(s.Action.Topic); err != nil {
+				return fail("step %q: Action.Topic: %v", s.Name, err)
+			}
+			if s.Compensation != nil && s.Compensation.Topic != "" {
+				if err := checkTopic(s.Compensation.Topic); err != nil {
+					return fail("step %q: Compensation.Topic: %v", s.Name, err)
+				}
 			}
 		}
 		compensable := s.Compensation != nil || s.LocalCompensation != nil
@@ -494,6 +514,27 @@ func checkName(s string) error {
 		}
 	}
 	return nil
+}
+
+// checkTopic refuses a topic no outbox writes: one with NUL or invalid
+// UTF-8, or longer than outbox.MaxKeyBytes. What a transport refuses
+// besides, Register checks with the orchestrator's Writer.
+func checkTopic(t string) error {
+	switch {
+	case !utf8.ValidString(t):
+		return fmt.Errorf("%q is not valid UTF-8", t)
+	case strings.IndexByte(t, 0) >= 0:
+		return fmt.Errorf("%q contains NUL", t)
+	case len(t) > outbox.MaxKeyBytes:
+		return fmt.Errorf("longer than %d bytes", outbox.MaxKeyBytes)
+	}
+	return nil
+}
+
+// notPortable reports whether r may not appear in a topic name on some
+// common broker (Kafka takes only these).
+func notPortable(r rune) bool {
+	return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-')
 }
 
 // def is a definition with its data type erased: the engine works on JSON.

@@ -58,7 +58,9 @@
 // RunBatched is the high-throughput alternative to AddToRouter: it reads
 // the reply topics itself and applies many replies per transaction (one
 // statement each for the dedup marks, the row locks, the states, the
-// history and the commands), with the same guarantees.
+// history and the commands), with the same guarantees. A batch that fails
+// is applied again one reply per transaction, so a reply that cannot be
+// applied holds up no other.
 //
 // StartTx writes the saga row and its first command (through the outbox)
 // in the caller's transaction: the order and its saga commit together. A
@@ -73,7 +75,23 @@
 // action on one saga wait for each other and never burn a retry budget
 // fighting. Run claims due sagas (next_wakeup_at <= now) with FOR UPDATE
 // SKIP LOCKED: any number of orchestrator processes share the replies and
-// the timers.
+// the timers. The timer pass claims only the sagas of the types and
+// versions its orchestrator has registered: another service's sagas on
+// the same schema, or a newer version's during a rolling deploy, are left
+// to the orchestrator that has them.
+//
+// Each saga of a timer pass, and each operator request, is handled under
+// a savepoint of its own. One that fails technically (a database error,
+// a failing Hook) is rolled back alone and recorded ("timer_failed",
+// "operator_failed" in its history) while the others commit; it is tried
+// again after a backoff, and after Config.MaxTimerFailures failures in a
+// row (5 by default, counted in the history, so across restarts) the saga
+// is parked as stuck with the error (a request is dropped, as
+// "operator_refused").
+//
+// Run probes the saga tables at start and fails at once when they are
+// missing ("saga tables missing in schema ...: migrations applied?") or a
+// privilege is; StartTx's error says the same.
 //
 // # States
 //
@@ -93,9 +111,17 @@
 // pivot that may have taken effect timed out, a step says TimeoutStuck, the
 // deadline passed after the pivot or while the pivot has an unanswered
 // attempt (running, or backing off after a timeout: it may have taken
-// effect), a success reply could not be applied, or its version is not
-// registered; compensating, when a compensation spent its budget or the
-// deadline passed.
+// effect), a success reply could not be applied (it cannot be decoded, or
+// it would put a \u0000 into the data, which jsonb cannot store), a command
+// could not be built or the outbox refuses it (a topic
+// WriterConfig.ValidateTopic refuses), its timer failed technically
+// Config.MaxTimerFailures times in a row, or its version is not registered;
+// compensating, when a compensation spent its budget, a command could not
+// be sent, or the deadline passed.
+//
+// Failure reasons from participants and local steps may hold any bytes:
+// a NUL is stored as U+FFFD in LastError, the step state and the history,
+// so a reply is never refused by the database for its reason.
 //
 // A step is pending, running (waiting for a reply), backoff (waiting to
 // retry), done, failed (a failure reply: no effect), uncertain (given up
@@ -179,9 +205,10 @@
 // every version that still has live instances (old and new side by side),
 // and start new sagas on the new one. Change the version whenever the
 // steps change. A live saga whose version is not registered with the
-// orchestrator that touches it is parked as stuck with that reason, logged
-// as an error and counted (millrace_saga_unregistered_total); Run does this
-// at start for every live saga of a registered type (ParkUnregistered).
+// orchestrator a reply for it reaches is parked as stuck with that reason,
+// logged as an error and counted (millrace_saga_unregistered_total); Run
+// does this at start for every live saga of a registered type
+// (ParkUnregistered). The timer pass leaves such sagas alone.
 // Register the version again and Retry the saga to resume it.
 //
 // To move live instances to a new version on purpose, Migrate maps their

@@ -78,7 +78,7 @@ func (m *machine) command(s *stepDef, c *command, op string, attempt int) error 
 		millrace.MetadataPartitionKey:   m.in.ID,
 	}
 	traceCommand(m.ctx, md) // tracing.go
-	m.events = append(m.events, outbox.Event{
+	ev := outbox.Event{
 		Topic:         c.topic,
 		PartitionKey:  m.in.ID,
 		AggregateType: "saga:" + m.d.typ,
@@ -86,7 +86,14 @@ func (m *machine) command(s *stepDef, c *command, op string, attempt int) error 
 		EventType:     c.name,
 		Payload:       payload,
 		Metadata:      md,
-	})
+	}
+	if err := m.o.writer.Validate(ev); err != nil {
+		// The outbox refuses it (a topic WriterConfig.ValidateTopic
+		// refuses, say): it would be refused on every try, so, as for a
+		// payload that cannot be built, an operator decides.
+		return m.stuck(fmt.Sprintf("step %s: the outbox refuses the %s command: %v", s.name, op, err))
+	}
+	m.events = append(m.events, ev)
 	m.in.Attempts = attempt
 	m.record("command", s.name, op, attempt, "", "")
 	return nil
@@ -100,6 +107,11 @@ func (m *machine) runLocal(fn func(context.Context, pgx.Tx, []byte) ([]byte, err
 		return nil, technicalError{fmt.Errorf("saga %s: savepoint: %w", m.in.ID, err)}
 	}
 	data, ferr := fn(m.ctx, sp, m.in.Data)
+	if ferr == nil {
+		if serr := checkStorable(data); serr != nil {
+			ferr = millrace.Permanent(serr)
+		}
+	}
 	if ferr != nil {
 		if rerr := sp.Rollback(m.ctx); rerr != nil {
 			return nil, technicalError{fmt.Errorf("saga %s: rollback to savepoint after %v: %w", m.in.ID, ferr, rerr)}
@@ -517,6 +529,9 @@ func (m *machine) onReply(r reply) error {
 	}
 	if s.onSuccess != nil {
 		data, err := s.onSuccess(m.in.Data, r.payload)
+		if err == nil {
+			err = checkStorable(data)
+		}
 		if err != nil {
 			// The action took effect, but its reply cannot be applied:
 			// nothing automatic is right, so an operator decides.
@@ -699,7 +714,7 @@ func (m *machine) save() error {
 	}
 	m.in.NextWakeupAt = m.nextWakeup()
 	m.in.UpdatedAt = m.now
-	steps, err := json.Marshal(m.in.Steps)
+	steps, err := encodeSteps(m.in.Steps)
 	if err != nil {
 		return fmt.Errorf("saga %s: encode step state: %w", m.in.ID, err)
 	}

@@ -281,27 +281,24 @@ func refusal(err error) bool {
 // one that has it), in one transaction: each with
 // the operator code path (operateIn) as its requester, or, when the saga's
 // state refuses it now, recorded as "operator_refused". Either way the
-// request is cleared; a failure to carry one out rolls everything back and
-// the next pass tries again. RunDue calls it first.
+// request is cleared. A failure to carry one out rolls back that request
+// alone (each runs under a savepoint), recorded as "operator_failed", and
+// the next pass tries again; after Config.MaxTimerFailures in a row it is
+// dropped, recorded as "operator_refused" (requestFailed, timer.go).
+// RunDue calls it first.
 func (o *Orchestrator) applyRequests(ctx context.Context) (int, error) {
-	reg := o.registered()
-	if len(reg) == 0 {
+	types, versions := o.registeredPairs() // timer.go
+	if len(types) == 0 {
 		return 0, nil
-	}
-	var types []string
-	var versions []int32
-	for t, vs := range reg {
-		for _, v := range vs {
-			types, versions = append(types, t), append(versions, int32(v))
-		}
 	}
 	type done struct {
 		id    string
 		after []func()
 	}
 	var applied []done
+	var failed error
 	err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
-		applied = applied[:0]
+		applied, failed = applied[:0], nil
 		rows, err := tx.Query(ctx, o.sql.claimRequests, types, versions, o.batch)
 		if err != nil {
 			return fmt.Errorf("saga: claim operator requests: %w", err)
@@ -342,8 +339,21 @@ func (o *Orchestrator) applyRequests(ctx context.Context) (int, error) {
 					return err
 				}
 			default:
-				_ = sp.Rollback(ctx)
-				return fmt.Errorf("saga %s: apply operator request (%s by %s): %w", in.ID, r.Action, r.Operator, err)
+				// A technical failure: this request alone is rolled back
+				// and stays pending for the next pass, and is dropped
+				// after Config.MaxTimerFailures in a row (timer.go).
+				err = fmt.Errorf("saga %s: apply operator request (%s by %s): %w", in.ID, r.Action, r.Operator, err)
+				if rerr := sp.Rollback(ctx); rerr != nil || ctx.Err() != nil {
+					return errors.Join(err, rerr)
+				}
+				failed = errors.Join(failed, skipped{err}) // timer.go
+				dropped, ferr := o.requestFailed(ctx, tx, in, err)
+				if ferr != nil {
+					return errors.Join(err, ferr)
+				}
+				if !dropped {
+					continue
+				}
 			}
 			if _, err := tx.Exec(ctx, o.sql.clearRequest, in.ID); err != nil {
 				return fmt.Errorf("saga %s: clear operator request: %w", in.ID, err)
@@ -358,7 +368,7 @@ func (o *Orchestrator) applyRequests(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	var hookErr error
+	hookErr := failed
 	for _, a := range applied {
 		for _, f := range a.after {
 			f()

@@ -63,9 +63,11 @@ func (p HookPoint) String() string {
 }
 
 // Hook is called at each HookPoint with the saga's id. An error returned
-// before the commit rolls the transaction back (as a crash there would); an
-// error after the commit is returned to the caller (a reply is then
-// redelivered and deduplicated). Test harnesses use it to inject crashes.
+// before the commit rolls the transaction back (as a crash there would; in
+// a timer pass, that saga's part of it, as for any technical failure of
+// its timer: see Config.MaxTimerFailures); an error after the commit is
+// returned to the caller (a reply is then redelivered and deduplicated).
+// Test harnesses use it to inject crashes.
 type Hook func(ctx context.Context, point HookPoint, sagaID string) error
 
 // Config configures an Orchestrator.
@@ -85,6 +87,16 @@ type Config struct {
 	// ClaimBatch is the most due sagas one timer transaction claims.
 	// Defaults to 100.
 	ClaimBatch int
+	// MaxTimerFailures is how many times in a row a saga's timer may fail
+	// technically (a database error, a failing Hook: not a step's failure,
+	// which its retry policy handles) before the saga is parked as stuck
+	// with the error as its reason. Until then each failure is rolled back
+	// alone, recorded in the history ("timer_failed"), and the saga tried
+	// again after a backoff (PollInterval, doubling, up to 30 times it)
+	// while the other sagas' timers go on. The count is kept in the
+	// history, so it survives restarts. An operator request that fails so
+	// often is dropped, recorded as "operator_refused". Defaults to 5.
+	MaxTimerFailures int
 	// Hook, when set, is called at each persistence boundary. Defaults to
 	// none (and costs nothing).
 	Hook Hook
@@ -101,18 +113,20 @@ type Config struct {
 // many, may share a schema: every change to a saga happens under a row
 // lock on it. It is safe for concurrent use.
 type Orchestrator struct {
-	pool     *pgxpool.Pool
-	schema   string
-	writer   *outbox.Writer
-	dedup    *inbox.Deduplicator
-	clock    Clock
-	poll     time.Duration
-	batch    int
-	hook     Hook
-	metrics  *Metrics
-	logger   watermill.LoggerAdapter
-	sql      statements
-	consumer string
+	pool   *pgxpool.Pool
+	schema string
+	writer *outbox.Writer
+	dedup  *inbox.Deduplicator
+	clock  Clock
+	poll   time.Duration
+	batch  int
+	// maxFailures is Config.MaxTimerFailures.
+	maxFailures int
+	hook        Hook
+	metrics     *Metrics
+	logger      watermill.LoggerAdapter
+	sql         statements
+	consumer    string
 
 	mu   sync.RWMutex
 	defs map[string]map[int]*def
@@ -127,8 +141,8 @@ func New(pool *pgxpool.Pool, cfg Config) (*Orchestrator, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: saga.Config.Schema: %v", millrace.ErrConfig, err)
 	}
-	if cfg.PollInterval < 0 || cfg.ClaimBatch < 0 {
-		return nil, fmt.Errorf("%w: saga.Config: PollInterval and ClaimBatch must not be negative", millrace.ErrConfig)
+	if cfg.PollInterval < 0 || cfg.ClaimBatch < 0 || cfg.MaxTimerFailures < 0 {
+		return nil, fmt.Errorf("%w: saga.Config: PollInterval, ClaimBatch and MaxTimerFailures must not be negative", millrace.ErrConfig)
 	}
 	if cfg.Writer == nil {
 		if cfg.Writer, err = outbox.NewWriter(pool, outbox.WriterConfig{Schema: schema}); err != nil {
@@ -151,12 +165,15 @@ func New(pool *pgxpool.Pool, cfg Config) (*Orchestrator, error) {
 	if cfg.ClaimBatch == 0 {
 		cfg.ClaimBatch = 100
 	}
+	if cfg.MaxTimerFailures == 0 {
+		cfg.MaxTimerFailures = 5
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = logging.Default()
 	}
 	return &Orchestrator{
 		pool: pool, schema: schema, writer: cfg.Writer, dedup: dedup, clock: cfg.Clock,
-		poll: cfg.PollInterval, batch: cfg.ClaimBatch, hook: cfg.Hook, metrics: cfg.Metrics,
+		poll: cfg.PollInterval, batch: cfg.ClaimBatch, maxFailures: cfg.MaxTimerFailures, hook: cfg.Hook, metrics: cfg.Metrics,
 		logger: cfg.Logger, sql: newStatements(schema), consumer: cfg.Consumer,
 		defs: map[string]map[int]*def{},
 	}, nil
@@ -165,7 +182,9 @@ func New(pool *pgxpool.Pool, cfg Config) (*Orchestrator, error) {
 // Register adds definitions. Several versions of one type may be
 // registered at once: each instance runs on the version it started with.
 // Registering a type and version twice is an error wrapping
-// millrace.ErrConfig, unless it is the very same *Definition.
+// millrace.ErrConfig, unless it is the very same *Definition; so is a
+// definition whose command or reply topic the Writer refuses
+// (WriterConfig.ValidateTopic; the error wraps the *outbox.EventError too).
 func (o *Orchestrator) Register(defs ...Registrable) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -174,6 +193,9 @@ func (o *Orchestrator) Register(defs ...Registrable) error {
 			return fmt.Errorf("%w: saga.Register: nil definition", millrace.ErrConfig)
 		}
 		d := r.erased()
+		if err := o.checkTopics(d); err != nil {
+			return err
+		}
 		byVersion := o.defs[d.typ]
 		if byVersion == nil {
 			byVersion = map[int]*def{}
@@ -183,6 +205,31 @@ func (o *Orchestrator) Register(defs ...Registrable) error {
 			return fmt.Errorf("%w: saga %q v%d is registered already", millrace.ErrConfig, d.typ, d.version)
 		}
 		byVersion[d.version] = d
+	}
+	return nil
+}
+
+// checkTopics checks d's reply topic and command topics as the Writer
+// checks an event's topic.
+func (o *Orchestrator) checkTopics(d *def) error {
+	check := func(what, topic string) error {
+		err := o.writer.Validate(outbox.Event{Topic: topic, PartitionKey: d.typ, Payload: []byte("{}")})
+		if err != nil {
+			return fmt.Errorf("%w: saga %q v%d: %s topic %q: %w", millrace.ErrConfig, d.typ, d.version, what, topic, err)
+		}
+		return nil
+	}
+	if err := check("reply", d.replyTopic); err != nil {
+		return err
+	}
+	for _, s := range d.steps {
+		for _, c := range []*command{s.action, s.comp} {
+			if c != nil {
+				if err := check("step "+s.name+" command", c.topic); err != nil {
+					return err
+				}
+			}
+		}
 	}
 	return nil
 }

@@ -76,6 +76,9 @@ func StartTx[D any](ctx context.Context, tx pgx.Tx, o *Orchestrator, def *Defini
 		return nil, fmt.Errorf("%w %q: %v", ErrInvalidID, id, err)
 	}
 	raw, err := json.Marshal(data)
+	if err == nil {
+		err = checkStorable(raw)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("saga %s: encode data: %w", id, err)
 	}
@@ -97,7 +100,7 @@ func StartTx[D any](ctx context.Context, tx pgx.Tx, o *Orchestrator, def *Defini
 			return nil, err
 		}
 		in.NextWakeupAt = m.nextWakeup()
-		steps, err := json.Marshal(in.Steps)
+		steps, err := encodeSteps(in.Steps)
 		if err != nil {
 			return nil, fmt.Errorf("saga %s: encode step state: %w", id, err)
 		}
@@ -105,7 +108,7 @@ func StartTx[D any](ctx context.Context, tx pgx.Tx, o *Orchestrator, def *Defini
 			in.Attempts, oneLine(in.LastError), now}, historyArgs(m.hist)...)
 		var inserted int
 		if err := tx.QueryRow(ctx, o.sql.insertStarted, args...).Scan(&inserted); err != nil {
-			return nil, fmt.Errorf("saga %s: insert: %w", id, err)
+			return nil, fmt.Errorf("saga %s: insert: %w", id, o.tablesError(err))
 		}
 		if inserted == 1 {
 			if len(m.events) > 0 {
@@ -120,7 +123,7 @@ func StartTx[D any](ctx context.Context, tx pgx.Tx, o *Orchestrator, def *Defini
 	}
 	tag, err := tx.Exec(ctx, o.sql.insert, id, d.typ, d.version, raw, in.DeadlineAt, now)
 	if err != nil {
-		return nil, fmt.Errorf("saga %s: insert: %w", id, err)
+		return nil, fmt.Errorf("saga %s: insert: %w", id, o.tablesError(err))
 	}
 	if tag.RowsAffected() == 0 {
 		return o.existing(ctx, tx, d, id, raw)

@@ -133,7 +133,9 @@ type HistoryEntry struct {
 	// Event is what happened: started, command, reply, fenced, timeout,
 	// retry, failed, compensate, completed, compensated, stuck, deadline,
 	// deadline_moved, operator, operator_request, operator_refused,
-	// operator_withdrawn, unregistered, migrated.
+	// operator_withdrawn, unregistered, migrated, timer_failed,
+	// operator_failed (a technical failure of a timer pass, rolled back;
+	// see Config.MaxTimerFailures).
 	Event     string
 	Step      string
 	Operation string
@@ -151,6 +153,7 @@ type statements struct {
 	markMany, lockMany, updateMany                       string
 	insertStarted                                        string
 	request, claimRequests, clearRequest                 string // operator.go
+	failuresInARow, postpone, park                       string // timer.go
 	instance, historyTable                               string
 }
 
@@ -160,6 +163,7 @@ const instanceCols = `id, type, def_version, status, phase, step, steps, data, i
 func newStatements(schema string) statements {
 	s := baseStatements(schema)
 	batchStatements(schema, &s)
+	timerStatements(schema, &s)
 	return s
 }
 
@@ -195,9 +199,13 @@ SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[], $5::
      WHERE EXISTS (SELECT 1 FROM ins)
 )
 SELECT count(*) FROM ins`, inst, hist),
-		// Relies on the partial index saga_instance_wakeup_idx.
+		// Relies on the partial index saga_instance_wakeup_idx. Only the
+		// registered types and versions: others are another
+		// orchestrator's (another service on the schema, another version
+		// during a rolling deploy).
 		claim: fmt.Sprintf(`SELECT %s FROM %s
  WHERE next_wakeup_at <= $1
+   AND (type, def_version) IN (SELECT * FROM unnest($3::text[], $4::int[]))
  ORDER BY next_wakeup_at
  LIMIT $2
    FOR UPDATE SKIP LOCKED`, instanceCols, inst),
@@ -289,7 +297,7 @@ func historyArgs(rows []historyRow) []any {
 		outcomes[i], statuses[i], actors[i], reasons[i] = clean(r.outcome), r.status, clean(r.actor), oneLine(r.reason)
 		ats[i], attempts[i] = r.at, int32(r.attempt)
 		if r.detail != nil {
-			s := string(r.detail)
+			s := string(storable(r.detail))
 			details[i] = &s
 		}
 	}

@@ -2,12 +2,15 @@ package saga
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/millrace/internal/backoff"
+	"github.com/millrace/millrace/internal/sqlident"
 )
 
 // Run fires the sagas' timers until ctx ends: every PollInterval it claims
@@ -17,11 +20,19 @@ import (
 // in one process or many, share the work: a saga is claimed with FOR
 // UPDATE SKIP LOCKED, so one loop fires it and the others pass over it.
 //
-// At start Run reports, loudly (an error log and the unregistered metric),
-// the live sagas of a registered type whose version is not registered, and
-// parks them as stuck with that reason: nothing would ever move them. It
-// returns nil when ctx ends.
+// At start Run probes the saga tables with the statements it will run (in
+// a transaction it rolls back) and returns an error at once if they are
+// missing ("saga tables missing in schema ...: migrations applied?", a
+// wrong Schema or migrations not applied) or the role lacks a privilege
+// on them; other database failures, then and later, are logged and
+// retried. Then it reports, loudly (an error log and the unregistered
+// metric), the live sagas of a registered type whose version is not
+// registered, and parks them as stuck with that reason: nothing would ever
+// move them. It returns nil when ctx ends.
 func (o *Orchestrator) Run(ctx context.Context) error {
+	if err := o.probe(ctx); err != nil { // probe.go
+		return err
+	}
 	if _, err := o.ParkUnregistered(ctx); err != nil && ctx.Err() == nil {
 		o.logger.Error("saga: checking for unregistered versions", err, nil)
 	}
@@ -32,15 +43,23 @@ func (o *Orchestrator) Run(ctx context.Context) error {
 			return nil
 		}
 		wait := o.poll
-		if err != nil {
+		switch {
+		case err != nil && n == 0 && !onlySkipped(err):
 			failures++
 			wait = backoff.Exponential(failures, o.poll, 30*o.poll)
 			o.logger.Error("saga: timers", err, nil)
-		} else {
+		case err != nil:
+			// Some sagas failed alone (they are tried again after a
+			// backoff of their own), others may have moved: go on after
+			// one interval, so a failing request is not retried in a
+			// tight loop, nor the other sagas' timers held up.
 			failures = 0
-			if n > 0 {
-				continue // maybe more are due
-			}
+			o.logger.Error("saga: timers", err, nil)
+		case n > 0:
+			failures = 0
+			continue // maybe more are due
+		default:
+			failures = 0
 		}
 		if !backoff.Sleep(ctx, wait) {
 			return nil
@@ -48,17 +67,28 @@ func (o *Orchestrator) Run(ctx context.Context) error {
 	}
 }
 
-// RunDue fires the timers due now (by Clock) of at most ClaimBatch sagas,
-// in one transaction, and returns how many sagas it woke. A test harness
-// with its own Clock calls it after moving the clock.
+// RunDue fires the timers due now (by Clock) of at most ClaimBatch sagas
+// of the registered types and versions (a saga of a type or version this
+// orchestrator does not have is left to one that has it), in one
+// transaction, and returns how many sagas it woke. A test harness with its
+// own Clock calls it after moving the clock.
+//
+// Each saga is woken under a savepoint of its own: one whose timer fails
+// technically (a database error, a failing Hook) is rolled back alone and
+// skipped, with a "timer_failed" history line, and tried again after a
+// backoff, while the others commit; the error is returned, joined with the
+// others'. After Config.MaxTimerFailures such failures in a row it is
+// parked as stuck with the error as the reason (and counted in the
+// number returned).
 //
 // It first applies the pending operator requests (Operator) of the sagas
 // of the registered types (applyRequests, operator.go); they count in
 // the number returned.
 func (o *Orchestrator) RunDue(ctx context.Context) (int, error) {
-	requests, err := o.applyRequests(ctx)
-	if err != nil {
-		return requests, err
+	requests, reqErr := o.applyRequests(ctx)
+	types, versions := o.registeredPairs()
+	if len(types) == 0 || ctx.Err() != nil {
+		return requests, reqErr
 	}
 	now := o.clock.Now()
 	type done struct {
@@ -66,46 +96,46 @@ func (o *Orchestrator) RunDue(ctx context.Context) (int, error) {
 		after []func()
 	}
 	var woken []done
-	err = pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
-		woken = woken[:0]
-		due, err := queryInstances(ctx, tx, o.sql.claim, now, o.batch)
+	var failed error
+	err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
+		woken, failed = woken[:0], nil
+		// Relies on the partial index saga_instance_wakeup_idx.
+		due, err := queryInstances(ctx, tx, o.sql.claim, now, o.batch, types, versions)
 		if err != nil {
-			return fmt.Errorf("saga: claim due sagas: %w", err)
+			return fmt.Errorf("saga: claim due sagas: %w", o.tablesError(err))
 		}
 		for _, in := range due {
-			if err := o.callHook(ctx, HookLoaded, in.ID); err != nil {
-				return err
+			claimed := *in // as read: the machine changes in
+			sp, err := tx.Begin(ctx)
+			if err != nil {
+				return fmt.Errorf("saga %s: savepoint: %w", in.ID, err)
 			}
-			d := o.definition(in.Type, in.Version)
-			var after []func()
-			if d == nil {
-				if after, err = o.unregistered(ctx, tx, in, now, nil); err != nil {
-					return err
+			after, err := o.wake(ctx, sp, in, now)
+			if err == nil {
+				if err := sp.Commit(ctx); err != nil {
+					return fmt.Errorf("saga %s: release savepoint: %w", in.ID, err)
 				}
-			} else {
-				mctx, span := startTransition(ctx, "timer", in.ID, in.Step, nil) // tracing.go
-				m := &machine{o: o, d: d, in: in, ctx: mctx, tx: tx, now: now}
-				err := m.onWake()
-				span.End(err)
-				if err != nil {
-					return err
-				}
-				if err := m.save(); err != nil {
-					return err
-				}
-				after = m.after
+				woken = append(woken, done{in.ID, after})
+				continue
 			}
-			if err := o.callHook(ctx, HookBeforeCommit, in.ID); err != nil {
-				return err
+			if rerr := sp.Rollback(ctx); rerr != nil || ctx.Err() != nil {
+				return errors.Join(err, rerr)
 			}
-			woken = append(woken, done{in.ID, after})
+			parked, after, ferr := o.timerFailed(ctx, tx, &claimed, now, err)
+			if ferr != nil {
+				return errors.Join(err, ferr)
+			}
+			failed = errors.Join(failed, skipped{err})
+			if parked {
+				woken = append(woken, done{in.ID, after})
+			}
 		}
 		return nil
 	})
 	if err != nil {
-		return requests, err
+		return requests, errors.Join(reqErr, err)
 	}
-	var hookErr error
+	hookErr := errors.Join(reqErr, failed)
 	for _, w := range woken {
 		for _, f := range w.after {
 			f()
@@ -115,6 +145,162 @@ func (o *Orchestrator) RunDue(ctx context.Context) (int, error) {
 		}
 	}
 	return requests + len(woken), hookErr
+}
+
+// skipped is the technical failure of one saga's timer or operator
+// request in a pass that went on with the others.
+type skipped struct{ err error }
+
+func (e skipped) Error() string { return e.err.Error() }
+func (e skipped) Unwrap() error { return e.err }
+
+// onlySkipped reports whether err (maybe joined) is made of skipped
+// failures only: the pass itself worked.
+func onlySkipped(err error) bool {
+	switch e := err.(type) {
+	case skipped:
+		return true
+	case interface{ Unwrap() []error }:
+		for _, c := range e.Unwrap() {
+			if !onlySkipped(c) {
+				return false
+			}
+		}
+		return true
+	}
+	return false
+}
+
+// wake fires one claimed saga's timer in tx.
+func (o *Orchestrator) wake(ctx context.Context, tx pgx.Tx, in *Instance, now time.Time) ([]func(), error) {
+	if err := o.callHook(ctx, HookLoaded, in.ID); err != nil {
+		return nil, err
+	}
+	d := o.definition(in.Type, in.Version)
+	var after []func()
+	if d == nil {
+		// Claimed as registered: only a definition registered meanwhile
+		// could differ, and definitions are never unregistered.
+		var err error
+		if after, err = o.unregistered(ctx, tx, in, now, nil); err != nil {
+			return nil, err
+		}
+	} else {
+		mctx, span := startTransition(ctx, "timer", in.ID, in.Step, nil) // tracing.go
+		m := &machine{o: o, d: d, in: in, ctx: mctx, tx: tx, now: now}
+		err := m.onWake()
+		if err == nil {
+			err = m.save()
+		}
+		span.End(err)
+		if err != nil {
+			return nil, err
+		}
+		after = m.after
+	}
+	if err := o.callHook(ctx, HookBeforeCommit, in.ID); err != nil {
+		return nil, err
+	}
+	return after, nil
+}
+
+// Events of the history for technical failures of a timer pass.
+const (
+	eventTimerFailed    = "timer_failed"
+	eventOperatorFailed = "operator_failed"
+)
+
+// failuresInARow returns how many history lines of event (timer_failed or
+// operator_failed) the saga has had since its last other event (fenced
+// replies and the other kind of failure aside): its failures in a row,
+// kept across restarts.
+func (o *Orchestrator) failuresInARow(ctx context.Context, tx pgx.Tx, id, event string) (int, error) {
+	var n int
+	if err := tx.QueryRow(ctx, o.sql.failuresInARow, id, event).Scan(&n); err != nil {
+		return 0, fmt.Errorf("saga %s: count failures: %w", id, err)
+	}
+	return n, nil
+}
+
+// timerFailed records that saga in's timer failed technically with cause
+// (its own work rolled back) and reports whether the saga is now parked
+// as stuck: after MaxTimerFailures in a row. Until then its next wake-up
+// is moved back by a backoff, so the next passes claim other sagas first.
+func (o *Orchestrator) timerFailed(ctx context.Context, tx pgx.Tx, in *Instance, now time.Time, cause error) (parked bool, after []func(), err error) {
+	n, err := o.failuresInARow(ctx, tx, in.ID, eventTimerFailed)
+	if err != nil {
+		return false, nil, err
+	}
+	n++
+	hist := []historyRow{{sagaID: in.ID, at: now, event: eventTimerFailed, step: in.Step, status: string(in.Status),
+		reason: fmt.Sprintf("failure %d of %d in a row: %v", n, o.maxFailures, cause)}}
+	if n < o.maxFailures {
+		next := now.Add(backoff.Exponential(n, o.poll, 30*o.poll))
+		if _, err := tx.Exec(ctx, o.sql.postpone, in.ID, next); err != nil {
+			return false, nil, fmt.Errorf("saga %s: postpone its timer: %w", in.ID, err)
+		}
+		return false, nil, o.writeHistory(ctx, tx, hist)
+	}
+	reason := fmt.Sprintf("its timer failed %d times in a row: %v", n, cause)
+	if _, err := tx.Exec(ctx, o.sql.park, in.ID, oneLine(reason), now); err != nil {
+		return false, nil, fmt.Errorf("saga %s: park as stuck: %w", in.ID, err)
+	}
+	hist = append(hist, historyRow{sagaID: in.ID, at: now, event: "stuck", step: in.Step, status: string(StatusStuck), reason: reason})
+	if err := o.writeHistory(ctx, tx, hist); err != nil {
+		return false, nil, err
+	}
+	o.logger.Error("saga: parked as stuck after repeated timer failures", cause, map[string]any{"saga_id": in.ID, "failures": n})
+	if mt := o.metrics; mt != nil {
+		typ := in.Type
+		after = append(after, func() { mt.stuck.WithLabelValues(typ).Inc() })
+	}
+	return true, after, nil
+}
+
+// requestFailed records that saga in's operator request failed
+// technically with cause (its work rolled back) and reports whether it is
+// dropped now, after MaxTimerFailures in a row, recorded as
+// "operator_refused" with the error: the caller then clears it.
+func (o *Orchestrator) requestFailed(ctx context.Context, tx pgx.Tx, in *Instance, cause error) (dropped bool, err error) {
+	n, err := o.failuresInARow(ctx, tx, in.ID, eventOperatorFailed)
+	if err != nil {
+		return false, err
+	}
+	n++
+	r, now := in.Request, o.clock.Now()
+	row := historyRow{sagaID: in.ID, at: now, event: eventOperatorFailed, step: in.Step, actor: r.Operator,
+		status: string(in.Status), reason: fmt.Sprintf("failure %d of %d in a row: %v", n, o.maxFailures, cause)}
+	if n >= o.maxFailures {
+		msg := fmt.Sprintf("failed %d times in a row: %v", n, cause)
+		row.event, row.reason = "operator_refused", r.Reason
+		row.detail, _ = json.Marshal(map[string]any{"action": r.Action, "requested_at": r.RequestedAt, "error": oneLine(msg)})
+		o.logger.Error("saga: operator request dropped after repeated failures", cause, map[string]any{"saga_id": in.ID, "action": r.Action, "operator": r.Operator})
+	}
+	return n >= o.maxFailures, o.writeHistory(ctx, tx, []historyRow{row})
+}
+
+// registeredPairs returns the registered types and versions as the two
+// column arrays the claim statements take.
+func (o *Orchestrator) registeredPairs() (types []string, versions []int32) {
+	for t, vs := range o.registered() {
+		for _, v := range vs {
+			types, versions = append(types, t), append(versions, int32(v))
+		}
+	}
+	return types, versions
+}
+
+func timerStatements(schema string, s *statements) {
+	inst, hist := sqlident.Table(schema, "saga_instance"), sqlident.Table(schema, "saga_history")
+	// Relies on saga_history_saga_idx (saga_id, id).
+	s.failuresInARow = fmt.Sprintf(`SELECT count(*) FROM %[1]s
+ WHERE saga_id = $1 AND event = $2
+   AND id > (SELECT coalesce(max(id), 0) FROM %[1]s
+              WHERE saga_id = $1 AND event NOT IN ('timer_failed', 'operator_failed', 'fenced'))`, hist)
+	s.postpone = fmt.Sprintf(`UPDATE %s SET next_wakeup_at = $2 WHERE id = $1`, inst)
+	s.park = fmt.Sprintf(`UPDATE %s SET status = 'stuck', next_wakeup_at = NULL, last_error = $2, updated_at = $3,
+       version = version + 1
+ WHERE id = $1`, inst)
 }
 
 // ParkUnregistered finds the live sagas (running or compensating) of the
