@@ -1,6 +1,7 @@
 package outbox_test
 
 import (
+	"context"
 	"encoding/json"
 	"sync"
 	"testing"
@@ -32,6 +33,34 @@ func (d *deliveries) add(m *message.Message) {
 	defer d.mu.Unlock()
 	d.list = append(d.list, received{id: m.UUID, key: m.Metadata.Get(millrace.MetadataPartitionKey), seq: body.Seq})
 	d.seen[m.UUID]++
+}
+
+// record subscribes to topic with sub and records what arrives,
+// acknowledging each message, until the test ends.
+func record(t *testing.T, sub message.Subscriber, topic string) *deliveries {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	ch, err := sub.Subscribe(ctx, topic)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	d := newDeliveries()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for m := range ch {
+			d.add(m)
+			m.Ack()
+		}
+	}()
+	// Registered after the subscriber's own cleanup, so it runs first: the
+	// subscription ends, then the subscriber closes.
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	return d
 }
 
 func (d *deliveries) unique() int {
