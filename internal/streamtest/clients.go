@@ -2,6 +2,7 @@ package streamtest
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -41,14 +42,18 @@ func RedisPublisher(t testing.TB, url string) *redisstream.Publisher {
 // RedisSubscriber reads streams from their start as one consumer of
 // consumer group group. A nacked message is sent again at once, before the
 // next. Its reader stops at once when the test ends (by default it sleeps
-// half a second after the read error a cancelled read is, outliving Close).
+// half a second after the read error a cancelled read is, outliving Close;
+// a read error with the subscriber open is still logged and retried).
 func RedisSubscriber(t testing.TB, url, group string) *redisstream.Subscriber {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	sub, err := redisstream.NewSubscriber(redisstream.SubscriberConfig{
 		Client: RedisClient(t, url), ConsumerGroup: group, OldestId: "0",
 		DisableIndefiniteInitialBlock: true, // so Close does not wait on a blocked XREADGROUP
-		ShouldStopOnReadErrors:        func(error) bool { return ctx.Err() != nil },
+		ShouldStopOnReadErrors: func(err error) bool {
+			// Closing cancels the read (a Router closes its subscribers).
+			return ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, redis.ErrClosed)
+		},
 	}, nil)
 	if err != nil {
 		cancel()
