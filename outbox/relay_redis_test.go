@@ -52,3 +52,41 @@ func TestRelayRedisStreamsOutageMidDrain(t *testing.T) {
 	dups := d.check(t, ids)
 	t.Logf("Redis Streams: %d events, 0 lost, %d duplicates", len(ids), dups)
 }
+
+// What Redis Streams does not keep: two consumers of one consumer group
+// split the stream message by message, whatever the key, so a key's events
+// are handled by both at once and per-key order is lost. (Order per key
+// holds with one consumer per group, as the other tests read.)
+func TestRedisStreamsConsumerGroupOfTwoSplitsKeys(t *testing.T) {
+	t.Parallel()
+	url := streamtest.RedisURL(t)
+	db := pgtest.New(t)
+	stream := pgtest.RandomName("millrace_test")
+	ids := writeN(t, newWriter(t, db), stream, 1_000, 10)
+	startRelay(t, db, outbox.RelayConfig{Publisher: streamtest.RedisPublisher(t, url)})
+	eventually(t, time.Minute, "backlog drained", func() bool { return countRows(t, db, "outbox_pending", "") == 0 })
+	group := pgtest.RandomName("group")
+	a := record(t, streamtest.RedisSubscriber(t, url, group), stream)
+	b := record(t, streamtest.RedisSubscriber(t, url, group), stream)
+	eventually(t, time.Minute, "all events consumed", func() bool { return a.unique()+b.unique() >= len(ids) })
+	keysOf := func(d *deliveries) map[string]bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		keys := map[string]bool{}
+		for _, m := range d.list {
+			keys[m.key] = true
+		}
+		return keys
+	}
+	ka, kb := keysOf(a), keysOf(b)
+	shared := 0
+	for k := range ka {
+		if kb[k] {
+			shared++
+		}
+	}
+	if shared == 0 {
+		t.Fatalf("the two consumers got disjoint keys (%d and %d messages): the group kept keys apart", a.unique(), b.unique())
+	}
+	t.Logf("%d and %d messages; %d of 10 keys went to both consumers", a.unique(), b.unique(), shared)
+}
