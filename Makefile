@@ -36,10 +36,10 @@ demo:
 test: test-embedded test-kafka
 
 test-embedded:
-	@url="$$(scripts/pg-up.sh)" && amqp="$$(scripts/rabbitmq-up.sh)" && chromium="$$(scripts/chromium.sh)" && \
+	@url="$$(scripts/pg-up.sh)" && amqp="$$(scripts/rabbitmq-up.sh)" && redis="$$(scripts/redis-up.sh)" && nats="$$(scripts/nats-up.sh)" && chromium="$$(scripts/chromium.sh)" && \
 	echo "go vet ./..." && $(GO) vet ./... && \
 	echo "tier 1, embedded broker: go test -race ./..." && \
-	DATABASE_URL="$$url" AMQP_URL="$$amqp" CHROMIUM_PATH="$$chromium" $(GO) test -race -timeout 12m ./...
+	DATABASE_URL="$$url" AMQP_URL="$$amqp" REDIS_URL="$$redis" NATS_URL="$$nats" CHROMIUM_PATH="$$chromium" $(GO) test -race -timeout 12m ./...
 
 test-kafka:
 	@url="$$(scripts/pg-up.sh)" && brokers="$$(scripts/kafka-up.sh)" && brokers="$${brokers#KAFKA_BROKERS=}" && \
