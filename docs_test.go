@@ -1,10 +1,14 @@
 package millrace_test
 
 import (
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -46,5 +50,55 @@ func TestDocsCiteNoAbsentDocuments(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Every Example function can be pasted into a user's own module: a test
+// file that declares one imports no internal package, since a user's
+// module cannot.
+func TestExamplesUseOnlyThePublicAPI(t *testing.T) {
+	t.Parallel()
+	fset := token.NewFileSet()
+	examples := 0
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if name := d.Name(); path != "." && (strings.HasPrefix(name, ".") || name == "testdata") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+		if err != nil {
+			return err
+		}
+		var names []string
+		for _, decl := range f.Decls {
+			if fn, ok := decl.(*ast.FuncDecl); ok && fn.Recv == nil && strings.HasPrefix(fn.Name.Name, "Example") {
+				names = append(names, fn.Name.Name)
+			}
+		}
+		if len(names) == 0 {
+			return nil
+		}
+		examples += len(names)
+		for _, imp := range f.Imports {
+			p, _ := strconv.Unquote(imp.Path.Value)
+			if strings.Contains(p, "/internal/") || strings.HasSuffix(p, "/internal") {
+				t.Errorf("%s (%s) imports %s: an Example must use only the public API so a user can paste it", path, strings.Join(names, ", "), p)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if examples == 0 {
+		t.Fatal("found no Example functions: the walk is broken")
 	}
 }

@@ -4,14 +4,16 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"math/rand/v2"
+	"os"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/compensation"
-	"github.com/millrace/millrace/internal/pgtest"
-	"github.com/millrace/millrace/internal/sqlident"
+	"github.com/millrace/millrace/migrations"
 )
 
 type ReserveCredit struct {
@@ -29,18 +31,32 @@ type CreditReserved struct {
 // AddToRouter wires the handler.
 func Example_participant() {
 	ctx := context.Background()
-	db, closeDB, err := pgtest.Open(ctx, 4)
+	url := os.Getenv("DATABASE_URL")
+	if url == "" {
+		url = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	}
+	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer closeDB()
-	account := sqlident.Table(db.Schema, "account")
-	if _, err := db.Pool.Exec(ctx, `CREATE TABLE `+account+` (id text PRIMARY KEY, credit int NOT NULL);
+	defer pool.Close()
+	// A schema of its own, dropped at the end.
+	schema := fmt.Sprintf("example_%08x", rand.Uint32())
+	defer pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE") //nolint:errcheck
+	m, err := migrations.New(pool, migrations.Config{Schema: schema})
+	if err == nil {
+		_, err = m.Up(ctx) // millrace's tables
+	}
+	if err != nil {
+		log.Fatal(err)
+	}
+	account := pgx.Identifier{schema, "account"}.Sanitize()
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+account+` (id text PRIMARY KEY, credit int NOT NULL);
 INSERT INTO `+account+` VALUES ('alice', 100)`); err != nil {
 		log.Fatal(err)
 	}
 
-	p, err := compensation.NewParticipant(db.Pool, compensation.Config{Schema: db.Schema, Name: "payments"})
+	p, err := compensation.NewParticipant(pool, compensation.Config{Schema: schema, Name: "payments"})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -80,10 +96,10 @@ INSERT INTO `+account+` VALUES ('alice', 100)`); err != nil {
 			log.Fatal(err)
 		}
 		var outcome, reason, payload string
-		_ = db.Pool.QueryRow(ctx, `SELECT headers->>'saga_outcome', coalesce(headers->>'saga_reason', ''), payload::text FROM `+
-			sqlident.Table(db.Schema, "outbox_event")+` ORDER BY id DESC LIMIT 1`).Scan(&outcome, &reason, &payload)
+		_ = pool.QueryRow(ctx, `SELECT headers->>'saga_outcome', coalesce(headers->>'saga_reason', ''), payload::text FROM `+
+			pgx.Identifier{schema, "outbox_event"}.Sanitize()+` ORDER BY id DESC LIMIT 1`).Scan(&outcome, &reason, &payload)
 		var credit int
-		_ = db.Pool.QueryRow(ctx, `SELECT credit FROM `+account).Scan(&credit)
+		_ = pool.QueryRow(ctx, `SELECT credit FROM `+account).Scan(&credit)
 		if reason != "" {
 			reason = " (" + reason + ")"
 		}

@@ -6,25 +6,44 @@ import (
 	"io"
 	"log"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"regexp"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/millrace/millrace/console"
-	"github.com/millrace/millrace/internal/pgtest"
+	"github.com/millrace/millrace/migrations"
 )
 
 // Mount the console under /ops on a service's own mux, read-only.
 func Example_mount() {
 	ctx := context.Background()
-	db, closeDB, err := pgtest.Open(ctx, 2)
+	url := os.Getenv("DATABASE_URL")
+	if url == "" {
+		url = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	}
+	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer closeDB()
+	defer pool.Close()
+	// A schema of its own, dropped at the end.
+	schema := fmt.Sprintf("example_%08x", rand.Uint32())
+	defer pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE") //nolint:errcheck
+	m, err := migrations.New(pool, migrations.Config{Schema: schema})
+	if err == nil {
+		_, err = m.Up(ctx) // millrace's tables
+	}
+	if err != nil {
+		log.Fatal(err)
+	}
 
-	c, err := console.New(db.Pool, console.Config{
-		Schema:   db.Schema,
+	c, err := console.New(pool, console.Config{
+		Schema:   schema,
 		Prefix:   "/ops",
 		ReadOnly: true,
 		Operator: console.HeaderOperator("X-Auth-Request-User"),

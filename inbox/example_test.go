@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"math/rand/v2"
+	"os"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
@@ -11,31 +13,38 @@ import (
 
 	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/inbox"
-	"github.com/millrace/millrace/internal/pgtest"
-	"github.com/millrace/millrace/internal/sqlident"
+	"github.com/millrace/millrace/migrations"
 	"github.com/millrace/millrace/outbox"
 )
-
-// exampleSchema connects, migrates a fresh schema with a payments table,
-// and returns a function that drops it.
-func exampleSchema(ctx context.Context) (*pgxpool.Pool, string, func()) {
-	db, closeDB, err := pgtest.Open(ctx, 4)
-	if err != nil {
-		log.Fatal(err)
-	}
-	if _, err := db.Pool.Exec(ctx, `CREATE TABLE `+sqlident.Table(db.Schema, "payment")+` (order_id text PRIMARY KEY)`); err != nil {
-		log.Fatal(err)
-	}
-	return db.Pool, db.Schema, closeDB
-}
 
 // Consume, process, produce: the handler records a payment and emits
 // PaymentCaptured through the outbox, in the dedup middleware's
 // transaction. A redelivery changes nothing.
 func Example_consumeProcessProduce() {
 	ctx := context.Background()
-	pool, schema, drop := exampleSchema(ctx)
-	defer drop()
+	url := os.Getenv("DATABASE_URL")
+	if url == "" {
+		url = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	// A schema of its own, dropped at the end.
+	schema := fmt.Sprintf("example_%08x", rand.Uint32())
+	defer pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE") //nolint:errcheck
+	m, err := migrations.New(pool, migrations.Config{Schema: schema})
+	if err == nil {
+		_, err = m.Up(ctx) // millrace's tables
+	}
+	if err != nil {
+		log.Fatal(err)
+	}
+	payment := pgx.Identifier{schema, "payment"}.Sanitize() // the service's own table
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+payment+` (order_id text PRIMARY KEY)`); err != nil {
+		log.Fatal(err)
+	}
 
 	dedup, err := inbox.NewDeduplicator(pool, inbox.DedupConfig{Schema: schema, Consumer: "payments"})
 	if err != nil {
@@ -48,7 +57,7 @@ func Example_consumeProcessProduce() {
 	handle := func(msg *message.Message) ([]*message.Message, error) {
 		tx, _ := inbox.TxFromContext(msg.Context())
 		orderID := msg.Metadata.Get(millrace.MetadataAggregateID)
-		if _, err := tx.Exec(msg.Context(), `INSERT INTO `+sqlident.Table(schema, "payment")+` (order_id) VALUES ($1)`, orderID); err != nil {
+		if _, err := tx.Exec(msg.Context(), `INSERT INTO `+payment+` (order_id) VALUES ($1)`, orderID); err != nil {
 			return nil, err
 		}
 		_, err := writer.WriteTx(msg.Context(), tx, outbox.Event{
@@ -68,8 +77,8 @@ func Example_consumeProcessProduce() {
 		}
 	}
 	var payments, events int
-	_ = pool.QueryRow(ctx, `SELECT count(*) FROM `+sqlident.Table(schema, "payment")).Scan(&payments)
-	_ = pool.QueryRow(ctx, `SELECT count(*) FROM `+sqlident.Table(schema, "outbox_event")).Scan(&events)
+	_ = pool.QueryRow(ctx, `SELECT count(*) FROM `+payment).Scan(&payments)
+	_ = pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{schema, "outbox_event"}.Sanitize()).Scan(&events)
 	fmt.Println("payments:", payments, "events emitted:", events)
 	// Output: payments: 1 events emitted: 1
 }
@@ -78,8 +87,29 @@ func Example_consumeProcessProduce() {
 // applies them later, once each.
 func Example_storeThenProcess() {
 	ctx := context.Background()
-	pool, schema, drop := exampleSchema(ctx)
-	defer drop()
+	url := os.Getenv("DATABASE_URL")
+	if url == "" {
+		url = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	// A schema of its own, dropped at the end.
+	schema := fmt.Sprintf("example_%08x", rand.Uint32())
+	defer pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE") //nolint:errcheck
+	m, err := migrations.New(pool, migrations.Config{Schema: schema})
+	if err == nil {
+		_, err = m.Up(ctx) // millrace's tables
+	}
+	if err != nil {
+		log.Fatal(err)
+	}
+	payment := pgx.Identifier{schema, "payment"}.Sanitize() // the service's own table
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+payment+` (order_id text PRIMARY KEY)`); err != nil {
+		log.Fatal(err)
+	}
 
 	receiver, err := inbox.NewReceiver(pool, inbox.ReceiverConfig{Schema: schema, Consumer: "ledger"})
 	if err != nil {
@@ -88,7 +118,7 @@ func Example_storeThenProcess() {
 	processor, err := inbox.NewProcessor(pool, inbox.ProcessorConfig{
 		Schema: schema, Consumer: "ledger",
 		Handler: func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
-			_, err := tx.Exec(ctx, `INSERT INTO `+sqlident.Table(schema, "payment")+` (order_id) VALUES ($1)`, string(msg.Payload))
+			_, err := tx.Exec(ctx, `INSERT INTO `+payment+` (order_id) VALUES ($1)`, string(msg.Payload))
 			return err
 		},
 	})

@@ -4,17 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/internal/sqlident"
 	"github.com/millrace/millrace/outbox"
@@ -679,81 +676,4 @@ func TestStats(t *testing.T) {
 	if !s.PendingEstimated || s.Pending != 4 || s.Dead != 2 {
 		t.Errorf("estimated Stats = %+v; want Pending 4 (estimated), Dead 2", s)
 	}
-}
-
-// failingPublisher refuses every message, as a broker would refuse a
-// message that breaks its limits.
-type failingPublisher struct{}
-
-func (failingPublisher) Publish(string, ...*message.Message) error {
-	return millrace.Permanent(errors.New("message too large"))
-}
-func (failingPublisher) Close() error { return nil }
-
-// Example_deadLetters shows an operator finding a dead letter, reading why
-// it failed, and requeueing it once the cause is fixed.
-func Example_deadLetters() {
-	ctx := context.Background()
-	db, closeDB, err := pgtest.Open(ctx, 4) // a pool and a freshly migrated schema
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer closeDB()
-	pool, schema := db.Pool, db.Schema
-
-	w, _ := outbox.NewWriter(pool, outbox.WriterConfig{Schema: schema})
-	if _, err := w.Write(ctx, outbox.Event{
-		ID: "0190b7e2-5f00-7000-8000-000000000001", Topic: "orders", PartitionKey: "order-1",
-		EventType: "OrderCreated", Payload: []byte(`{"id":"order-1"}`),
-	}); err != nil {
-		log.Fatal(err)
-	}
-
-	// A relay whose publisher refuses the event dead-letters it after
-	// MaxAttempts tries.
-	relay, err := outbox.NewRelay(pool, outbox.RelayConfig{Schema: schema, Publisher: failingPublisher{}, MaxAttempts: 1, PollInterval: 10 * time.Millisecond})
-	if err != nil {
-		log.Fatal(err)
-	}
-	admin, err := outbox.NewAdmin(pool, outbox.AdminConfig{Schema: schema})
-	if err != nil {
-		log.Fatal(err)
-	}
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan error)
-	go func() { done <- relay.Run(rctx) }()
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		s, err := admin.Stats(ctx)
-		if err != nil {
-			log.Fatal(err)
-		}
-		if s.Dead == 1 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	stop()
-	if err := <-done; err != nil {
-		log.Fatal(err)
-	}
-
-	dead, err := admin.ListDeadLetters(ctx, outbox.ListParams{Topic: "orders"})
-	if err != nil {
-		log.Fatal(err)
-	}
-	for _, d := range dead {
-		fmt.Printf("%s %s after %d attempt(s): %s\n", d.EventType, d.EventID, d.Attempts, d.LastError)
-	}
-
-	// The cause is fixed: publish it again (or Discard it to let the
-	// events behind it flow).
-	n, err := admin.Requeue(ctx, dead[0].EventID)
-	if err != nil {
-		log.Fatal(err)
-	}
-	s, _ := admin.Stats(ctx)
-	fmt.Printf("requeued %d; pending %d, dead %d\n", n, s.Pending, s.Dead)
-	// Output:
-	// OrderCreated 0190b7e2-5f00-7000-8000-000000000001 after 1 attempt(s): message too large
-	// requeued 1; pending 1, dead 0
 }

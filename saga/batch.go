@@ -25,7 +25,9 @@ type BatchConfig struct {
 	Subscriber message.Subscriber
 	// Poison receives the messages that are not saga replies (ErrBadReply,
 	// or no usable event id), with the reason in metadata
-	// "reason_poisoned". Required: nothing is lost.
+	// "reason_poisoned" and the reply topic in "topic_poisoned"; each is
+	// logged at error level with the reason (Config.Logger) and counted
+	// (Metrics, poisoned_total). Required: nothing is lost.
 	Poison message.Publisher
 	// PoisonTopic is the topic of Poison. Defaults to the reply topic +
 	// ".poison".
@@ -70,6 +72,7 @@ func (o *Orchestrator) RunBatched(ctx context.Context, cfg BatchConfig) error {
 	if len(topics) == 0 {
 		return fmt.Errorf("%w: saga: RunBatched: no definitions registered", millrace.ErrConfig)
 	}
+	poisonPub := o.poisonPublisher(cfg.Poison)
 	type tagged struct {
 		topic string
 		msg   *message.Message
@@ -132,7 +135,8 @@ func (o *Orchestrator) RunBatched(ctx context.Context, cfg BatchConfig) error {
 						}
 						p := t.msg.Copy()
 						p.Metadata.Set(middleware.ReasonForPoisonedKey, perr.Error())
-						if err := cfg.Poison.Publish(topic, p); err != nil {
+						p.Metadata.Set(middleware.PoisonedTopicKey, t.topic) // where a requeue sends it back
+						if err := poisonPub.Publish(topic, p); err != nil {
 							o.logger.Error("saga: poison a bad reply", err, map[string]any{"message": t.msg.UUID})
 							t.msg.Nack()
 							return

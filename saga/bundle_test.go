@@ -47,6 +47,7 @@ type bundleOptions struct {
 	hook    saga.Hook
 	poll    time.Duration
 	metrics *saga.Metrics
+	logger  watermill.LoggerAdapter
 }
 
 func setup(t testing.TB, opts bundleOptions) *testBundle {
@@ -60,7 +61,7 @@ func setup(t testing.TB, opts bundleOptions) *testBundle {
 		opts.poll = 20 * time.Millisecond
 	}
 	o, err := saga.New(db.Pool, saga.Config{Schema: db.Schema, Writer: w, Clock: opts.clock, Hook: opts.hook,
-		PollInterval: opts.poll, Metrics: opts.metrics})
+		PollInterval: opts.poll, Metrics: opts.metrics, Logger: opts.logger})
 	if err != nil {
 		t.Fatal(err)
 	}

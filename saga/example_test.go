@@ -3,6 +3,8 @@ package saga_test
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
+	"os"
 	"strings"
 	"time"
 
@@ -10,9 +12,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace/compensation"
-	"github.com/millrace/millrace/internal/pgtest"
+	"github.com/millrace/millrace/migrations"
 	"github.com/millrace/millrace/outbox"
 	"github.com/millrace/millrace/saga"
 )
@@ -31,12 +34,27 @@ type Trip struct {
 // the transport is Watermill's in-process GoChannel, in production Kafka.
 func Example() {
 	ctx := context.Background()
-	db, closeDB, err := pgtest.Open(ctx, 8)
+	url := os.Getenv("DATABASE_URL")
+	if url == "" {
+		url = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	}
+	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	defer closeDB()
+	defer pool.Close()
+	// A schema of its own, dropped at the end.
+	schema := fmt.Sprintf("example_%08x", rand.Uint32())
+	defer pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE") //nolint:errcheck
+	m, err := migrations.New(pool, migrations.Config{Schema: schema})
+	if err == nil {
+		_, err = m.Up(ctx) // millrace's tables
+	}
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 
 	trips, err := saga.Define(saga.Spec[Trip]{
 		Type: "trip", Version: 1,
@@ -64,7 +82,7 @@ func Example() {
 		return
 	}
 
-	o, err := saga.New(db.Pool, saga.Config{Schema: db.Schema})
+	o, err := saga.New(pool, saga.Config{Schema: schema})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -75,7 +93,7 @@ func Example() {
 	}
 
 	// The hotel service: books a room, and cancels it as compensation.
-	hotels, err := compensation.NewParticipant(db.Pool, compensation.Config{Schema: db.Schema, Name: "hotels"})
+	hotels, err := compensation.NewParticipant(pool, compensation.Config{Schema: schema, Name: "hotels"})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -99,7 +117,7 @@ func Example() {
 		fmt.Println(err)
 		return
 	}
-	relay, _ := outbox.NewRelay(db.Pool, outbox.RelayConfig{Schema: db.Schema, Publisher: pubsub})
+	relay, _ := outbox.NewRelay(pool, outbox.RelayConfig{Schema: schema, Publisher: pubsub})
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan struct{}, 3)
 	go func() { _ = router.Run(runCtx); done <- struct{}{} }()
@@ -115,7 +133,7 @@ func Example() {
 	}()
 
 	// Start the saga in the business transaction.
-	err = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		// ... INSERT INTO trips ...
 		_, err := saga.StartTx(ctx, tx, o, trips, "trip-1", Trip{ID: "trip-1", Hotel: "ritz"})
 		return err

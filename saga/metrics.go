@@ -13,7 +13,8 @@ import (
 // to Config.Metrics; one Metrics can serve several orchestrators. A nil
 // *Metrics counts nothing.
 //
-// The series, all prefixed millrace_saga_ and labelled by saga type:
+// The series, all prefixed millrace_saga_ and labelled by saga type
+// unless said otherwise:
 //
 //	started_total               sagas started
 //	completed_total             sagas completed
@@ -21,6 +22,7 @@ import (
 //	stuck_total                 times a saga became stuck
 //	fenced_replies_total        replies recorded and ignored (stale, duplicate attempt, ended saga)
 //	unregistered_total          sagas found on a definition version not registered (parked as stuck)
+//	poisoned_total              replies sent to the poison topic (label topic only, the reply topic)
 //	step_latency_seconds        from a step's first command to its success (histogram, also by step)
 //	in_flight                   sagas running or compensating (gauge)
 //	stuck                       sagas stuck now (gauge)
@@ -31,6 +33,7 @@ import (
 // one query over saga_instance's status index.
 type Metrics struct {
 	started, completed, compensated, stuck, fenced, unregistered *prometheus.CounterVec
+	poisonedVec                                                  *prometheus.CounterVec
 	stepLatency                                                  *prometheus.HistogramVec
 
 	gauges    *gaugeReader
@@ -62,6 +65,11 @@ func NewMetrics(constLabels prometheus.Labels) *Metrics {
 		stuck:        counter("stuck_total", "Times a saga became stuck."),
 		fenced:       counter("fenced_replies_total", "Saga replies recorded and ignored (fenced)."),
 		unregistered: counter("unregistered_total", "Sagas found on a definition version that is not registered."),
+		// By reply topic only: a poisoned reply's saga type may be anything.
+		poisonedVec: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "millrace", Subsystem: "saga", Name: "poisoned_total", ConstLabels: constLabels,
+			Help: "Saga replies sent to the poison topic (not a saga reply, no usable event id).",
+		}, []string{"topic"}),
 		stepLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "millrace", Subsystem: "saga", Name: "step_latency_seconds", ConstLabels: constLabels,
 			Help:    "Time from a saga step's first command to its success.",
@@ -81,7 +89,13 @@ func (m *Metrics) ReadGauges(o *Orchestrator, threshold time.Duration) {
 }
 
 func (m *Metrics) counters() []prometheus.Collector {
-	return []prometheus.Collector{m.started, m.completed, m.compensated, m.stuck, m.fenced, m.unregistered, m.stepLatency}
+	return []prometheus.Collector{m.started, m.completed, m.compensated, m.stuck, m.fenced, m.unregistered, m.poisonedVec, m.stepLatency}
+}
+
+func (m *Metrics) poisoned(topic string) {
+	if m != nil {
+		m.poisonedVec.WithLabelValues(topic).Inc()
+	}
 }
 
 // Describe implements prometheus.Collector.

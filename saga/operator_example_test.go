@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"os"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/millrace/millrace/internal/pgtest"
+	"github.com/millrace/millrace/migrations"
 	"github.com/millrace/millrace/saga"
 )
 
@@ -16,12 +19,27 @@ import (
 // applies it on its next timer pass.
 func ExampleOperator() {
 	ctx := context.Background()
-	db, closeDB, err := pgtest.Open(ctx, 4)
+	url := os.Getenv("DATABASE_URL")
+	if url == "" {
+		url = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	}
+	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	defer closeDB()
+	defer pool.Close()
+	// A schema of its own, dropped at the end.
+	schema := fmt.Sprintf("example_%08x", rand.Uint32())
+	defer pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE") //nolint:errcheck
+	m, err := migrations.New(pool, migrations.Config{Schema: schema})
+	if err == nil {
+		_, err = m.Up(ctx) // millrace's tables
+	}
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 
 	// The service: a parcel saga waiting on its warehouse, which is down.
 	parcels, err := saga.Define(saga.Spec[Trip]{
@@ -37,7 +55,7 @@ func ExampleOperator() {
 		fmt.Println(err)
 		return
 	}
-	o, err := saga.New(db.Pool, saga.Config{Schema: db.Schema})
+	o, err := saga.New(pool, saga.Config{Schema: schema})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -52,7 +70,7 @@ func ExampleOperator() {
 	}
 
 	// The operator's tool: no definitions, only the database.
-	op, err := saga.NewOperator(db.Pool, saga.OperatorConfig{Schema: db.Schema})
+	op, err := saga.NewOperator(pool, saga.OperatorConfig{Schema: schema})
 	if err != nil {
 		fmt.Println(err)
 		return

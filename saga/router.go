@@ -19,7 +19,9 @@ type RouterConfig struct {
 	Subscriber message.Subscriber
 	// Poison receives the messages that fail permanently (not a saga
 	// reply: ErrBadReply), with the reason in metadata "reason_poisoned";
-	// other failures are nacked for redelivery. Required: nothing is lost.
+	// each is logged at error level with the reason (Config.Logger) and
+	// counted (Metrics, poisoned_total). Other failures are nacked for
+	// redelivery. Required: nothing is lost.
 	Poison message.Publisher
 	// PoisonTopic is the topic of Poison. Defaults to the reply topic +
 	// ".poison".
@@ -53,13 +55,7 @@ func (o *Orchestrator) AddToRouter(r *message.Router, cfg RouterConfig) ([]*mess
 	if cfg.Retry != nil {
 		retry = *cfg.Retry
 	}
-	// Each poisoned reply is logged at error level with its reason: to
-	// Config.Logger, or slog.Default() when it is unset.
-	poisonLogger := o.logger
-	if _, nop := poisonLogger.(watermill.NopLogger); nop {
-		poisonLogger = nil
-	}
-	poisonPub := poisonlog.Publisher(cfg.Poison, poisonLogger, nil)
+	poisonPub := o.poisonPublisher(cfg.Poison)
 	var hs []*message.Handler
 	for _, topic := range topics {
 		poisonTopic := cfg.PoisonTopic
@@ -75,4 +71,19 @@ func (o *Orchestrator) AddToRouter(r *message.Router, cfg RouterConfig) ([]*mess
 		hs = append(hs, h)
 	}
 	return hs, nil
+}
+
+// poisonPublisher wraps pub so that each poisoned reply is logged at error
+// level with its reason (to Config.Logger, or slog.Default() when that
+// discards everything) and counted by reply topic (metadata
+// "topic_poisoned"), once its publish succeeded. AddToRouter and RunBatched
+// both poison through it.
+func (o *Orchestrator) poisonPublisher(pub message.Publisher) message.Publisher {
+	logger := o.logger
+	if _, nop := logger.(watermill.NopLogger); nop {
+		logger = nil
+	}
+	return poisonlog.Publisher(pub, logger, func(msg *message.Message) {
+		o.metrics.poisoned(msg.Metadata.Get(middleware.PoisonedTopicKey))
+	})
 }
