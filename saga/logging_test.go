@@ -11,6 +11,7 @@ import (
 
 	"github.com/millrace/millrace/compensation"
 	"github.com/millrace/millrace/internal/pgtest"
+	"github.com/millrace/millrace/outbox"
 	"github.com/millrace/millrace/saga"
 )
 
@@ -41,9 +42,19 @@ func TestNoLoggerLogsErrorsToSlogDefault(t *testing.T) {
 	slog.SetDefault(slog.New(slog.NewTextHandler(&buf, nil)))
 	t.Cleanup(func() { slog.SetDefault(prev) })
 
-	db := pgtest.NewWith(t, pgtest.Options{NoMigrate: true}) // no tables: every pass fails
-	o, err := saga.New(db.Pool, saga.Config{Schema: db.Schema, PollInterval: 10 * time.Millisecond})
+	// Run fails at start on a schema without tables (and returns that), so
+	// the tables go once the orchestrator's timer passes are under way:
+	// every pass fails after that, and so does the cleaner's.
+	db := pgtest.New(t)
+	w, err := outbox.NewWriter(db.Pool, outbox.WriterConfig{Schema: db.Schema})
 	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := saga.New(db.Pool, saga.Config{Schema: db.Schema, Writer: w, PollInterval: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Register(mustDefine(t, plainSpec(1))); err != nil { // timers claim registered types only
 		t.Fatal(err)
 	}
 	c, err := compensation.NewCleaner(db.Pool, compensation.CleanerConfig{Schema: db.Schema, Interval: 10 * time.Millisecond})
@@ -56,6 +67,20 @@ func TestNoLoggerLogsErrorsToSlogDefault(t *testing.T) {
 	go func() { defer wg.Done(); _ = o.Run(ctx) }()
 	go func() { defer wg.Done(); _ = c.Run(ctx) }()
 	defer func() { cancel(); wg.Wait() }()
+	scans := func() int64 {
+		var n int64
+		_ = db.Pool.QueryRow(ctx, `SELECT coalesce(seq_scan, 0) + coalesce(idx_scan, 0) FROM pg_stat_user_tables
+			WHERE schemaname = $1 AND relname = 'saga_instance'`, db.Schema).Scan(&n)
+		return n
+	}
+	for start := time.Now(); scans() < 5; time.Sleep(20 * time.Millisecond) {
+		if time.Since(start) > 30*time.Second {
+			t.Fatal("the orchestrator's timer passes did not start within 30s")
+		}
+	}
+	if _, err := db.Pool.Exec(ctx, `DROP TABLE "`+db.Schema+`".saga_instance, "`+db.Schema+`".compensation_barrier CASCADE`); err != nil {
+		t.Fatal(err)
+	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		out := buf.String()
