@@ -1,6 +1,10 @@
 // Package devkafka runs an embedded Kafka-protocol broker (franz-go's kfake)
 // for development, tests and the demo. Clients talk to it over TCP exactly as
-// they would to a real cluster.
+// they would to a real cluster. As in Apache Kafka, a consumer-group member
+// whose connection is gone is evicted when its session times out, also one
+// that died while joining its group, and a member waiting for its JoinGroup
+// or SyncGroup reply is not expired while it waits (kfake alone did both
+// wrong; see evictor).
 package devkafka
 
 import (
