@@ -89,6 +89,13 @@ func (p *Publisher) classify(topic string, size int32, err error) error {
 	}
 	var ke *kerr.Error
 	if errors.As(err, &ke) {
+		if ke == kerr.UnknownTopicID {
+			// The topic was deleted and made again (or the broker lost
+			// it) under a new id, and franz-go keeps producing with the
+			// old one: a new client learns the new id.
+			p.stale = "the cluster no longer knows the id of topic " + topic
+			return temporary(err)
+		}
 		if topicKErrors[ke] {
 			return millrace.Permanent(err)
 		}

@@ -68,7 +68,7 @@ func (p *Publisher) refreshLimit(topic string) int32 {
 	}
 	if known && fresh < old {
 		p.limits[topic] = fresh
-		p.stale = true
+		p.stale = "a topic's max.message.bytes is lower than it was"
 		return fresh
 	}
 	return old

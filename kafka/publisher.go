@@ -128,7 +128,10 @@ type Publisher struct {
 	closed atomic.Bool
 	sendMu sync.Mutex // one Publish at a time: the client buffers one call's records, then flushes
 	client *kgo.Client
-	stale  bool // a topic's limit shrank: renew the client after this call (under sendMu)
+	// stale says why the client is to be renewed after this call, or is
+	// empty (under sendMu): a topic's limit shrank, or the cluster no
+	// longer knows the topic id the client holds.
+	stale string
 
 	// chunk is the most records one flush buffers (the client's
 	// MaxBufferedRecords); chunkBytes the most bytes (0: no limit).
@@ -282,7 +285,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 		return failAll(msgs, ErrClosed)
 	}
 	err := p.publish(topic, msgs)
-	if p.stale {
+	if p.stale != "" {
 		p.renewClient()
 	}
 	return err
@@ -496,9 +499,10 @@ func (p *Publisher) checkOrder(topic string, msgs []*message.Message, out []outc
 }
 
 // renewClient replaces the client with a new one, whose partitions take
-// their batch limits afresh. Called under sendMu.
+// their batch limits and topic ids afresh. Called under sendMu.
 func (p *Publisher) renewClient() {
-	p.stale = false
+	why := p.stale
+	p.stale = ""
 	c, err := p.newClient()
 	if err != nil {
 		p.logger.Error("Kafka client not renewed", err, nil)
@@ -507,7 +511,7 @@ func (p *Publisher) renewClient() {
 	old := p.client
 	p.client = c
 	old.Close()
-	p.logger.Info("Kafka client renewed: a topic's max.message.bytes is lower than it was", nil)
+	p.logger.Info("Kafka client renewed: "+why, nil)
 }
 
 // Close waits up to 10 seconds for the Publish call in progress, then

@@ -18,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/internal/devkafka"
 	"github.com/millrace/millrace/internal/kafkatest"
 	"github.com/millrace/millrace/internal/leaktest"
 	"github.com/millrace/millrace/kafka"
@@ -523,4 +524,53 @@ func benchmarkPublisher(b *testing.B, p message.Publisher) {
 		}
 	}
 	b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "msgs/s")
+}
+
+// A broker that comes back without its data makes the topic again under a
+// new id on first use; franz-go, holding the old id, is answered
+// UNKNOWN_TOPIC_ID for as long as its client lives. The Publisher fails
+// such a call temporarily and renews its client, so a retry delivers.
+func TestPublishAfterBrokerLostTheTopicID(t *testing.T) {
+	t.Parallel()
+	b := kafkatest.Embedded(t, devkafka.Config{})
+	port := b.Port()
+	topic := kafkatest.Topic()
+	p := newPublisher(t, b.Addrs(), shortTimeouts()...)
+	if err := p.Publish(topic, newMessage(0, "a"), newMessage(1, "b")); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	b2 := kafkatest.Embedded(t, devkafka.Config{Port: port}) // empty: the topic is gone
+
+	start := time.Now()
+	pending := []*message.Message{newMessage(2, "a"), newMessage(3, "b"), newMessage(4, "c")}
+	for attempt := 1; len(pending) > 0; attempt++ {
+		err := publishWithin(t, 30*time.Second, p, topic, pending...)
+		if err == nil {
+			t.Logf("delivered %s after the restart, in %d attempts", time.Since(start).Round(time.Millisecond), attempt)
+			break
+		}
+		var be *millrace.BatchError
+		if !errors.As(err, &be) || millrace.IsPermanent(err) {
+			t.Fatalf("Publish after the restart: %v, want a retryable BatchError", err)
+		}
+		if time.Since(start) > 10*time.Second {
+			t.Fatalf("Publish %s after the restart still fails: %v", time.Since(start).Round(time.Millisecond), err)
+		}
+		failed := map[string]bool{}
+		for _, me := range be.Errors {
+			failed[me.UUID] = true
+		}
+		var next []*message.Message
+		for _, m := range pending {
+			if failed[m.UUID] {
+				next = append(next, m)
+			}
+		}
+		pending = next
+		time.Sleep(100 * time.Millisecond) // retry pace, as a relay would back off
+	}
+	if n := kafkatest.RecordCount(t, b2.Addrs(), topic); n != 3 {
+		t.Fatalf("the new topic holds %d records, want the 3 published after the restart", n)
+	}
 }

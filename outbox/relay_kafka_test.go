@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/millrace/millrace/internal/devkafka"
 	"github.com/millrace/millrace/internal/kafkatest"
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/kafka"
@@ -553,5 +554,39 @@ func TestReplayRepublishesWithSameEventIDs(t *testing.T) {
 		if c.count(id) != 1 {
 			t.Fatalf("event %s outside the replay filter delivered %d times", id, c.count(id))
 		}
+	}
+}
+
+// A broker restarted without its data (an embedded broker without a data
+// directory) comes back with no topics; recreated on first use, a topic has
+// a new id, and a producer that still holds the old one is answered
+// UNKNOWN_TOPIC_ID. The relay keeps going by itself: what is written after
+// the restart arrives, none of it lost, none of it dead-lettered.
+func TestBrokerRestartedWithoutDataRelayKeepsPublishing(t *testing.T) {
+	t.Parallel()
+	broker := kafkatest.Embedded(t, devkafka.Config{})
+	port := broker.Port()
+	bundle := kafkaSetupWith(t, broker.Addrs(), pgtest.Options{})
+	pub := newKafkaPublisher(t, bundle.brokers)
+	startRelay(t, bundle.db, outbox.RelayConfig{Publisher: pub, OutageBackoffMax: 200 * time.Millisecond, Logger: testLogger(t)})
+	writeN(t, bundle.w, bundle.topic, 200, 20)
+	eventually(t, time.Minute, "first events published", func() bool { return countRows(t, bundle.db, "outbox_pending", "") == 0 })
+
+	broker.Close()
+	kafkatest.Embedded(t, devkafka.Config{Port: port}) // empty: the topic is gone
+	after := writeSeqs(t, bundle.w, bundle.topic, 200, 300, 20)
+	eventually(t, time.Minute, "events written after the restart published", func() bool {
+		return countRows(t, bundle.db, "outbox_pending", "") == 0
+	})
+	c := consume(t, bundle.brokers, bundle.topic)
+	eventually(t, time.Minute, "events written after the restart consumed", func() bool { return c.unique() >= len(after) })
+	for _, id := range after {
+		if c.count(id) == 0 {
+			t.Fatalf("event %s, written after the restart, lost", id)
+		}
+	}
+	c.checkKeyOrder(t)
+	if n := countRows(t, bundle.db, "outbox_event", "dead_at IS NOT NULL"); n != 0 {
+		t.Fatalf("%d events dead-lettered for the restart", n)
 	}
 }

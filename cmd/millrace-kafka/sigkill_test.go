@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -36,7 +37,16 @@ func buildBinary(t *testing.T) string {
 // process, killed when the test ends if it still runs.
 func runBroker(t *testing.T, bin string, args ...string) (string, *exec.Cmd) {
 	t.Helper()
+	return runBrokerEnv(t, bin, nil, args...)
+}
+
+// runBrokerEnv is runBroker with env added to the binary's environment.
+func runBrokerEnv(t *testing.T, bin string, env []string, args ...string) (string, *exec.Cmd) {
+	t.Helper()
 	cmd := exec.Command(bin, args...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	stdout, err := cmd.StdoutPipe()

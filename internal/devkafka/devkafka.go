@@ -1,6 +1,10 @@
 // Package devkafka runs an embedded Kafka-protocol broker (franz-go's kfake)
 // for development, tests and the demo. Clients talk to it over TCP exactly as
-// they would to a real cluster.
+// they would to a real cluster. As in Apache Kafka, a consumer-group member
+// whose connection is gone is evicted when its session times out, also one
+// that died while joining its group, and a member waiting for its JoinGroup
+// or SyncGroup reply is not expired while it waits (kfake alone did both
+// wrong; see evictor).
 package devkafka
 
 import (
@@ -9,6 +13,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -42,6 +47,9 @@ type Config struct {
 // Broker is a running embedded broker.
 type Broker struct {
 	cluster *kfake.Cluster
+	evictor *evictor
+
+	closeOnce sync.Once
 }
 
 // Start starts a one-node broker on 127.0.0.1 that creates topics on first use.
@@ -56,7 +64,9 @@ func Start(cfg Config) (*Broker, error) {
 	if cfg.Brokers == 1 {
 		ports[0] = cfg.Port
 	}
+	ev := newEvictor()
 	opts := []kfake.Opt{
+		kfake.ListenFn(ev.listen),
 		kfake.NumBrokers(cfg.Brokers),
 		kfake.Ports(ports...),
 		kfake.AllowAutoTopicCreation(),
@@ -73,7 +83,8 @@ func Start(cfg Config) (*Broker, error) {
 		return nil, fmt.Errorf("devkafka: start embedded broker on 127.0.0.1:%d: %w", cfg.Port, err)
 	}
 	createOnMetadata(c, int32(cfg.Partitions))
-	return &Broker{cluster: c}, nil
+	ev.start(c)
+	return &Broker{cluster: c, evictor: ev}, nil
 }
 
 // createOnMetadata makes the broker create a topic a metadata request asks
@@ -117,8 +128,13 @@ func (b *Broker) Port() int {
 // Cluster returns the underlying kfake cluster, for fault injection in tests.
 func (b *Broker) Cluster() *kfake.Cluster { return b.cluster }
 
-// Close stops the broker and closes its connections.
-func (b *Broker) Close() { b.cluster.Close() }
+// Close stops the broker and closes its connections. It is idempotent.
+func (b *Broker) Close() {
+	b.closeOnce.Do(func() {
+		b.evictor.close()
+		b.cluster.Close()
+	})
+}
 
 // EnvBrokers returns the brokers named by KAFKA_BROKERS (comma-separated),
 // or nil when it is unset.
