@@ -549,3 +549,25 @@ func TestSubscribeBatchRebalanceMidBatch(t *testing.T) {
 		t.Fatalf("committed %d records' offsets, topic holds %d", sum, hw)
 	}
 }
+
+// NewSubscriber refuses a config it cannot work with, wrapping
+// ErrInvalidConfig, and a broker that does not answer.
+func TestNewSubscriberRefuses(t *testing.T) {
+	t.Parallel()
+	brokers := kafkatest.Brokers(t)
+	for name, cfg := range map[string]kafka.SubscriberConfig{
+		"no brokers":     {ConsumerGroup: "g"},
+		"no group":       {Brokers: brokers},
+		"initial offset": {Brokers: brokers, ConsumerGroup: "g", InitialOffset: 5},
+		"negative batch": {Brokers: brokers, ConsumerGroup: "g", MaxBatch: -1},
+	} {
+		if _, err := kafka.NewSubscriber(cfg, nil); !errors.Is(err, kafka.ErrInvalidConfig) {
+			t.Errorf("%s: %v, want ErrInvalidConfig", name, err)
+		}
+	}
+	_, err := kafka.NewSubscriber(kafka.SubscriberConfig{Brokers: []string{"127.0.0.1:1"}, ConsumerGroup: "g",
+		ClientOptions: []kgo.Opt{kgo.DialTimeout(200 * time.Millisecond)}}, nil)
+	if err == nil || errors.Is(err, kafka.ErrInvalidConfig) {
+		t.Errorf("unreachable broker: %v", err)
+	}
+}
