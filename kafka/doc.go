@@ -1,7 +1,9 @@
 // Package kafka publishes Watermill messages to Kafka in batches, for the
 // outbox relay and for anyone who needs Kafka throughput from Watermill,
 // without ever storing a message of a partition key ahead of an earlier one
-// of that key that failed.
+// of that key that failed. Subscriber reads them back in consumer groups,
+// one message or one Batch of a partition at a time (see Consuming with
+// Subscriber).
 //
 // # Why batching
 //
@@ -87,6 +89,60 @@
 // groups need one that the brokers speak) and starts a new group at the
 // oldest offset. The record key is in the message context:
 // wkafka.MessageKeyFromCtx(msg.Context()).
+//
+// # Consuming with Subscriber
+//
+// Subscriber is a Watermill message.Subscriber for consumer groups on
+// franz-go. It reads what Publisher and watermill-kafka's Publisher write
+// (DefaultMarshaler: the UUID header, metadata as headers), rebalances
+// cooperatively (cooperative-sticky: a member joining or leaving moves only
+// the partitions that must move) and commits, per partition, only the
+// offset after the messages acknowledged in order:
+//
+//	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
+//		Brokers:       brokers,
+//		ConsumerGroup: "billing", // required
+//	}, logger)
+//	msgs, err := sub.Subscribe(ctx, "orders")          // one message per partition at a time
+//	batches, err := sub.SubscribeBatch(ctx, "orders")  // or many per partition, as a *Batch
+//
+// Subscribe keeps Watermill's semantics, one message of a partition in
+// flight at a time, as watermill-kafka's subscriber does; a nacked message
+// comes again after NackResendSleep. SubscribeBatch hands out what a
+// partition has buffered, up to MaxBatch records, as one Batch; a
+// partition has one Batch in flight, partitions run concurrently. Ack and
+// Nack act on a whole Batch, or ack and nack its messages one by one. Once
+// every message of a Batch is acked or nacked, the offset after its acked
+// prefix is committed (every CommitInterval, on revoke and on Close) and a
+// nacked message is delivered again with every message after it in its
+// partition, acked or not: nothing behind a nacked message is committed
+// past it.
+//
+// A new group starts at the oldest record (InitialOffset). A partition the
+// group takes away (another member joined) waits up to RevokeGrace for its
+// messages in flight to be acknowledged, commits, and is handed over; what
+// was not acknowledged by then is delivered again to its next owner.
+// Delivery is at least once: after a rebalance or a crash, a run of a
+// partition's messages may come twice, in order.
+//
+// The record's partition, offset, timestamp and key are in the message
+// context: MessagePartitionFromCtx, MessagePartitionOffsetFromCtx,
+// MessageTimestampFromCtx, MessageKeyFromCtx. They read watermill-kafka's
+// context too, so code using them works with either subscriber
+// (watermill-kafka's own accessors do not see this Subscriber's values:
+// their keys are unexported).
+//
+// Records not written by a Watermill publisher: one with no UUID header (or
+// an empty one) gets RecordUUID(topic, partition, offset), the same on every
+// delivery, so deduplication still works; header bytes come through as
+// they are. A record the Unmarshaler refuses (DefaultMarshaler refuses
+// none) is logged as an error with its topic, partition and offset and
+// skipped: it is passed like an acked message and stays in the topic.
+//
+// Against the embedded broker (go test -bench BenchmarkSubscriber
+// ./kafka/, 100,000 messages, 2 shared cores) the batch interface reads
+// about 400k messages/s from one partition and 260k/s from 32;
+// watermill-kafka's subscriber, acking each message, 200k/s and 140k/s.
 //
 // # Errors
 //
