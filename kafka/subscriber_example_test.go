@@ -9,14 +9,14 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millrace/millrace"
-	"github.com/millrace/millrace/internal/devkafka"
+	"github.com/millrace/millrace/devbroker"
 	"github.com/millrace/millrace/kafka"
 )
 
 // Publish a batch, then read it back with Subscriber's batch interface:
 // the records of a partition come many at a time and are acked as one.
 func Example_subscribeBatch() {
-	broker, err := devkafka.Start(devkafka.Config{Partitions: 1})
+	broker, err := devbroker.Start(devbroker.Config{Partitions: 1})
 	if err != nil {
 		log.Fatal(err)
 	}
