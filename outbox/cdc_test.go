@@ -201,7 +201,7 @@ func TestCDCDeadLetterHoldsItsKeyAndRequeues(t *testing.T) {
 	ctx := context.Background()
 	b := cdcSetup(t, pgtest.New(t))
 	ids := writeN(t, b.w, b.topic, 200, 4) // key-0 .. key-3
-	poison := ids[10]                       // key-2
+	poison := ids[10]                      // key-2
 	var healed atomic.Bool
 	rec := &recorder{batchErrors: true, fail: func(m *message.Message) error {
 		if m.UUID == poison && !healed.Load() {
@@ -403,7 +403,7 @@ func TestCDCBrokerOutageSlotLagGrowsThenDrains(t *testing.T) {
 	if n := countRows(t, b.db, "outbox_event", "attempts > 0"); n != 0 {
 		t.Fatalf("%d events charged attempts during the outage", n)
 	}
-	restart()
+	broker = restart()
 	back := time.Now()
 	all := append(first, second...)
 	eventually(t, time.Minute, "backlog marked published", func() bool { return published(t, b.db.Pool, b.db.Schema) == len(all) })
