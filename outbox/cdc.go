@@ -66,7 +66,7 @@ type CDCRelay struct {
 	repl    *pgconn.Config
 	begin   pgx.TxOptions
 
-	heldKeys, divert, unclaim, mark, publication string
+	heldKeys, divert, unclaim, mark, marked, publication string
 }
 
 // NewCDCRelay returns a CDCRelay. It does not touch the database or the
@@ -144,6 +144,9 @@ UPDATE %[2]s e SET published_at = NULL,
  WHERE e.id = f.id`, pending, events)
 	// The mark: a HOT update of the log by primary key, as the polling
 	// relay's; the publication streams inserts only.
+	// Which events of a batch are marked published already (primary-key
+	// lookups), while the stream may repeat what a relay before published.
+	c.marked = fmt.Sprintf(`SELECT id FROM %s WHERE id = ANY($1) AND published_at IS NOT NULL`, events)
 	c.mark = fmt.Sprintf(`UPDATE %s SET published_at = now() WHERE id = ANY($1) AND published_at IS NULL`, events)
 	return c, nil
 }
@@ -307,6 +310,12 @@ type cdcStream struct {
 	// idleEnd a position the server reported while nothing was in flight.
 	acked, idleEnd, sent pglogrepl.LSN
 	nextStatus           time.Time
+	// commits counts the transactions this connection completed. Until
+	// it has completed two, the stream may repeat events a relay before
+	// published and marked without confirming them (the transaction in
+	// progress when it died): those are skipped, so a large transaction
+	// makes progress across crashes.
+	commits int
 }
 
 func (s *cdcStream) confirmable() pglogrepl.LSN { return max(s.acked, s.idleEnd) }
@@ -435,6 +444,7 @@ func (c *CDCRelay) handle(s *cdcStream, data []byte) error {
 			s.rows = append(s.rows, row)
 		case *pglogrepl.CommitMessage:
 			s.inTx = false
+			s.commits++
 			s.lastCommit = m.TransactionEndLSN
 			if len(s.rows) == 0 {
 				// A transaction with no events of ours (or all of them
@@ -504,9 +514,31 @@ func (c *CDCRelay) publishRows(ctx context.Context, s *cdcStream) error {
 	for _, k := range held {
 		heldSet[k] = true
 	}
+	var done map[int64]bool
+	if s.commits < 2 {
+		ids := make([]int64, len(rows))
+		for i := range rows {
+			ids[i] = rows[i].id
+		}
+		qrows, err := c.pool.Query(ctx, c.marked, ids)
+		if err != nil {
+			return fmt.Errorf("outbox: CDC: read marks: %w", err)
+		}
+		marked, err := pgx.CollectRows(qrows, pgx.RowTo[int64])
+		if err != nil {
+			return fmt.Errorf("outbox: CDC: read marks: %w", err)
+		}
+		done = make(map[int64]bool, len(marked))
+		for _, id := range marked {
+			done[id] = true
+		}
+	}
 	var out []pendingRow
 	var diverted []int64
 	for _, r := range rows {
+		if done[r.id] {
+			continue // published and marked by a relay before
+		}
 		if heldSet[r.key] {
 			diverted = append(diverted, r.id)
 		} else {

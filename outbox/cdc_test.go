@@ -244,8 +244,9 @@ func TestCDCDeadLetterHoldsItsKeyAndRequeues(t *testing.T) {
 	eventually(t, 30*time.Second, "the replay published", func() bool { return len(rec.snapshot()) >= 250 })
 }
 
-// helper process of TestCDCRelaySIGKILLedMidDrain: runs a CDC relay and
-// announces READY after a random number of batches the broker
+// TestHelperCDCRelayChild is the helper process of
+// TestCDCRelaySIGKILLedMidDrain: it runs a CDC relay and announces READY
+// at a random point after a random number of batches the broker
 // acknowledged, so the kill lands anywhere between the broker's ack, the
 // mark and the slot's confirmation.
 func TestHelperCDCRelayChild(t *testing.T) {
@@ -261,16 +262,19 @@ func TestHelperCDCRelayChild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := rand.Int32N(3) + 1
+	// Killed after 2 to 8 acknowledged batches, 0 to 5ms after the ack:
+	// before its mark, during it, or after the slot's confirmation.
+	k := rand.Int32N(7) + 2
+	delay := time.Duration(rand.Int64N(int64(5 * time.Millisecond)))
 	var n atomic.Int32
 	var once sync.Once
 	announce := func() { once.Do(childtest.Announce) }
 	time.AfterFunc(3*time.Second, announce) // the backlog drained: die idle
 	r, err := outbox.NewCDCRelay(pool, outbox.CDCRelayConfig{RelayConfig: outbox.RelayConfig{
-		Schema: schema, BatchSize: 200, Logger: watermill.NopLogger{},
+		Schema: schema, BatchSize: 100, Logger: watermill.NopLogger{},
 		Publisher: &afterPublish{Publisher: pub, after: func() {
 			if n.Add(1) == k {
-				announce()
+				time.AfterFunc(delay, announce)
 			}
 		}},
 	}})
