@@ -292,7 +292,12 @@ func TestCDCRelaySIGKILLedMidDrain(t *testing.T) {
 	const kills = 50
 	brokers := kafkatest.Brokers(t)
 	b := cdcSetup(t, pgtest.New(t))
-	ids := writeN(t, b.w, b.topic, 30_000, 300)
+	// Half the backlog in transactions of 1,000 events (larger than a
+	// batch), half in transactions of 25 (many in a batch).
+	ids := writeN(t, b.w, b.topic, 15_000, 300)
+	for from := 15_000; from < 30_000; from += 25 {
+		ids = append(ids, writeSeqs(t, b.w, b.topic, from, 25, 300)...)
+	}
 	c := consume(t, brokers, b.topic)
 	env := []string{"CDC_CHILD_SCHEMA=" + b.db.Schema, "CDC_CHILD_BROKERS=" + strings.Join(brokers, ",")}
 	start := time.Now()
