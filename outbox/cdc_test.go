@@ -37,7 +37,7 @@ type cdcBundle struct {
 	topic string
 }
 
-func cdcSetup(t *testing.T, db *pgtest.DB) *cdcBundle {
+func cdcSetup(t testing.TB, db *pgtest.DB) *cdcBundle {
 	t.Helper()
 	admin, err := outbox.NewAdmin(db.Pool, outbox.AdminConfig{Schema: db.Schema})
 	if err != nil {
@@ -93,7 +93,7 @@ func startCDCRelay(t *testing.T, pool *pgxpool.Pool, cfg outbox.CDCRelayConfig) 
 	})
 }
 
-func published(t *testing.T, pool *pgxpool.Pool, schema string) int {
+func published(t testing.TB, pool *pgxpool.Pool, schema string) int {
 	t.Helper()
 	var n int
 	err := pool.QueryRow(context.Background(), `SELECT count(*) FROM "`+schema+`".outbox_event WHERE published_at IS NOT NULL`).Scan(&n)
