@@ -38,6 +38,10 @@ type AdminConfig struct {
 	// ReplayChunk is how many log rows one statement of Replay puts back
 	// into the pending set. Defaults to 10,000.
 	ReplayChunk int
+	// CDCSlot is the replication slot whose state Metrics reports (see
+	// SlotStats). Defaults to DefaultSlot(Schema); when no such slot
+	// exists, Metrics leaves the slot gauges out.
+	CDCSlot string
 }
 
 // Admin is the operator API of the outbox: it lists, requeues and discards
@@ -49,6 +53,8 @@ type Admin struct {
 	replayChunk int
 	pendingRel  string
 	channel     string
+	cdc         cdcSQL
+	cdcSlot     string
 
 	listDead  string
 	requeue   string
@@ -70,6 +76,9 @@ func NewAdmin(pool *pgxpool.Pool, cfg AdminConfig) (*Admin, error) {
 	if cfg.StatsCountLimit < 0 || cfg.ReplayChunk < 0 {
 		return nil, configError("AdminConfig.StatsCountLimit and ReplayChunk must not be negative, got %d and %d", cfg.StatsCountLimit, cfg.ReplayChunk)
 	}
+	if cfg.CDCSlot != "" && !slotName.MatchString(cfg.CDCSlot) {
+		return nil, configError("AdminConfig.CDCSlot %q: use 1-61 lower-case letters, digits or underscores", cfg.CDCSlot)
+	}
 	if cfg.StatsCountLimit == 0 {
 		cfg.StatsCountLimit = 100_000
 	}
@@ -83,6 +92,8 @@ func NewAdmin(pool *pgxpool.Pool, cfg AdminConfig) (*Admin, error) {
 		countLimit:  cfg.StatsCountLimit,
 		replayChunk: cfg.ReplayChunk,
 		pendingRel:  pending,
+		cdc:         newCDCSQL(schema),
+		cdcSlot:     cfg.CDCSlot,
 		channel:     notifyChannel(schema),
 		notifySQL:   `SELECT pg_notify($1, '')`,
 	}

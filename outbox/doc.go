@@ -139,6 +139,68 @@
 // reports the backlog; a Cleaner deletes published events older than the
 // retention window in small batches; Metrics exposes it all to Prometheus.
 //
+// # Change data capture
+//
+// A CDCRelay is the other way to ship events: instead of claiming pending
+// rows, it streams the committed inserts of outbox_event from the WAL by
+// logical replication (the pgoutput plugin, a publication on outbox_event
+// with publish = 'insert', one replication slot per relay group), and the
+// Writer, with WriterConfig.CDC, inserts the log row only:
+//
+//	admin.CreateCDC(ctx, "")                  // once, at deploy time: the publication and the slot
+//	w, _ := outbox.NewWriter(pool, outbox.WriterConfig{CDC: true})
+//	relay, _ := outbox.NewCDCRelay(pool, outbox.CDCRelayConfig{
+//		RelayConfig: outbox.RelayConfig{Publisher: pub},
+//	})
+//	go relay.Run(ctx)
+//
+// It publishes in commit order (a key's events follow WAL order), in
+// batches, marks them published (published_at, as the polling relay does),
+// and only then confirms the slot's position: a relay killed, a broker
+// away or a PostgreSQL restart streams again from the last confirmed
+// position. Nothing is lost, delivery is at least once. The relays of a
+// group share the slot; one streams, the others stand by.
+//
+// When to choose it: the write costs one insert instead of two (no
+// outbox_pending row, no NOTIFY), and the relay does not poll; choose it
+// when the write path's cost matters and you run the server (wal_level =
+// logical needs a restart and a role with REPLICATION). What it costs: a
+// slot, which keeps every WAL segment its relays have not confirmed. A
+// relay group stopped for good keeps WAL until the disk fills, the most
+// common outage of CDC setups. So:
+//
+//   - set max_slot_wal_keep_size (e.g. '10GB', below the free disk): past
+//     it the server invalidates the slot instead of filling the disk;
+//   - alert on millrace_outbox_cdc_slot_lag_bytes (read at scrape time from
+//     pg_replication_slots, so it shows a slot nobody reads) and
+//     cdc_slot_age_seconds; cdc_slot_active says whether a relay streams;
+//   - DropCDC a group you retire (it also queues what the slot held for a
+//     polling Relay).
+//
+// An invalidated slot (its WAL is gone) is reported loudly: an error log,
+// the cdc_slot_invalidated gauge, the cdc_slot_invalidations_total counter.
+// The next CDC relay to start (or reconnect) creates a new slot and queues
+// every unpublished event of the log (published_at and discarded_at null)
+// into the pending set, where the relay's polling half publishes it:
+// nothing is lost, some events are published twice, and the queueing scans
+// outbox_event once.
+//
+// Failures go as in polling mode, through the pending set: an event that
+// fails while others go out is recorded there (a dead letter with its
+// reason, or a retry with backoff), and the later events of its key that
+// the stream delivers are handed there too, behind it, so per-key order
+// holds (unless SkipDeadLetteredKeys); the Admin lists, requeues and
+// discards dead letters and replays events as before, and the CDC relay's
+// polling half (a Relay over the pending set, configured by
+// CDCRelayConfig.RelayConfig) publishes them. Admin.Stats counts the
+// pending set only: the backlog still in the WAL is the slot's lag. A
+// whole batch that fails (the broker is away) is retried, unconfirmed,
+// while the slot holds the WAL and the outbox grows.
+//
+// Switching: CreateCDC, then switch the Writers to CDC (events written by
+// the polling Writer before go out through the pending set). Back: switch
+// the Writers, stop the CDC relays, DropCDC, start polling Relays.
+//
 // # Tables
 //
 // outbox_event is the log: every event, kept after publication for audit

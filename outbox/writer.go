@@ -38,6 +38,13 @@ type WriterConfig struct {
 	// only what every transport needs is checked (a non-empty topic, valid
 	// UTF-8 without NUL).
 	ValidateTopic func(topic string) error
+	// CDC makes the Writer insert only the log row (outbox_event), for a
+	// CDCRelay, which reads committed inserts from the WAL: no pending
+	// row, no wake-up hint. A polling Relay does not see such events; run
+	// a CDCRelay on the schema (see the package doc, "Change data
+	// capture"). Defaults to false: the Writer writes for the polling
+	// Relay.
+	CDC bool
 }
 
 // Writer writes events to the outbox in the caller's transaction. It is safe
@@ -74,6 +81,15 @@ func NewWriter(pool *pgxpool.Pool, cfg WriterConfig) (*Writer, error) {
 	// due the wake-up hint.
 	events, pending := sqlident.Table(schema, "outbox_event"), sqlident.Table(schema, "outbox_pending")
 	const cols = `event_id, aggregate_type, aggregate_id, event_type, topic, partition_key, lane, payload, payload_bytes, headers`
+	if cfg.CDC {
+		// The log row alone: the CDC relay streams the insert. No hint
+		// either; the stream wakes the relay.
+		w.notifyInterval = -1
+		w.insertOne = fmt.Sprintf(`INSERT INTO %s (%s) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`, events, cols)
+		w.insert = fmt.Sprintf(`INSERT INTO %s (%s)
+SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int2[], $8::text[]::json[], $9::bytea[], $10::text[]::jsonb[])`, events, cols)
+		return w, nil
+	}
 	w.insertOne = fmt.Sprintf(`WITH ev AS (
     INSERT INTO %s (%s) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
     RETURNING id, lane, partition_key
