@@ -439,18 +439,34 @@ func latency(ctx context.Context, o *options) error {
 				consumed <- err
 				return
 			}
+			var bad error
 			mu.Lock()
 			fetches.EachRecord(func(r *kgo.Record) {
+				// The router's mapping, checked on every record: key =
+				// partition_key, value = the payload, id and event_type headers.
+				var id, eventType string
 				for _, h := range r.Headers {
-					if h.Key == "id" {
-						id := strings.Trim(string(h.Value), `"`)
-						if _, ok := seen[id]; !ok {
-							seen[id] = now
-						}
+					switch h.Key {
+					case "id":
+						id = strings.Trim(string(h.Value), `"`)
+					case "event_type":
+						eventType = string(h.Value)
 					}
+				}
+				if id == "" || eventType != "OrderPlaced" || !strings.Contains(string(r.Value), `"key": "`+string(r.Key)+`"`) {
+					bad = fmt.Errorf("record at %s/%d@%d is not what the router should write: key %q, value %q, headers %v",
+						r.Topic, r.Partition, r.Offset, r.Key, r.Value, r.Headers)
+					return
+				}
+				if _, ok := seen[id]; !ok {
+					seen[id] = now
 				}
 			})
 			mu.Unlock()
+			if bad != nil {
+				consumed <- bad
+				return
+			}
 		}
 	}()
 	defer func() { stopConsumer(); <-consumed }()
