@@ -19,7 +19,8 @@
 #   of the run's own (8 partitions, replication factor 3).
 # - Figures: drain rate (Connect's start until the topic's high-water marks
 #   sum to N, and from the first record), commit -> consumer latency at 1,000
-#   events/s, the JVM's peak RSS. bench/debezium/drive (Go) does the
+#   events/s, the JVM's peak RSS, and (Connect stopped) the write cost of the
+#   business transaction as make bench's write_ratio measures it. bench/debezium/drive (Go) does the
 #   PostgreSQL and Kafka parts.
 # - On exit, also on failure or Ctrl-C: Connect is stopped, the slot (a
 #   leftover slot keeps WAL forever), publication, schema and topic dropped.
@@ -154,9 +155,12 @@ connect_pid=$!
 rss_kib=$(sed -n 's/^VmHWM:[[:space:]]*\([0-9]*\) kB/\1/p' "/proc/$connect_pid/status")
 say "Kafka Connect peak RSS $((rss_kib / 1024)) MiB"
 stop_connect
+# The write cost with Connect stopped, as make bench's write_ratio runs with
+# no relay: what the business transaction itself pays.
+"$drive" write -schema "$schema" -topic "$topic" -duration "$duration" -out "$tmp/write.json"
 load_end=$(loadavg)
 
-"$drive" report -out "$out" -part "$tmp/setup.json" -part "$tmp/drain.json" -part "$tmp/latency.json" \
+"$drive" report -out "$out" -part "$tmp/setup.json" -part "$tmp/drain.json" -part "$tmp/latency.json" -part "$tmp/write.json" \
 	quick="$quick" rss_kib="$rss_kib" debezium="$dbz_version" kafka_connect="$connect_version" \
 	java="$(java -version 2>&1 | head -1 | sed 's/"//g')" heap="$heap" \
 	kafka_brokers="$(echo "$KAFKA_BROKERS" | tr ',' '\n' | wc -l)" \

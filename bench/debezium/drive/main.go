@@ -9,6 +9,7 @@
 //	drive connprops -schema S -slot L -pub P                  the connector's database properties
 //	drive drain    -topic T -n N -since UNIX_NS -out F         wait until T holds N records
 //	drive latency  -schema S -topic T -duration D -out F       paced commits vs. records seen
+//	drive write    -schema S -topic T -duration D -out F       business tx + outbox row vs. + plain row
 //	drive report   -out results.json -part F... k=v...         merge figures and config
 //	drive cleanup  -schema S -slot L -pub P -topic T           drop the slot, publication, schema, topic
 //
@@ -98,6 +99,8 @@ func main() {
 		err = drain(ctx, &o)
 	case "latency":
 		err = latency(ctx, &o)
+	case "write":
+		err = write(ctx, &o)
 	case "report":
 		err = report(&o, fs.Args())
 	case "cleanup":
@@ -570,6 +573,102 @@ func latency(ctx context.Context, o *options) error {
 		"latency_measured_at":      "consumer (record fetched)",
 		"latency_consumer_maxwait": "100ms",
 	})
+}
+
+// write measures the write cost of the business transaction as
+// cmd/millrace-bench's write_ratio does: 8 writers running one-row business
+// transactions (uuid, text, jsonb) that also insert (a) one event into the
+// Debezium outbox table or (b) one more plain row into a table of the
+// business table's columns; a, b, a, b for the phase each, each after a
+// CHECKPOINT; the medians and their ratio.
+func write(ctx context.Context, o *options) error {
+	pool, err := connect(ctx, latencyWriters+2)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	business, plain := sqlident.Table(o.schema, "bench_business"), sqlident.Table(o.schema, "bench_plain")
+	for _, t := range []string{business, plain} {
+		if _, err := pool.Exec(ctx, `CREATE TABLE `+t+` (id uuid PRIMARY KEY, name text NOT NULL, data jsonb NOT NULL)`); err != nil {
+			return err
+		}
+	}
+	insBusiness := `INSERT INTO ` + business + ` (id, name, data) VALUES ($1, $2, $3)`
+	insPlain := `INSERT INTO ` + plain + ` (id, name, data) VALUES ($1, $2, $3)`
+	insEvent := fmt.Sprintf(insertEvent, table(o))
+	variants := []struct {
+		name string
+		op   func(tx pgx.Tx, i int) error
+	}{
+		{"business tx + outbox row", func(tx pgx.Tx, i int) error {
+			_, err := tx.Exec(ctx, insEvent, uuid.New(), keyOf(i), o.topic, payloadOf(i))
+			return err
+		}},
+		{"business tx + plain insert", func(tx pgx.Tx, i int) error {
+			_, err := tx.Exec(ctx, insPlain, uuid.Must(uuid.NewV7()), keyOf(i), payloadOf(i))
+			return err
+		}},
+	}
+	var rates [2][]float64
+	for round := range 2 {
+		for k, v := range variants {
+			if _, err := pool.Exec(ctx, `CHECKPOINT`); err != nil {
+				say("write: CHECKPOINT: %v (continuing)", err)
+			}
+			var ops atomic.Int64
+			var next atomic.Int64
+			wctx, cancel := context.WithCancelCause(ctx)
+			deadline := time.Now().Add(o.duration)
+			started := time.Now()
+			var wg sync.WaitGroup
+			for range latencyWriters {
+				wg.Go(func() {
+					for wctx.Err() == nil && time.Now().Before(deadline) {
+						i := int(next.Add(1))
+						err := pgx.BeginFunc(wctx, pool, func(tx pgx.Tx) error {
+							if _, err := tx.Exec(wctx, insBusiness, uuid.Must(uuid.NewV7()), keyOf(i), payloadOf(i)); err != nil {
+								return err
+							}
+							return v.op(tx, i)
+						})
+						if err != nil {
+							cancel(err)
+							return
+						}
+						ops.Add(1)
+					}
+				})
+			}
+			wg.Wait()
+			elapsed := time.Since(started)
+			err := context.Cause(wctx)
+			cancel(nil)
+			if err != nil {
+				return fmt.Errorf("%s: %w", v.name, err)
+			}
+			rate := float64(ops.Load()) / elapsed.Seconds()
+			rates[k] = append(rates[k], rate)
+			say("write: round %d, %s: %.0f/s", round+1, v.name, rate)
+		}
+	}
+	a, b := median(rates[0]), median(rates[1])
+	say("write: outbox row %.0f/s, plain insert %.0f/s, ratio %.3f", a, b, a/b)
+	return writeJSON(o.out, map[string]any{
+		"debezium_write_tps_outbox": round(a, 0),
+		"debezium_write_tps_plain":  round(b, 0),
+		"debezium_write_ratio":      round(a/b, 3),
+		"write_writers":             latencyWriters,
+	})
+}
+
+func median(xs []float64) float64 {
+	xs = slices.Clone(xs)
+	slices.Sort(xs)
+	n := len(xs)
+	if n%2 == 1 {
+		return xs[n/2]
+	}
+	return (xs[n/2-1] + xs[n/2]) / 2
 }
 
 // percentile is the nearest-rank percentile p (0..1) of sorted ds.
