@@ -13,7 +13,7 @@ export GOFLAGS ?= -mod=readonly
 KAFKA_PKGS ?= ./kafka/ ./outbox/ ./inbox/ ./compensation/ ./saga/ ./internal/tracing/ ./internal/devkafka/ ./examples/...
 FAILOVER_PKGS ?= ./internal/realkafka/ ./examples/ordersaga/
 
-.PHONY: demo test test-embedded test-kafka bench bench-kafka pg-up kafka-up kafka-down broker fmt
+.PHONY: demo test test-embedded test-kafka bench bench-kafka bench-debezium pg-up kafka-up kafka-down broker fmt
 
 # The main example, end to end: the order saga across four services
 # (examples/ordersaga), faults on. Flags pass through DEMOFLAGS:
@@ -57,6 +57,13 @@ bench:
 bench-kafka:
 	@url="$$(scripts/pg-up.sh)" && brokers="$$(scripts/kafka-up.sh)" && \
 	DATABASE_URL="$$url" KAFKA_BROKERS="$${brokers#KAFKA_BROKERS=}" $(GO) run ./cmd/millrace-bench -out bench/results-kafka.json
+
+# Debezium's PostgreSQL connector with its outbox event router (Kafka Connect
+# standalone; Java and Maven fetch it once) on the same table shape, backlog
+# and cluster, into bench/results-debezium.json (bench/README.md, Debezium).
+bench-debezium:
+	@url="$$(scripts/pg-up.sh)" && brokers="$$(scripts/kafka-up.sh)" && \
+	DATABASE_URL="$$url" KAFKA_BROKERS="$${brokers#KAFKA_BROKERS=}" bench/debezium/run.sh
 
 pg-up:
 	@scripts/pg-up.sh
