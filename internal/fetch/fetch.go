@@ -30,11 +30,15 @@ type Run struct {
 // Subscribe subscribes to each topic, with SubscribeBatch when sub is a
 // kafka.BatchSubscriber, and sends the runs to the returned channel until
 // ctx ends. batched tells which interface was used; wait waits for the
-// forwarding goroutines once ctx has ended.
+// forwarding goroutines once ctx has ended and nacks what no batch took;
+// call it after the batches' workers have returned.
 func Subscribe(ctx context.Context, sub message.Subscriber, topics []string) (out <-chan Run, batched bool, wait func(), err error) {
-	ch := make(chan Run)
-	var wg sync.WaitGroup
 	bs, batched := sub.(kafka.BatchSubscriber)
+	// Buffered: the runs the partitions have ready wait here, so a batch
+	// that takes what is ready sees them all, not only the one a
+	// forwarding goroutine holds.
+	ch := make(chan Run, 256)
+	var wg sync.WaitGroup
 	for _, topic := range topics {
 		if batched {
 			in, err := bs.SubscribeBatch(ctx, topic)
@@ -72,7 +76,16 @@ func Subscribe(ctx context.Context, sub message.Subscriber, topics []string) (ou
 			}
 		}()
 	}
-	return ch, batched, wg.Wait, nil
+	wait = func() {
+		wg.Wait()
+		close(ch)
+		for r := range ch {
+			for _, m := range r.Msgs {
+				m.Nack()
+			}
+		}
+	}
+	return ch, batched, wait, nil
 }
 
 // Gatherer builds transaction batches from runs; one per worker.
