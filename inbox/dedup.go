@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -41,6 +42,9 @@ type Deduplicator struct {
 	// beginAndMark is the BEGIN query; %s is the event id. It executes
 	// markSQL, prepared on each connection as markName.
 	beginAndMark, markSQL, markName string
+	// markManySQL records many marks in one statement and returns the
+	// event ids it recorded (processed_event's primary key decides).
+	markManySQL string
 }
 
 // NewDeduplicator returns a Deduplicator. It does not touch the database.
@@ -72,6 +76,9 @@ func NewDeduplicator(pool *pgxpool.Pool, cfg DedupConfig) (*Deduplicator, error)
 		eventID:  cfg.EventID,
 		markSQL:  fmt.Sprintf(`INSERT INTO %s (consumer, event_id) VALUES ($1, $2)`, sqlident.Table(schema, "processed_event")),
 		markName: "millrace_mark_" + sqlident.Hash(schema),
+		markManySQL: fmt.Sprintf(`INSERT INTO %s (consumer, event_id) SELECT $1, e FROM unnest($2::uuid[]) e
+ON CONFLICT DO NOTHING
+RETURNING event_id`, sqlident.Table(schema, "processed_event")),
 		beginAndMark: fmt.Sprintf(`BEGIN; EXECUTE %s('%s', '%%s')`,
 			"millrace_mark_"+sqlident.Hash(schema), strings.ReplaceAll(cfg.Consumer, "'", "''")),
 	}, nil
@@ -141,6 +148,53 @@ func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		return out, nil
 	}
+}
+
+// MarkTx records the event ids of msgs in tx, in one statement, for
+// consumers that apply many messages per transaction, and reports for each
+// message whether it is new: false for one recorded before (a duplicate)
+// and for a repeat of an earlier message of msgs. Apply the new ones in tx;
+// rolled back, tx takes the marks with it. Before anything is written,
+// every event id is read: if any message has no usable one, MarkTx returns
+// a *millrace.BatchError naming each such message by its UUID, each error
+// wrapping ErrNoEventID and millrace.Permanent, and tx is untouched.
+func (d *Deduplicator) MarkTx(ctx context.Context, tx pgx.Tx, msgs ...*message.Message) ([]bool, error) {
+	ids := make([]uuid.UUID, len(msgs))
+	var bad []millrace.MessageError
+	for i, msg := range msgs {
+		id, err := eventID(d.eventID, msg)
+		if err != nil {
+			bad = append(bad, millrace.MessageError{UUID: msg.UUID, Err: err})
+			continue
+		}
+		ids[i] = id
+	}
+	if len(bad) > 0 {
+		return nil, &millrace.BatchError{Errors: bad}
+	}
+	fresh := make([]bool, len(msgs))
+	if len(msgs) == 0 {
+		return fresh, nil
+	}
+	rows, err := tx.Query(ctx, d.markManySQL, d.consumer, ids)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: consumer %s: record %d marks: %w", d.consumer, len(msgs), err)
+	}
+	recorded, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return nil, fmt.Errorf("inbox: consumer %s: record %d marks: %w", d.consumer, len(msgs), err)
+	}
+	isNew := make(map[uuid.UUID]bool, len(recorded))
+	for _, id := range recorded {
+		isNew[id] = true
+	}
+	for i, id := range ids {
+		if isNew[id] {
+			fresh[i] = true
+			delete(isNew, id) // a repeat within msgs is a duplicate
+		}
+	}
+	return fresh, nil
 }
 
 // Consumer returns the consumer name.

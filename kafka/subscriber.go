@@ -225,6 +225,17 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	return out, nil
 }
 
+// BatchSubscriber is the optional ability of a message.Subscriber to
+// deliver many messages of a partition at once, which Subscriber has. The
+// batched consumers (saga.Orchestrator.RunBatched,
+// compensation.Participant.RunBatched) look for it by type assertion and
+// then take whole fetches per transaction.
+type BatchSubscriber interface {
+	SubscribeBatch(ctx context.Context, topic string) (<-chan *Batch, error)
+}
+
+var _ BatchSubscriber = (*Subscriber)(nil)
+
 // Batch is a run of consecutive records of one partition, delivered by
 // SubscribeBatch as messages in offset order. Ack and Nack act on all its
 // messages; each message can also be acked or nacked alone. Once each

@@ -14,6 +14,7 @@ import (
 	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/internal/backoff"
+	"github.com/millrace/millrace/internal/fetch"
 	"github.com/millrace/millrace/internal/sqlident"
 	"github.com/millrace/millrace/internal/tracing"
 	"github.com/millrace/millrace/outbox"
@@ -21,7 +22,10 @@ import (
 
 // BatchConfig configures RunBatched.
 type BatchConfig struct {
-	// Subscriber reads the reply topics. Required.
+	// Subscriber reads the reply topics. Required. When it is also a
+	// kafka.BatchSubscriber (kafka.Subscriber is), the replies are read
+	// whole fetches at a time: a transaction takes what the partitions
+	// have delivered, up to BatchSize, without waiting for more.
 	Subscriber message.Subscriber
 	// Poison receives the messages that are not saga replies (ErrBadReply,
 	// or no usable event id), with the reason in metadata
@@ -35,7 +39,8 @@ type BatchConfig struct {
 	// BatchSize is the most replies one transaction applies. Defaults to 500.
 	BatchSize int
 	// BatchWait is how long a batch waits for more replies after its
-	// first. Defaults to 1ms.
+	// first, with a Subscriber that delivers one message at a time (not
+	// used with a kafka.BatchSubscriber). Defaults to 1ms.
 	BatchWait time.Duration
 	// Workers is the number of batches in flight at once. Defaults to 2.
 	Workers int
@@ -51,10 +56,13 @@ type BatchConfig struct {
 // transaction. A failed batch rolls back whole and its replies are applied
 // again one per transaction: the ones that fail again are nacked for
 // redelivery and the others acknowledged, so one reply that cannot be
-// applied holds up no other saga's. Use it instead of AddToRouter when
-// throughput matters; the consumer's in-flight limit bounds the batches
-// (with watermill-kafka, one message per partition: give the reply topics
-// many partitions).
+// applied holds up no other saga's (from a kafka.BatchSubscriber, the
+// replies after a failing one in its partition are nacked with it, and
+// come again in order). Use it instead of AddToRouter when throughput
+// matters. With kafka.Subscriber a batch is whatever its partitions have
+// fetched, closed as soon as nothing more is ready; with a subscriber of
+// one message at a time (watermill-kafka: one per partition in flight),
+// the batches are bounded by the partitions and BatchWait.
 func (o *Orchestrator) RunBatched(ctx context.Context, cfg BatchConfig) error {
 	if cfg.Subscriber == nil || cfg.Poison == nil {
 		return fmt.Errorf("%w: saga: BatchConfig.Subscriber and Poison are required", millrace.ErrConfig)
@@ -73,117 +81,88 @@ func (o *Orchestrator) RunBatched(ctx context.Context, cfg BatchConfig) error {
 		return fmt.Errorf("%w: saga: RunBatched: no definitions registered", millrace.ErrConfig)
 	}
 	poisonPub := o.poisonPublisher(cfg.Poison)
-	type tagged struct {
-		topic string
-		msg   *message.Message
-	}
-	in := make(chan tagged)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var wg sync.WaitGroup
-	for _, topic := range topics {
-		ch, err := cfg.Subscriber.Subscribe(ctx, topic)
-		if err != nil {
-			return fmt.Errorf("saga: subscribe to %s: %w", topic, err)
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for msg := range ch {
-				select {
-				case in <- tagged{topic, msg}:
-				case <-ctx.Done():
-					msg.Nack()
-					return
-				}
-			}
-		}()
+	in, batched, waitSubs, err := fetch.Subscribe(ctx, cfg.Subscriber, topics)
+	if err != nil {
+		return fmt.Errorf("saga: %w", err)
 	}
+	wait := cfg.BatchWait
+	if batched {
+		wait = 0 // a fetch is all there is: close the batch when it is drained
+	}
+	var wg sync.WaitGroup
 	for range cfg.Workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			g := &fetch.Gatherer{In: in, Max: cfg.BatchSize, Wait: wait}
 			failures := 0
 			for {
-				var batch []tagged
-				select {
-				case t := <-in:
-					batch = append(batch, t)
-				case <-ctx.Done():
+				runs := g.Next(ctx)
+				if runs == nil {
 					return
 				}
-				timer := time.NewTimer(cfg.BatchWait)
-			fill:
-				for len(batch) < cfg.BatchSize {
-					select {
-					case t := <-in:
-						batch = append(batch, t)
-					case <-timer.C:
-						break fill
-					case <-ctx.Done():
-						break fill
-					}
-				}
-				timer.Stop()
 				// settle acknowledges a handled message, once its poison
 				// copy (for one that is not a saga reply) is published.
-				settle := func(t tagged, perr error) {
+				settle := func(topic string, msg *message.Message, perr error) {
 					if perr != nil {
-						topic := cfg.PoisonTopic
-						if topic == "" {
-							topic = t.topic + ".poison"
+						ptopic := cfg.PoisonTopic
+						if ptopic == "" {
+							ptopic = topic + ".poison"
 						}
-						p := t.msg.Copy()
+						p := msg.Copy()
 						p.Metadata.Set(middleware.ReasonForPoisonedKey, perr.Error())
-						p.Metadata.Set(middleware.PoisonedTopicKey, t.topic) // where a requeue sends it back
-						if err := poisonPub.Publish(topic, p); err != nil {
-							o.logger.Error("saga: poison a bad reply", err, map[string]any{"message": t.msg.UUID})
-							t.msg.Nack()
+						p.Metadata.Set(middleware.PoisonedTopicKey, topic) // where a requeue sends it back
+						if err := poisonPub.Publish(ptopic, p); err != nil {
+							o.logger.Error("saga: poison a bad reply", err, map[string]any{"message": msg.UUID})
+							msg.Nack()
 							return
 						}
 					}
-					t.msg.Ack()
+					msg.Ack()
 				}
-				msgs := make([]*message.Message, len(batch))
-				for i, t := range batch {
-					msgs[i] = t.msg
-				}
+				msgs := fetch.Messages(runs)
+				o.metrics.replyBatch(len(msgs))
 				res, err := o.HandleReplies(ctx, msgs)
 				if err == nil {
 					failures = 0
-					for i, t := range batch {
-						settle(t, res.Poisoned[i])
+					i := 0
+					for _, r := range runs {
+						for _, m := range r.Msgs {
+							settle(r.Topic, m, res.Poisoned[i])
+							i++
+						}
 					}
 					continue
 				}
 				if ctx.Err() == nil {
 					o.logger.Error("saga: reply batch", err, map[string]any{"replies": len(msgs)})
 				}
-				// The batch rolled back whole: one reply that cannot be
-				// applied must not hold up the others. Each again in a
-				// transaction of its own, for its own result (as
-				// compensation.Batcher does); only the failing ones are
-				// nacked.
-				applied := 0
-				for i, t := range batch {
-					if ctx.Err() != nil || len(batch) == 1 {
-						t.msg.Nack()
-						continue
-					}
-					res, err := o.HandleReplies(ctx, msgs[i:i+1])
-					if err != nil {
-						if ctx.Err() == nil {
-							o.logger.Error("saga: reply", err, map[string]any{"message": t.msg.UUID})
+				if len(msgs) == 1 {
+					g.NackAll(runs)
+				} else {
+					// The batch rolled back whole: one reply that cannot
+					// be applied must not hold up the others. Each again
+					// in a transaction of its own, for its own result (as
+					// the participants' batches do); only the failing
+					// ones are nacked (with what follows them in their
+					// partition, from a batch subscriber).
+					applied := g.EachAlone(ctx, runs, func(topic string, m *message.Message) bool {
+						res, err := o.HandleReplies(ctx, []*message.Message{m})
+						if err != nil {
+							if ctx.Err() == nil {
+								o.logger.Error("saga: reply", err, map[string]any{"message": m.UUID})
+							}
+							return false
 						}
-						t.msg.Nack()
+						settle(topic, m, res.Poisoned[0])
+						return true
+					})
+					if applied > 0 {
+						failures = 0
 						continue
 					}
-					applied++
-					settle(t, res.Poisoned[0])
-				}
-				if applied > 0 {
-					failures = 0
-					continue
 				}
 				// Nothing could be applied: the database is likely
 				// unavailable. Wait before the redeliveries.
@@ -194,6 +173,7 @@ func (o *Orchestrator) RunBatched(ctx context.Context, cfg BatchConfig) error {
 	}
 	<-ctx.Done()
 	wg.Wait()
+	waitSubs()
 	return nil
 }
 

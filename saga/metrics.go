@@ -24,6 +24,7 @@ import (
 //	unregistered_total          sagas found on a definition version not registered (parked as stuck)
 //	poisoned_total              replies sent to the poison topic (label topic only, the reply topic)
 //	step_latency_seconds        from a step's first command to its success (histogram, also by step)
+//	reply_batch_size            replies a RunBatched transaction takes (histogram, no label)
 //	in_flight                   sagas running or compensating (gauge)
 //	stuck                       sagas stuck now (gauge)
 //	no_progress                 live sagas not changed for longer than the threshold (gauge)
@@ -35,6 +36,7 @@ type Metrics struct {
 	started, completed, compensated, stuck, fenced, unregistered *prometheus.CounterVec
 	poisonedVec                                                  *prometheus.CounterVec
 	stepLatency                                                  *prometheus.HistogramVec
+	replyBatchSize                                               prometheus.Histogram
 
 	gauges    *gaugeReader
 	inFlight  *prometheus.Desc
@@ -75,6 +77,11 @@ func NewMetrics(constLabels prometheus.Labels) *Metrics {
 			Help:    "Time from a saga step's first command to its success.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
 		}, []string{"type", "step"}),
+		replyBatchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "millrace", Subsystem: "saga", Name: "reply_batch_size", ConstLabels: constLabels,
+			Help:    "Replies a RunBatched transaction takes (before a failed batch falls back to one per transaction).",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 11),
+		}),
 		inFlight:  desc("in_flight", "Sagas running or compensating."),
 		stuckNow:  desc("stuck", "Sagas stuck now."),
 		noProgres: desc("no_progress", "Live sagas with no change for longer than the no-progress threshold."),
@@ -89,12 +96,18 @@ func (m *Metrics) ReadGauges(o *Orchestrator, threshold time.Duration) {
 }
 
 func (m *Metrics) counters() []prometheus.Collector {
-	return []prometheus.Collector{m.started, m.completed, m.compensated, m.stuck, m.fenced, m.unregistered, m.poisonedVec, m.stepLatency}
+	return []prometheus.Collector{m.started, m.completed, m.compensated, m.stuck, m.fenced, m.unregistered, m.poisonedVec, m.stepLatency, m.replyBatchSize}
 }
 
 func (m *Metrics) poisoned(topic string) {
 	if m != nil {
 		m.poisonedVec.WithLabelValues(topic).Inc()
+	}
+}
+
+func (m *Metrics) replyBatch(n int) {
+	if m != nil {
+		m.replyBatchSize.Observe(float64(n))
 	}
 }
 

@@ -10,14 +10,10 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
-	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
-	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace/compensation"
-	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/internal/sqlident"
 	"github.com/millrace/millrace/kafka"
 	"github.com/millrace/millrace/outbox"
@@ -43,17 +39,14 @@ const (
 	sagaQuickDeadline = 90 * time.Second // for all of them to complete
 )
 
-// sagaFetchWait is the consumers' Consumer.MaxWaitTime: how long a fetch
-// waits for records (the broker answers as soon as it has some; shorter
-// waits only burn CPU polling idle partitions).
-const sagaFetchWait = 100 * time.Millisecond
+// sagaFetchWait is the consumers' SubscriberConfig.FetchMaxWait: the
+// longest a fetch waits on the broker for records (it answers as soon as
+// it has some). The batches close when a fetch is drained: no hop waits on
+// a fixed interval when work is there.
+const sagaFetchWait = kafka.DefaultFetchMaxWait
 
-// sagaPartitions is the number of partitions of the saga topics
-// (watermill-kafka has one message in flight per partition).
+// sagaPartitions is the number of partitions of the saga topics.
 const sagaPartitions = 32
-
-// sagaBatchWait is how long a batch waits to fill after its first message.
-const sagaBatchWait = 5 * time.Millisecond
 
 // sagaOrder is the benchmark saga's data.
 type sagaOrder struct {
@@ -163,12 +156,10 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 		}
 	}
 	defer func() { stop(); wg.Wait() }()
-	var subs []*wkafka.Subscriber
-	subscriber := func() (*wkafka.Subscriber, error) {
-		cfg := kafka.DefaultSaramaSubscriberConfig()
-		cfg.Consumer.MaxWaitTime = sagaFetchWait
-		s, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{Brokers: b.brokers, Unmarshaler: kafka.DefaultMarshaler(),
-			OverwriteSaramaConfig: cfg, ConsumerGroup: newTopic("saga_group")}, watermill.NopLogger{})
+	var subs []*kafka.Subscriber
+	subscriber := func() (*kafka.Subscriber, error) {
+		s, err := kafka.NewSubscriber(kafka.SubscriberConfig{Brokers: b.brokers, ConsumerGroup: newTopic("saga_group"),
+			FetchMaxWait: sagaFetchWait, MaxBatch: sagaBatchSize}, watermill.NopLogger{})
 		if err == nil {
 			subs = append(subs, s)
 		}
@@ -201,14 +192,12 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 		if err != nil {
 			return 0, err
 		}
-		ch, err := sub.Subscribe(rctx, topics[s])
-		if err != nil {
-			return 0, err
-		}
-		for range sagaBatchWorkers {
-			wg.Add(1)
-			go func() { defer wg.Done(); fail(consumeBatches(rctx, pool, schema, s, ch, p.HandleTx)) }()
-		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			fail(p.RunBatched(rctx, compensation.RunConfig{Subscriber: sub, Topic: topics[s], Poison: pub,
+				MaxBatch: sagaBatchSize, Workers: sagaBatchWorkers}))
+		}()
 	}
 	sub, err := subscriber()
 	if err != nil {
@@ -219,7 +208,7 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 	go func() { defer wg.Done(); _ = rig.o.Run(rctx) }()
 	go func() {
 		defer wg.Done()
-		fail(rig.o.RunBatched(rctx, saga.BatchConfig{Subscriber: sub, Poison: pub, BatchSize: sagaBatchSize, BatchWait: sagaBatchWait, Workers: sagaBatchWorkers}))
+		fail(rig.o.RunBatched(rctx, saga.BatchConfig{Subscriber: sub, Poison: pub, BatchSize: sagaBatchSize, Workers: sagaBatchWorkers}))
 	}()
 
 	var result float64
@@ -249,6 +238,13 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 		var p50, p99 time.Duration
 		p50, p99, err = rig.latency(rctx, rate, b.opts.duration)
 		b.results["saga_latency_p50_ms"], b.results["saga_latency_p99_ms"] = ms(p50), ms(p99)
+		if err == nil {
+			var hops []string
+			hops, err = rig.hops(rctx, topics)
+			for _, h := range hops {
+				b.progress("sagas (latency): %s", h)
+			}
+		}
 	}
 	stop()
 	wg.Wait()
@@ -275,86 +271,6 @@ func (b *bench) createTopics(topics map[string]string, partitions int32) error {
 		}
 	}
 	return nil
-}
-
-// consumeBatches applies the messages of ch many per transaction: the
-// dedup marks of a batch in one statement (consumer name), then handle for
-// each new message in the same transaction. A failure rolls the whole batch
-// back and nacks it.
-func consumeBatches(ctx context.Context, pool *pgxpool.Pool, schema, consumer string, ch <-chan *message.Message,
-	handle func(ctx context.Context, tx pgx.Tx, msg *message.Message) error) error {
-	mark := fmt.Sprintf(`INSERT INTO %s (consumer, event_id) SELECT $1, e FROM unnest($2::uuid[]) e
-ON CONFLICT DO NOTHING RETURNING event_id`, sqlident.Table(schema, "processed_event"))
-	for {
-		var batch []*message.Message
-		select {
-		case m, ok := <-ch:
-			if !ok {
-				return nil
-			}
-			batch = append(batch, m)
-		case <-ctx.Done():
-			return nil
-		}
-		timer := time.NewTimer(sagaBatchWait)
-	fill:
-		for len(batch) < sagaBatchSize {
-			select {
-			case m, ok := <-ch:
-				if !ok {
-					break fill
-				}
-				batch = append(batch, m)
-			case <-timer.C:
-				break fill
-			}
-		}
-		timer.Stop()
-		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			ids := make([]uuid.UUID, len(batch))
-			for i, m := range batch {
-				id, err := inbox.DefaultEventID(m)
-				if err != nil {
-					return err
-				}
-				if ids[i], err = uuid.Parse(id); err != nil {
-					return err
-				}
-			}
-			rows, err := tx.Query(ctx, mark, consumer, ids)
-			if err != nil {
-				return err
-			}
-			fresh, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
-			if err != nil {
-				return err
-			}
-			isFresh := map[uuid.UUID]bool{}
-			for _, id := range fresh {
-				isFresh[id] = true
-			}
-			for i, m := range batch {
-				if !isFresh[ids[i]] {
-					continue
-				}
-				delete(isFresh, ids[i])
-				if err := handle(ctx, tx, m); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		for _, m := range batch {
-			if err != nil {
-				m.Nack()
-			} else {
-				m.Ack()
-			}
-		}
-		if err != nil && ctx.Err() == nil {
-			return fmt.Errorf("%s: batch of %d: %w", consumer, len(batch), err)
-		}
-	}
 }
 
 // count returns the number of sagas in a status.
@@ -553,4 +469,52 @@ func (r *sagaRig) latency(ctx context.Context, rate int, d time.Duration) (p50, 
        percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM ended_at - created_at))
   FROM `+inst+` WHERE status = 'completed'`).Scan(&s50, &s99)
 	return time.Duration(s50 * float64(time.Second)), time.Duration(s99 * float64(time.Second)), err
+}
+
+// hops returns, per step, the medians of where a round trip's milliseconds
+// go, from the outbox's and the history's timestamps: the orchestrator
+// writing the command (from the saga's start or the previous step's reply
+// applied), the relay publishing it, the participant applying it (its
+// transaction's start), the relay publishing the reply, the orchestrator
+// applying the reply.
+func (r *sagaRig) hops(ctx context.Context, topics map[string]string) ([]string, error) {
+	obx := sqlident.Table(r.schema, "outbox_event")
+	hist := sqlident.Table(r.schema, "saga_history")
+	inst := sqlident.Table(r.schema, "saga_instance")
+	var out []string
+	prev := `i.created_at`
+	for i, step := range []string{"credit", "stock", "ship"} {
+		if i > 0 {
+			prev = fmt.Sprintf(`(SELECT min(h.at) FROM %s h WHERE h.saga_id = i.id AND h.event = 'reply' AND h.step = '%s')`,
+				hist, []string{"credit", "stock", "ship"}[i-1])
+		}
+		q := fmt.Sprintf(`WITH t AS (
+SELECT %[1]s AS prev, c.created_at AS c_at, c.published_at AS c_pub, rp.created_at AS r_at, rp.published_at AS r_pub,
+       (SELECT min(h.at) FROM %[3]s h WHERE h.saga_id = i.id AND h.event = 'reply' AND h.step = $2) AS applied
+  FROM %[4]s i
+  JOIN %[2]s c ON c.topic = $1 AND c.partition_key = i.id
+  JOIN %[2]s rp ON rp.topic = $3 AND rp.partition_key = i.id AND rp.headers->>'saga_step' = $2
+ WHERE i.status = 'completed' AND i.id LIKE 'l-%%')
+SELECT count(*),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM c_at - prev)),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM c_pub - c_at)),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM r_at - c_pub)),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM r_pub - r_at)),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM applied - r_pub))
+  FROM t`, prev, obx, hist, inst)
+		var n int
+		var write, relayCmd, participant, relayReply, applied *float64
+		if err := r.pool.QueryRow(ctx, q, topics[step], step, topics["reply"]).Scan(&n, &write, &relayCmd, &participant, &relayReply, &applied); err != nil {
+			return nil, fmt.Errorf("hops of %s: %w", step, err)
+		}
+		f := func(v *float64) float64 {
+			if v == nil {
+				return 0
+			}
+			return round(*v*1000, 1)
+		}
+		out = append(out, fmt.Sprintf("step %s (median ms of %d): command written %.1f, published %.1f, participant applied %.1f, reply published %.1f, reply applied %.1f",
+			step, n, f(write), f(relayCmd), f(participant), f(relayReply), f(applied)))
+	}
+	return out, nil
 }

@@ -1,0 +1,131 @@
+package compensation_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/google/uuid"
+
+	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/compensation"
+	"github.com/millrace/millrace/internal/kafkatest"
+	"github.com/millrace/millrace/kafka"
+)
+
+// With kafka.Subscriber, RunBatched takes whole fetches: hundreds of
+// commands waiting on the topic are handled in a few transactions, each
+// once (duplicates within and across fetches are caught by the dedup
+// marks), a malformed one poisoned. A command that fails in a big batch
+// makes it fall back to one command per transaction: the failing one is
+// nacked (with what follows it in its partition) and comes again.
+func TestRunBatchedTakesWholeFetches(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 8)
+	brokers := kafkatest.Brokers(t)
+	topic := kafkatest.Topic()
+	kafkatest.CreateTopic(t, brokers, topic, 4, nil)
+	const sagas = 300
+	ids := make([]string, sagas)
+	for i := range ids {
+		ids[i] = uuid.NewString()
+	}
+	flaky := ids[77]
+	var flakyCalls atomic.Int32
+	b.setFailAction(func(call compensation.Call) error {
+		if call.SagaID == flaky && flakyCalls.Add(1) <= 2 {
+			return errTechnical
+		}
+		return nil
+	})
+	var msgs []*message.Message
+	for i, id := range ids {
+		m := action(id, 1)
+		m.Metadata.Set(millrace.MetadataPartitionKey, id)
+		msgs = append(msgs, m)
+		if i%10 == 0 {
+			msgs = append(msgs, m) // again, right behind it
+		}
+	}
+	msgs = append(msgs, msgs[:20]...) // and again, later
+	bad := action(uuid.NewString(), 1)
+	bad.Metadata.Set(millrace.MetadataSagaAttempt, "x")
+	msgs = append(msgs, bad)
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	if err := pub.Publish(topic, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{Brokers: brokers, ConsumerGroup: kafkatest.Group()}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	poison := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
+	defer poison.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	poisoned, err := poison.Subscribe(ctx, topic+".poison")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var batches, largest atomic.Int64
+	done := make(chan error, 1)
+	go func() {
+		done <- b.p.RunBatched(ctx, compensation.RunConfig{Subscriber: sub, Topic: topic, Poison: poison,
+			OnBatch: func(n int) {
+				batches.Add(1)
+				if int64(n) > largest.Load() {
+					largest.Store(int64(n))
+				}
+			}})
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	select {
+	case m := <-poisoned:
+		if m.UUID != bad.UUID {
+			t.Fatalf("poisoned %s", m.UUID)
+		}
+		m.Ack()
+	case <-time.After(60 * time.Second):
+		t.Fatal("the malformed command was not poisoned")
+	}
+	barrier := b.db.Schema + ".compensation_barrier"
+	for deadline := time.Now().Add(60 * time.Second); ; {
+		if n := b.count(t, `SELECT count(*) FROM `+barrier+` WHERE outcome IS NOT NULL`); n == sagas {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("%d of %d commands handled", n, sagas)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, id := range ids {
+		if n := b.effects(t, id, "reserve"); n != 1 {
+			t.Fatalf("saga %s: %d effects, want 1", id, n)
+		}
+		if rs := b.replies(t, id); len(rs) != 1 {
+			t.Fatalf("saga %s: %d replies, want 1 (the duplicates deduplicated)", id, len(rs))
+		}
+	}
+	if flakyCalls.Load() < 3 {
+		t.Fatalf("flaky's action ran %d times", flakyCalls.Load())
+	}
+	// Rows written by one transaction share its xmin: the batches', and
+	// one each for the commands of the failed batch (at most the largest).
+	txs := b.count(t, `SELECT count(DISTINCT xmin::text) FROM `+barrier)
+	if batches.Load() > 20 || int64(txs) > batches.Load()+largest.Load() {
+		t.Fatalf("%d transactions (%d batches, the largest %d) wrote %d barrier rows", txs, batches.Load(), largest.Load(), sagas)
+	}
+	t.Logf("%d commands: %d batches, the largest %d; %d transactions wrote the barrier rows", len(msgs), batches.Load(), largest.Load(), txs)
+}

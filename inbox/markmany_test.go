@@ -1,0 +1,101 @@
+package inbox_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/inbox"
+)
+
+// MarkTx records a batch's marks in one statement: a message repeated
+// within a batch, or seen in an earlier batch, is reported as a duplicate,
+// so each event applies once; a rolled-back batch leaves no mark; another
+// consumer deduplicates on its own; a message without a usable event id
+// is refused before anything is written.
+func TestMarkTxAppliesEachEventOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 2)
+	d := newDedup(t, b, "batch")
+	ctx := context.Background()
+	msgs := make([]*message.Message, 300)
+	for i := range msgs {
+		msgs[i] = message.NewMessage(uuid.NewString(), nil)
+	}
+	apply := func(d *inbox.Deduplicator, batch []*message.Message, fail bool) (applied int) {
+		t.Helper()
+		err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+			fresh, err := d.MarkTx(ctx, tx, batch...)
+			if err != nil {
+				return err
+			}
+			applied = 0
+			for i, m := range batch {
+				if fresh[i] {
+					applied++
+					if err := b.apply(ctx, tx, m.UUID, d.Consumer()); err != nil {
+						return err
+					}
+				}
+			}
+			if fail {
+				return errors.New("rolled back")
+			}
+			return nil
+		})
+		if err != nil && !fail {
+			t.Fatal(err)
+		}
+		return applied
+	}
+	// The first 200, with every tenth twice in the batch.
+	first := append([]*message.Message(nil), msgs[:200]...)
+	for i := 0; i < 200; i += 10 {
+		first = append(first, msgs[i])
+	}
+	// A rolled-back batch leaves no mark behind.
+	if got := apply(d, first, true); got != 200 {
+		t.Fatalf("rolled-back batch applied %d, want 200", got)
+	}
+	if got := apply(d, first, false); got != 200 {
+		t.Fatalf("first batch applied %d, want 200", got)
+	}
+	// Then 100 seen before and 100 new.
+	if got := apply(d, msgs[100:], false); got != 100 {
+		t.Fatalf("second batch applied %d, want 100", got)
+	}
+	if got := apply(d, msgs, false); got != 0 {
+		t.Fatalf("a redelivery of all applied %d", got)
+	}
+	if got := apply(newDedup(t, b, "other"), msgs[:50], false); got != 50 {
+		t.Fatalf("another consumer applied %d, want 50", got)
+	}
+	if e, de := b.effects(t), b.count(t, `SELECT count(DISTINCT (event_id, note)) FROM `+b.effect); e != 350 || de != 350 {
+		t.Fatalf("effects %d (%d distinct), want 350", e, de)
+	}
+
+	bad := message.NewMessage("not-a-uuid", nil)
+	tx, err := b.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	_, err = d.MarkTx(ctx, tx, message.NewMessage(uuid.NewString(), nil), bad)
+	var be *millrace.BatchError
+	if !errors.As(err, &be) || len(be.Errors) != 1 || be.Errors[0].UUID != bad.UUID ||
+		!errors.Is(be.Errors[0].Err, inbox.ErrNoEventID) || !millrace.IsPermanent(be.Errors[0].Err) {
+		t.Fatalf("MarkTx with a bad id = %v, want a BatchError naming it", err)
+	}
+	// tx is untouched: it still works, and no mark was written.
+	if got := b.count(t, `SELECT count(*) FROM `+b.table("processed_event")); got != 350 {
+		t.Fatalf("%d marks, want 350", got)
+	}
+	if _, err := tx.Exec(ctx, `SELECT 1`); err != nil {
+		t.Fatal(err)
+	}
+}
