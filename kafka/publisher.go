@@ -399,6 +399,9 @@ func (p *Publisher) publish(topic string, msgs []*message.Message) error {
 // cancels the round's context, which makes the client fail, instead of
 // send, every batch of the round not yet written.
 func (p *Publisher) produce(out []outcome, idx []int) {
+	if len(idx) == 0 { // isolate's round can be empty: every suspect held back
+		return
+	}
 	var wg sync.WaitGroup
 	wg.Add(len(idx))
 	ctx, cancel := context.WithCancel(context.Background())
