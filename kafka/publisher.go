@@ -388,8 +388,8 @@ func (p *Publisher) publish(topic string, msgs []*message.Message) error {
 // while later records are still being partitioned; a refused batch fails
 // only the records placed so far, and the later ones start fresh batches
 // under a new producer epoch, which the broker stores. So produce waits
-// until every record is placed (partitionedHook) or has failed before it
-// flushes.
+// until every record but the last is placed (partitionedHook) or has
+// failed, then produces the last and flushes.
 //
 // One gap is closed by hand: the client's drain loop of the previous flush
 // may still be running and send the first records of this round before the
@@ -406,15 +406,30 @@ func (p *Publisher) produce(out []outcome, idx []int) {
 	wg.Add(len(idx))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	rs := &roundState{pos: make(map[*kgo.Record]int, len(idx)), done: make([]atomic.Bool, len(idx)), placed: make(chan struct{})}
-	rs.left.Store(int64(len(idx)))
-	for k, i := range idx {
+	// The last record waits for the others to be placed: its Produce then
+	// sees the topic's partitions (the client publishes them just after
+	// placing the records set aside, and a Produce to a topic still
+	// loading waits for that), and so does the Flush after it, which
+	// otherwise would find no partition to drain and wait forever.
+	last := len(idx) - 1
+	rs := &roundState{pos: make(map[*kgo.Record]int, last), done: make([]atomic.Bool, last), placed: make(chan struct{})}
+	rs.left.Store(int64(last))
+	if last == 0 {
+		close(rs.placed)
+	}
+	for k, i := range idx[:last] {
 		rs.pos[out[i].rec] = k
 	}
 	ctx = context.WithValue(ctx, roundKey{}, rs)
 	var buffering, early atomic.Bool
 	buffering.Store(true)
 	for k, i := range idx {
+		if k == last {
+			// Every record is placed or failed within the delivery
+			// timeout: a topic whose partitions do not load fails its
+			// waiting records then.
+			<-rs.placed
+		}
 		if early.Load() {
 			out[i].err = temporary(fmt.Errorf("%w: a record failed while the call was being buffered", ErrHeldBack))
 			rs.mark(k)
@@ -432,9 +447,6 @@ func (p *Publisher) produce(out []outcome, idx []int) {
 			wg.Done()
 		})
 	}
-	// Every record is placed or failed within the delivery timeout: a
-	// topic whose partitions do not load fails its waiting records then.
-	<-rs.placed
 	buffering.Store(false)
 	// Flush returns once nothing is buffered: every record was
 	// acknowledged or failed (after the delivery timeout at the latest).
@@ -457,7 +469,7 @@ type roundState struct {
 }
 
 func (rs *roundState) mark(k int) {
-	if rs.done[k].CompareAndSwap(false, true) && rs.left.Add(-1) == 0 {
+	if k < len(rs.done) && rs.done[k].CompareAndSwap(false, true) && rs.left.Add(-1) == 0 {
 		close(rs.placed)
 	}
 }
