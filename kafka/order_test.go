@@ -337,10 +337,18 @@ func TestPublishInvalidTopicIsPermanent(t *testing.T) {
 
 // The property the Publisher builds on, checked on franz-go itself: with
 // the idempotent producer, when a batch of a partition is refused, every
-// record buffered behind it in that partition fails too, even those in
-// later batches (one partition, batches of a few records): what is stored
-// is a prefix of what was produced. The first, or the second, produce
-// request is refused (after the first succeeded the client pipelines).
+// record placed behind it in that partition fails too, even those in later
+// batches (one partition, batches of a few records): what is stored is a
+// prefix of what was produced. The first, or the second, produce request is
+// refused (after the first succeeded the client pipelines).
+//
+// Placed, not merely handed to Produce: for a topic whose partitions the
+// client has not learnt yet, Produce sets the records aside and the client
+// partitions them when the metadata arrives. A refusal that comes back
+// while that is under way fails only the records placed so far; the rest
+// start fresh batches under a bumped producer epoch, from sequence 0, and
+// the broker (Kafka as kfake) stores them. So, as the Publisher does, the
+// test flushes only once every record is placed (the partitioned hook).
 func TestFranzGoFailsThePartitionBehindAFailedBatch(t *testing.T) {
 	t.Parallel()
 	for _, failOn := range []int{1, 2} {
@@ -361,7 +369,9 @@ func TestFranzGoFailsThePartitionBehindAFailedBatch(t *testing.T) {
 				}
 				return 0
 			})
-			cl, err := kgo.NewClient(kgo.SeedBrokers(b.Addrs()...), kgo.ManualFlushing(), kgo.ProducerBatchMaxBytes(1000))
+			placed := make(chan struct{}, 200)
+			cl, err := kgo.NewClient(kgo.SeedBrokers(b.Addrs()...), kgo.ManualFlushing(), kgo.ProducerBatchMaxBytes(1000),
+				kgo.WithHooks(placedHook(placed)))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -384,6 +394,14 @@ func TestFranzGoFailsThePartitionBehindAFailedBatch(t *testing.T) {
 					wg.Done()
 				})
 			}
+			deadline := time.After(30 * time.Second)
+			for range n {
+				select {
+				case <-placed:
+				case <-deadline:
+					t.Fatal("records not placed in their partition within 30s")
+				}
+			}
 			if err := cl.Flush(context.Background()); err != nil {
 				t.Fatal(err)
 			}
@@ -399,5 +417,76 @@ func TestFranzGoFailsThePartitionBehindAFailedBatch(t *testing.T) {
 			}
 			t.Logf("%d stored, the rest (from %d) failed", stored, firstFailed)
 		})
+	}
+}
+
+// placedHook reports each record the client places in its partition.
+type placedHook chan struct{}
+
+func (h placedHook) OnProduceRecordPartitioned(*kgo.Record, int32) { h <- struct{}{} }
+
+// A batch refused on the first Publish to a topic, while the client is
+// still learning the topic's partitions (franz-go holds the records aside
+// and partitions them when the metadata arrives, possibly while the first
+// batch is already on its way): no message is stored ahead of an earlier
+// one of its key. Several rounds, each on a fresh topic, since whether the
+// refusal comes back before every record is partitioned is a matter of
+// timing.
+func TestPublishFirstBatchToNewTopicRefused(t *testing.T) {
+	t.Parallel()
+	b := kafkatest.Embedded(t, devkafka.Config{Partitions: 1})
+	var mu sync.Mutex
+	armed := false
+	kafkatest.FailProduce(b, func(int32) int16 {
+		mu.Lock()
+		defer mu.Unlock()
+		if armed {
+			armed = false
+			return kerr.InvalidRecord.Code
+		}
+		return 0
+	})
+	p := newPublisherWith(t, kafka.PublisherConfig{Brokers: b.Addrs(), MaxMessageBytes: 1000})
+	for round := range 20 {
+		topic := kafkatest.Topic()
+		if err := b.Cluster().CreateTopic(topic, 1, nil); err != nil {
+			t.Fatal(err)
+		}
+		check := newOrderChecker()
+		var msgs []*message.Message
+		for i := range 150 {
+			m := newMessage(round*1000+i, "k"+strconv.Itoa(i%2))
+			check.add(m)
+			msgs = append(msgs, m)
+		}
+		mu.Lock()
+		armed = true
+		mu.Unlock()
+		err := publishWithin(t, 30*time.Second, p, topic, msgs...)
+		var be *millrace.BatchError
+		if err != nil && !errors.As(err, &be) {
+			t.Fatalf("round %d: Publish: %v, want nil or a BatchError", round, err)
+		}
+		failed := map[string]bool{}
+		if be != nil {
+			for _, me := range be.Errors {
+				failed[me.UUID] = true
+			}
+		}
+		held := map[string]bool{}
+		for _, m := range msgs {
+			key := m.Metadata.Get(millrace.MetadataPartitionKey)
+			if failed[m.UUID] {
+				held[key] = true
+			} else if held[key] {
+				t.Fatalf("round %d: message %s reported delivered after an earlier message of key %s failed", round, m.UUID, key)
+			}
+		}
+		seen := check.check(t, b.Addrs(), topic)
+		for _, m := range msgs {
+			if !failed[m.UUID] && !seen[m.UUID] {
+				t.Fatalf("round %d: message %s reported delivered is not in the topic", round, m.UUID)
+			}
+		}
 	}
 }

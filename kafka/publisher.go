@@ -224,6 +224,7 @@ func (p *Publisher) newClient() (*kgo.Client, error) {
 	opts := append(append([]kgo.Opt(nil), p.opts...),
 		kgo.ManualFlushing(),
 		kgo.ProducerBatchMaxBytesFn(p.batchLimit),
+		kgo.WithHooks(partitionedHook{}),
 	)
 	// The options are checked before the client is made, since ManualFlushing
 	// and ProducerBatchMaxBytesFn above would hide the user's.
@@ -383,32 +384,69 @@ func (p *Publisher) publish(topic string, msgs []*message.Message) error {
 // of a partition behind a failed batch of it: so a record is never stored
 // after an earlier one of its partition, in this round, failed.
 //
+// Buffered means placed in its partition, which Produce does not always do
+// before it returns: records for a topic whose partitions the client has
+// not learnt yet (the first call to a topic) wait aside and are partitioned
+// when the metadata arrives. Flushing then would let the first batches go
+// while later records are still being partitioned; a refused batch fails
+// only the records placed so far, and the later ones start fresh batches
+// under a new producer epoch, which the broker stores. So produce waits
+// until every record but the last is placed (partitionedHook) or has
+// failed, then produces the last and flushes.
+//
 // One gap is closed by hand: the client's drain loop of the previous flush
 // may still be running and send the first records of this round before the
-// rest are buffered. If one of those fails at once, a record of its
-// partition buffered after that failure would start a fresh batch. So the
-// first failure reported while buffering stops the buffering (the rest are
-// held back) and cancels the round's context, which makes the client fail,
-// instead of send, every batch of the round not yet written.
+// rest are placed. If one of those fails at once, a record of its partition
+// placed after that failure would start a fresh batch. So the first failure
+// reported while buffering stops the buffering (the rest are held back) and
+// cancels the round's context, which makes the client fail, instead of
+// send, every batch of the round not yet written.
 func (p *Publisher) produce(out []outcome, idx []int) {
+	if len(idx) == 0 { // isolate's round can be empty: every suspect held back
+		return
+	}
 	var wg sync.WaitGroup
 	wg.Add(len(idx))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	// The last record waits for the others to be placed: its Produce then
+	// sees the topic's partitions (the client publishes them just after
+	// placing the records set aside, and a Produce to a topic still
+	// loading waits for that), and so does the Flush after it, which
+	// otherwise would find no partition to drain and wait forever.
+	last := len(idx) - 1
+	rs := &roundState{pos: make(map[*kgo.Record]int, last), done: make([]atomic.Bool, last), placed: make(chan struct{})}
+	rs.left.Store(int64(last))
+	if last == 0 {
+		close(rs.placed)
+	}
+	for k, i := range idx[:last] {
+		rs.pos[out[i].rec] = k
+	}
+	ctx = context.WithValue(ctx, roundKey{}, rs)
 	var buffering, early atomic.Bool
 	buffering.Store(true)
-	for _, i := range idx {
+	for k, i := range idx {
+		if k == last {
+			// Every record is placed or failed within the delivery
+			// timeout: a topic whose partitions do not load fails its
+			// waiting records then.
+			<-rs.placed
+		}
 		if early.Load() {
 			out[i].err = temporary(fmt.Errorf("%w: a record failed while the call was being buffered", ErrHeldBack))
+			rs.mark(k)
 			wg.Done()
 			continue
 		}
+		out[i].rec.Context = ctx
 		p.client.Produce(ctx, out[i].rec, func(_ *kgo.Record, err error) {
 			out[i].err = err
 			if err != nil && buffering.Load() {
 				early.Store(true)
 				cancel()
 			}
+			rs.mark(k)
 			wg.Done()
 		})
 	}
@@ -420,6 +458,40 @@ func (p *Publisher) produce(out []outcome, idx []int) {
 	for _, i := range idx {
 		if err := out[i].err; err != nil && !errors.Is(err, ErrHeldBack) {
 			out[i].err = p.classify(out[i].rec.Topic, out[i].size, err)
+		}
+	}
+}
+
+// roundState tracks which records of a produce round are placed in their
+// partitions (or failed before): placed closes when all are.
+type roundState struct {
+	pos    map[*kgo.Record]int // record → its position in the round; read-only while producing
+	done   []atomic.Bool
+	left   atomic.Int64
+	placed chan struct{}
+}
+
+func (rs *roundState) mark(k int) {
+	if k < len(rs.done) && rs.done[k].CompareAndSwap(false, true) && rs.left.Add(-1) == 0 {
+		close(rs.placed)
+	}
+}
+
+// roundKey is the context key of a produce round's *roundState; the round's
+// records carry that context.
+type roundKey struct{}
+
+// partitionedHook tells a produce round that the client placed one of its
+// records in its partition.
+type partitionedHook struct{}
+
+func (partitionedHook) OnProduceRecordPartitioned(r *kgo.Record, _ int32) {
+	if r.Context == nil {
+		return
+	}
+	if rs, ok := r.Context.Value(roundKey{}).(*roundState); ok {
+		if k, ok := rs.pos[r]; ok {
+			rs.mark(k)
 		}
 	}
 }
