@@ -36,7 +36,7 @@ import (
 )
 
 // groups are the figure groups, in the order they run.
-var groups = []string{"relay", "forwarder", "raw", "latency", "write", "dedup", "inbox", "saga"}
+var groups = []string{"relay", "forwarder", "raw", "latency", "write", "dedup", "inbox", "saga", "cdc", "consumer"}
 
 // childEnv marks a process started by the bench itself (the broker or the
 // relay). The test binary checks it in TestMain to run main instead of the
@@ -201,6 +201,10 @@ func (b *bench) runGroup(ctx context.Context, g string) error {
 		return b.benchSagas(ctx)
 	case "inbox":
 		return b.benchInbox(ctx)
+	case "cdc":
+		return b.benchCDC(ctx)
+	case "consumer":
+		return b.benchConsumer(ctx)
 	}
 	return fmt.Errorf("unknown group %q", g)
 }
