@@ -1,8 +1,10 @@
 // Command millrace-bench measures millrace on this machine, side by side in
 // one run: the relay against watermill-sql's Forwarder and against raw
 // batched produce, commit-to-ack latency against a 0.5 s poller, the cost of
-// writing an event in the business transaction, and the inbox. It prints a
-// table and writes the figures as JSON (bench/results.json from make bench).
+// writing an event in the business transaction, the inbox, the outbox in
+// change-data-capture mode, and consumers (batched against watermill-kafka's
+// subscriber). It prints a table and writes the figures as JSON
+// (bench/results.json from make bench).
 // bench/README.md explains each figure.
 //
 //	millrace-bench -out bench/results.json            # full sizes
