@@ -81,8 +81,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	var only string
 	fs.StringVar(&o.out, "out", "bench/results.json", "write the figures as JSON to this file")
 	fs.StringVar(&only, "only", "", "comma-separated figure groups to run: "+strings.Join(groups, ","))
-	fs.IntVar(&o.n, "n", 0, "backlog size for relay, forwarder and raw (default 200000; 20000 with BENCH_QUICK=1)")
-	fs.DurationVar(&o.duration, "duration", 0, "length of each timed phase of latency, write, dedup and inbox (default 10s; 3s with BENCH_QUICK=1)")
+	fs.IntVar(&o.n, "n", 0, "backlog size for relay, forwarder, raw and cdc; consumer reads n/4 (default 200000; 20000 with BENCH_QUICK=1)")
+	fs.DurationVar(&o.duration, "duration", 0, "length of each timed phase of latency, write, dedup, inbox and cdc (default 10s; 3s with BENCH_QUICK=1)")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the relay child while it drains the backlog")
 	fs.IntVar(&o.relayWorkers, "relay-workers", 0, "RelayConfig.Workers for the draining relay (0: the relay's default)")
 	fs.IntVar(&o.relayBatch, "relay-batch", 0, "RelayConfig.BatchSize for the draining relay (0: the relay's default)")
