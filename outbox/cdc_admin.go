@@ -23,7 +23,7 @@ var (
 	// ErrNoSlot is returned by CDCRelay.Run when the publication or the
 	// replication slot it streams from does not exist: create them with
 	// Admin.CreateCDC (or `millrace outbox cdc create`).
-	ErrNoSlot = errors.New("outbox: CDC publication or replication slot missing (create them with Admin.CreateCDC)")
+	ErrNoSlot = errors.New("outbox: CDC publication or replication slot missing (create them with Admin.CreateCDC or `millrace outbox cdc create`)")
 )
 
 // slotName is what PostgreSQL accepts as a replication slot name, with room

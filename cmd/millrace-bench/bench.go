@@ -194,9 +194,11 @@ func messageOf(id string, i int) *message.Message {
 }
 
 // writeBacklog writes n events to the outbox in transactions of writeBatch
-// events, from a few writers at once.
-func (b *bench) writeBacklog(ctx context.Context, pool *pgxpool.Pool, schema, topic string, n int) error {
-	w, err := outbox.NewWriter(pool, outbox.WriterConfig{Schema: schema})
+// events, from a few writers at once, with a Writer of cfg (its Schema set
+// to schema).
+func (b *bench) writeBacklog(ctx context.Context, pool *pgxpool.Pool, schema, topic string, n int, cfg outbox.WriterConfig) error {
+	cfg.Schema = schema
+	w, err := outbox.NewWriter(pool, cfg)
 	if err != nil {
 		return err
 	}

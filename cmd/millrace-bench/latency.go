@@ -31,12 +31,12 @@ const (
 // then the baseline: the source documents' poller, which publishes up to
 // 100 events and sleeps 500 ms, over and over.
 func (b *bench) benchLatency(ctx context.Context) error {
-	p50, p99, err := b.latency(ctx, "latency", false)
+	p50, p99, err := b.latency(ctx, "latency", latencyRelay)
 	if err != nil {
 		return err
 	}
 	b.results["latency_p50_ms"], b.results["latency_p99_ms"] = ms(p50), ms(p99)
-	p50, p99, err = b.latency(ctx, "baseline (poll every 500ms)", true)
+	p50, p99, err = b.latency(ctx, "baseline (poll every 500ms)", latencyPoll)
 	if err != nil {
 		return err
 	}
@@ -82,9 +82,18 @@ func (p *ackRecorder) count() int {
 	return len(p.acks)
 }
 
+// latencyMode is what ships the events of a latency run.
+type latencyMode int
+
+const (
+	latencyRelay latencyMode = iota // an outbox.Relay, default config
+	latencyPoll                     // pollEvery500ms, the baseline
+	latencyCDC                      // an outbox.CDCRelay, default config, CDC-mode Writers
+)
+
 // latency runs one relay and paced writers for the phase duration and
 // returns the p50 and p99 of commit-to-acknowledgement.
-func (b *bench) latency(ctx context.Context, name string, pollOnly bool) (p50, p99 time.Duration, err error) {
+func (b *bench) latency(ctx context.Context, name string, mode latencyMode) (p50, p99 time.Duration, err error) {
 	pool, schema, done, err := b.workspace(ctx, latencyWriters+6)
 	if err != nil {
 		return 0, 0, err
@@ -99,11 +108,25 @@ func (b *bench) latency(ctx context.Context, name string, pollOnly bool) (p50, p
 	defer kp.Close()
 	rec := &ackRecorder{Publisher: kp, acks: map[string]time.Time{}}
 	wcfg := outbox.WriterConfig{Schema: schema}
-	run := func(ctx context.Context) error { return pollEvery500ms(ctx, pool, schema, rec) }
-	if pollOnly {
+	var run func(ctx context.Context) error
+	switch mode {
+	case latencyPoll:
 		wcfg.NotifyInterval = -1
-	} else {
+		run = func(ctx context.Context) error { return pollEvery500ms(ctx, pool, schema, rec) }
+	case latencyRelay:
 		relay, err := outbox.NewRelay(pool, outbox.RelayConfig{Schema: schema, Publisher: rec})
+		if err != nil {
+			return 0, 0, err
+		}
+		run = relay.Run
+	case latencyCDC:
+		dropCDC, err := b.createCDC(ctx, pool, schema)
+		if err != nil {
+			return 0, 0, err
+		}
+		defer dropCDC() // after the relay has stopped (deferred below)
+		wcfg.CDC = true
+		relay, err := outbox.NewCDCRelay(pool, outbox.CDCRelayConfig{RelayConfig: outbox.RelayConfig{Schema: schema, Publisher: rec}})
 		if err != nil {
 			return 0, 0, err
 		}
@@ -115,9 +138,10 @@ func (b *bench) latency(ctx context.Context, name string, pollOnly bool) (p50, p
 	}
 	rctx, stop := context.WithCancel(ctx)
 	finished := make(chan struct{})
+	var runErr error
 	go func() {
 		defer close(finished)
-		_ = run(rctx)
+		runErr = run(rctx)
 	}()
 	defer func() { stop(); <-finished }()
 
@@ -127,8 +151,11 @@ func (b *bench) latency(ctx context.Context, name string, pollOnly bool) (p50, p
 			return 0, 0, err
 		}
 	}
-	if err := waitFor(ctx, 30*time.Second, func() bool { return rec.count() >= 20 }); err != nil {
+	if err := waitFor(ctx, 30*time.Second, func() bool { return rec.count() >= 20 || isClosed(finished) }); err != nil {
 		return 0, 0, fmt.Errorf("warm-up events not acknowledged: %w", err)
+	}
+	if isClosed(finished) {
+		return 0, 0, fmt.Errorf("the relay stopped: %v", runErr)
 	}
 
 	// Paced writers: a ticker hands out one event per millisecond to a few
@@ -190,13 +217,20 @@ func (b *bench) latency(ctx context.Context, name string, pollOnly bool) (p50, p
 	slices.Sort(lat)
 	p50, p99 = percentile(lat, 0.50), percentile(lat, 0.99)
 	rate := float64(total) / written.Seconds()
-	key := "latency_rate_per_s"
-	if pollOnly {
-		key = "baseline_poll_rate_per_s"
-	}
+	key := [...]string{latencyRelay: "latency_rate_per_s", latencyPoll: "baseline_poll_rate_per_s", latencyCDC: "cdc_latency_rate_per_s"}[mode]
 	b.config[key] = round(rate, 0)
 	b.progress("%s: %d events at %.0f/s: p50 %s, p99 %s, max %s", name, total, rate, p50, p99, lat[len(lat)-1])
 	return p50, p99, nil
+}
+
+// isClosed says whether ch is closed.
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 // waitFor polls cond every 10ms until it holds or timeout passes.

@@ -1,8 +1,10 @@
 // Command millrace-bench measures millrace on this machine, side by side in
 // one run: the relay against watermill-sql's Forwarder and against raw
 // batched produce, commit-to-ack latency against a 0.5 s poller, the cost of
-// writing an event in the business transaction, and the inbox. It prints a
-// table and writes the figures as JSON (bench/results.json from make bench).
+// writing an event in the business transaction, the inbox, the outbox in
+// change-data-capture mode, and consumers (batched against watermill-kafka's
+// subscriber). It prints a table and writes the figures as JSON
+// (bench/results.json from make bench).
 // bench/README.md explains each figure.
 //
 //	millrace-bench -out bench/results.json            # full sizes
@@ -36,7 +38,7 @@ import (
 )
 
 // groups are the figure groups, in the order they run.
-var groups = []string{"relay", "forwarder", "raw", "latency", "write", "dedup", "inbox", "saga"}
+var groups = []string{"relay", "forwarder", "raw", "latency", "write", "dedup", "inbox", "saga", "cdc", "consumer"}
 
 // childEnv marks a process started by the bench itself (the broker or the
 // relay). The test binary checks it in TestMain to run main instead of the
@@ -79,8 +81,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	var only string
 	fs.StringVar(&o.out, "out", "bench/results.json", "write the figures as JSON to this file")
 	fs.StringVar(&only, "only", "", "comma-separated figure groups to run: "+strings.Join(groups, ","))
-	fs.IntVar(&o.n, "n", 0, "backlog size for relay, forwarder and raw (default 200000; 20000 with BENCH_QUICK=1)")
-	fs.DurationVar(&o.duration, "duration", 0, "length of each timed phase of latency, write, dedup and inbox (default 10s; 3s with BENCH_QUICK=1)")
+	fs.IntVar(&o.n, "n", 0, "backlog size for relay, forwarder, raw and cdc; consumer reads n/4 (default 200000; 20000 with BENCH_QUICK=1)")
+	fs.DurationVar(&o.duration, "duration", 0, "length of each timed phase of latency, write, dedup, inbox and cdc (default 10s; 3s with BENCH_QUICK=1)")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the relay child while it drains the backlog")
 	fs.IntVar(&o.relayWorkers, "relay-workers", 0, "RelayConfig.Workers for the draining relay (0: the relay's default)")
 	fs.IntVar(&o.relayBatch, "relay-batch", 0, "RelayConfig.BatchSize for the draining relay (0: the relay's default)")
@@ -201,6 +203,10 @@ func (b *bench) runGroup(ctx context.Context, g string) error {
 		return b.benchSagas(ctx)
 	case "inbox":
 		return b.benchInbox(ctx)
+	case "cdc":
+		return b.benchCDC(ctx)
+	case "consumer":
+		return b.benchConsumer(ctx)
 	}
 	return fmt.Errorf("unknown group %q", g)
 }

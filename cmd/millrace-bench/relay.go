@@ -40,7 +40,7 @@ func (b *bench) benchRelay(ctx context.Context) error {
 	defer done()
 	topic := newTopic("relay")
 	n := b.opts.n
-	if err := b.writeBacklog(ctx, pool, schema, topic, n); err != nil {
+	if err := b.writeBacklog(ctx, pool, schema, topic, n, outbox.WriterConfig{}); err != nil {
 		return err
 	}
 	// The log is freshly written: let the relay start from analyzed tables,

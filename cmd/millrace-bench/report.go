@@ -27,6 +27,8 @@ var targets = map[string]target{
 	"relay_rss_mib":      {false, 64},
 	"dedup_ratio":        {true, 0.85},
 	"sagas_per_s":        {true, 1000},
+	"write_ratio_cdc":    {true, 0.95},
+	"consumer_vs_wkafka": {true, 3},
 }
 
 // figureOrder is the order of the table; every figure the bench can produce
@@ -38,6 +40,9 @@ var figureOrder = []string{
 	"write_ratio", "write_tps_outbox", "write_tps_plain",
 	"dedup_ratio", "inbox_accept_events_per_s",
 	"sagas_per_s", "saga_latency_p50_ms", "saga_latency_p99_ms",
+	"cdc_relay_events_per_s", "cdc_vs_relay", "write_ratio_cdc", "cdc_latency_p50_ms", "cdc_latency_p99_ms",
+	"consumer_batched_1p_per_s", "consumer_batched_32p_per_s", "consumer_wkafka_1p_per_s", "consumer_wkafka_32p_per_s",
+	"consumer_vs_wkafka",
 }
 
 // ratios adds the figures derived from others in the same run.
@@ -48,6 +53,13 @@ func (b *bench) ratios() {
 	}
 	if raw, ok := b.results["raw_produce_events_per_s"]; ok && okR && raw > 0 {
 		b.results["relay_vs_raw"] = round(relay/raw, 3)
+	}
+	if cdc, ok := b.results["cdc_relay_events_per_s"]; ok && okR && relay > 0 {
+		b.results["cdc_vs_relay"] = round(cdc/relay, 2)
+	}
+	batched, okB := b.results["consumer_batched_32p_per_s"]
+	if wk, ok := b.results["consumer_wkafka_32p_per_s"]; ok && okB && wk > 0 {
+		b.results["consumer_vs_wkafka"] = round(batched/wk, 2)
 	}
 }
 

@@ -20,21 +20,47 @@ const writers = 8
 // (b) one more plain INSERT into a table with similar columns. Rounds
 // alternate a, b, a, b; the ratio is of the medians.
 func (b *bench) benchWrite(ctx context.Context) error {
-	pool, schema, done, err := b.workspace(ctx, writers+2)
+	tpsA, tpsB, err := b.writeRatio(ctx, "write", false)
 	if err != nil {
 		return err
+	}
+	b.results["write_tps_outbox"] = round(tpsA, 0)
+	b.results["write_tps_plain"] = round(tpsB, 0)
+	b.results["write_ratio"] = round(tpsA/tpsB, 3)
+	b.config["write_writers"] = writers
+	return nil
+}
+
+// writeRatio runs the write_ratio comparison and returns the median rates
+// of (a) and (b). With cdc, (a)'s Writer is a CDC-mode Writer
+// (WriterConfig.CDC) and the schema has its publication and slot (no relay
+// runs, as in the polling comparison); they are dropped at the end.
+func (b *bench) writeRatio(ctx context.Context, group string, cdc bool) (tpsA, tpsB float64, err error) {
+	pool, schema, done, err := b.workspace(ctx, writers+2)
+	if err != nil {
+		return 0, 0, err
 	}
 	defer done()
 	business, plain := sqlident.Table(schema, "bench_business"), sqlident.Table(schema, "bench_plain")
 	for _, t := range []string{business, plain} {
 		if _, err := pool.Exec(ctx, `CREATE TABLE `+t+` (id uuid PRIMARY KEY, name text NOT NULL, data jsonb NOT NULL)`); err != nil {
-			return err
+			return 0, 0, err
 		}
 	}
-	// The Writer as a service would use it: wake-up hints coalesced (the default).
-	w, err := outbox.NewWriter(pool, outbox.WriterConfig{Schema: schema})
+	// The Writer as a service would use it: wake-up hints coalesced (the
+	// default), or in CDC mode with the slot in place.
+	wcfg := outbox.WriterConfig{Schema: schema}
+	if cdc {
+		dropCDC, err := b.createCDC(ctx, pool, schema)
+		if err != nil {
+			return 0, 0, err
+		}
+		defer dropCDC()
+		wcfg.CDC = true
+	}
+	w, err := outbox.NewWriter(pool, wcfg)
 	if err != nil {
-		return err
+		return 0, 0, err
 	}
 	insertBusiness := `INSERT INTO ` + business + ` (id, name, data) VALUES ($1, $2, $3)`
 	insertPlain := `INSERT INTO ` + plain + ` (id, name, data) VALUES ($1, $2, $3)`
@@ -58,17 +84,13 @@ func (b *bench) benchWrite(ctx context.Context) error {
 			return err
 		})
 	}
-	tpsA, tpsB, err := b.alternate(ctx, "write", pool, writers,
-		variant{"business tx + outbox event", withEvent},
-		variant{"business tx + plain insert", withInsert})
-	if err != nil {
-		return err
+	name := "business tx + outbox event"
+	if cdc {
+		name = "business tx + outbox event (CDC)"
 	}
-	b.results["write_tps_outbox"] = round(tpsA, 0)
-	b.results["write_tps_plain"] = round(tpsB, 0)
-	b.results["write_ratio"] = round(tpsA/tpsB, 3)
-	b.config["write_writers"] = writers
-	return nil
+	return b.alternate(ctx, group, pool, writers,
+		variant{name, withEvent},
+		variant{"business tx + plain insert", withInsert})
 }
 
 // variant is one side of an a/b comparison: op does one unit of work.

@@ -20,7 +20,7 @@ import (
 func (a *app) outboxCmd() *cobra.Command {
 	cmd := group(&cobra.Command{
 		Use:   "outbox",
-		Short: "The outbox: backlog, dead letters, replay",
+		Short: "The outbox: backlog, dead letters, replay, CDC slot",
 	})
 	cmd.AddCommand(&cobra.Command{
 		Use:   "stats",
@@ -58,7 +58,7 @@ func (a *app) outboxCmd() *cobra.Command {
 			(*outbox.Admin).RequeueTx),
 		a.outboxDeadActionCmd("discard", "Drop dead letters for good; the later events of their keys flow again",
 			(*outbox.Admin).DiscardTx))
-	cmd.AddCommand(dead, a.outboxReplayCmd())
+	cmd.AddCommand(dead, a.outboxReplayCmd(), a.outboxCDCCmd())
 	return cmd
 }
 
