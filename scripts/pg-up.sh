@@ -10,8 +10,8 @@
 #      the postgres user may not reach the repository; on a free port), reused if running;
 #   4. as root, install Debian's postgresql package, then 3.
 #
-# The throwaway cluster runs with wal_level=logical (the CDC relay streams the
-# WAL), 300 connections (the test packages run in parallel) and fsync on. A
+# The throwaway cluster runs with wal_level=logical and 64 replication slots
+# (the CDC relay streams the WAL; its tests run in parallel), 300 connections (the test packages run in parallel) and fsync on. A
 # reused throwaway cluster started without those settings is restarted with
 # them. A PostgreSQL found at 1 or 2 is used as it is.
 set -euo pipefail
@@ -82,14 +82,15 @@ if [ "$(id -u)" = 0 ]; then
 	id postgres >/dev/null 2>&1 || useradd -r -m postgres
 	run_as=(runuser -u postgres --)
 fi
-settings="-c listen_addresses=127.0.0.1 -c max_connections=300 -c fsync=on -c wal_level=logical -c max_wal_senders=16 -c max_replication_slots=16"
+settings="-c listen_addresses=127.0.0.1 -c max_connections=300 -c fsync=on -c wal_level=logical -c max_wal_senders=64 -c max_replication_slots=64"
 setting() { # port name
 	"$bindir/psql" "postgres://postgres@127.0.0.1:$1/postgres?sslmode=disable" -Atqc "SHOW $2" 2>/dev/null
 }
 if [ -f "$portfile" ] && answers "postgres://postgres@127.0.0.1:$(cat "$portfile")/postgres?sslmode=disable"; then
 	port=$(cat "$portfile")
-	if [ "$(setting "$port" wal_level)" != logical ] || [ "$(setting "$port" max_connections)" -lt 300 ]; then
-		say "restarting the throwaway cluster in $data with wal_level=logical and 300 connections"
+	if [ "$(setting "$port" wal_level)" != logical ] || [ "$(setting "$port" max_connections)" -lt 300 ] ||
+		[ "$(setting "$port" max_replication_slots)" -lt 64 ]; then
+		say "restarting the throwaway cluster in $data with wal_level=logical, 300 connections and 64 replication slots"
 		"${run_as[@]}" "$bindir/pg_ctl" -D "$data" -l "$pgdir/log" -w -m fast -o "-p $port -k /tmp $settings" restart >&2
 	else
 		say "reusing the throwaway cluster in $data on port $port"
