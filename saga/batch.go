@@ -381,7 +381,8 @@ func (o *Orchestrator) saveMany(ctx context.Context, tx pgx.Tx, ms []*machine, e
 		b.Queue(o.sql.updateMany, ids, statuses, phases, steps, stepStates, datas, wakeups, deadlines, attempts, lastErrors, updated, endeds)
 	}
 	if len(hist) > 0 {
-		b.Queue(o.sql.history, historyArgs(hist)...)
+		sql, args := o.historyStatement(hist)
+		b.Queue(sql, args...)
 	}
 	if b.Len() > 0 {
 		br := tx.SendBatch(ctx, b)

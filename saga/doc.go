@@ -266,11 +266,32 @@
 // (Operator.Withdraw, with an "operator_withdrawn" history line). Only an
 // orchestrator with the saga's type and version registered applies it.
 //
+// # Retention
+//
+// A Cleaner (NewCleaner, then Run, or Clean for one pass) removes ended
+// sagas with their history once their window has passed since they ended:
+// CleanerConfig.CompletedAfter for completed ones (default 7 days),
+// CompensatedAfter for compensated ones (default 30 days), and StuckAfter
+// (default 30 days) for a saga that was ever stuck, when that is longer. It
+// never removes a saga in any other status: running, compensating, stuck,
+// or a status it does not know. It works oldest first in batches of
+// BatchSize sagas (default 500), each batch one short statement that skips
+// rows another Cleaner holds. After a saga is removed, a late reply for it
+// is recorded as fenced for an unknown saga, and Start with its id starts
+// a new saga: keep the windows longer than any start may be retried.
+//
+// A saga's history stays bounded by its steps and attempts, not by the
+// replies that reach it: a run of identical fenced replies (the same step,
+// operation, attempt, outcome and reason, e.g. a participant redelivering
+// a reply to a finished step) is one history entry whose Detail counts
+// them: {"count": n, "last_at": ...}.
+//
 // # Tables and hooks
 //
 // Migration 005_saga creates saga_instance (one row per saga; indexes for
 // due timers, pending operator requests, and listing by type, status and
-// age) and saga_history.
+// age) and saga_history; 007_saga_retention adds the Cleaner's index on
+// ended sagas.
 // Config.Clock replaces the real time (for tests that skip time) and
 // Config.Hook is called at each persistence boundary (HookLoaded,
 // HookBeforeCommit, HookAfterCommit), for harnesses that inject crashes;

@@ -723,7 +723,8 @@ func (m *machine) save() error {
 	b.Queue(m.o.sql.update, m.in.ID, m.in.Status, m.in.Phase, m.in.Step, steps, m.in.Data,
 		m.in.NextWakeupAt, m.in.DeadlineAt, m.in.Attempts, oneLine(m.in.LastError), m.now, m.in.EndedAt)
 	if len(m.hist) > 0 {
-		b.Queue(m.o.sql.history, historyArgs(m.hist)...)
+		sql, args := m.o.historyStatement(m.hist)
+		b.Queue(sql, args...)
 	}
 	br := m.tx.SendBatch(m.ctx, b)
 	if err := br.QueryRow().Scan(&m.in.Revision); err != nil {

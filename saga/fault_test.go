@@ -2,6 +2,7 @@ package saga_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"slices"
 	"strings"
@@ -28,14 +29,31 @@ func orderDriver(t *testing.T, tweak func(*saga.Spec[order])) (*driver, *saga.De
 	return d, def
 }
 
+// fencedCount is the number of fenced replies in a saga's history: a
+// collapsed run of identical ones counts as its count.
 func fencedCount(t *testing.T, o *saga.Orchestrator, id string) int {
 	n := 0
 	for _, h := range historyOf(t, o, id) {
 		if h.Event == "fenced" {
-			n++
+			n += fencedRepeats(t, h)
 		}
 	}
 	return n
+}
+
+// fencedRepeats is how many identical fenced replies h stands for.
+func fencedRepeats(t testing.TB, h saga.HistoryEntry) int {
+	t.Helper()
+	if len(h.Detail) == 0 {
+		return 1
+	}
+	var d struct {
+		Count int `json:"count"`
+	}
+	if err := json.Unmarshal(h.Detail, &d); err != nil {
+		t.Fatalf("fenced entry's detail %s: %v", h.Detail, err)
+	}
+	return max(d.Count, 1)
 }
 
 func TestDuplicateStaleAndReorderedRepliesChangeNothing(t *testing.T) {

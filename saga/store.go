@@ -144,11 +144,16 @@ type HistoryEntry struct {
 	Status    Status // the saga's status after the event
 	Actor     string // the operator, for operator actions
 	Reason    string
-	Detail    json.RawMessage
+	// Detail is the event's details, as JSON, or nil. A run of identical
+	// fenced replies (the same step, operation, attempt, outcome, status
+	// and reason, one after the other) is one entry, the first, whose
+	// Detail is {"count": n, "last_at": "<when the last one arrived>"}.
+	Detail json.RawMessage
 }
 
 type statements struct {
 	insert, load, update, history, claim, selectExisting string
+	historyFenced                                        string
 	get, historyOf                                       string
 	markMany, lockMany, updateMany                       string
 	insertStarted                                        string
@@ -184,6 +189,34 @@ ON CONFLICT (id) DO NOTHING`, inst),
 RETURNING version`, inst),
 		history: fmt.Sprintf(`INSERT INTO %s (saga_id, at, event, step, operation, attempt, outcome, status, actor, reason, detail)
 SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[], $5::text[], $6::int[], $7::text[], $8::text[], $9::text[], $10::text[], $11::jsonb[])`, hist),
+		// history, for rows that hold a fenced reply: a saga's first new
+		// row, when it is the same fenced reply as the saga's last row
+		// (same step, operation, attempt, outcome, status and reason),
+		// adds its count to that row's detail instead of being inserted,
+		// so duplicates of a reply leave one row, not one each. The last
+		// row is found on saga_history_saga_idx (saga_id, id), backwards.
+		// The saga's row is locked by the caller, so no other transaction
+		// adds to its history meanwhile.
+		historyFenced: fmt.Sprintf(`WITH input AS (
+    SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[], $5::text[], $6::int[], $7::text[], $8::text[], $9::text[], $10::text[], $11::jsonb[])
+           WITH ORDINALITY AS i(saga_id, at, event, step, operation, attempt, outcome, status, actor, reason, detail, ord)
+), head AS (
+    SELECT DISTINCT ON (saga_id) * FROM input ORDER BY saga_id, ord
+), merged AS (
+    UPDATE %[1]s h
+       SET detail = jsonb_build_object(
+               'count', coalesce((h.detail->>'count')::bigint, 1) + coalesce((n.detail->>'count')::bigint, 1),
+               'last_at', coalesce(n.detail->'last_at', to_jsonb(n.at)))
+      FROM head n
+     WHERE n.event = 'fenced'
+       AND h.id = (SELECT max(l.id) FROM %[1]s l WHERE l.saga_id = n.saga_id)
+       AND h.event = 'fenced' AND h.step = n.step AND h.operation = n.operation AND h.attempt = n.attempt
+       AND h.outcome = n.outcome AND h.status = n.status AND h.reason = n.reason
+    RETURNING n.ord
+)
+INSERT INTO %[1]s (saga_id, at, event, step, operation, attempt, outcome, status, actor, reason, detail)
+SELECT saga_id, at, event, step, operation, attempt, outcome, status, actor, reason, detail
+  FROM input WHERE ord NOT IN (SELECT ord FROM merged) ORDER BY ord`, hist),
 		// A saga started without running a local step: its row in its first
 		// state and its history in one round trip; the history only if the
 		// row is new. Returns 1 if it is, 0 if the id existed.
@@ -271,16 +304,59 @@ type historyRow struct {
 	outcome, status, actor  string
 	reason                  string
 	detail                  []byte
+	// count is how many identical fenced replies the row stands for
+	// (see collapseFenced); 0 or 1 is one.
+	count int
+	// lastAt is when the last of them arrived, if count > 1.
+	lastAt time.Time
 }
 
 func (o *Orchestrator) writeHistory(ctx context.Context, tx pgx.Tx, rows []historyRow) error {
 	if len(rows) == 0 {
 		return nil
 	}
-	if _, err := tx.Exec(ctx, o.sql.history, historyArgs(rows)...); err != nil {
+	sql, args := o.historyStatement(rows)
+	if _, err := tx.Exec(ctx, sql, args...); err != nil {
 		return fmt.Errorf("saga: write history: %w", err)
 	}
 	return nil
+}
+
+// historyStatement returns the statement that writes rows and its
+// arguments: o.sql.history, or o.sql.historyFenced when rows hold a fenced
+// reply, whose repeats it collapses into one row with a count.
+func (o *Orchestrator) historyStatement(rows []historyRow) (string, []any) {
+	for _, r := range rows {
+		if r.event == "fenced" {
+			return o.sql.historyFenced, historyArgs(collapseFenced(rows))
+		}
+	}
+	return o.sql.history, historyArgs(rows)
+}
+
+// sameFenced reports whether a and b are the same fenced reply: the same
+// step, operation, attempt, outcome, status and reason of the same saga.
+func sameFenced(a, b historyRow) bool {
+	return a.event == "fenced" && b.event == "fenced" && a.sagaID == b.sagaID && a.step == b.step && a.op == b.op &&
+		a.attempt == b.attempt && a.outcome == b.outcome && a.status == b.status && a.reason == b.reason
+}
+
+// collapseFenced merges each fenced row into the previous row of the same
+// saga in rows when both are the same fenced reply, counting it.
+func collapseFenced(rows []historyRow) []historyRow {
+	out := make([]historyRow, 0, len(rows))
+	last := map[string]int{} // saga id -> index in out of its last row
+	for _, r := range rows {
+		if i, ok := last[r.sagaID]; ok && sameFenced(out[i], r) {
+			p := &out[i]
+			p.count = max(p.count, 1) + max(r.count, 1)
+			p.lastAt = r.at
+			continue
+		}
+		last[r.sagaID] = len(out)
+		out = append(out, r)
+	}
+	return out
 }
 
 // historyArgs are the column arrays of o.sql.history for rows.
@@ -298,6 +374,10 @@ func historyArgs(rows []historyRow) []any {
 		ats[i], attempts[i] = r.at, int32(r.attempt)
 		if r.detail != nil {
 			s := string(storable(r.detail))
+			details[i] = &s
+		}
+		if r.count > 1 {
+			s := fmt.Sprintf(`{"count":%d,"last_at":%q}`, r.count, r.lastAt.UTC().Format(time.RFC3339Nano))
 			details[i] = &s
 		}
 	}

@@ -1,0 +1,1 @@
+DROP INDEX IF EXISTS saga_instance_ended_idx;
