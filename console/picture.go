@@ -35,8 +35,8 @@ type sagaPicture struct {
 	Links []pictureLink
 	// FromDefinition: the columns are the registered definition's; else
 	// the console has no definition for the saga's type and version, and
-	// draws the steps that have started, in the order they started (steps
-	// started at the same instant, a parallel group, side by side).
+	// draws the steps that have started, one column each, in the order
+	// they started.
 	FromDefinition bool
 }
 
@@ -55,15 +55,11 @@ func buildPicture(o *saga.Orchestrator, in *saga.Instance, names []string, hist 
 			cols = append(cols, []string{s.Name})
 		}
 	} else {
-		var last *time.Time
+		// Without the definition the groups are unknown (steps run in one
+		// transaction share a start time whether grouped or not): one
+		// column per step.
 		for _, name := range names {
-			at := in.Steps[name].StartedAt
-			if len(cols) > 0 && at != nil && last != nil && at.Equal(*last) {
-				cols[len(cols)-1] = append(cols[len(cols)-1], name)
-			} else {
-				cols = append(cols, []string{name})
-			}
-			last = at
+			cols = append(cols, []string{name})
 		}
 	}
 	if len(cols) == 0 {
