@@ -85,6 +85,7 @@ func buildPicture(o *saga.Orchestrator, in *saga.Instance, names []string, hist 
 	p.H = 2*pictureInset + rows*boxH + (rows-1)*rowGap
 	p.W = 2*pictureInset + len(cols)*boxW + (len(cols)-1)*colGap
 	mid := p.H / 2
+	var prev []pictureBox
 	for ci, c := range cols {
 		x := pictureInset + ci*(boxW+colGap)
 		top := mid - (len(c)*boxH+(len(c)-1)*rowGap)/2
@@ -110,15 +111,22 @@ func buildPicture(o *saga.Orchestrator, in *saga.Instance, names []string, hist 
 					end, ok = now, true // still going
 				}
 				if ok {
-					b.Took = took(end.Sub(*st.StartedAt))
+					// History times are stored to the microsecond, a
+					// step's start to the nanosecond: a step that took no
+					// time may end "before" it started.
+					b.Took = took(max(0, end.Sub(*st.StartedAt)))
 				}
 			}
 			p.Boxes = append(p.Boxes, b)
-			if ci > 0 {
-				// One line from the middle of the previous column to each box.
-				p.Links = append(p.Links, pictureLink{X1: x - colGap, Y1: mid, X2: x, Y2: b.Y + boxH/2})
+		}
+		// A line from each box of the previous column to each of this one.
+		here := p.Boxes[len(p.Boxes)-len(c):]
+		for _, a := range prev {
+			for _, b := range here {
+				p.Links = append(p.Links, pictureLink{X1: a.X + a.W, Y1: a.Y + a.H/2, X2: b.X, Y2: b.Y + b.H/2})
 			}
 		}
+		prev = here
 	}
 	return p
 }
@@ -126,8 +134,6 @@ func buildPicture(o *saga.Orchestrator, in *saga.Instance, names []string, hist 
 // took prints a step's time taken, to the millisecond under a second.
 func took(d time.Duration) string {
 	switch {
-	case d < 0:
-		return "-"
 	case d < time.Second:
 		return d.Round(time.Millisecond).String()
 	case d < time.Minute:
