@@ -204,7 +204,7 @@ SELECT consumer FROM c WHERE consumer IS NOT NULL LIMIT 100`, inboxTable)
 
 	// Sagas started, completed, compensated and stuck per minute since $1,
 	// for the overview's charts: a range scan on saga_history_outcome_at_idx
-	// (at) WHERE event IN (the same four), of migration 007, which holds
+	// (at) WHERE event IN (the same four), of migration 008, which holds
 	// only those lines (a few per saga), not the whole history.
 	c.sagaChartSQL = fmt.Sprintf(`SELECT date_trunc('minute', at) AS minute, event, count(*)
   FROM %s

@@ -31,7 +31,7 @@
 // without it the page draws the steps that started, one column each, in
 // the order they started. The overview charts the sagas started,
 // completed, compensated and stuck per minute over the last hour (one
-// query on saga_history_outcome_at_idx, migration 007) and shows the
+// query on saga_history_outcome_at_idx, migration 008) and shows the
 // oldest pending outbox event's age on a bar full at an hour: its current
 // value only, as no history of it is kept.
 //

@@ -1,4 +1,4 @@
--- millrace 007: the console's per-minute saga charts (sagas started,
+-- millrace 008: the console's per-minute saga charts (sagas started,
 -- completed, compensated and stuck over the last hour). Not
 -- schema-qualified: the migrator sets search_path.
 
