@@ -51,8 +51,10 @@ func browser(t *testing.T) string {
 // checks that the same form without its CSRF token is refused and changes
 // nothing; it opens a stuck saga from the sagas page, presses Retry, gives
 // a reason and confirms, and finds the saga compensated with the operator
-// on record. With MILLRACE_SCREENSHOT=1 it writes docs/console.png (the
-// sagas page).
+// on record; it opens a compensated saga's page and finds its picture
+// drawn, a box per step with its state. With MILLRACE_SCREENSHOT=1 it
+// writes docs/console.png (the sagas page) and docs/saga-picture.png (the
+// saga's picture).
 func TestBrowser(t *testing.T) {
 	t.Parallel()
 	exe := browser(t)
@@ -66,6 +68,7 @@ func TestBrowser(t *testing.T) {
 	sagas.WaitingShip(t, "order-7f3b")
 	sagas.StuckRefund(t, "order-7f3c")
 	sagas.WaitingShip(t, "order-7f3d")
+	sagas.CompensatedBook(t, "order-7f3e")
 	admin, err := outbox.NewAdmin(db.Pool, outbox.AdminConfig{Schema: db.Schema})
 	if err != nil {
 		t.Fatal(err)
@@ -187,6 +190,38 @@ func TestBrowser(t *testing.T) {
 		return h.Event == "operator" && h.Actor == "alice@example.com" && h.Reason == "stock service fixed"
 	}) {
 		t.Errorf("the browser's retry is not in the saga's history as alice's: %+v", hist)
+	}
+
+	// A compensated saga's picture: a box per step, in order, with its
+	// state, drawn at a real size.
+	if err := chromedp.Do(ctx,
+		chromedp.Navigate(base+"/saga?id=order-7f3e"),
+		chromedp.WaitVisible(`#saga-picture g.step`),
+	); err != nil {
+		t.Fatal(err)
+	}
+	boxes, err := chromedp.Run(ctx, chromedp.AttributesAll(`#saga-picture g.step`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var drawn []string
+	for _, a := range boxes {
+		drawn = append(drawn, a["data-step"]+"="+a["data-state"])
+	}
+	if want := []string{"reserve_stock=compensated", "reserve_credit=compensated", "charge=failed", "notify=pending"}; !slices.Equal(drawn, want) {
+		t.Errorf("the saga picture draws %v, want %v", drawn, want)
+	}
+	pic, err := chromedp.Run(ctx, chromedp.Screenshot(`figure.picture`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if img, err := png.Decode(bytes.NewReader(pic)); err != nil || img.Bounds().Dx() < 400 || img.Bounds().Dy() < 100 {
+		t.Fatalf("the saga picture does not render at its size: %v", err)
+	}
+	if os.Getenv("MILLRACE_SCREENSHOT") == "1" {
+		if err := os.WriteFile(filepath.Join("..", "docs", "saga-picture.png"), pic, 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 
 	// The poison-topic page is in the navigation; without Kafka brokers it

@@ -17,6 +17,24 @@
 // outbox_pending_blocked_idx, inbox dead letters and their consumers by
 // inbox_event_dead_idx, the backlog by the primary keys.
 //
+// # Pictures
+//
+// Drawn by the server as inline SVG (no script, no external assets). A
+// saga's page draws its steps left to right in definition order, a
+// parallel group's members side by side in one column, each box coloured
+// by the step's state (pending, running, backoff, done, failed, uncertain,
+// compensating, compensated, skipped) with its action and compensation
+// attempts and the time it took (from its start to its latest history
+// line, or to now while it runs). Each box is a <g class="step"> with
+// data-step and data-state attributes. The layout comes from the
+// definition registered with Config.Sagas (saga.Orchestrator.DefinitionSteps);
+// without it the page draws the steps that started, one column each, in
+// the order they started. The overview charts the sagas started,
+// completed, compensated and stuck per minute over the last hour (one
+// query on saga_history_outcome_at_idx, migration 008) and shows the
+// oldest pending outbox event's age on a bar full at an hour: its current
+// value only, as no history of it is kept.
+//
 // # Actions
 //
 // A button opens a confirm page (a GET, which changes nothing) saying what

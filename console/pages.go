@@ -1,6 +1,7 @@
 package console
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"html/template"
@@ -65,6 +66,8 @@ var funcs = template.FuncMap{
 		return actionLabel(d.Action)
 	},
 	"actionLabel": actionLabel,
+	"add":         func(a, b int) int { return a + b },
+	"seconds":     func(d time.Duration) int64 { return int64(d / time.Second) },
 	"stamp": func(t time.Time) string {
 		if t.IsZero() {
 			return "-"
@@ -182,6 +185,11 @@ type overviewData struct {
 	// Sagas counts the live and stuck sagas by status, each up to
 	// CountCap (More: there are more).
 	Sagas []statusCount
+	// Charts are sagas started, completed, compensated and stuck per
+	// minute over the last hour; Backlog the oldest pending event's age
+	// (its current value: no history of it is kept).
+	Charts  []sagaChart
+	Backlog ageGauge
 }
 
 type statusCount struct {
@@ -216,7 +224,43 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 		}
 		d.Sagas = append(d.Sagas, sc)
 	}
+	since := time.Now().Truncate(time.Minute).Add(-(chartMinutes - 1) * time.Minute)
+	counts, err := c.sagaCounts(ctx, since)
+	if err != nil {
+		c.dbFail(w, r, err)
+		return
+	}
+	d.Charts, d.Backlog = sagaCharts(counts, since), backlogGauge(stats.OldestPendingAge)
 	c.render(w, r, http.StatusOK, "overview", "Overview", "overview", d)
+}
+
+// sagaCounts returns, per chart series, the sagas per minute since since
+// (index 0 is the minute starting at since), from one query.
+func (c *Console) sagaCounts(ctx context.Context, since time.Time) (map[string][]int64, error) {
+	rows, err := c.pool.Query(ctx, c.sagaChartSQL, since)
+	if err != nil {
+		return nil, fmt.Errorf("count sagas per minute: %w", err)
+	}
+	defer rows.Close()
+	out := map[string][]int64{}
+	for _, s := range chartSeries {
+		out[s] = make([]int64, chartMinutes)
+	}
+	for rows.Next() {
+		var minute time.Time
+		var event string
+		var n int64
+		if err := rows.Scan(&minute, &event, &n); err != nil {
+			return nil, fmt.Errorf("count sagas per minute: %w", err)
+		}
+		if i := int(minute.Sub(since) / time.Minute); i >= 0 && i < chartMinutes && out[event] != nil {
+			out[event][i] += n
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("count sagas per minute: %w", err)
+	}
+	return out, nil
 }
 
 // consumers returns the configured inbox consumers, or those with dead

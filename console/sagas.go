@@ -109,6 +109,8 @@ type sagaPageData struct {
 	Outcome string
 	// Requests: actions are recorded as operator requests.
 	Requests bool
+	// Picture draws the steps (nil when there are none to draw).
+	Picture *sagaPicture
 }
 
 func (c *Console) sagaPage(w http.ResponseWriter, r *http.Request) {
@@ -154,6 +156,7 @@ func (c *Console) sagaPage(w http.ResponseWriter, r *http.Request) {
 	for _, name := range names {
 		d.Steps = append(d.Steps, stepRow{Name: name, State: in.Steps[name], Current: name == in.Step})
 	}
+	d.Picture = buildPicture(c.sagas, in, names, hist, time.Now())
 	d.Actions = allowedActions(in)
 	if in.Status == saga.StatusCompensated {
 		d.Outcome = in.LastError

@@ -298,3 +298,27 @@ func clean(s string) string {
 	s = strings.ToValidUTF8(s, "\uFFFD")
 	return strings.ReplaceAll(s, "\x00", "\uFFFD")
 }
+
+// StepInfo is one step of a registered definition, as DefinitionSteps
+// lists it.
+type StepInfo struct {
+	Name  string
+	Kind  Kind
+	Group string // the step's parallel group, "" when it has none
+}
+
+// DefinitionSteps returns the steps of the registered definition of typ
+// at version, in definition order (a parallel group's members are
+// adjacent), and false when that version is not registered. Tools that
+// draw a saga use it; it is safe for concurrent use.
+func (o *Orchestrator) DefinitionSteps(typ string, version int) ([]StepInfo, bool) {
+	d := o.definition(typ, version)
+	if d == nil {
+		return nil, false
+	}
+	out := make([]StepInfo, len(d.steps))
+	for i, s := range d.steps {
+		out[i] = StepInfo{Name: s.name, Kind: s.kind, Group: s.group}
+	}
+	return out, true
+}

@@ -29,10 +29,16 @@ type Order struct {
 //   - "ship" sagas wait on a participant: step reserve (remote,
 //     compensatable, a command to topic "opstest.stock") has been sent and
 //     nobody replies; step ship (local, the pivot) follows.
+//   - "book" sagas end compensated around a parallel group: steps
+//     reserve_stock and reserve_credit (local, compensatable, parallel
+//     group "reserve") succeed, step charge (local, the pivot) fails for
+//     good, both reservations are compensated, and step notify (local,
+//     retriable) is never reached.
 type Sagas struct {
 	O      *saga.Orchestrator
 	Refund *saga.Definition[Order]
 	Ship   *saga.Definition[Order]
+	Book   *saga.Definition[Order]
 	// Fix, once set, makes the refund sagas' compensation succeed.
 	Fix atomic.Bool
 }
@@ -75,8 +81,22 @@ func NewSagas(t testing.TB, db *pgtest.DB) *Sagas {
 	if err != nil {
 		t.Fatal(err)
 	}
+	ok := func(context.Context, pgx.Tx, *Order) error { return nil }
+	s.Book, err = saga.Define(saga.Spec[Order]{
+		Type: "book", Version: 1,
+		Steps: []saga.Step[Order]{
+			{Name: "reserve_stock", Kind: saga.Compensatable, Group: "reserve", Local: ok, LocalCompensation: ok},
+			{Name: "reserve_credit", Kind: saga.Compensatable, Group: "reserve", Local: ok, LocalCompensation: ok},
+			{Name: "charge", Kind: saga.Pivot,
+				Local: func(context.Context, pgx.Tx, *Order) error { return saga.Fail("card declined") }},
+			{Name: "notify", Kind: saga.Retriable, Local: ok, Retry: saga.RetryPolicy{MaxAttempts: 3}},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	s.O = NewOrchestrator(t, db)
-	if err := s.O.Register(s.Refund, s.Ship); err != nil {
+	if err := s.O.Register(s.Refund, s.Ship, s.Book); err != nil {
 		t.Fatal(err)
 	}
 	return s
@@ -117,6 +137,20 @@ func (s *Sagas) WaitingShip(t testing.TB, id string) *saga.Instance {
 	}
 	if in.Status != saga.StatusRunning || in.Step != "reserve" {
 		t.Fatalf("ship saga %s: %s at %q, want running at reserve", id, in.Status, in.Step)
+	}
+	return in
+}
+
+// CompensatedBook starts a book saga with id, which ends compensated: its
+// parallel group's steps compensated, charge failed, notify not started.
+func (s *Sagas) CompensatedBook(t testing.TB, id string) *saga.Instance {
+	t.Helper()
+	in, err := saga.Start(context.Background(), s.O, s.Book, id, Order{ID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.Status != saga.StatusCompensated {
+		t.Fatalf("book saga %s: %s, want compensated", id, in.Status)
 	}
 	return in
 }

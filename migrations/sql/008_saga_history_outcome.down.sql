@@ -1,0 +1,1 @@
+DROP INDEX saga_history_outcome_at_idx;
