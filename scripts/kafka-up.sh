@@ -14,7 +14,13 @@
 #   39092..39094; controllers on +100). State, logs and each node's start
 #   script live in $MILLRACE_KAFKA_DIR (default /tmp/millrace-kafka): nodeN/
 #   holds server.properties, start.sh, pid, server.log and the log dirs.
-# - Heap per node: $MILLRACE_KAFKA_HEAP (default 384m).
+# - Heap per node: $MILLRACE_KAFKA_HEAP (default 768m: the tests create a few
+#   thousand partitions in a run).
+# - When no node of the cluster is running (a new machine, or after
+#   kafka-down.sh or a reboot), its data and logs are wiped and the storage
+#   formatted afresh: it is a test cluster, and the topics of earlier runs
+#   would only slow the start and fill the heap. A node that is missing
+#   while others run (a test killed it) is started again on its data.
 #
 # internal/kafkacluster (Go) and `go run ./internal/kafkacluster/cmd/kafkactl`
 # kill, stop, continue and restart one node by its number and find the leader
@@ -27,7 +33,7 @@ version=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$root/scrip
 dir=${MILLRACE_KAFKA_DIR:-/tmp/millrace-kafka}
 cache=${MILLRACE_KAFKA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/millrace/kafka-$version}
 base=${MILLRACE_KAFKA_PORT:-39092}
-heap=${MILLRACE_KAFKA_HEAP:-384m}
+heap=${MILLRACE_KAFKA_HEAP:-768m}
 nodes=(1 2 3)
 
 command -v java >/dev/null 2>&1 || { say "java not found: Apache Kafka $version needs Java 17 or newer"; exit 1; }
@@ -78,6 +84,12 @@ if [ ! -f "$cache/complete" ]; then
 	touch "$cache/complete"
 fi
 
+any=0
+for n in "${nodes[@]}"; do alive "$n" && any=1; done
+if [ "$any" = 0 ] && [ -d "$dir" ]; then
+	say "no node running: starting afresh (removing $dir's data and logs)"
+	rm -rf "$dir"
+fi
 mkdir -p "$dir"
 [ -f "$dir/cluster-id" ] || python3 -c 'import uuid,base64;print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))' >"$dir/cluster-id"
 cid=$(cat "$dir/cluster-id")
