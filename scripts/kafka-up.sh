@@ -11,7 +11,8 @@
 #   Topics default to 8 partitions, replication factor 3 and
 #   min.insync.replicas=2; unclean leader election is off.
 # - Node N listens on 127.0.0.1:$((MILLRACE_KAFKA_PORT + N - 1)) (default
-#   39092..39094; controllers on +100). State, logs and each node's start
+#   19092..19094; controllers on +100: below Linux's ephemeral port range,
+#   so no client's outgoing connection can hold one of them). State, logs and each node's start
 #   script live in $MILLRACE_KAFKA_DIR (default /tmp/millrace-kafka): nodeN/
 #   holds server.properties, start.sh, pid, server.log and the log dirs.
 # - Heap per node: $MILLRACE_KAFKA_HEAP (default 768m: the tests create a few
@@ -32,7 +33,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 version=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$root/scripts/kafka/pom.xml")
 dir=${MILLRACE_KAFKA_DIR:-/tmp/millrace-kafka}
 cache=${MILLRACE_KAFKA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/millrace/kafka-$version}
-base=${MILLRACE_KAFKA_PORT:-39092}
+base=${MILLRACE_KAFKA_PORT:-19092}
 heap=${MILLRACE_KAFKA_HEAP:-768m}
 nodes=(1 2 3)
 
@@ -164,9 +165,24 @@ for n in "${nodes[@]}"; do
 done
 brokers >"$dir/brokers"
 say "waiting for the cluster to serve metadata (three brokers, a replicated topic accepting acks=all)"
-if ! kafkactl wait -timeout 180s >&2; then
+up=0
+for try in 1 2 3; do
+	if kafkactl wait -timeout 60s >&2; then
+		up=1
+		break
+	fi
+	# A node that exited at start (a port briefly taken, say) is started again.
+	for n in "${nodes[@]}"; do
+		if ! alive "$n"; then
+			say "node $n is not running (try $try); its log: $dir/node$n/server.log; starting it again"
+			grep -m3 'ERROR' "$dir/node$n/server.log" >&2 || true
+			sh "$dir/node$n/start.sh"
+		fi
+	done
+done
+if [ "$up" = 0 ]; then
 	say "the cluster did not come up; the last lines of each node's log:"
-	for n in "${nodes[@]}"; do tail -5 "$dir/node$n/server.log" "$dir/node$n/stdout" >&2 2>/dev/null || true; done
+	for n in "${nodes[@]}"; do tail -n 5 "$dir/node$n/server.log" "$dir/node$n/stdout" 1>&2 || true; done
 	exit 1
 fi
 say "up: $(brokers)"
