@@ -21,7 +21,9 @@ for _ in $(seq 60); do
 	[ ${#left[@]} = 0 ] && break
 	sleep 0.5
 done
-for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" && say "killed $pid"; done
+for pid in "${pids[@]}"; do
+	if kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid" && say "killed $pid"; fi
+done
 say "stopped ${#pids[@]} node(s)"
 if [ "${1:-}" = --purge ]; then
 	rm -rf "$dir"
