@@ -218,12 +218,10 @@ func (o *Orchestrator) HandleReplies(ctx context.Context, msgs []*message.Messag
 func (o *Orchestrator) handleRepliesTx(ctx context.Context, tx pgx.Tx, msgs []*message.Message) (*BatchResult, []func(), []string, error) {
 	res := &BatchResult{Poisoned: map[int]error{}}
 	now := o.clock.Now()
-	type item struct {
-		r       reply
-		eventID uuid.UUID
-	}
+	type item struct{ r reply }
 	items := make([]*item, len(msgs))
-	var eventIDs []uuid.UUID
+	var marked []*message.Message // the messages with a usable event id, in order
+	var markedAt []int            // their index in msgs
 	for i, msg := range msgs {
 		r, err := parseReply(msg.Metadata, msg.Payload)
 		if err != nil {
@@ -231,34 +229,33 @@ func (o *Orchestrator) handleRepliesTx(ctx context.Context, tx pgx.Tx, msgs []*m
 			continue
 		}
 		id, err := inbox.DefaultEventID(msg)
-		var eid uuid.UUID
 		if err == nil {
-			eid, err = uuid.Parse(id)
+			_, err = uuid.Parse(id) // MarkTx would refuse it: poison it alone
 		}
 		if err != nil {
 			res.Poisoned[i] = millrace.Permanent(fmt.Errorf("%w: message %q: event id %q", inbox.ErrNoEventID, msg.UUID, id))
 			continue
 		}
 		r.eventID = msg.UUID
-		items[i] = &item{r: r, eventID: eid}
-		eventIDs = append(eventIDs, eid)
+		items[i] = &item{r: r}
+		marked = append(marked, msg)
+		markedAt = append(markedAt, i)
 	}
-	if len(eventIDs) == 0 {
+	if len(marked) == 0 {
 		return res, nil, nil, nil
 	}
-	// The batch's dedup marks, in one statement. A mark that existed (or
-	// repeats within the batch) is not returned: that reply is a duplicate.
-	rows, err := tx.Query(ctx, o.sql.markMany, o.consumer, eventIDs)
+	// The batch's dedup marks, in one statement (the inbox's MarkTx). A mark
+	// that existed, or repeats within the batch, is not fresh: that reply is
+	// a duplicate.
+	fresh, err := o.dedup.MarkTx(ctx, tx, marked...)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("saga: record dedup marks: %w", err)
 	}
-	fresh, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("saga: record dedup marks: %w", err)
-	}
-	isFresh := make(map[uuid.UUID]bool, len(fresh))
-	for _, id := range fresh {
-		isFresh[id] = true
+	isFresh := make(map[int]bool, len(fresh))
+	for k, ok := range fresh {
+		if ok {
+			isFresh[markedAt[k]] = true
+		}
 	}
 	var sagaIDs []string
 	seenSaga := map[string]bool{}
@@ -266,12 +263,11 @@ func (o *Orchestrator) handleRepliesTx(ctx context.Context, tx pgx.Tx, msgs []*m
 		if it == nil {
 			continue
 		}
-		if !isFresh[it.eventID] {
+		if !isFresh[i] {
 			items[i] = nil
 			res.Duplicates++
 			continue
 		}
-		delete(isFresh, it.eventID) // a repeat within the batch is a duplicate too
 		if !seenSaga[it.r.sagaID] {
 			seenSaga[it.r.sagaID] = true
 			sagaIDs = append(sagaIDs, it.r.sagaID)
@@ -421,9 +417,6 @@ func (o *Orchestrator) saveMany(ctx context.Context, tx pgx.Tx, ms []*machine, e
 
 func batchStatements(schema string, s *statements) {
 	inst := sqlident.Table(schema, "saga_instance")
-	s.markMany = fmt.Sprintf(`INSERT INTO %s (consumer, event_id) SELECT $1, e FROM unnest($2::uuid[]) e
-ON CONFLICT DO NOTHING
-RETURNING event_id`, sqlident.Table(schema, "processed_event"))
 	s.lockMany = fmt.Sprintf(`SELECT %s FROM %s WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE`, instanceCols, inst)
 	s.updateMany = fmt.Sprintf(`UPDATE %s s SET status = u.status, phase = u.phase, step = u.step, steps = u.steps, data = u.data,
        version = s.version + 1, next_wakeup_at = u.next_wakeup_at, deadline_at = u.deadline_at, attempts = u.attempts,

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
@@ -42,7 +43,6 @@ func (o *Orchestrator) probe(ctx context.Context) error {
 			{o.sql.park, []any{"", "", now}},
 			{o.sql.failuresInARow, []any{"", eventTimerFailed}},
 			{o.sql.history, historyArgs(nil)},
-			{o.sql.markMany, []any{o.consumer, []uuid.UUID{}}},
 		} {
 			rows, err := tx.Query(ctx, q.sql, q.args...)
 			if err != nil {
@@ -53,7 +53,9 @@ func (o *Orchestrator) probe(ctx context.Context) error {
 				return err
 			}
 		}
-		return nil
+		// The batched replies' dedup marks (rolled back with the probe).
+		_, err := o.dedup.MarkTx(ctx, tx, message.NewMessage(uuid.NewString(), nil))
+		return err
 	})
 	if err != nil {
 		return o.tablesError(err)

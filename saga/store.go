@@ -155,7 +155,7 @@ type statements struct {
 	insert, load, update, history, claim, selectExisting string
 	historyFenced                                        string
 	get, historyOf                                       string
-	markMany, lockMany, updateMany                       string
+	lockMany, updateMany                                 string
 	insertStarted                                        string
 	request, claimRequests, clearRequest                 string // operator.go
 	failuresInARow, postpone, park                       string // timer.go
