@@ -211,10 +211,17 @@ func TestCDCDeadLetterHoldsItsKeyAndRequeues(t *testing.T) {
 	}}
 	startCDCRelay(t, b.db.Pool, outbox.CDCRelayConfig{RelayConfig: outbox.RelayConfig{Schema: b.db.Schema, Publisher: rec, PollInterval: 20 * time.Millisecond, Logger: testLogger(t)}})
 	eventually(t, 30*time.Second, "the other keys published", func() bool { return len(rec.ids()) == 152 })
-	dead, err := b.admin.ListDeadLetters(ctx, outbox.ListParams{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The publisher saw the batch before the relay's mark committed: wait
+	// for the dead letter to be recorded too.
+	var dead []outbox.DeadLetter
+	eventually(t, 30*time.Second, "the dead letter recorded", func() bool {
+		var err error
+		dead, err = b.admin.ListDeadLetters(ctx, outbox.ListParams{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(dead) > 0
+	})
 	if len(dead) != 1 || dead[0].EventID != poison || !strings.Contains(dead[0].LastError, "poison") {
 		t.Fatalf("dead letters = %+v, want the poison event", dead)
 	}
