@@ -250,6 +250,8 @@ func TestCDCDeadLetterHoldsItsKeyAndRequeues(t *testing.T) {
 			t.Fatalf("key-2 out of order at %d: %s, want %s", i, id, ids[2+4*i])
 		}
 	}
+	// Only events marked published are replayed: wait for the last marks.
+	eventually(t, 30*time.Second, "every event marked published", func() bool { return published(t, b.db.Pool, b.db.Schema) == 200 })
 	n, err := b.admin.Replay(ctx, outbox.ReplayFilter{PartitionKey: "key-1"})
 	if err != nil || n != 50 {
 		t.Fatalf("Replay = %d, %v; want 50", n, err)

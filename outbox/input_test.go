@@ -191,6 +191,8 @@ func TestPayloadAndMetadataTravelByteForByte(t *testing.T) {
 		}
 	}
 	check("publish", rec.snapshot())
+	// Only events marked published are replayed: wait for the last marks.
+	eventually(t, 20*time.Second, "events marked published", func() bool { return countRows(t, db, "outbox_pending", "") == 0 })
 	stop()
 
 	// A replay reads the same columns again.

@@ -538,6 +538,11 @@ func TestReplayRepublishesWithSameEventIDs(t *testing.T) {
 	startRelay(t, bundle.db, outbox.RelayConfig{Publisher: newKafkaPublisher(t, bundle.brokers), PollInterval: 10 * time.Millisecond})
 	c := consume(t, bundle.brokers, bundle.topic)
 	eventually(t, 30*time.Second, "first delivery", func() bool { return c.unique() == 40 })
+	// The consumer can see a batch before the relay's mark commits; an event
+	// still pending is not queued again, so wait for the marks.
+	eventually(t, 30*time.Second, "first delivery marked published", func() bool {
+		return countRows(t, bundle.db, "outbox_pending", "") == 0
+	})
 	n, err := admin.Replay(ctx, outbox.ReplayFilter{AggregateType: "Order", AggregateID: "order-1"})
 	if err != nil || n != int64(len(replayed)) {
 		t.Fatalf("Replay = %d, %v; want %d", n, err, len(replayed))
