@@ -83,9 +83,10 @@ type Config struct {
 	// outbox. Defaults to false.
 	NoRelay bool
 	// Cleaners configures the retention jobs. Defaults to running an
-	// outbox.Cleaner and an inbox.Cleaner, and a compensation.Cleaner
-	// when the service has Participants, each with its own defaults
-	// (7 days, a pass a minute).
+	// outbox.Cleaner and an inbox.Cleaner, a compensation.Cleaner when
+	// the service has Participants, and a saga.Cleaner when it has an
+	// Orchestrator, each with its own defaults (7 days, a pass a minute;
+	// compensated and once-stuck sagas 30 days).
 	Cleaners Cleaners
 	// Logger receives the errors of the parts and of the Router. Defaults
 	// to outbox.DefaultLogger(): errors to slog.Default().
@@ -117,6 +118,10 @@ type Cleaners struct {
 	// service has Participants; its Schema is the service's and its
 	// Logger defaults to the service's.
 	Compensation compensation.CleanerConfig
+	// Saga configures the saga.Cleaner, run when the service has an
+	// Orchestrator; its Schema is the service's and its Logger defaults
+	// to the service's. It removes only completed and compensated sagas.
+	Saga saga.CleanerConfig
 }
 
 // ErrRunTwice is returned by a second call of Run.
@@ -301,6 +306,18 @@ func (s *Service) addCleaners(pool *pgxpool.Pool, cfg Config) error {
 			return fmt.Errorf("service %s: compensation cleaner: %w", cfg.Name, err)
 		}
 		s.cleaners = append(s.cleaners, part{"compensation cleaner", cb.Run})
+	}
+	if cfg.Orchestrator != nil {
+		sc := cfg.Cleaners.Saga
+		sc.Schema = cfg.Schema
+		if sc.Logger == nil {
+			sc.Logger = cfg.Logger
+		}
+		cs, err := saga.NewCleaner(pool, sc)
+		if err != nil {
+			return fmt.Errorf("service %s: saga cleaner: %w", cfg.Name, err)
+		}
+		s.cleaners = append(s.cleaners, part{"saga cleaner", cs.Run})
 	}
 	return nil
 }

@@ -244,3 +244,50 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		}
 	}
 }
+
+// A Service with an Orchestrator runs a saga.Cleaner: a completed saga
+// whose window has passed is removed with its history; one that ended
+// recently stays.
+func TestRunCleansEndedSagas(t *testing.T) {
+	t.Parallel()
+	b := setup(t, true)
+	b.cfg.Cleaners.Saga = saga.CleanerConfig{CompletedAfter: time.Hour, Interval: 50 * time.Millisecond}
+	svc, err := service.New(b.db.Pool, b.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, svc)
+	ctx := context.Background()
+	old, recent := uuid.NewString(), uuid.NewString()
+	for _, id := range []string{old, recent} {
+		if _, err := saga.Start(ctx, b.orch, b.def, id, order{ID: id, Amount: 5}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range []string{old, recent} {
+		waitFor(t, "completed saga", func() bool {
+			in, err := b.orch.Get(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return in.Status == saga.StatusCompleted
+		})
+	}
+	if _, err := b.db.Pool.Exec(ctx, `UPDATE "`+b.db.Schema+`".saga_instance SET ended_at = now() - interval '2 hours' WHERE id = $1`, old); err != nil {
+		t.Fatal(err)
+	}
+	count := func(table, id string) int {
+		var n int
+		if err := b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM "`+b.db.Schema+`".`+table+` WHERE `+map[string]string{"saga_instance": "id", "saga_history": "saga_id"}[table]+` = $1`, id).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	waitFor(t, "old saga removed", func() bool { return count("saga_instance", old) == 0 })
+	if n := count("saga_history", old); n != 0 {
+		t.Fatalf("%d history rows of the removed saga left", n)
+	}
+	if count("saga_instance", recent) != 1 || count("saga_history", recent) == 0 {
+		t.Fatal("the recently completed saga was removed")
+	}
+}
