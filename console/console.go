@@ -62,9 +62,14 @@ type Config struct {
 	// pass.
 	Sagas *saga.Orchestrator
 	// KafkaBrokers are the Kafka brokers the poison-topic page reads
-	// poisoned messages from (and requeues them through). Defaults to none:
-	// the page says it cannot read them.
+	// poisoned messages from (and requeues them through), and the
+	// consumer-lag page reads the consumer groups from. Defaults to none:
+	// those pages say they cannot read them.
 	KafkaBrokers []string
+	// LagStallAfter is how old the oldest unconsumed record of a partition
+	// may get before the consumer-lag page flags the partition stalled
+	// (kafka.LagConfig.StallAfter). Defaults to 1 minute.
+	LagStallAfter time.Duration
 	// PoisonTopics are poison topics the poison-topic page links to
 	// (any other can be typed in). Defaults to none.
 	PoisonTopics []string
@@ -135,6 +140,12 @@ func New(pool *pgxpool.Pool, cfg Config) (*Console, error) {
 	}
 	if cfg.PageSize == 0 {
 		cfg.PageSize = 50
+	}
+	if cfg.LagStallAfter < 0 {
+		return nil, fmt.Errorf("%w: console: LagStallAfter must not be negative", millrace.ErrConfig)
+	}
+	if cfg.LagStallAfter == 0 {
+		cfg.LagStallAfter = time.Minute
 	}
 	if cfg.Operator == nil {
 		cfg.Operator = DefaultOperator
@@ -236,6 +247,7 @@ func (c *Console) routes() http.Handler {
 	mux.HandleFunc("POST /saga/{action}", c.post(c.sagaAct))
 	mux.HandleFunc("GET /poison", c.poisonPage)
 	mux.HandleFunc("POST /poison/requeue", c.post(c.poisonRequeue))
+	mux.HandleFunc("GET /kafka/lag", c.lagPage)
 	static, _ := fs.Sub(staticFS, "static")
 	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {

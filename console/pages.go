@@ -33,6 +33,7 @@ var nav = []navItem{
 	{Key: "inbox", Label: "Inbox dead letters", Path: "/inbox/dead"},
 	{Key: "sagas", Label: "Sagas", Path: "/sagas"},
 	{Key: "poison", Label: "Poison topics", Path: "/poison"},
+	{Key: "lag", Label: "Consumer lag", Path: "/kafka/lag"},
 }
 
 // view is what every page template gets: the layout's fields and the
@@ -110,7 +111,7 @@ func (c *Console) parseTemplates() error {
 		return err
 	}
 	c.pages = map[string]*template.Template{}
-	for _, page := range []string{"overview", "outbox_dead", "inbox_dead", "confirm", "error", "sagas", "saga", "saga_confirm", "poison"} {
+	for _, page := range []string{"overview", "outbox_dead", "inbox_dead", "confirm", "error", "sagas", "saga", "saga_confirm", "poison", "kafka_lag"} {
 		t, err := template.Must(base.Clone()).ParseFS(templateFS, "templates/"+page+".html")
 		if err != nil {
 			return err

@@ -131,7 +131,7 @@ func (a *app) rootCmd() *cobra.Command {
 	pf.StringVar(&a.databaseURL, "database-url", "", "PostgreSQL connection URL (default $DATABASE_URL)")
 	pf.StringVar(&a.schema, "schema", "millrace", "schema that holds millrace's tables")
 	pf.BoolVar(&a.json, "json", false, "print JSON instead of a table")
-	root.AddCommand(a.migrateCmd(), a.outboxCmd(), a.inboxCmd(), a.sagaCmd(), a.poisonCmd(), a.consoleCmd(), loggingTopic())
+	root.AddCommand(a.migrateCmd(), a.outboxCmd(), a.inboxCmd(), a.sagaCmd(), a.poisonCmd(), a.kafkaCmd(), a.consoleCmd(), loggingTopic())
 	return root
 }
 

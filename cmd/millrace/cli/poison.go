@@ -20,19 +20,7 @@ func (a *app) poisonCmd() *cobra.Command {
 			"its metadata (reason_poisoned) and the topic it came from (topic_poisoned). These commands read\n" +
 			"them from Kafka (--brokers, default $KAFKA_BROKERS) and send them back to where they came from.",
 	})
-	var brokers string
-	cmd.PersistentFlags().StringVar(&brokers, "brokers", "", "Kafka broker addresses, comma-separated (default $KAFKA_BROKERS)")
-	brokerList := func() ([]string, error) {
-		b := brokers
-		if b == "" {
-			b = a.getenv("KAFKA_BROKERS")
-		}
-		out := splitList(b)
-		if len(out) == 0 {
-			return nil, usagef("no Kafka: set KAFKA_BROKERS or --brokers")
-		}
-		return out, nil
-	}
+	brokerList := a.brokersFlag(cmd)
 
 	var limit int
 	list := &cobra.Command{

@@ -1,0 +1,74 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/millrace/millrace/internal/kafkatest"
+	"github.com/millrace/millrace/kafka"
+)
+
+// A group that consumed one of three records an hour old and lost its
+// member: `kafka lag` shows the partition stalled, held by nobody, in the
+// table and in --json.
+func TestKafkaLag(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	brokers := kafkatest.Brokers(t)
+	topic, group := kafkatest.Topic(), kafkatest.Group()
+	kafkatest.CreateTopic(t, brokers, topic, 1, nil)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for i := range 3 {
+		r := &kgo.Record{Topic: topic, Value: []byte("v"), Timestamp: time.Now().Add(-time.Hour + time.Duration(i)*time.Second)}
+		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	offs := kadm.Offsets{}
+	offs.Add(kadm.Offset{Topic: topic, Partition: 0, At: 1, LeaderEpoch: -1})
+	if err := kadm.NewClient(cl).CommitAllOffsets(ctx, group, offs); err != nil {
+		t.Fatal(err)
+	}
+
+	res := poisonRun(t, brokers, "kafka", "lag", "--group", group, "--json")
+	if res.code != 0 {
+		t.Fatalf("exit %d: %s", res.code, res.stderr)
+	}
+	var out struct {
+		Partitions, Stalled int
+		Lags                []kafka.PartitionLag
+	}
+	if err := json.Unmarshal([]byte(res.stdout), &out); err != nil {
+		t.Fatalf("%v: %s", err, res.stdout)
+	}
+	if out.Partitions != 1 || out.Stalled != 1 || len(out.Lags) != 1 {
+		t.Fatalf("out = %+v", out)
+	}
+	l := out.Lags[0]
+	if l.Group != group || l.Topic != topic || l.Committed != 1 || l.End != 3 || l.Lag != 2 || l.Member != "" || !l.Stalled ||
+		l.OldestAge < 59*time.Minute || l.OldestAge > 61*time.Minute {
+		t.Fatalf("lag = %+v", l)
+	}
+
+	res = poisonRun(t, brokers, "kafka", "lag", "--group", group, "--stall-after", "2h")
+	if res.code != 0 || !strings.Contains(res.stdout, "0 stalled") || strings.Contains(res.stdout, "STALLED") || !strings.Contains(res.stdout, "(none)") {
+		t.Fatalf("with --stall-after 2h: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	res = poisonRun(t, brokers, "kafka", "lag", "--group", group)
+	if res.code != 0 || !strings.Contains(res.stdout, "STALLED") || !strings.Contains(res.stdout, "1 stalled") {
+		t.Fatalf("table: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	if res := poisonRun(t, nil, "kafka", "lag"); res.code != 2 || !strings.Contains(res.stderr, "KAFKA_BROKERS") {
+		t.Fatalf("without brokers: exit %d: %s", res.code, res.stderr)
+	}
+}

@@ -1,0 +1,65 @@
+package console_test
+
+import (
+	"context"
+	"net/http"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/millrace/millrace/console"
+	"github.com/millrace/millrace/internal/kafkatest"
+)
+
+// The consumer-lag page reads the groups from Kafka: a group that took
+// one of three records written an hour ago and has no member left is
+// listed first, stalled, held by nobody; a group that consumed
+// everything is listed only with ?all=1.
+func TestLagPage(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	brokers := kafkatest.Brokers(t)
+	topic, dead, done := kafkatest.Topic(), kafkatest.Group(), kafkatest.Group()
+	kafkatest.CreateTopic(t, brokers, topic, 1, nil)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for i := range 3 {
+		r := &kgo.Record{Topic: topic, Value: []byte("v"), Timestamp: time.Now().Add(-time.Hour + time.Duration(i)*time.Second)}
+		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for group, at := range map[string]int64{dead: 1, done: 3} {
+		offs := kadm.Offsets{}
+		offs.Add(kadm.Offset{Topic: topic, Partition: 0, At: at, LeaderEpoch: -1})
+		if err := kadm.NewClient(cl).CommitAllOffsets(ctx, group, offs); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	r := setup(t, console.Config{}).get("/kafka/lag")
+	contains(t, "lag page without brokers", r.body, `id="no-brokers"`, "Consumer lag")
+
+	b := setup(t, console.Config{KafkaBrokers: brokers})
+	r = b.get("/kafka/lag")
+	if r.status != http.StatusOK {
+		t.Fatalf("GET /kafka/lag: %d\n%s", r.status, r.body)
+	}
+	row := regexp.MustCompile(`<tr data-group="` + dead + `" data-topic="` + topic + `" data-partition="0" class="stalled">\s*<td>` + dead + `</td><td>` + topic + `</td><td>0</td>\s*<td>1</td><td>3</td><td><b>2</b></td>\s*<td><span class="err">nobody</span></td>\s*<td>(59m|1h)`)
+	if !row.MatchString(r.body) {
+		t.Fatalf("no stalled row for the dead group:\n%s", r.body)
+	}
+	if regexp.MustCompile(`data-group="` + done + `"`).MatchString(r.body) {
+		t.Fatalf("the group without lag listed without ?all=1:\n%s", r.body)
+	}
+	r = b.get("/kafka/lag?all=1")
+	if !regexp.MustCompile(`<tr data-group="` + done + `" data-topic="` + topic + `" data-partition="0">`).MatchString(r.body) {
+		t.Fatalf("the group without lag not listed with ?all=1:\n%s", r.body)
+	}
+}
