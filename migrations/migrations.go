@@ -356,3 +356,22 @@ func unknownVersions(applied map[int]string) []int {
 	slices.Sort(out)
 	return out
 }
+
+// Schemas returns the schemas of the database that hold millrace's tables
+// (the migrations' own table, schema_migration, beside the outbox's,
+// outbox_event), sorted by name: one per service that ran Up. A console or
+// a tool over every service starts from it.
+func Schemas(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
+	rows, err := pool.Query(ctx, `SELECT m.table_schema FROM information_schema.tables m
+  JOIN information_schema.tables o ON o.table_schema = m.table_schema AND o.table_name = 'outbox_event'
+ WHERE m.table_name = 'schema_migration'
+ ORDER BY 1`)
+	if err != nil {
+		return nil, fmt.Errorf("migrations: list schemas: %w", err)
+	}
+	schemas, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("migrations: list schemas: %w", err)
+	}
+	return schemas, nil
+}

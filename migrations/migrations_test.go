@@ -3,6 +3,7 @@ package migrations_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -244,5 +245,28 @@ func TestValidateAcceptsFormerChecksums(t *testing.T) {
 	var verr *migrations.ValidationError
 	if err := m.Validate(ctx); !errors.As(err, &verr) || len(verr.Changed) != 1 || verr.Changed[0] != 2 {
 		t.Fatalf("Validate with a foreign checksum = %v, want changed [2]", err)
+	}
+}
+
+// Schemas lists the schemas that hold millrace's tables: a migrated one,
+// not an empty one, nor one with only a table of the same name.
+func TestSchemas(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	migrated := pgtest.New(t)
+	empty := pgtest.NewWith(t, pgtest.Options{NoMigrate: true})
+	lookalike := pgtest.NewWith(t, pgtest.Options{NoMigrate: true})
+	if _, err := lookalike.Pool.Exec(ctx, `CREATE SCHEMA "`+lookalike.Schema+`"; CREATE TABLE "`+lookalike.Schema+`".schema_migration (v int)`); err != nil {
+		t.Fatal(err)
+	}
+	schemas, err := migrations.Schemas(ctx, migrated.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(schemas, migrated.Schema) || slices.Contains(schemas, empty.Schema) || slices.Contains(schemas, lookalike.Schema) {
+		t.Fatalf("Schemas = %v; want %s, not %s nor %s", schemas, migrated.Schema, empty.Schema, lookalike.Schema)
+	}
+	if !slices.IsSorted(schemas) {
+		t.Fatalf("Schemas not sorted: %v", schemas)
 	}
 }

@@ -23,12 +23,12 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/millrace/millrace/internal/sqlident"
+	"github.com/millrace/millrace/migrations"
 	"github.com/millrace/millrace/saga"
 )
 
@@ -254,9 +254,6 @@ func age(d time.Duration) string {
 	}
 }
 
-// millraceTables are tables whose presence marks a schema as millrace's.
-var millraceTables = []string{"schema_migration", "outbox_event", "inbox_event", "compensation_barrier", "saga_instance"}
-
 // explainMissingTables turns err, when it is PostgreSQL's "relation does
 // not exist", into one that says which schema the command looked in and
 // which schemas hold millrace tables.
@@ -266,12 +263,7 @@ func (a *app) explainMissingTables(ctx context.Context, err error) error {
 		return err
 	}
 	const most = 10
-	rows, qerr := a.pool.Query(ctx, `SELECT DISTINCT table_schema FROM information_schema.tables
- WHERE table_name = ANY($1) ORDER BY table_schema`, millraceTables)
-	if qerr != nil {
-		return err
-	}
-	schemas, qerr := pgx.CollectRows(rows, pgx.RowTo[string])
+	schemas, qerr := migrations.Schemas(ctx, a.pool)
 	if qerr != nil {
 		return err
 	}
