@@ -76,6 +76,35 @@ type Config struct {
 	// Logger records every operator action (and failures). Defaults to
 	// slog.Default().
 	Logger *slog.Logger
+	// Services makes this a console over several services, each with its
+	// own millrace schema: the overview lists every service with its
+	// counts, the navigation picks one, and each service's pages live
+	// under Prefix + "/s/" + its Name. Schema, Sagas and InboxConsumers
+	// are then set per Service and must be left empty here. Defaults to
+	// none: one service, in Schema.
+	Services []Service
+	// DiscoverServices adds every schema that holds millrace's tables
+	// (migrations.Schemas) as a Service named after its schema, looked
+	// up again on each visit of the overview (a service migrated later
+	// shows up without a restart). Schemas whose names are not valid
+	// service names are left out. Defaults to false.
+	DiscoverServices bool
+}
+
+// Service is one service of a console over several (Config.Services).
+type Service struct {
+	// Name names the service in the navigation and in its pages' paths:
+	// letters, digits, '.', '-' and '_', at most 63. Required.
+	Name string
+	// Schema holds the service's millrace tables. Defaults to Name.
+	Schema string
+	// Sagas is the service's orchestrator, as Config.Sagas. Defaults to
+	// an Orchestrator on Schema with no definitions (actions are recorded
+	// as operator requests for the service's running orchestrator).
+	Sagas *saga.Orchestrator
+	// InboxConsumers are the service's inboxes, as Config.InboxConsumers.
+	// Defaults to every consumer that has dead letters.
+	InboxConsumers []string
 }
 
 // DefaultOperator returns the X-Forwarded-User header (as set by
@@ -118,12 +147,24 @@ type Console struct {
 	log      *slog.Logger
 	pages    map[string]*template.Template
 	handler  http.Handler
+	// set is the console over several services this one belongs to (or,
+	// with service "", is the top of); nil for a single-service console.
+	set     *serviceSet
+	service string
 
 	consumersSQL, consumerDeadSQL, sagaCountSQL, sagaChartSQL string
 }
 
 // New returns a Console on pool. It does not touch the database.
 func New(pool *pgxpool.Pool, cfg Config) (*Console, error) {
+	if len(cfg.Services) > 0 || cfg.DiscoverServices {
+		return newServices(pool, cfg)
+	}
+	return newSingle(pool, cfg)
+}
+
+// newSingle returns the console of one schema.
+func newSingle(pool *pgxpool.Pool, cfg Config) (*Console, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("%w: console: New needs a pool", millrace.ErrConfig)
 	}

@@ -48,6 +48,11 @@ type view struct {
 	Operator string
 	Flash    string
 	Data     any
+	// Services are the services of a console over several, for the
+	// navigation (nil for one service); Root is the path of their
+	// overview.
+	Services []serviceLink
+	Root     string
 }
 
 var funcs = template.FuncMap{
@@ -111,7 +116,7 @@ func (c *Console) parseTemplates() error {
 		return err
 	}
 	c.pages = map[string]*template.Template{}
-	for _, page := range []string{"overview", "outbox_dead", "inbox_dead", "confirm", "error", "sagas", "saga", "saga_confirm", "poison", "kafka_lag"} {
+	for _, page := range []string{"overview", "outbox_dead", "inbox_dead", "confirm", "error", "sagas", "saga", "saga_confirm", "poison", "kafka_lag", "services"} {
 		t, err := template.Must(base.Clone()).ParseFS(templateFS, "templates/"+page+".html")
 		if err != nil {
 			return err
@@ -126,6 +131,12 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, pag
 		Title: title, Active: active, Nav: nav, Prefix: c.cfg.Prefix,
 		CSRF: c.csrf.token(w, r), ReadOnly: c.cfg.ReadOnly, Operator: c.cfg.Operator(r),
 		Flash: flash(r.URL.Query()), Data: data,
+	}
+	if c.set != nil {
+		v.Services, v.Root = c.set.links(c.service), c.set.prefix+"/"
+		if c.service == "" {
+			v.Nav = nil // the services' overview has no pages of its own
+		}
 	}
 	var b strings.Builder
 	if err := c.pages[page].ExecuteTemplate(&b, "layout", v); err != nil {
@@ -200,24 +211,32 @@ type statusCount struct {
 }
 
 func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := reqCtx(r)
-	defer cancel()
-	stats, err := c.outbox.Stats(ctx)
+	d, err := c.overviewData(r)
 	if err != nil {
 		c.dbFail(w, r, err)
 		return
 	}
+	c.render(w, r, http.StatusOK, "overview", "Overview", "overview", d)
+}
+
+// overviewData reads the overview's figures: the outbox's, the inboxes'
+// dead letters, the sagas by status and the last hour's charts.
+func (c *Console) overviewData(r *http.Request) (overviewData, error) {
+	ctx, cancel := reqCtx(r)
+	defer cancel()
+	stats, err := c.outbox.Stats(ctx)
+	if err != nil {
+		return overviewData{}, err
+	}
 	consumers, err := c.consumers(r)
 	if err != nil {
-		c.dbFail(w, r, err)
-		return
+		return overviewData{}, err
 	}
 	d := overviewData{Stats: stats, Consumers: consumers, CountCap: c.cfg.PageSize}
 	for _, st := range []string{"stuck", "running", "compensating"} {
 		var n int64
 		if err := c.pool.QueryRow(ctx, c.sagaCountSQL, st, c.cfg.PageSize+1).Scan(&n); err != nil {
-			c.dbFail(w, r, err)
-			return
+			return overviewData{}, err
 		}
 		sc := statusCount{Status: st, N: n}
 		if n > int64(c.cfg.PageSize) {
@@ -228,11 +247,10 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 	since := time.Now().Truncate(time.Minute).Add(-(chartMinutes - 1) * time.Minute)
 	counts, err := c.sagaCounts(ctx, since)
 	if err != nil {
-		c.dbFail(w, r, err)
-		return
+		return overviewData{}, err
 	}
 	d.Charts, d.Backlog = sagaCharts(counts, since), backlogGauge(stats.OldestPendingAge)
-	c.render(w, r, http.StatusOK, "overview", "Overview", "overview", d)
+	return d, nil
 }
 
 // sagaCounts returns, per chart series, the sagas per minute since since
