@@ -40,6 +40,9 @@ import (
 // groups are the figure groups, in the order they run.
 var groups = []string{"relay", "forwarder", "raw", "latency", "write", "dedup", "inbox", "saga", "cdc", "consumer"}
 
+// extraGroups run only when -only names them: they take minutes.
+var extraGroups = []string{"scale"}
+
 // childEnv marks a process started by the bench itself (the broker or the
 // relay). The test binary checks it in TestMain to run main instead of the
 // tests.
@@ -80,7 +83,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.SetOutput(stderr)
 	var only string
 	fs.StringVar(&o.out, "out", "bench/results.json", "write the figures as JSON to this file")
-	fs.StringVar(&only, "only", "", "comma-separated figure groups to run: "+strings.Join(groups, ","))
+	fs.StringVar(&only, "only", "", "comma-separated figure groups to run: "+strings.Join(groups, ",")+" (default: all of them), or "+strings.Join(extraGroups, ",")+" (only when named)")
 	fs.IntVar(&o.n, "n", 0, "backlog size for relay, forwarder, raw and cdc; consumer reads n/4 (default 200000; 20000 with BENCH_QUICK=1)")
 	fs.DurationVar(&o.duration, "duration", 0, "length of each timed phase of latency, write, dedup, inbox and cdc (default 10s; 3s with BENCH_QUICK=1)")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the relay child while it drains the backlog")
@@ -126,8 +129,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		o.only = nil
 		for _, g := range strings.Split(only, ",") {
 			g = strings.TrimSpace(g)
-			if !slices.Contains(groups, g) {
-				return nil, fmt.Errorf("-only: unknown group %q (known: %s)", g, strings.Join(groups, ","))
+			if !slices.Contains(groups, g) && !slices.Contains(extraGroups, g) {
+				return nil, fmt.Errorf("-only: unknown group %q (known: %s)", g, strings.Join(append(groups, extraGroups...), ","))
 			}
 			o.only = append(o.only, g)
 		}
@@ -156,7 +159,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	defer b.close()
 	started := time.Now()
-	for _, g := range groups {
+	for _, g := range append(groups, extraGroups...) {
 		if !slices.Contains(o.only, g) {
 			continue
 		}
@@ -207,6 +210,8 @@ func (b *bench) runGroup(ctx context.Context, g string) error {
 		return b.benchCDC(ctx)
 	case "consumer":
 		return b.benchConsumer(ctx)
+	case "scale":
+		return b.benchScale(ctx)
 	}
 	return fmt.Errorf("unknown group %q", g)
 }

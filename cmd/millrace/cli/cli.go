@@ -76,9 +76,14 @@ type app struct {
 	stdout, stderr io.Writer
 	getenv         func(string) string
 	databaseURL    string
-	schema         string
+	schema         string   // the schema a command works on
+	schemaList     []string // --schema, repeatable
+	allSchemas     bool     // --all-schemas
 	json           bool
-	pool           *pgxpool.Pool
+	// collected holds what emit was given, per schema, while eachSchema
+	// runs a listing over several schemas; nil otherwise.
+	collected *[]schemaOutput
+	pool      *pgxpool.Pool
 	// register adds the saga definitions this binary knows to an
 	// Orchestrator (Config.Sagas); nil in the stock binary.
 	register func(*saga.Orchestrator) error
@@ -129,8 +134,22 @@ func (a *app) rootCmd() *cobra.Command {
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.databaseURL, "database-url", "", "PostgreSQL connection URL (default $DATABASE_URL)")
-	pf.StringVar(&a.schema, "schema", "millrace", "schema that holds millrace's tables")
+	pf.StringArrayVar(&a.schemaList, "schema", []string{"millrace"}, "schema that holds millrace's tables (one service's); listings take it repeatedly")
+	pf.BoolVar(&a.allSchemas, "all-schemas", false, "listings: every schema that holds millrace's tables")
 	pf.BoolVar(&a.json, "json", false, "print JSON instead of a table")
+	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
+		many := cmd.Annotations[annotationSchemas] == "many"
+		switch {
+		case a.allSchemas && !many:
+			return usagef("%s works on one schema: --all-schemas is for listings (%s)", cmd.CommandPath(), strings.Join(multiSchemaCommands, ", "))
+		case len(a.schemaList) > 1 && !many:
+			return usagef("%s works on one schema: pass --schema once", cmd.CommandPath())
+		case a.allSchemas && cmd.Flags().Changed("schema"):
+			return usagef("pass --schema or --all-schemas, not both")
+		}
+		a.schema = a.schemaList[0]
+		return nil
+	}
 	root.AddCommand(a.migrateCmd(), a.outboxCmd(), a.inboxCmd(), a.sagaCmd(), a.poisonCmd(), a.kafkaCmd(), a.consoleCmd(), loggingTopic())
 	return root
 }
@@ -204,6 +223,10 @@ func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
 
 // emit prints v as indented JSON with --json, else calls human.
 func (a *app) emit(v any, human func(w io.Writer)) error {
+	if a.collected != nil {
+		*a.collected = append(*a.collected, schemaOutput{Schema: a.schema, Result: v, human: human})
+		return nil
+	}
 	if a.json {
 		enc := json.NewEncoder(a.stdout)
 		enc.SetIndent("", "  ")
@@ -289,3 +312,108 @@ type wrapped struct {
 
 func (w wrapped) Error() string { return w.msg }
 func (w wrapped) Unwrap() error { return w.err }
+
+// annotationSchemas marks a command that takes several schemas
+// (Annotations[annotationSchemas] = "many"): a listing, run by eachSchema.
+const annotationSchemas = "schemas"
+
+// multiSchemaCommands are the commands marked so, for the usage error.
+var multiSchemaCommands = []string{"saga list", "outbox stats", "migrate status", "console"}
+
+// manySchemas marks cmd as taking several schemas.
+func manySchemas(cmd *cobra.Command) *cobra.Command {
+	if cmd.Annotations == nil {
+		cmd.Annotations = map[string]string{}
+	}
+	cmd.Annotations[annotationSchemas] = "many"
+	return cmd
+}
+
+// listing makes cmd a listing over the schemas: marked as taking several,
+// its RunE run once per schema by eachSchema.
+func (a *app) listing(cmd *cobra.Command) *cobra.Command {
+	run := cmd.RunE
+	cmd.RunE = func(c *cobra.Command, args []string) error {
+		return a.eachSchema(c, func() error { return run(c, args) })
+	}
+	return manySchemas(cmd)
+}
+
+// schemas returns the schemas a listing covers: --schema (repeated), or
+// with --all-schemas every schema holding millrace's tables.
+func (a *app) schemas(ctx context.Context) ([]string, error) {
+	if !a.allSchemas {
+		return a.schemaList, nil
+	}
+	pool, err := a.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	schemas, err := migrations.Schemas(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
+	if len(schemas) == 0 {
+		return nil, errors.New(`no schema holds millrace's tables; run "millrace migrate up"`)
+	}
+	return schemas, nil
+}
+
+// schemaOutput is one schema's result of a listing over several.
+type schemaOutput struct {
+	Schema string `json:"schema"`
+	Result any    `json:"result,omitempty"`
+	Error  string `json:"error,omitempty"`
+	human  func(io.Writer)
+}
+
+// eachSchema runs a listing: once, as it is, for one schema named once;
+// else once per schema, printing each schema's result under its name (as
+// a JSON array of {"schema", "result"} or {"schema", "error"} with
+// --json). A schema that fails does not stop the others; the command then
+// fails after printing them all.
+func (a *app) eachSchema(cmd *cobra.Command, run func() error) error {
+	if !a.allSchemas && len(a.schemaList) == 1 {
+		return run()
+	}
+	schemas, err := a.schemas(cmd.Context())
+	if err != nil {
+		return err
+	}
+	var out []schemaOutput
+	failed := 0
+	for _, s := range schemas {
+		a.schema = s
+		var got []schemaOutput
+		a.collected = &got
+		err := run()
+		a.collected = nil
+		switch {
+		case err != nil:
+			failed++
+			out = append(out, schemaOutput{Schema: s, Error: err.Error()})
+		case len(got) > 0:
+			out = append(out, got...)
+		}
+	}
+	a.schema = a.schemaList[0]
+	if err := a.emit(out, func(w io.Writer) {
+		for i, o := range out {
+			if i > 0 {
+				fmt.Fprintln(w)
+			}
+			fmt.Fprintf(w, "== schema %s\n", o.Schema)
+			if o.Error != "" {
+				fmt.Fprintf(w, "error: %s\n", o.Error)
+			} else if o.human != nil {
+				o.human(w)
+			}
+		}
+	}); err != nil {
+		return err
+	}
+	if failed > 0 {
+		return fmt.Errorf("%d of %d schemas failed", failed, len(schemas))
+	}
+	return nil
+}

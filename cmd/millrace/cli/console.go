@@ -22,14 +22,16 @@ func (a *app) consoleCmd() *cobra.Command {
 		consumers, poisonTopics        []string
 		brokers                        string
 	)
-	cmd := &cobra.Command{
+	cmd := manySchemas(&cobra.Command{
 		Use:   "console",
 		Short: "Serve the web console",
 		Long: "Serve the web console (package console) until interrupted: the outbox backlog, and the outbox's\n" +
 			"and inboxes' dead letters with requeue and discard, and the sagas with their operator actions (recorded\n" +
 			"as requests for the service's running orchestrator, unless this millrace has the saga definitions:\n" +
 			"then they act at once). Put it behind your authenticating proxy;\n" +
-			"actions are recorded in the log with the operator named by --operator-header (else \"console\").",
+			"actions are recorded in the log with the operator named by --operator-header (else \"console\").\n" +
+			"With --schema given several times, or --all-schemas, it is one console over several services: an\n" +
+			"overview of them all, and each service's pages under /s/<schema>/.",
 		Args: args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
@@ -52,6 +54,25 @@ func (a *app) consoleCmd() *cobra.Command {
 				// Built with the saga definitions: saga actions act at once.
 				if cfg.Sagas, err = a.orchestrator(ctx); err != nil {
 					return err
+				}
+			}
+			// Several services: --schema repeated, or every schema that
+			// holds millrace's tables.
+			if a.allSchemas || len(a.schemaList) > 1 {
+				cfg.Schema, cfg.Sagas, cfg.InboxConsumers = "", nil, nil
+				cfg.DiscoverServices = a.allSchemas
+				if !a.allSchemas {
+					for _, s := range a.schemaList {
+						svc := console.Service{Name: s, Schema: s, InboxConsumers: consumers}
+						if a.register != nil {
+							a.schema = s
+							if svc.Sagas, err = a.orchestrator(ctx); err != nil {
+								return err
+							}
+						}
+						cfg.Services = append(cfg.Services, svc)
+					}
+					a.schema = a.schemaList[0]
 				}
 			}
 			c, err := console.New(pool, cfg)
@@ -92,7 +113,7 @@ func (a *app) consoleCmd() *cobra.Command {
 			}
 			return nil
 		},
-	}
+	})
 	f := cmd.Flags()
 	f.StringVar(&listen, "listen", "127.0.0.1:8080", "address to listen on (\":8080\" for every interface)")
 	f.StringVar(&prefix, "prefix", "", "serve under this path, e.g. /ops")

@@ -69,7 +69,7 @@ func (a *app) migrateCmd() *cobra.Command {
 	down.Flags().IntVar(&to, "to", 0, "version to revert to (0: remove everything)")
 	cmd.AddCommand(down)
 
-	cmd.AddCommand(&cobra.Command{
+	cmd.AddCommand(a.listing(&cobra.Command{
 		Use:   "status",
 		Short: "Show which migrations are applied",
 		Args:  args(cobra.NoArgs),
@@ -91,7 +91,7 @@ func (a *app) migrateCmd() *cobra.Command {
 				table(w, []string{"VERSION", "NAME", "STATE"}, rows)
 			})
 		},
-	})
+	}))
 
 	cmd.AddCommand(&cobra.Command{
 		Use:   "validate",

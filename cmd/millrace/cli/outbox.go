@@ -22,7 +22,7 @@ func (a *app) outboxCmd() *cobra.Command {
 		Use:   "outbox",
 		Short: "The outbox: backlog, dead letters, replay, CDC slot",
 	})
-	cmd.AddCommand(&cobra.Command{
+	cmd.AddCommand(a.listing(&cobra.Command{
 		Use:   "stats",
 		Short: "Size of the backlog, dead letters, and age of the oldest pending event",
 		Args:  args(cobra.NoArgs),
@@ -48,7 +48,7 @@ func (a *app) outboxCmd() *cobra.Command {
 					[][]string{{pending, strconv.FormatInt(s.Blocked, 10), strconv.FormatInt(s.Dead, 10), age(s.OldestPendingAge)}})
 			})
 		},
-	})
+	}))
 	dead := group(&cobra.Command{
 		Use:   "dead",
 		Short: "Dead letters: events the relay gave up on",

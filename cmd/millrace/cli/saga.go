@@ -255,7 +255,7 @@ func (a *app) sagaListCmd() *cobra.Command {
 	f.DurationVar(&older, "older-than", 0, "only sagas started longer ago than this (e.g. 1h)")
 	f.StringVar(&cursor, "cursor", "", "continue a listing where the previous page ended")
 	f.IntVar(&limit, "limit", 50, "page size (1..1000)")
-	return cmd
+	return a.listing(cmd)
 }
 
 type sagaShow struct {
