@@ -13,7 +13,7 @@ export GOFLAGS ?= -mod=readonly
 KAFKA_PKGS ?= ./kafka/ ./outbox/ ./inbox/ ./compensation/ ./saga/ ./internal/tracing/ ./internal/devkafka/ ./examples/...
 FAILOVER_PKGS ?= ./internal/realkafka/ ./examples/ordersaga/
 
-.PHONY: demo test test-embedded test-kafka bench bench-kafka bench-debezium pg-up kafka-up kafka-down broker fmt
+.PHONY: demo test test-embedded test-kafka bench bench-kafka bench-scale bench-debezium pg-up kafka-up kafka-down broker fmt
 
 # The main example, end to end: the order saga across four services
 # (examples/ordersaga), faults on. Flags pass through DEMOFLAGS:
@@ -57,6 +57,12 @@ bench:
 bench-kafka:
 	@url="$$(scripts/pg-up.sh)" && brokers="$$(scripts/kafka-up.sh)" && \
 	DATABASE_URL="$$url" KAFKA_BROKERS="$${brokers#KAFKA_BROKERS=}" $(GO) run ./cmd/millrace-bench -out bench/results-kafka.json
+
+# Operating at scale: a million sagas and ten million history rows, the
+# operator's reads timed with their plans, a saga.Cleaner pass with
+# pg_stat_user_tables before and after, into bench/results-scale.json.
+bench-scale:
+	@url="$$(scripts/pg-up.sh)" && DATABASE_URL="$$url" $(GO) run ./cmd/millrace-bench -only scale -out bench/results-scale.json
 
 # Debezium's PostgreSQL connector with its outbox event router (Kafka Connect
 # standalone; Java and Maven fetch it once) on the same table shape, backlog
