@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -226,6 +228,18 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 
 	var result float64
 	if rate == 0 {
+		stmts, pgStat := readPgStatements(ctx, pool)
+		if b.opts.sagaProfile != "" {
+			f, err := os.Create(b.opts.sagaProfile)
+			if err != nil {
+				return 0, err
+			}
+			defer f.Close()
+			if err := pprof.StartCPUProfile(f); err != nil {
+				return 0, err
+			}
+			defer pprof.StopCPUProfile()
+		}
 		cpu := b.startCPU()
 		var total int
 		if b.opts.quick {
@@ -238,6 +252,10 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 		stop()
 		wg.Wait()
 		self, broker, db := cpu.stop(ctx, b, pool)
+		if b.opts.sagaProfile != "" {
+			pprof.StopCPUProfile()
+			b.progress("sagas: CPU profile of the throughput phase in %s (go tool pprof %s)", b.opts.sagaProfile, b.opts.sagaProfile)
+		}
 		if total > 0 {
 			per := func(d time.Duration) float64 { return round(float64(d)/float64(time.Millisecond)/float64(total), 3) }
 			b.config["saga_cpu_ms_per_saga_bench_process"] = per(self)
@@ -245,6 +263,20 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 			b.config["saga_cpu_ms_per_saga_postgres"] = per(db)
 			b.progress("sagas: %d completed; CPU per saga: %.2f ms here, %.2f ms broker, %.2f ms PostgreSQL backends",
 				total, per(self), per(broker), per(db))
+			if after, ok := readPgStatements(ctx, pool); ok && pgStat {
+				costMs, calls := pgCost(stmts, after, schema)
+				var parts []string
+				perGroup := map[string]float64{}
+				for _, g := range append(pgStatementGroups(), "other", "begin_commit") {
+					if calls[g] == 0 {
+						continue
+					}
+					perGroup[g] = round(costMs[g]/float64(total), 3)
+					parts = append(parts, fmt.Sprintf("%s %.3f (%.1f calls)", g, costMs[g]/float64(total), float64(calls[g])/float64(total)))
+				}
+				b.config["saga_pg_exec_ms_per_saga"] = perGroup
+				b.progress("sagas: PostgreSQL execution time per saga (pg_stat_statements), ms: %s", strings.Join(parts, ", "))
+			}
 		}
 	} else {
 		b.progress("sagas (%s): %s, %d partitions per topic", name, b.opts.duration, sagaPartitions)
