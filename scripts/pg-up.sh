@@ -11,7 +11,9 @@
 #   4. as root, install Debian's postgresql package, then 3.
 #
 # The throwaway cluster runs with wal_level=logical and 64 replication slots
-# (the CDC relay streams the WAL; its tests run in parallel), 300 connections (the test packages run in parallel) and fsync on. A
+# (the CDC relay streams the WAL; its tests run in parallel), 300 connections (the test packages run in parallel), fsync on
+# and pg_stat_statements preloaded when the installation has it (the bench
+# reports PostgreSQL's cost per statement from it). A
 # reused throwaway cluster started without those settings is restarted with
 # them. A PostgreSQL found at 1 or 2 is used as it is.
 set -euo pipefail
@@ -83,14 +85,20 @@ if [ "$(id -u)" = 0 ]; then
 	run_as=(runuser -u postgres --)
 fi
 settings="-c listen_addresses=127.0.0.1 -c max_connections=300 -c fsync=on -c wal_level=logical -c max_wal_senders=64 -c max_replication_slots=64"
+preload=
+if [ -f "$("$bindir/pg_config" --pkglibdir 2>/dev/null)/pg_stat_statements.so" ]; then
+	preload=pg_stat_statements
+	settings="$settings -c shared_preload_libraries=pg_stat_statements"
+fi
 setting() { # port name
 	"$bindir/psql" "postgres://postgres@127.0.0.1:$1/postgres?sslmode=disable" -Atqc "SHOW $2" 2>/dev/null
 }
 if [ -f "$portfile" ] && answers "postgres://postgres@127.0.0.1:$(cat "$portfile")/postgres?sslmode=disable"; then
 	port=$(cat "$portfile")
 	if [ "$(setting "$port" wal_level)" != logical ] || [ "$(setting "$port" max_connections)" -lt 300 ] ||
-		[ "$(setting "$port" max_replication_slots)" -lt 64 ]; then
-		say "restarting the throwaway cluster in $data with wal_level=logical, 300 connections and 64 replication slots"
+		[ "$(setting "$port" max_replication_slots)" -lt 64 ] ||
+		{ [ -n "$preload" ] && [[ ",$(setting "$port" shared_preload_libraries | tr -d ' ')," != *",$preload,"* ]]; }; then
+		say "restarting the throwaway cluster in $data with wal_level=logical, 300 connections, 64 replication slots and ${preload:-no preloaded library}"
 		"${run_as[@]}" "$bindir/pg_ctl" -D "$data" -l "$pgdir/log" -w -m fast -o "-p $port -k /tmp $settings" restart >&2
 	else
 		say "reusing the throwaway cluster in $data on port $port"

@@ -67,6 +67,7 @@ type options struct {
 	duration time.Duration
 
 	cpuprofile   string
+	sagaProfile  string
 	relayWorkers int
 	relayBatch   int
 
@@ -87,6 +88,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.n, "n", 0, "backlog size for relay, forwarder, raw and cdc; consumer reads n/4 (default 200000; 20000 with BENCH_QUICK=1)")
 	fs.DurationVar(&o.duration, "duration", 0, "length of each timed phase of latency, write, dedup, inbox and cdc (default 10s; 3s with BENCH_QUICK=1)")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the relay child while it drains the backlog")
+	fs.StringVar(&o.sagaProfile, "saga-cpuprofile", "", "write a CPU profile of this process during the saga throughput phase")
 	fs.IntVar(&o.relayWorkers, "relay-workers", 0, "RelayConfig.Workers for the draining relay (0: the relay's default)")
 	fs.IntVar(&o.relayBatch, "relay-batch", 0, "RelayConfig.BatchSize for the draining relay (0: the relay's default)")
 	hidden := map[string]bool{"serve-broker": true, "run-relay": true, "schema": true, "brokers": true}

@@ -89,6 +89,15 @@ func printTable(w io.Writer, b *bench) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t\n", name, formatValue(v), tgt, met)
 	}
 	tw.Flush()
+	if _, ok := b.results["saga_hop_start_p50_ms"]; ok {
+		fmt.Fprintf(w, "\nsaga round trip at %v sagas/s, per hop (saga_hop_<hop>_p50_ms / _p99_ms):\n", b.config["saga_latency_rate_per_s"])
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "hop\tp50 ms\tp99 ms\t")
+		for _, h := range hopNames {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t\n", h, formatValue(b.results["saga_hop_"+h+"_p50_ms"]), formatValue(b.results["saga_hop_"+h+"_p99_ms"]))
+		}
+		tw.Flush()
+	}
 	for _, n := range b.notes {
 		fmt.Fprintf(w, "note: %s\n", n)
 	}

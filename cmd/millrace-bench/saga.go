@@ -4,12 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"runtime/pprof"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -89,6 +93,8 @@ type sagaRig struct {
 	o      *saga.Orchestrator
 	def    *saga.Definition[sagaOrder]
 	effect string
+	// hops, in the latency phase only, records the hops of each round trip.
+	hops *hopRecorder
 }
 
 // sagaPhase runs one rig. rate 0: start as fast as the rig completes (up
@@ -138,7 +144,12 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 		return 0, err
 	}
 	defer pub.Close()
-	relay, err := outbox.NewRelay(pool, outbox.RelayConfig{Schema: schema, Publisher: pub})
+	var relayPub message.Publisher = pub
+	if rate > 0 {
+		rig.hops = newHopRecorder(topics["reply"])
+		relayPub = rig.hops.publisher(pub)
+	}
+	relay, err := outbox.NewRelay(pool, outbox.RelayConfig{Schema: schema, Publisher: relayPub})
 	if err != nil {
 		return 0, err
 	}
@@ -157,13 +168,17 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 	}
 	defer func() { stop(); wg.Wait() }()
 	var subs []*kafka.Subscriber
-	subscriber := func() (*kafka.Subscriber, error) {
+	subscriber := func() (message.Subscriber, error) {
 		s, err := kafka.NewSubscriber(kafka.SubscriberConfig{Brokers: b.brokers, ConsumerGroup: newTopic("saga_group"),
 			FetchMaxWait: sagaFetchWait, MaxBatch: sagaBatchSize}, watermill.NopLogger{})
-		if err == nil {
-			subs = append(subs, s)
+		if err != nil {
+			return nil, err
 		}
-		return s, err
+		subs = append(subs, s)
+		if rig.hops != nil {
+			return rig.hops.subscriber(s), nil
+		}
+		return s, nil
 	}
 	defer func() {
 		for _, s := range subs {
@@ -213,6 +228,18 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 
 	var result float64
 	if rate == 0 {
+		stmts, pgStat := readPgStatements(ctx, pool)
+		if b.opts.sagaProfile != "" {
+			f, err := os.Create(b.opts.sagaProfile)
+			if err != nil {
+				return 0, err
+			}
+			defer f.Close()
+			if err := pprof.StartCPUProfile(f); err != nil {
+				return 0, err
+			}
+			defer pprof.StopCPUProfile()
+		}
 		cpu := b.startCPU()
 		var total int
 		if b.opts.quick {
@@ -225,6 +252,10 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 		stop()
 		wg.Wait()
 		self, broker, db := cpu.stop(ctx, b, pool)
+		if b.opts.sagaProfile != "" {
+			pprof.StopCPUProfile()
+			b.progress("sagas: CPU profile of the throughput phase in %s (go tool pprof %s)", b.opts.sagaProfile, b.opts.sagaProfile)
+		}
 		if total > 0 {
 			per := func(d time.Duration) float64 { return round(float64(d)/float64(time.Millisecond)/float64(total), 3) }
 			b.config["saga_cpu_ms_per_saga_bench_process"] = per(self)
@@ -232,6 +263,20 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 			b.config["saga_cpu_ms_per_saga_postgres"] = per(db)
 			b.progress("sagas: %d completed; CPU per saga: %.2f ms here, %.2f ms broker, %.2f ms PostgreSQL backends",
 				total, per(self), per(broker), per(db))
+			if after, ok := readPgStatements(ctx, pool); ok && pgStat {
+				costMs, calls := pgCost(stmts, after, schema)
+				var parts []string
+				perGroup := map[string]float64{}
+				for _, g := range append(pgStatementGroups(), "other", "begin_commit") {
+					if calls[g] == 0 {
+						continue
+					}
+					perGroup[g] = round(costMs[g]/float64(total), 3)
+					parts = append(parts, fmt.Sprintf("%s %.3f (%.1f calls)", g, costMs[g]/float64(total), float64(calls[g])/float64(total)))
+				}
+				b.config["saga_pg_exec_ms_per_saga"] = perGroup
+				b.progress("sagas: PostgreSQL execution time per saga (pg_stat_statements), ms: %s", strings.Join(parts, ", "))
+			}
 		}
 	} else {
 		b.progress("sagas (%s): %s, %d partitions per topic", name, b.opts.duration, sagaPartitions)
@@ -239,11 +284,7 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 		p50, p99, err = rig.latency(rctx, rate, b.opts.duration)
 		b.results["saga_latency_p50_ms"], b.results["saga_latency_p99_ms"] = ms(p50), ms(p99)
 		if err == nil {
-			var hops []string
-			hops, err = rig.hops(rctx, topics)
-			for _, h := range hops {
-				b.progress("sagas (latency): %s", h)
-			}
+			err = b.sagaHops(rctx, rig)
 		}
 	}
 	stop()
@@ -431,6 +472,9 @@ func (r *sagaRig) latency(ctx context.Context, rate int, d time.Duration) (p50, 
 					errs <- err
 					return
 				}
+				if r.hops != nil {
+					r.hops.start(id, time.Now())
+				}
 			}
 		}()
 	}
@@ -471,50 +515,36 @@ func (r *sagaRig) latency(ctx context.Context, rate int, d time.Duration) (p50, 
 	return time.Duration(s50 * float64(time.Second)), time.Duration(s99 * float64(time.Second)), err
 }
 
-// hops returns, per step, the medians of where a round trip's milliseconds
-// go, from the outbox's and the history's timestamps: the orchestrator
-// writing the command (from the saga's start or the previous step's reply
-// applied), the relay publishing it, the participant applying it (its
-// transaction's start), the relay publishing the reply, the orchestrator
-// applying the reply.
-func (r *sagaRig) hops(ctx context.Context, topics map[string]string) ([]string, error) {
-	obx := sqlident.Table(r.schema, "outbox_event")
-	hist := sqlident.Table(r.schema, "saga_history")
-	inst := sqlident.Table(r.schema, "saga_instance")
-	var out []string
-	prev := `i.created_at`
-	for i, step := range []string{"credit", "stock", "ship"} {
-		if i > 0 {
-			prev = fmt.Sprintf(`(SELECT min(h.at) FROM %s h WHERE h.saga_id = i.id AND h.event = 'reply' AND h.step = '%s')`,
-				hist, []string{"credit", "stock", "ship"}[i-1])
-		}
-		q := fmt.Sprintf(`WITH t AS (
-SELECT %[1]s AS prev, c.created_at AS c_at, c.published_at AS c_pub, rp.created_at AS r_at, rp.published_at AS r_pub,
-       (SELECT min(h.at) FROM %[3]s h WHERE h.saga_id = i.id AND h.event = 'reply' AND h.step = $2) AS applied
-  FROM %[4]s i
-  JOIN %[2]s c ON c.topic = $1 AND c.partition_key = i.id
-  JOIN %[2]s rp ON rp.topic = $3 AND rp.partition_key = i.id AND rp.headers->>'saga_step' = $2
- WHERE i.status = 'completed' AND i.id LIKE 'l-%%')
-SELECT count(*),
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM c_at - prev)),
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM c_pub - c_at)),
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM r_at - c_pub)),
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM r_pub - r_at)),
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM applied - r_pub))
-  FROM t`, prev, obx, hist, inst)
-		var n int
-		var write, relayCmd, participant, relayReply, applied *float64
-		if err := r.pool.QueryRow(ctx, q, topics[step], step, topics["reply"]).Scan(&n, &write, &relayCmd, &participant, &relayReply, &applied); err != nil {
-			return nil, fmt.Errorf("hops of %s: %w", step, err)
-		}
-		f := func(v *float64) float64 {
-			if v == nil {
-				return 0
-			}
-			return round(*v*1000, 1)
-		}
-		out = append(out, fmt.Sprintf("step %s (median ms of %d): command written %.1f, published %.1f, participant applied %.1f, reply published %.1f, reply applied %.1f",
-			step, n, f(write), f(relayCmd), f(participant), f(relayReply), f(applied)))
+// sagaHops reports the hops of the latency phase's round trips: p50 and
+// p99 per hop over all steps as results (saga_hop_<hop>_p50_ms, _p99_ms),
+// and per step in the progress lines.
+func (b *bench) sagaHops(ctx context.Context, rig *sagaRig) error {
+	steps := []string{"credit", "stock", "ship"}
+	all, perStep, n, err := rig.hops.hops(ctx, rig, steps)
+	if err != nil {
+		return err
 	}
-	return out, nil
+	line := func(m map[string][]time.Duration, q float64) string {
+		var out []string
+		var sum time.Duration
+		for _, h := range hopNames {
+			if ds := m[h]; len(ds) > 0 {
+				v := percentile(ds, q)
+				sum += v
+				out = append(out, fmt.Sprintf("%s %.1f", h, float64(v)/float64(time.Millisecond)))
+			}
+		}
+		return strings.Join(out, ", ") + fmt.Sprintf(" (one step: %.1f)", float64(sum)/float64(time.Millisecond))
+	}
+	b.progress("sagas (latency): hops of %d sagas, ms, each hop's p50 over the 3 steps: %s", n, line(all, 0.5))
+	b.progress("sagas (latency): each hop's p99 over the 3 steps: %s", line(all, 0.99))
+	for _, s := range steps {
+		b.progress("sagas (latency): step %s p50: %s", s, line(perStep[s], 0.5))
+	}
+	for _, h := range hopNames {
+		b.results["saga_hop_"+h+"_p50_ms"] = ms(percentile(all[h], 0.5))
+		b.results["saga_hop_"+h+"_p99_ms"] = ms(percentile(all[h], 0.99))
+	}
+	b.config["saga_hop_sagas"] = n
+	return nil
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -9,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/millrace/millrace/internal/sqlident"
 )
 
 // cpuMeter adds up the CPU time spent for a phase by this process, the
@@ -64,4 +67,94 @@ func (m *cpuMeter) stop(ctx context.Context, b *bench, pool *pgxpool.Pool) (self
 		c.Release()
 	}
 	return self, broker, db
+}
+
+// pgStatements is a snapshot of pg_stat_statements: per statement text,
+// calls and execution time (ms). Empty (with ok false) when the extension
+// cannot be used: it needs shared_preload_libraries (scripts/pg-up.sh sets
+// it on its throwaway cluster).
+type pgStatements map[string]pgStatement
+
+type pgStatement struct {
+	calls int64
+	ms    float64
+}
+
+func readPgStatements(ctx context.Context, pool *pgxpool.Pool) (pgStatements, bool) {
+	if _, err := pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`); err != nil {
+		return nil, false
+	}
+	rows, err := pool.Query(ctx, `SELECT query, sum(calls)::int8, sum(total_exec_time)::float8
+  FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) GROUP BY query`)
+	if err != nil {
+		return nil, false
+	}
+	defer rows.Close()
+	out := pgStatements{}
+	for rows.Next() {
+		var q string
+		var s pgStatement
+		if err := rows.Scan(&q, &s.calls, &s.ms); err != nil {
+			return nil, false
+		}
+		out[q] = s
+	}
+	return out, rows.Err() == nil
+}
+
+// pgGroups are the statement groups of the saga figures, matched in order
+// on a statement's text; a statement naming none of the schema's tables
+// counts only if it is one of the transaction statements (BEGIN, COMMIT,
+// SET, ...: all sessions of the database, so other activity on it is in
+// there too).
+var pgGroups = []struct{ name, match string }{
+	{"outbox_write", `INSERT INTO %s."outbox_event"`},
+	{"inbox_dedup", `%s."processed_event"`},
+	{"barrier", `%s."compensation_barrier"`},
+	{"saga_load_save", `%s."saga_`},
+	{"relay_claim_mark", `%s."outbox_`},
+	{"effect_row", `%s."bench_saga_effect"`},
+}
+
+// pgCost returns, per statement group, the execution time and calls that
+// after added to before for the statements of schema.
+func pgCost(before, after pgStatements, schema string) (ms map[string]float64, calls map[string]int64) {
+	ms, calls = map[string]float64{}, map[string]int64{}
+	q := sqlident.Quote(schema)
+	for text, s := range after {
+		s.calls -= before[text].calls
+		s.ms -= before[text].ms
+		if s.calls <= 0 {
+			continue
+		}
+		group := ""
+		if strings.Contains(text, q+".") {
+			group = "other"
+			for _, g := range pgGroups {
+				if strings.Contains(text, fmt.Sprintf(g.match, q)) {
+					group = g.name
+					break
+				}
+			}
+		} else {
+			switch w := strings.ToUpper(strings.Fields(text + " x")[0]); w {
+			case "BEGIN", "COMMIT", "ROLLBACK", "SET", "SAVEPOINT", "RELEASE":
+				group = "begin_commit"
+			}
+		}
+		if group != "" {
+			ms[group] += s.ms
+			calls[group] += s.calls
+		}
+	}
+	return ms, calls
+}
+
+// pgStatementGroups are the names of pgGroups, in order.
+func pgStatementGroups() []string {
+	var out []string
+	for _, g := range pgGroups {
+		out = append(out, g.name)
+	}
+	return out
 }
