@@ -159,6 +159,7 @@ type statements struct {
 	insertStarted                                        string
 	request, claimRequests, clearRequest                 string // operator.go
 	failuresInARow, postpone, park                       string // timer.go
+	pause, unpause, hold, takeHeld, insertScheduled      string // pause.go, schedule.go
 	instance, historyTable                               string
 }
 
@@ -169,6 +170,8 @@ func newStatements(schema string) statements {
 	s := baseStatements(schema)
 	batchStatements(schema, &s)
 	timerStatements(schema, &s)
+	pauseStatements(schema, &s)
+	scheduleStatements(schema, &s)
 	return s
 }
 
