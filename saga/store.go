@@ -136,6 +136,8 @@ type HistoryEntry struct {
 	// operator_withdrawn, unregistered, migrated, timer_failed,
 	// operator_failed (a technical failure of a timer pass, rolled back;
 	// see Config.MaxTimerFailures).
+	// With pause and scheduled start: paused, resumed, held (a reply
+	// stored while paused), scheduled, cancelled.
 	Event     string
 	Step      string
 	Operation string
