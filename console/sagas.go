@@ -15,18 +15,21 @@ import (
 	"github.com/millrace/millrace/saga"
 )
 
-var sagaStatuses = []saga.Status{saga.StatusStuck, saga.StatusRunning, saga.StatusCompensating, saga.StatusCompleted, saga.StatusCompensated}
+var sagaStatuses = []saga.Status{saga.StatusStuck, saga.StatusRunning, saga.StatusCompensating, saga.StatusCompleted, saga.StatusCompensated,
+	saga.StatusPaused, saga.StatusScheduled}
 
 // sagaEffects says what each operator action does, on its confirm page.
 var sagaEffects = map[string]string{
 	"retry":            "The current step's action (or, while compensating, its compensation) is sent again now, with a new attempt number and a fresh retry budget.",
 	"skip":             "The current step is treated as done by hand, without running it, and the saga moves on to its next step.",
 	"mark-compensated": "The current step's compensation is treated as done by hand, and the saga goes on compensating the steps before it.",
-	"abort":            "The saga stops going forward and compensates the steps that took effect. This cannot be undone.",
+	"abort":            "The saga stops going forward and compensates the steps that took effect (a scheduled saga is cancelled: it never starts). This cannot be undone.",
+	"pause":            "The saga takes no next step and fires no timer until it is resumed. Replies that arrive meanwhile are kept and applied, in order, on resume.",
+	"resume":           "The saga goes on where it stood. Its current step's timeout and its deadline move later by the time it was paused, and the replies kept meanwhile are applied in order.",
 	"withdraw":         "The saga's pending operator request is withdrawn: the service's orchestrator will not apply it. Nothing else changes.",
 }
 
-var sagaActionOrder = []string{"retry", "skip", "mark-compensated", "abort"}
+var sagaActionOrder = []string{"retry", "skip", "mark-compensated", "abort", "pause", "resume"}
 
 type sagaListData struct {
 	Type, Status, Older string
@@ -170,23 +173,36 @@ func (c *Console) sagaPage(w http.ResponseWriter, r *http.Request) {
 }
 
 // allowedActions are the operator actions the saga's status and phase
-// allow, as the orchestrator checks them: none once it ended; Retry, Skip
-// and Abort going forward; Retry and Mark compensated while compensating.
-// (A check that needs the definition, such as Abort after the pivot, is
-// made when the action is confirmed.)
+// allow, as the orchestrator checks them: none once it ended; Resume
+// alone while paused; Abort (cancel) alone while scheduled; Retry, Skip and
+// Abort going forward; Retry and Mark compensated while compensating;
+// Pause while running or compensating. (A check that needs the
+// definition, such as Abort after the pivot, is made when the action is
+// confirmed.)
 func allowedActions(in *saga.Instance) []string {
+	var out []string
 	switch {
 	case in.Status == saga.StatusCompleted || in.Status == saga.StatusCompensated:
 		return nil
+	case in.Status == saga.StatusPaused:
+		return []string{"resume"}
+	case in.Status == saga.StatusScheduled:
+		return []string{"abort"}
 	case in.Phase == saga.PhaseCompensating:
-		return []string{"retry", "mark-compensated"}
+		out = []string{"retry", "mark-compensated"}
+	default:
+		out = []string{"retry", "skip", "abort"}
 	}
-	return []string{"retry", "skip", "abort"}
+	if in.Status == saga.StatusRunning || in.Status == saga.StatusCompensating {
+		out = append(out, "pause")
+	}
+	return out
 }
 
 // actionLabel is an action's name as the console's buttons say it.
 func actionLabel(action string) string {
-	return map[string]string{"retry": "Retry", "skip": "Skip", "mark-compensated": "Mark compensated", "abort": "Abort"}[action]
+	return map[string]string{"retry": "Retry", "skip": "Skip", "mark-compensated": "Mark compensated", "abort": "Abort",
+		"pause": "Pause", "resume": "Resume"}[action]
 }
 
 // refusal words why the saga's state refuses action, in the console's
@@ -202,6 +218,14 @@ func refusal(action string, in *saga.Instance, err error) string {
 			return "Mark compensated is for a saga that is compensating, and this one is going forward. Use Skip if the step was done by hand, or Abort to compensate."
 		case action == "abort" && in.Phase == saga.PhaseCompensating:
 			return "the saga is compensating already. Use Retry to send the current step's compensation again, or Mark compensated if it was undone by hand."
+		case action == "resume" && in.Status != saga.StatusPaused:
+			return fmt.Sprintf("the saga is not paused (it is %s): there is nothing to resume.", in.Status)
+		case action == "pause" && in.Status != saga.StatusRunning && in.Status != saga.StatusCompensating:
+			return fmt.Sprintf("only a running or compensating saga can be paused, and this one is %s.", in.Status)
+		case in.Status == saga.StatusPaused:
+			return "the saga is paused. Resume it first."
+		case in.Status == saga.StatusScheduled:
+			return "the saga is scheduled and has not started. Abort cancels it."
 		}
 	}
 	// A refusal that needs the definition (the pivot, a parallel group):
@@ -286,6 +310,8 @@ func (c *Console) sagaAct(w http.ResponseWriter, r *http.Request) (string, bool)
 		"skip":             (*saga.Orchestrator).Skip,
 		"mark-compensated": (*saga.Orchestrator).MarkCompensated,
 		"abort":            (*saga.Orchestrator).Abort,
+		"pause":            (*saga.Orchestrator).Pause,
+		"resume":           (*saga.Orchestrator).Resume,
 	}[d.Action]
 	ctx, cancel := reqCtx(r)
 	defer cancel()

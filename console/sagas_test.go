@@ -311,3 +311,56 @@ func TestSagaFixedByOperatorShowsItsOutcome(t *testing.T) {
 		t.Error("an ended saga offers actions")
 	}
 }
+
+// Pause and resume buttons: offered by state (Pause on a running saga,
+// only Resume on a paused one), confirmed with CSRF and a reason, refused
+// in the console's words in the wrong state, the operator on record; the
+// list filters by paused.
+func TestSagaPauseResumeButtons(t *testing.T) {
+	t.Parallel()
+	b, s := setupSagas(t, console.Config{})
+	s.WaitingShip(t, "ship-1")
+	s.StuckRefund(t, "refund-1")
+
+	contains(t, "running saga page", b.get("/saga?id=ship-1").body, `id="action-pause" href="/saga/pause?id=ship-1"`, `>Pause</a>`)
+	if body := b.get("/saga?id=refund-1").body; strings.Contains(body, `id="action-pause"`) {
+		t.Error("a stuck saga offers Pause")
+	}
+	contains(t, "confirm page", b.get("/saga/pause?id=ship-1").body, "fires no timer until it is resumed")
+	token := b.confirm("/saga/pause?id=ship-1")
+	if r := b.post("/saga/pause", url.Values{"id": {"ship-1"}, "reason": {"audit"}}); r.status != http.StatusForbidden {
+		t.Errorf("pause without CSRF token: %d", r.status)
+	}
+	r := b.post("/saga/resume", url.Values{"id": {"ship-1"}, "csrf_token": {token}, "reason": {"x"}})
+	if r.status != http.StatusConflict || !strings.Contains(r.body, "the saga is not paused (it is running)") {
+		t.Errorf("resume of a running saga: %d\n%s", r.status, r.body)
+	}
+	r = b.post("/saga/pause", url.Values{"id": {"ship-1"}, "csrf_token": {token}, "reason": {"warehouse audit"}})
+	if r.status != http.StatusSeeOther || r.location != "/saga?id=ship-1&done=pause" {
+		t.Fatalf("pause: %d to %q\n%s", r.status, r.location, r.body)
+	}
+	if in := s.Get(t, "ship-1"); in.Status != saga.StatusPaused {
+		t.Fatalf("after pause: %s", in.Status)
+	}
+	operatorEntry(t, s, "ship-1", "pause", "alice", "warehouse audit")
+	page := b.get(r.location).body
+	contains(t, "paused saga page", page, `id="flash">Done: pause.`, `saga-status">paused`, `id="action-resume" href="/saga/resume?id=ship-1"`)
+	for _, forbidden := range []string{`id="action-retry"`, `id="action-skip"`, `id="action-abort"`, `id="action-pause"`} {
+		if strings.Contains(page, forbidden) {
+			t.Errorf("a paused saga's page offers %s", forbidden)
+		}
+	}
+	contains(t, "paused list", b.get("/sagas?status=paused").body, "ship-1")
+	r = b.post("/saga/retry", url.Values{"id": {"ship-1"}, "csrf_token": {token}, "reason": {"x"}})
+	if r.status != http.StatusConflict || !strings.Contains(r.body, "the saga is paused. Resume it first.") {
+		t.Errorf("retry of a paused saga: %d\n%s", r.status, r.body)
+	}
+	r = b.post("/saga/resume", url.Values{"id": {"ship-1"}, "csrf_token": {token}, "reason": {"audit done"}})
+	if r.status != http.StatusSeeOther || r.location != "/saga?id=ship-1&done=resume" {
+		t.Fatalf("resume: %d to %q\n%s", r.status, r.location, r.body)
+	}
+	if in := s.Get(t, "ship-1"); in.Status != saga.StatusRunning {
+		t.Fatalf("after resume: %s", in.Status)
+	}
+	operatorEntry(t, s, "ship-1", "resume", "alice", "audit done")
+}

@@ -196,7 +196,10 @@ func (o *Orchestrator) MarkCompensatedTx(ctx context.Context, tx pgx.Tx, id stri
 
 // Abort stops the saga's forward run and compensates the steps that took
 // effect (the current one too if its action was sent: the participant's
-// barrier makes that safe). Forward phase before the pivot only.
+// barrier makes that safe). Forward phase before the pivot only. Abort of
+// a scheduled saga (StartAt) cancels it before it starts: it ends as
+// compensated, nothing having run, with a "cancelled" history line, and
+// its start never comes.
 func (o *Orchestrator) Abort(ctx context.Context, id string, by Actor) (*Instance, error) {
 	return o.operate(ctx, id, by, "abort", (*machine).opAbort)
 }
@@ -399,6 +402,9 @@ func (m *machine) opMarkCompensated() error {
 }
 
 func (m *machine) opAbort() error {
+	if m.in.Status == StatusScheduled {
+		return m.cancelScheduled() // schedule.go
+	}
 	if m.in.Phase == PhaseForward && !m.pastPivot() {
 		if ok, err := m.groupOp("abort"); ok {
 			return err

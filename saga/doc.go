@@ -95,8 +95,9 @@
 //
 // # States
 //
-//	StartTx
-//	   │
+//	StartTx ─── StartAt(later) ───► scheduled ── Abort ──► compensated (nothing ran)
+//	   │                              │
+//	   │      ◄──── start time due ───┘
 //	   ▼
 //	running ──────────── every step done ────────────────► completed
 //	 │  ▲  │
@@ -106,6 +107,8 @@
 //	                                                   │  ▲
 //	                                                   ▼  │ Retry, MarkCompensated
 //	                                                stuck (compensating)
+//
+//	running, compensating ── Pause ──► paused ── Resume ──► the status it paused from
 //
 // Going forward a saga is stuck when a retriable step spent its budget, a
 // pivot that may have taken effect timed out, a step says TimeoutStuck, the
@@ -122,6 +125,26 @@
 // Failure reasons from participants and local steps may hold any bytes:
 // a NUL is stored as U+FFFD in LastError, the step state and the history,
 // so a reply is never refused by the database for its reason.
+//
+// A paused saga (Pause) takes no next step and fires no timer (its row has
+// no wake-up); every operator action but Resume is refused. A reply that
+// arrives meanwhile is stored with its inbox mark, in one transaction, and
+// its message acknowledged, so the reply partition goes on for the other
+// sagas on it (Handler and RunBatched alike); Resume applies the stored
+// replies in the order they arrived, each once, in its own transaction.
+// The deadline is suspended while paused: Resume pushes the saga's
+// deadline and its current step's due time (the step's timeout, or its
+// next try after a backoff) by the time it was paused, so a step paused
+// with 10s left still has 10s after Resume; the "resumed" history line
+// says by how much. A paused saga is not moved to a new definition
+// version (Migrate) until it is resumed.
+//
+// A scheduled saga (StartTx with StartAt) has its row, data and id at
+// once and nothing else: its start time is its wake-up, so the first
+// timer pass after it, of any orchestrator that has the definition
+// registered, starts it (a restart in between changes nothing), and the
+// Deadline counts from then. Abort cancels it: it ends compensated with a
+// "cancelled" history line and never starts; no other action applies.
 //
 // A step is pending, running (waiting for a reply), backoff (waiting to
 // retry), done, failed (a failure reply: no effect), uncertain (given up
@@ -239,7 +262,10 @@
 //     may have run.
 //   - MarkCompensated: compensating, treat the current step as undone by
 //     hand and continue with the steps before it.
-//   - Abort: going forward before the pivot, stop and compensate.
+//   - Abort: going forward before the pivot, stop and compensate; a
+//     scheduled saga is cancelled.
+//   - Pause and Resume: hold a running or compensating saga where it is,
+//     and let it go on (see States).
 //
 // No timer fires for a stuck saga, so its deadline may pass while it
 // waits. An action that leaves a saga past its deadline running or
@@ -251,8 +277,9 @@
 // Those act at once and need the saga's definition. A tool without the
 // definitions (the stock millrace command, a standalone console) records
 // an operator request instead: Operator (NewOperator; Retry, Skip,
-// MarkCompensated, Abort, Request, RequestTx) checks the action against the
-// saga's status and phase as the orchestrator does, stores it on the saga
+// MarkCompensated, Abort, Pause, Resume, Request, RequestTx) checks the
+// action against the saga's status and phase as the orchestrator does,
+// stores it on the saga
 // (Instance.Request; one at a time, else ErrRequestPending) with an
 // "operator_request" history line, and the service's orchestrator applies
 // it on its next timer pass (Run, RunDue) through the same code as Retry
@@ -261,7 +288,9 @@
 // no longer allows by then, or stale (the saga changed since: another
 // step, or the same step after a reply, a timer or another action), is
 // recorded as "operator_refused" and dropped, never applied to a state the
-// operator did not see. Saving a saga (a reply, a timer) never clears a
+// operator did not see; a pause request alone applies whatever step the
+// saga has moved on to, as long as it is still running or compensating (a
+// busy saga would otherwise never hold still for it). Saving a saga (a reply, a timer) never clears a
 // pending request; only applying, refusing or withdrawing it does
 // (Operator.Withdraw, with an "operator_withdrawn" history line). Only an
 // orchestrator with the saga's type and version registered applies it.

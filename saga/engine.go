@@ -32,6 +32,8 @@ type machine struct {
 	// fenced is set when a reply changed nothing but the history;
 	// applied when one changed the saga.
 	fenced, applied bool
+	// held is set when a reply to a paused saga was stored for Resume.
+	held bool
 }
 
 // technicalError is a failure of the transaction itself (not of a step):
@@ -496,6 +498,9 @@ func (m *machine) onReply(r reply) error {
 		}
 		return nil
 	}
+	if m.in.Status == StatusPaused {
+		return m.hold(r) // pause.go
+	}
 	if !m.in.Status.live() {
 		return fence("saga is " + string(m.in.Status))
 	}
@@ -597,6 +602,9 @@ func awaits(s *stepDef, st *StepState, r reply) bool {
 
 // onWake fires the saga's due timer, if any.
 func (m *machine) onWake() error {
+	if m.in.Status == StatusScheduled {
+		return m.startScheduled() // schedule.go
+	}
 	if !m.in.Status.live() {
 		return nil
 	}
@@ -688,6 +696,9 @@ func pivotMayHaveRun(s *stepDef, st *StepState) bool {
 // nextWakeup is when the saga next needs a timer: its current step's due
 // time or its deadline, whichever comes first; never for an ended or stuck saga.
 func (m *machine) nextWakeup() *time.Time {
+	if m.in.Status == StatusScheduled {
+		return m.in.NextWakeupAt // its start time (schedule.go)
+	}
 	if !m.in.Status.live() {
 		return nil
 	}
@@ -709,7 +720,7 @@ func (m *machine) nextWakeup() *time.Time {
 
 // save writes the saga's new state, its history and its commands.
 func (m *machine) save() error {
-	if m.fenced && !m.applied {
+	if (m.fenced || m.held) && !m.applied {
 		return m.o.writeHistory(m.ctx, m.tx, m.hist)
 	}
 	m.in.NextWakeupAt = m.nextWakeup()

@@ -26,10 +26,14 @@ const (
 	ActionMarkCompensated Action = "mark-compensated"
 	// ActionAbort is Orchestrator.Abort.
 	ActionAbort Action = "abort"
+	// ActionPause is Orchestrator.Pause.
+	ActionPause Action = "pause"
+	// ActionResume is Orchestrator.Resume.
+	ActionResume Action = "resume"
 )
 
 // Actions are the operator actions, in the order tools list them.
-var Actions = []Action{ActionRetry, ActionSkip, ActionMarkCompensated, ActionAbort}
+var Actions = []Action{ActionRetry, ActionSkip, ActionMarkCompensated, ActionAbort, ActionPause, ActionResume}
 
 func (a Action) op() func(*machine) error {
 	switch a {
@@ -41,6 +45,10 @@ func (a Action) op() func(*machine) error {
 		return (*machine).opMarkCompensated
 	case ActionAbort:
 		return (*machine).opAbort
+	case ActionPause:
+		return (*machine).opPause // pause.go
+	case ActionResume:
+		return (*machine).opResume
 	}
 	return nil
 }
@@ -75,7 +83,7 @@ var ErrNoRequest = errors.New("saga: no operator request is pending")
 // the orchestrator's alone.
 func checkAction(in *Instance, action Action, by Actor) error {
 	if action.op() == nil {
-		return fmt.Errorf("%w: unknown action %q for saga %q (want retry, skip, mark-compensated or abort)", ErrActionNotAllowed, action, in.ID)
+		return fmt.Errorf("%w: unknown action %q for saga %q (want retry, skip, mark-compensated, abort, pause or resume)", ErrActionNotAllowed, action, in.ID)
 	}
 	if strings.TrimSpace(by.Operator) == "" || strings.TrimSpace(by.Reason) == "" {
 		return fmt.Errorf("%w: %s of saga %q: Actor.Operator and Actor.Reason are required", ErrActionNotAllowed, action, in.ID)
@@ -85,6 +93,14 @@ func checkAction(in *Instance, action Action, by Actor) error {
 	}
 	var why string
 	switch {
+	case action == ActionPause && in.Status != StatusRunning && in.Status != StatusCompensating:
+		why = "only a running or compensating saga can be paused (it is " + string(in.Status) + ")"
+	case action == ActionResume && in.Status != StatusPaused:
+		why = "the saga is not paused (it is " + string(in.Status) + ")"
+	case in.Status == StatusPaused && action != ActionResume:
+		why = "the saga is paused (use Resume first)"
+	case in.Status == StatusScheduled && action != ActionAbort:
+		why = "the saga is scheduled and has not started (use Abort to cancel it)"
 	case action == ActionSkip && in.Phase != PhaseForward:
 		why = "the saga is compensating (use MarkCompensated)"
 	case action == ActionMarkCompensated && in.Phase != PhaseCompensating:
@@ -259,6 +275,8 @@ func (p *Operator) WithdrawTx(ctx context.Context, tx pgx.Tx, id string, by Acto
 // the saga moved to another step or changed at all (its revision) since.
 func stale(in *Instance, r *Request) error {
 	switch {
+	case r.Action == ActionPause && r.Revision != 0:
+		return nil // a pause applies to whatever step the saga is at now (checkAction checked its status)
 	case r.Revision == 0:
 		return fmt.Errorf("%w: %s of saga %q: the request does not say which step and revision it was recorded at (an older millrace recorded it): record it again",
 			ErrActionNotAllowed, r.Action, in.ID)

@@ -31,11 +31,11 @@ var (
 
 // Start starts a saga of def with data, in a transaction of its own; see
 // StartTx.
-func Start[D any](ctx context.Context, o *Orchestrator, def *Definition[D], id string, data D) (*Instance, error) {
+func Start[D any](ctx context.Context, o *Orchestrator, def *Definition[D], id string, data D, opts ...StartOption) (*Instance, error) {
 	var in *Instance
 	err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
 		var err error
-		in, err = StartTx(ctx, tx, o, def, id, data)
+		in, err = StartTx(ctx, tx, o, def, id, data, opts...)
 		if err != nil {
 			return err
 		}
@@ -61,7 +61,10 @@ func Start[D any](ctx context.Context, o *Orchestrator, def *Definition[D], id s
 // current state); with anything else it returns an error wrapping
 // ErrAlreadyStarted. def need not be registered with o to start a saga, but
 // some orchestrator sharing the schema must have it registered to run it.
-func StartTx[D any](ctx context.Context, tx pgx.Tx, o *Orchestrator, def *Definition[D], id string, data D) (*Instance, error) {
+//
+// Options: StartAt schedules the start for later (the saga is
+// StatusScheduled until then, and nothing runs in tx but its row).
+func StartTx[D any](ctx context.Context, tx pgx.Tx, o *Orchestrator, def *Definition[D], id string, data D, opts ...StartOption) (*Instance, error) {
 	if def == nil {
 		return nil, fmt.Errorf("saga: StartTx: nil definition")
 	}
@@ -85,6 +88,9 @@ func StartTx[D any](ctx context.Context, tx pgx.Tx, o *Orchestrator, def *Defini
 	ctx, span := startTransition(ctx, "start", id, "", nil) // tracing.go
 	defer span.End(nil)
 	now := o.clock.Now()
+	if at := startOpts(opts).at; at.After(now) {
+		return o.schedule(ctx, tx, d, id, raw, at, now) // schedule.go
+	}
 	in := &Instance{ID: id, Type: d.typ, Version: d.version, Status: StatusRunning, Phase: PhaseForward,
 		Steps: map[string]*StepState{}, Data: raw, Input: raw, Revision: 1, CreatedAt: now, UpdatedAt: now}
 	if d.deadline > 0 {

@@ -136,6 +136,8 @@ type HistoryEntry struct {
 	// operator_withdrawn, unregistered, migrated, timer_failed,
 	// operator_failed (a technical failure of a timer pass, rolled back;
 	// see Config.MaxTimerFailures).
+	// With pause and scheduled start: paused, resumed, held (a reply
+	// stored while paused), scheduled, cancelled.
 	Event     string
 	Step      string
 	Operation string
@@ -159,6 +161,7 @@ type statements struct {
 	insertStarted                                        string
 	request, claimRequests, clearRequest                 string // operator.go
 	failuresInARow, postpone, park                       string // timer.go
+	pause, unpause, hold, takeHeld, insertScheduled      string // pause.go, schedule.go
 	instance, historyTable                               string
 }
 
@@ -169,6 +172,8 @@ func newStatements(schema string) statements {
 	s := baseStatements(schema)
 	batchStatements(schema, &s)
 	timerStatements(schema, &s)
+	pauseStatements(schema, &s)
+	scheduleStatements(schema, &s)
 	return s
 }
 

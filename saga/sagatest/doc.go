@@ -107,6 +107,11 @@
 //     HookAfterCommit) while it handles a reply or fires a timer. The
 //     harness starts a new orchestrator, as a new process would, and
 //     redelivers the unacknowledged reply.
+//   - Pause (PauseFor): an operator pauses the event's saga just before
+//     the event (saga.Orchestrator.Pause), and resumes it after N timer
+//     firings or once nothing else can move: a reply meanwhile is held
+//     and applied on resume. Not in AllFaults (older seeds replay as
+//     before): name it in a Script or in RandomOptions.Kinds.
 //
 // Script(faults...) injects exactly these, each once. Random(seed, opts)
 // draws them: the same seed on the same scenario injects the same faults at

@@ -115,9 +115,9 @@ var AllFaults = []FaultKind{Duplicate, Drop, Delay, Reorder, Error, Crash}
 func applies(k EventKind) []FaultKind {
 	switch k {
 	case Command:
-		return []FaultKind{Duplicate, Drop, Delay, Reorder, Error}
+		return []FaultKind{Duplicate, Drop, Delay, Reorder, Error, Pause}
 	case Reply:
-		return []FaultKind{Duplicate, Drop, Delay, Reorder, Crash}
+		return []FaultKind{Duplicate, Drop, Delay, Reorder, Crash, Pause}
 	case Timer:
 		return []FaultKind{Crash}
 	}
@@ -130,7 +130,8 @@ type Fault struct {
 	Kind FaultKind
 	At   Event
 	// Times is how many times an Error fault fails the handler, and how
-	// many timer firings a Delay fault holds its message for. Defaults to 1.
+	// many timer firings a Delay fault holds its message (a Pause fault its
+	// saga) for. Defaults to 1.
 	Times int
 	// Point is where a Crash fault crashes the orchestrator. Defaults to
 	// saga.HookBeforeCommit.

@@ -85,7 +85,8 @@ type H struct {
 	restarts int
 	events   int
 	crash    *armed
-	failNext int // Error fault: failures left for the handler being called
+	failNext int           // Error fault: failures left for the handler being called
+	paused   []*pausedSaga // Pause faults (pause.go)
 }
 
 // subscriber is a handler on a topic: the orchestrator or a participant.
@@ -396,10 +397,13 @@ func (h *H) loop() error {
 			return err
 		}
 		if next == nil {
-			if len(h.delayed) == 0 {
+			if len(h.delayed) == 0 && len(h.paused) == 0 {
 				return nil
 			}
 			h.release(true)
+			if err := h.resumePaused(true); err != nil {
+				return err
+			}
 			continue
 		}
 		h.clock.set(*next)
@@ -411,6 +415,9 @@ func (h *H) loop() error {
 			return err
 		}
 		h.release(false)
+		if err := h.resumePaused(false); err != nil {
+			return err
+		}
 	}
 }
 
@@ -518,6 +525,10 @@ func (h *H) step() error {
 		case Duplicate:
 			h.logf("DUPLICATE %s", ev)
 			h.queue = append(h.queue, &entry{sub: e.sub, topic: e.topic, msg: e.msg})
+		case Pause:
+			if err := h.pause(ev.Saga, f); err != nil {
+				return err
+			}
 		}
 	}
 	return h.deliver(e, ev, f)
@@ -621,6 +632,10 @@ func (h *H) stepBatch() error {
 			case Crash:
 				h.crash = &armed{point: f.point(), saga: ev.Saga}
 				h.logf("batch %s, CRASH at %s", ev, f.point())
+			case Pause:
+				if err := h.pause(ev.Saga, f); err != nil {
+					return err
+				}
 			}
 		}
 		if !faulty || f.Kind != Crash {

@@ -21,7 +21,7 @@ func (a *app) sagaCmd() *cobra.Command {
 		Use:   "saga",
 		Short: "Sagas: list, inspect, and unstick them",
 		Long: "Sagas: list them, show one with its steps and history, and take an operator action on one.\n" +
-			"An action (retry, skip, mark-compensated, abort) runs the saga's next step, which takes the saga's\n" +
+			"An action (retry, skip, mark-compensated, abort, pause, resume) runs the saga's next step, which takes the saga's\n" +
 			"definition (its Go code). The stock binary has none: it records an operator request, checked against\n" +
 			"the saga's state, that the service's running orchestrator applies on its next timer pass. A millrace\n" +
 			"built with the definitions (package cmd/millrace/cli, Config.Sagas) acts at once (docs/operating.md).\n" +
@@ -34,8 +34,12 @@ func (a *app) sagaCmd() *cobra.Command {
 			(*saga.Orchestrator).Skip),
 		a.sagaActionCmd(saga.ActionMarkCompensated, "Treat the current step's compensation as done by hand and go on compensating",
 			(*saga.Orchestrator).MarkCompensated),
-		a.sagaActionCmd(saga.ActionAbort, "Stop the forward run and compensate what took effect (before the pivot only)",
+		a.sagaActionCmd(saga.ActionAbort, "Stop the forward run and compensate what took effect (before the pivot only; cancels a scheduled saga)",
 			(*saga.Orchestrator).Abort),
+		a.sagaActionCmd(saga.ActionPause, "Pause a running or compensating saga: no next step, no timer; replies are held until resume",
+			(*saga.Orchestrator).Pause),
+		a.sagaActionCmd(saga.ActionResume, "Resume a paused saga: its timeout and deadline pushed by the paused time, held replies applied in order",
+			(*saga.Orchestrator).Resume),
 		a.sagaWithdrawCmd())
 	return cmd
 }
@@ -178,7 +182,8 @@ type sagaList struct {
 	Next  string     `json:"next"`
 }
 
-var statuses = []saga.Status{saga.StatusRunning, saga.StatusCompensating, saga.StatusStuck, saga.StatusCompleted, saga.StatusCompensated}
+var statuses = []saga.Status{saga.StatusRunning, saga.StatusCompensating, saga.StatusStuck, saga.StatusCompleted, saga.StatusCompensated,
+	saga.StatusPaused, saga.StatusScheduled}
 
 func parseStatus(s string) (saga.Status, error) {
 	if s == "" {
@@ -251,7 +256,7 @@ func (a *app) sagaListCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&typ, "type", "", "only sagas of this type")
-	f.StringVar(&status, "status", "", "only sagas in this status: running, compensating, stuck, completed, compensated")
+	f.StringVar(&status, "status", "", "only sagas in this status: running, compensating, stuck, completed, compensated, paused, scheduled")
 	f.DurationVar(&older, "older-than", 0, "only sagas started longer ago than this (e.g. 1h)")
 	f.StringVar(&cursor, "cursor", "", "continue a listing where the previous page ended")
 	f.IntVar(&limit, "limit", 50, "page size (1..1000)")

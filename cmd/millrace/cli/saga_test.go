@@ -457,3 +457,61 @@ func TestSagaWithdrawRequest(t *testing.T) {
 		t.Fatalf("withdraw --json printed %+v", got)
 	}
 }
+
+// saga pause and resume: with the definitions they act at once, refused in
+// the wrong state; from the stock binary they are requests the running
+// orchestrator applies. Both record who and why; list filters by paused.
+func TestSagaPauseResume(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	s := opstest.NewSagas(t, db)
+	s.WaitingShip(t, "ship-1")
+	s.WaitingShip(t, "ship-2")
+	s.StuckRefund(t, "refund-1")
+
+	sagaFails(t, db, s, 1, `resume of saga "ship-1": saga: action not allowed: the saga is not paused \(it is running\)`,
+		"saga", "resume", "ship-1", "--reason", "x")
+	sagaFails(t, db, s, 1, `pause of saga "refund-1": saga: action not allowed: only a running or compensating saga can be paused \(it is stuck\)`,
+		"saga", "pause", "refund-1", "--reason", "x")
+	var got sagaJSON
+	sagaOKJSON(t, db, s, &got, "saga", "pause", "ship-1", "--reason", "warehouse audit", "--operator", "alice")
+	if got.Status != saga.StatusPaused {
+		t.Fatalf("pause printed %s", got.Status)
+	}
+	assertOperator(t, s, "ship-1", "pause", "alice", "warehouse audit")
+	var list sagaList
+	okJSON(t, db, &list, "saga", "list", "--status", "paused")
+	if len(list.Sagas) != 1 || list.Sagas[0].ID != "ship-1" {
+		t.Fatalf("list --status paused: %+v", list.Sagas)
+	}
+	sagaFails(t, db, s, 1, `retry of saga "ship-1": saga: action not allowed: the saga is paused \(use Resume first\)`,
+		"saga", "retry", "ship-1", "--reason", "x")
+	sagaOKJSON(t, db, s, &got, "saga", "resume", "ship-1", "--reason", "audit done", "--operator", "bob")
+	if got.Status != saga.StatusRunning {
+		t.Fatalf("resume printed %s", got.Status)
+	}
+	assertOperator(t, s, "ship-1", "resume", "bob", "audit done")
+
+	// The stock binary records requests.
+	r := cli(t, db, "saga", "pause", "ship-2", "--reason", "audit", "--operator", "carol")
+	if r.code != 0 || !strings.Contains(r.stdout, "pause of saga ship-2 requested by carol: recorded") {
+		t.Fatalf("pause request: exit %d, %q %q", r.code, r.stdout, r.stderr)
+	}
+	if _, err := s.O.RunDue(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if in := s.Get(t, "ship-2"); in.Status != saga.StatusPaused {
+		t.Fatalf("after the pause request: %s", in.Status)
+	}
+	assertOperator(t, s, "ship-2", "pause", "carol", "audit")
+	fails(t, db, 1, `pause of saga "ship-2": saga: action not allowed: only a running or compensating saga can be paused \(it is paused\)`,
+		"saga", "pause", "ship-2", "--reason", "x", "--operator", "carol")
+	ok(t, db, "saga", "resume", "ship-2", "--reason", "done", "--operator", "dave")
+	if _, err := s.O.RunDue(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if in := s.Get(t, "ship-2"); in.Status != saga.StatusRunning {
+		t.Fatalf("after the resume request: %s", in.Status)
+	}
+	assertOperator(t, s, "ship-2", "resume", "dave", "done")
+}
