@@ -147,6 +147,9 @@ func decodeCursor(c string) (time.Time, string, error) {
 type Actor struct {
 	Operator string
 	Reason   string
+	// Operation is the bulk operation the action is part of, recorded in
+	// the history line's detail; "" for none (Operator.Apply sets it).
+	Operation string
 }
 
 // Retry retries the saga's current operation now, with a new attempt
@@ -256,7 +259,7 @@ func (o *Orchestrator) operateIn(ctx context.Context, tx pgx.Tx, id string, by A
 	defer span.End(nil)
 	m := &machine{o: o, d: d, in: in, ctx: ctx, tx: tx, now: o.clock.Now()}
 	m.hist = append(m.hist, historyRow{sagaID: id, at: m.now, event: "operator", step: in.Step, actor: by.Operator,
-		reason: by.Reason, status: string(in.Status), detail: []byte(fmt.Sprintf(`{"action":%q}`, action))})
+		reason: by.Reason, status: string(in.Status), detail: operatorDetail(action, by.Operation)})
 	if err := fn(m); err != nil {
 		return nil, nil, fmt.Errorf("%s of saga %q: %w", action, id, err)
 	}

@@ -19,9 +19,10 @@ CREATE TABLE saga_bulk_operation (
 -- saga_bulk_item is one selected saga of an operation, with its revision
 -- as selected (a saga that changed before its request is filed is
 -- refused) and where it stands: selected (not filed yet), filed (an
--- operator request waits for the orchestrator), applied, or refused (by
--- reason: changed, not_allowed, request_pending, not_found,
--- not_registered, failed).
+-- operator request waits for the orchestrator), applied, refused at
+-- filing (by reason: changed, not_allowed, request_pending, not_found),
+-- or refused_on_apply: filed, then refused by the orchestrator (changed,
+-- not_allowed, not_registered, failed, withdrawn).
 CREATE TABLE saga_bulk_item (
     operation_id text        NOT NULL REFERENCES saga_bulk_operation (id) ON DELETE CASCADE,
     saga_id      text        NOT NULL,
@@ -31,13 +32,13 @@ CREATE TABLE saga_bulk_item (
     error        text        NOT NULL DEFAULT '',
     at           timestamptz,
     PRIMARY KEY (operation_id, saga_id),
-    CONSTRAINT saga_bulk_item_state_check CHECK (state IN ('selected', 'filed', 'applied', 'refused'))
+    CONSTRAINT saga_bulk_item_state_check CHECK (state IN ('selected', 'filed', 'applied', 'refused', 'refused_on_apply'))
 );
 
--- An operation's progress counts (GROUP BY state, reason) and the filing
--- pass's pick of the next selected items: an index-only range on one
--- operation.
-CREATE INDEX saga_bulk_item_state_idx ON saga_bulk_item (operation_id, state, reason);
+-- An operation's progress counts (GROUP BY state, reason: an index-only
+-- scan of one operation's range) and the filing pass's pick of the next
+-- selected items in saga id order (a range, no sort).
+CREATE INDEX saga_bulk_item_state_idx ON saga_bulk_item (operation_id, state, reason, saga_id);
 
 -- The selection by status and current step (e.g. every saga stuck at
 -- reserve_credit), newest first; the type, age and last-error conditions
