@@ -56,6 +56,11 @@ type ListParams struct {
 	// CreatedBefore, if set, keeps only sagas created before it (older
 	// than an age).
 	CreatedBefore time.Time
+	// Step, if set, keeps only sagas whose current step is this one.
+	Step string
+	// Error, if set, keeps only sagas whose last error matches this SQL
+	// LIKE pattern (as Query.Error).
+	Error string
 	// Cursor continues a listing: pass the Next of the previous page.
 	Cursor string
 	// Limit is the page size. Defaults to 100; at most 1000.
@@ -96,6 +101,12 @@ func (o *Orchestrator) List(ctx context.Context, p ListParams) (*ListResult, err
 	}
 	if !p.CreatedBefore.IsZero() {
 		conds = append(conds, "created_at < "+arg(p.CreatedBefore))
+	}
+	if p.Step != "" {
+		conds = append(conds, "step = "+arg(p.Step))
+	}
+	if p.Error != "" {
+		conds = append(conds, "last_error LIKE "+arg(p.Error))
 	}
 	if p.Cursor != "" {
 		at, id, err := decodeCursor(p.Cursor)

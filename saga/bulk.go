@@ -524,3 +524,20 @@ func operatorDetail(action, operation string) []byte {
 	}
 	return []byte(fmt.Sprintf(`{"action":%q,"operation":%q}`, action, operation))
 }
+
+// BulkSagas returns up to limit of the sagas a bulk operation selected,
+// as they are now, in id order (on the primary keys); a saga deleted since
+// is left out. limit defaults to 20 when <= 0, at most 1000.
+func (p *Operator) BulkSagas(ctx context.Context, id string, limit int) ([]*Instance, error) {
+	if limit <= 0 {
+		limit = 20
+	}
+	limit = min(limit, 1000)
+	q := fmt.Sprintf(`SELECT %s FROM %s WHERE id IN (SELECT saga_id FROM %s WHERE operation_id = $1 ORDER BY saga_id LIMIT $2) ORDER BY id`,
+		instanceCols, p.o.sql.instance, sqlident.Table(p.o.schema, "saga_bulk_item"))
+	sagas, err := queryInstances(ctx, p.o.pool, q, id, limit)
+	if err != nil {
+		return nil, fmt.Errorf("saga: bulk operation %s: sagas: %w", id, err)
+	}
+	return sagas, nil
+}
