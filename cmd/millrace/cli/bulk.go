@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/millrace/millrace/outbox"
 	"github.com/millrace/millrace/saga"
 )
 
@@ -206,4 +207,85 @@ func (a *app) sagaBulkCmd() *cobra.Command {
 	status.Flags().DurationVar(&wait, "wait", 0, "wait this long for every saga's outcome (e.g. 1m)")
 	cmd.AddCommand(status)
 	return cmd
+}
+
+// deadSelection are the selection flags of a bulk dead-letter action.
+type deadSelection struct {
+	topic, key, errMatch string
+	older                time.Duration
+	dryRun               bool
+}
+
+func addDeadSelection(cmd *cobra.Command) *deadSelection {
+	s := &deadSelection{}
+	f := cmd.Flags()
+	f.StringVar(&s.topic, "topic", "", "bulk: dead letters of this topic")
+	f.StringVar(&s.key, "key", "", "bulk: dead letters of this partition key")
+	f.StringVar(&s.errMatch, "error", "", "bulk: dead letters whose last error matches this SQL LIKE pattern (e.g. '%timeout%')")
+	f.DurationVar(&s.older, "older-than", 0, "bulk: dead letters that died longer ago than this (e.g. 1h)")
+	f.BoolVar(&s.dryRun, "dry-run", false, "bulk: count and list what would be acted on; change nothing")
+	return s
+}
+
+func (s *deadSelection) set(cmd *cobra.Command) bool {
+	for _, name := range []string{"topic", "key", "error", "older-than", "dry-run"} {
+		if cmd.Flags().Changed(name) {
+			return true
+		}
+	}
+	return false
+}
+
+// deadBulkJSON is the JSON shape of a bulk dead-letter action: how many it
+// acted on (or, with --dry-run, would), and the first of them.
+type deadBulkJSON struct {
+	Action   string   `json:"action"`
+	DryRun   bool     `json:"dry_run"`
+	Count    int      `json:"count"`
+	EventIDs []string `json:"event_ids"`
+}
+
+// outboxDeadBulk requeues or discards the outbox dead letters the flags
+// select (outbox.Admin.RequeueMatching, DiscardMatching).
+func (a *app) outboxDeadBulk(cmd *cobra.Command, action string, s *deadSelection) error {
+	if s.topic == "" && s.key == "" && s.errMatch == "" && s.older == 0 {
+		return usagef("give event ids, or select dead letters with --topic, --key, --error or --older-than")
+	}
+	if s.older < 0 {
+		return usagef("--older-than must not be negative")
+	}
+	q := outbox.DeadLetterQuery{Topic: s.topic, PartitionKey: s.key, Error: s.errMatch}
+	if s.older > 0 {
+		q.DeadBefore = time.Now().Add(-s.older)
+	}
+	ctx := cmd.Context()
+	admin, err := a.outboxAdmin(ctx)
+	if err != nil {
+		return err
+	}
+	d, err := admin.DryRunDeadLetters(ctx, q, 20)
+	if err != nil {
+		return err
+	}
+	out := deadBulkJSON{Action: action, DryRun: s.dryRun, Count: d.Count, EventIDs: make([]string, 0, len(d.First))}
+	for _, dl := range d.First {
+		out.EventIDs = append(out.EventIDs, dl.EventID)
+	}
+	if !s.dryRun {
+		act := admin.RequeueMatching
+		if action == "discard" {
+			act = admin.DiscardMatching
+		}
+		if out.Count, err = act(ctx, q); err != nil {
+			return err
+		}
+	}
+	return a.emit(out, func(w io.Writer) {
+		if s.dryRun {
+			fmt.Fprintf(w, "dry run: %s would apply to %d outbox dead letters; nothing was changed. The first: %s\n",
+				action, out.Count, strings.Join(out.EventIDs, " "))
+			return
+		}
+		fmt.Fprintf(w, "%s %d outbox dead letters\n", map[string]string{"requeue": "requeued", "discard": "discarded"}[action], out.Count)
+	})
 }

@@ -71,3 +71,33 @@ func TestSagaBulkRetry(t *testing.T) {
 	}
 	fails(t, db, 1, `no such bulk operation`, "saga", "bulk", "status", "nope")
 }
+
+// Outbox dead letters in bulk through the CLI, --json parsed back.
+func TestOutboxDeadBulk(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	orders := opstest.OutboxDead(t, db, "orders", 3)
+	opstest.OutboxDead(t, db, "billing", 2)
+	var dry deadBulkJSON
+	okJSON(t, db, &dry, "outbox", "dead", "requeue", "--topic", "orders", "--error", "%"+opstest.Refusal+"%", "--dry-run")
+	if !dry.DryRun || dry.Count != 3 || len(dry.EventIDs) != 3 || dry.EventIDs[0] != orders[0] {
+		t.Fatalf("dry run: %+v", dry)
+	}
+	if s := outboxStatsOf(t, db); s.Dead != 5 {
+		t.Fatalf("the dry run changed the dead letters: %+v", s)
+	}
+	var done deadBulkJSON
+	okJSON(t, db, &done, "outbox", "dead", "requeue", "--topic", "orders")
+	if done.DryRun || done.Count != 3 {
+		t.Fatalf("requeue: %+v", done)
+	}
+	okJSON(t, db, &done, "outbox", "dead", "discard", "--error", "%")
+	if done.Count != 2 {
+		t.Fatalf("discard: %+v", done)
+	}
+	if s := outboxStatsOf(t, db); s.Dead != 0 {
+		t.Errorf("after the bulk actions: %+v", s)
+	}
+	fails(t, db, 2, `give event ids, or select`, "outbox", "dead", "requeue")
+	fails(t, db, 2, `not both`, "outbox", "dead", "requeue", orders[0], "--topic", "orders")
+}
