@@ -116,7 +116,7 @@ func (c *Console) parseTemplates() error {
 		return err
 	}
 	c.pages = map[string]*template.Template{}
-	for _, page := range []string{"overview", "outbox_dead", "inbox_dead", "confirm", "error", "sagas", "saga", "saga_confirm", "poison", "kafka_lag", "services"} {
+	for _, page := range []string{"overview", "outbox_dead", "inbox_dead", "confirm", "error", "sagas", "saga", "saga_confirm", "saga_bulk", "poison", "kafka_lag", "services"} {
 		t, err := template.Must(base.Clone()).ParseFS(templateFS, "templates/"+page+".html")
 		if err != nil {
 			return err

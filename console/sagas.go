@@ -33,10 +33,15 @@ var sagaActionOrder = []string{"retry", "skip", "mark-compensated", "abort", "pa
 
 type sagaListData struct {
 	Type, Status, Older string
-	Statuses            []saga.Status
-	List                []*saga.Instance
-	Cursor, Next        string
-	Filtered            bool
+	Step, Error         string
+	// Matching is how many sagas the filter selects, for "apply to all N
+	// matching" (bulk.go); -1 when it offers none.
+	Matching     int64
+	Actions      []string
+	Statuses     []saga.Status
+	List         []*saga.Instance
+	Cursor, Next string
+	Filtered     bool
 }
 
 // sagaList lists sagas by type, status and age, newest first, a page at a
@@ -44,9 +49,10 @@ type sagaListData struct {
 // 005).
 func (c *Console) sagaList(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	d := sagaListData{Type: q.Get("type"), Status: q.Get("status"), Older: q.Get("older"), Cursor: q.Get("cursor"), Statuses: sagaStatuses}
-	d.Filtered = d.Type != "" || d.Status != "" || d.Older != ""
-	p := saga.ListParams{Type: d.Type, Cursor: d.Cursor, Limit: c.cfg.PageSize}
+	d := sagaListData{Type: q.Get("type"), Status: q.Get("status"), Older: q.Get("older"), Cursor: q.Get("cursor"), Statuses: sagaStatuses,
+		Step: q.Get("step"), Error: q.Get("error"), Actions: sagaActionOrder}
+	d.Filtered = d.Type != "" || d.Status != "" || d.Older != "" || d.Step != "" || d.Error != ""
+	p := saga.ListParams{Type: d.Type, Cursor: d.Cursor, Limit: c.cfg.PageSize, Step: d.Step, Error: d.Error}
 	if d.Status != "" {
 		ok := false
 		for _, s := range sagaStatuses {
@@ -78,13 +84,18 @@ func (c *Console) sagaList(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d.List, d.Next = res.Sagas, res.Next
+	bq, _ := c.sagaQuery(w, r, q.Get) // checked above
+	if d.Matching, err = c.bulkCount(ctx, bq); err != nil {
+		c.dbFail(w, r, err)
+		return
+	}
 	c.render(w, r, http.StatusOK, "sagas", "Sagas", "sagas", d)
 }
 
 // NextQuery is the query string of the next page, filters kept.
 func (d sagaListData) NextQuery() template.URL {
 	v := url.Values{}
-	for k, s := range map[string]string{"type": d.Type, "status": d.Status, "older": d.Older, "cursor": d.Next} {
+	for k, s := range map[string]string{"type": d.Type, "status": d.Status, "older": d.Older, "step": d.Step, "error": d.Error, "cursor": d.Next} {
 		if s != "" {
 			v.Set(k, s)
 		}

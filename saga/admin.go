@@ -56,6 +56,11 @@ type ListParams struct {
 	// CreatedBefore, if set, keeps only sagas created before it (older
 	// than an age).
 	CreatedBefore time.Time
+	// Step, if set, keeps only sagas whose current step is this one.
+	Step string
+	// Error, if set, keeps only sagas whose last error matches this SQL
+	// LIKE pattern (as Query.Error).
+	Error string
 	// Cursor continues a listing: pass the Next of the previous page.
 	Cursor string
 	// Limit is the page size. Defaults to 100; at most 1000.
@@ -96,6 +101,12 @@ func (o *Orchestrator) List(ctx context.Context, p ListParams) (*ListResult, err
 	}
 	if !p.CreatedBefore.IsZero() {
 		conds = append(conds, "created_at < "+arg(p.CreatedBefore))
+	}
+	if p.Step != "" {
+		conds = append(conds, "step = "+arg(p.Step))
+	}
+	if p.Error != "" {
+		conds = append(conds, "last_error LIKE "+arg(p.Error))
 	}
 	if p.Cursor != "" {
 		at, id, err := decodeCursor(p.Cursor)
@@ -147,6 +158,9 @@ func decodeCursor(c string) (time.Time, string, error) {
 type Actor struct {
 	Operator string
 	Reason   string
+	// Operation is the bulk operation the action is part of, recorded in
+	// the history line's detail; "" for none (Operator.Apply sets it).
+	Operation string
 }
 
 // Retry retries the saga's current operation now, with a new attempt
@@ -259,7 +273,7 @@ func (o *Orchestrator) operateIn(ctx context.Context, tx pgx.Tx, id string, by A
 	defer span.End(nil)
 	m := &machine{o: o, d: d, in: in, ctx: ctx, tx: tx, now: o.clock.Now()}
 	m.hist = append(m.hist, historyRow{sagaID: id, at: m.now, event: "operator", step: in.Step, actor: by.Operator,
-		reason: by.Reason, status: string(in.Status), detail: []byte(fmt.Sprintf(`{"action":%q}`, action))})
+		reason: by.Reason, status: string(in.Status), detail: operatorDetail(action, by.Operation)})
 	if err := fn(m); err != nil {
 		return nil, nil, fmt.Errorf("%s of saga %q: %w", action, id, err)
 	}

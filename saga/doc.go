@@ -295,6 +295,24 @@
 // (Operator.Withdraw, with an "operator_withdrawn" history line). Only an
 // orchestrator with the saga's type and version registered applies it.
 //
+// # Bulk actions
+//
+// After an incident, many sagas need the same action. A Query selects
+// them by type, status, current step, age and a LIKE match on the last
+// error; Operator.DryRun counts them and lists the newest, changing
+// nothing. Operator.Plan records a bulk operation (who, why, the action,
+// the query, and each selected saga with its revision) and Operator.Apply
+// files an ordinary operator request on each, 500 per transaction, naming
+// the operation (Request.Operation, and in each history line's detail);
+// Bulk does both. Each saga is checked at filing under its row lock: one
+// that changed since it was selected, whose state refuses the action, or
+// that has another request pending is refused and counted, not acted on.
+// The running orchestrator applies the filed requests as any other
+// (checking each again) and records each outcome on the operation;
+// Operator.BulkStatus reads the counts (BulkCounts: unfiled, filed,
+// pending, applied, refused by reason) by operation id at any time. Any
+// Action works in bulk.
+//
 // # Retention
 //
 // A Cleaner (NewCleaner, then Run, or Clean for one pass) removes ended
@@ -320,7 +338,8 @@
 // Migration 005_saga creates saga_instance (one row per saga; indexes for
 // due timers, pending operator requests, and listing by type, status and
 // age) and saga_history; 007_saga_retention adds the Cleaner's index on
-// ended sagas.
+// ended sagas; 011_saga_bulk adds the bulk operations (saga_bulk_operation,
+// saga_bulk_item) and an index selecting sagas by status and step.
 // Config.Clock replaces the real time (for tests that skip time) and
 // Config.Hook is called at each persistence boundary (HookLoaded,
 // HookBeforeCommit, HookAfterCommit), for harnesses that inject crashes;

@@ -66,6 +66,9 @@ type Request struct {
 	// to apply it: the operator decided on a state that is gone.
 	Step     string `json:"step"`
 	Revision int64  `json:"revision"`
+	// Operation is the bulk operation that filed the request
+	// (Operator.Apply), "" for one of its own.
+	Operation string `json:"operation,omitempty"`
 }
 
 // ErrRequestPending is returned by an Operator for a saga that has an
@@ -203,7 +206,7 @@ func (p *Operator) RequestTx(ctx context.Context, tx pgx.Tx, id string, action A
 	now := o.clock.Now()
 	// The row is locked: recording the request gives it the next revision.
 	req := &Request{Action: action, Operator: clean(by.Operator), Reason: oneLine(by.Reason), RequestedAt: now,
-		Step: in.Step, Revision: in.Revision + 1}
+		Step: in.Step, Revision: in.Revision + 1, Operation: by.Operation}
 	raw, err := json.Marshal(req)
 	if err != nil {
 		return nil, err
@@ -268,6 +271,11 @@ func (p *Operator) WithdrawTx(ctx context.Context, tx pgx.Tx, id string, by Acto
 	if err != nil {
 		return nil, err
 	}
+	if r.Operation != "" { // bulk.go
+		if err := o.settleBulk(ctx, tx, r.Operation, id, "refused_on_apply", RefusedWithdrawn, "withdrawn by "+by.Operator+": "+oneLine(by.Reason)); err != nil {
+			return nil, err
+		}
+	}
 	return r, nil
 }
 
@@ -327,12 +335,14 @@ func (o *Orchestrator) applyRequests(ctx context.Context) (int, error) {
 		}
 		for _, in := range pending {
 			r := in.Request
-			by := Actor{Operator: r.Operator, Reason: r.Reason}
+			by := Actor{Operator: r.Operator, Reason: r.Reason, Operation: r.Operation}
 			sp, err := tx.Begin(ctx) // a savepoint: a refused action leaves nothing behind
 			if err != nil {
 				return err
 			}
 			var after []func()
+			// refused is the outcome for a bulk operation: nil when applied.
+			var refused error
 			err = checkAction(in, r.Action, by) // it has ended, say, before it is stale
 			if err == nil {
 				err = stale(in, r)
@@ -346,11 +356,12 @@ func (o *Orchestrator) applyRequests(ctx context.Context) (int, error) {
 					return err
 				}
 			case refusal(err):
+				refused = err
 				if err := sp.Rollback(ctx); err != nil {
 					return err
 				}
 				o.logger.Info("saga: operator request refused", map[string]any{"saga_id": in.ID, "action": r.Action, "operator": r.Operator, "err": err.Error()})
-				detail, _ := json.Marshal(map[string]any{"action": r.Action, "requested_at": r.RequestedAt, "error": err.Error()})
+				detail, _ := json.Marshal(map[string]any{"action": r.Action, "requested_at": r.RequestedAt, "error": err.Error(), "operation": r.Operation})
 				err = o.writeHistory(ctx, tx, []historyRow{{sagaID: in.ID, at: o.clock.Now(), event: "operator_refused",
 					step: in.Step, actor: r.Operator, reason: r.Reason, status: string(in.Status), detail: detail}})
 				if err != nil {
@@ -372,6 +383,10 @@ func (o *Orchestrator) applyRequests(ctx context.Context) (int, error) {
 				if !dropped {
 					continue
 				}
+				refused = err
+			}
+			if err := o.bulkOutcome(ctx, tx, in, r, refused); err != nil { // bulk.go
+				return err
 			}
 			if _, err := tx.Exec(ctx, o.sql.clearRequest, in.ID); err != nil {
 				return fmt.Errorf("saga %s: clear operator request: %w", in.ID, err)

@@ -3,12 +3,14 @@ package opstest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/millrace/internal/pgtest"
+	"github.com/millrace/millrace/internal/sqlident"
 	"github.com/millrace/millrace/saga"
 )
 
@@ -163,4 +165,33 @@ func (s *Sagas) Get(t testing.TB, id string) *saga.Instance {
 		t.Fatal(err)
 	}
 	return in
+}
+
+// StuckRefunds makes n refund sagas stuck compensating step reserve, with
+// ids prefix-0001, prefix-0002, ...: the first started for real
+// (StuckRefund), the others copies of its row in one INSERT (each with its
+// own id in its data, and created a millisecond after the one before), so
+// a thousand take no longer than one. It returns their ids in order.
+func (s *Sagas) StuckRefunds(t testing.TB, db *pgtest.DB, prefix string, n int) []string {
+	t.Helper()
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("%s-%04d", prefix, i+1)
+	}
+	if n == 0 {
+		return ids
+	}
+	s.StuckRefund(t, ids[0])
+	_, err := db.Pool.Exec(context.Background(), fmt.Sprintf(`INSERT INTO %s (id, type, def_version, status, phase, step, steps, data, input, version,
+       next_wakeup_at, deadline_at, attempts, last_error, created_at, updated_at, ended_at)
+SELECT c.id, s.type, s.def_version, s.status, s.phase, s.step, s.steps,
+       jsonb_set(s.data, '{id}', to_jsonb(c.id)), jsonb_set(s.input, '{id}', to_jsonb(c.id)), s.version,
+       s.next_wakeup_at, s.deadline_at, s.attempts, s.last_error,
+       s.created_at + c.ord * interval '1 millisecond', s.updated_at, s.ended_at
+  FROM %[1]s s, unnest($2::text[]) WITH ORDINALITY AS c(id, ord)
+ WHERE s.id = $1`, sqlident.Table(db.Schema, "saga_instance")), ids[0], ids[1:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
 }

@@ -282,7 +282,7 @@ func TestOutboxDeadBadInput(t *testing.T) {
 	fails(t, db, 2, `event id "nope" is not a UUID`, "outbox", "dead", "requeue", ids[0], "nope")
 	fails(t, db, 1, `event `+unknown+` is not an outbox dead letter .* nothing changed\n$`, "outbox", "dead", "requeue", ids[0], unknown)
 	fails(t, db, 1, `event `+unknown+` is not an outbox dead letter`, "outbox", "dead", "discard", unknown, ids[1])
-	fails(t, db, 2, `requires at least 1 arg`, "outbox", "dead", "requeue")
+	fails(t, db, 2, `give event ids, or select dead letters`, "outbox", "dead", "requeue")
 	if s := outboxStatsOf(t, db); s.Dead != 2 || s.Pending != 0 {
 		t.Fatalf("after refused commands, stats %+v; want both still dead", s)
 	}

@@ -162,13 +162,21 @@ type actionResult struct {
 }
 
 func (a *app) outboxDeadActionCmd(name, short string, act outboxAction) *cobra.Command {
-	return &cobra.Command{
-		Use:   name + " EVENT_ID...",
+	var sel *deadSelection
+	cmd := &cobra.Command{
+		Use:   name + " [EVENT_ID...]",
 		Short: short,
 		Long: short + ".\nAll or nothing: if any id is not a dead letter (unknown, or already requeued or discarded), " +
-			"nothing changes and the command fails naming it.",
-		Args: args(cobra.MinimumNArgs(1)),
+			"nothing changes and the command fails naming it.\nWithout ids, every dead letter the selection flags select " +
+			"(--topic, --key, --error, --older-than; --dry-run first to count and list them), 500 per transaction.",
+		Args: args(cobra.ArbitraryArgs),
 		RunE: func(cmd *cobra.Command, ids []string) error {
+			if len(ids) == 0 {
+				return a.outboxDeadBulk(cmd, name, sel)
+			}
+			if sel.set(cmd) {
+				return usagef("the selection flags are for a bulk action: give event ids or the flags, not both")
+			}
 			ids, err := eventIDs(ids)
 			if err != nil {
 				return err
@@ -187,6 +195,8 @@ func (a *app) outboxDeadActionCmd(name, short string, act outboxAction) *cobra.C
 			return a.emitAction(actionResult{Action: name, Count: n, EventIDs: ids}, "outbox dead letter")
 		},
 	}
+	sel = addDeadSelection(cmd) // bulk.go
+	return cmd
 }
 
 // eventIDs checks that every id is a UUID, and drops repeats. A bad id is

@@ -40,7 +40,7 @@ func (a *app) sagaCmd() *cobra.Command {
 			(*saga.Orchestrator).Pause),
 		a.sagaActionCmd(saga.ActionResume, "Resume a paused saga: its timeout and deadline pushed by the paused time, held replies applied in order",
 			(*saga.Orchestrator).Resume),
-		a.sagaWithdrawCmd())
+		a.sagaWithdrawCmd(), a.sagaBulkCmd())
 	return cmd
 }
 
@@ -371,16 +371,26 @@ func (a *app) sagaActionCmd(action saga.Action, short string, act sagaAction) *c
 	name := string(action)
 	var reason, operator string
 	var wait time.Duration
+	var bulk *bulkFlags
 	cmd := &cobra.Command{
-		Use:   name + " ID --reason TEXT",
+		Use:   name + " [ID] --reason TEXT",
 		Short: short,
 		Long: short + ".\nThe action is checked against the saga's state: a refused one changes nothing. " +
 			"The operator\n(--operator, default $USER) and the reason are recorded in the saga's history.\n" +
 			"A millrace built with the saga definitions (Config.Sagas) acts at once. The stock binary has none:\n" +
 			"it records an operator request that the service's running orchestrator applies on its next timer\n" +
-			"pass (saga.Operator); --wait waits for that and prints the outcome.",
-		Args: args(cobra.ExactArgs(1)),
+			"pass (saga.Operator); --wait waits for that and prints the outcome.\n" +
+			"Without an ID it is a bulk action on every saga the selection flags select (--type, --status, --step,\n" +
+			"--error, --older-than, --idle-for, --limit; --by and --reason required): first --dry-run to count and\n" +
+			"list them, then the action, which files a request on each for the running orchestrator (saga bulk status).",
+		Args: args(cobra.MaximumNArgs(1)),
 		RunE: func(cmd *cobra.Command, ids []string) error {
+			if len(ids) == 0 {
+				return a.sagaBulk(cmd, action, bulk, operator, reason)
+			}
+			if bulk.set(cmd) {
+				return usagef("the selection flags are for a bulk action: give a saga id or the flags, not both")
+			}
 			if strings.TrimSpace(reason) == "" {
 				return usagef("--reason is required: it is recorded in the saga's history")
 			}
@@ -422,6 +432,7 @@ func (a *app) sagaActionCmd(action saga.Action, short string, act sagaAction) *c
 	cmd.Flags().StringVar(&reason, "reason", "", "why (required; recorded)")
 	cmd.Flags().StringVar(&operator, "operator", "", "who acts (default $USER; recorded)")
 	cmd.Flags().DurationVar(&wait, "wait", 0, "stock binary: wait this long for the running orchestrator to apply the request (e.g. 30s)")
+	bulk = addBulkFlags(cmd) // bulk.go
 	return cmd
 }
 

@@ -1,0 +1,103 @@
+package cli
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/millrace/millrace/internal/opstest"
+	"github.com/millrace/millrace/internal/pgtest"
+	"github.com/millrace/millrace/saga"
+)
+
+// A bulk retry through the stock binary, --json parsed back: the dry run
+// counts and lists and changes nothing; the action records the operation
+// and files a request on each selected saga; saga bulk status reads the
+// outcome counts once the service's orchestrator has applied them.
+func TestSagaBulkRetry(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	s := opstest.NewSagas(t, db)
+	ids := s.StuckRefunds(t, db, "refund", 1000)
+	s.WaitingShip(t, "ship-1")
+	sel := []string{"--status", "stuck", "--step", "reserve", "--error", "%no such reservation%"}
+
+	var dry bulkDryRunJSON
+	okJSON(t, db, &dry, append([]string{"saga", "retry", "--dry-run"}, sel...)...)
+	if !dry.DryRun || dry.Count != 1000 || len(dry.Sagas) != 20 || dry.Sagas[0].ID != ids[999] || dry.Query.Step != "reserve" {
+		t.Fatalf("dry run: %+v", dry)
+	}
+	if in := s.Get(t, ids[0]); in.Request != nil {
+		t.Fatalf("the dry run filed a request: %+v", in.Request)
+	}
+	fails(t, db, 2, `--reason is required`, append([]string{"saga", "retry", "--by", "alice"}, sel...)...)
+	fails(t, db, 2, `--by is required`, append([]string{"saga", "retry", "--reason", "x"}, sel...)...)
+	fails(t, db, 2, `give a saga id, or select sagas`, "saga", "retry", "--by", "alice", "--reason", "x")
+	fails(t, db, 2, `not both`, "saga", "retry", ids[0], "--reason", "x", "--status", "stuck")
+
+	// One saga changes after the dry run: it is no longer selected.
+	s.Fix.Store(true)
+	if _, err := s.O.Retry(context.Background(), ids[0], saga.Actor{Operator: "bob", Reason: "one by hand"}); err != nil {
+		t.Fatal(err)
+	}
+	var op saga.BulkOperation
+	okJSON(t, db, &op, append([]string{"saga", "retry", "--by", "alice", "--reason", "stock service fixed"}, sel...)...)
+	if op.ID == "" || op.Action != saga.ActionRetry || op.Operator != "alice" || op.Counts.Selected != 999 ||
+		op.Counts.Filed != 999 || op.Counts.Pending != 999 || op.Filed == nil {
+		t.Fatalf("bulk retry: %+v", op)
+	}
+
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if _, err := s.O.RunDue(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		var st saga.BulkOperation
+		okJSON(t, db, &st, "saga", "bulk", "status", op.ID)
+		if st.Counts.Pending == 0 {
+			if st.Counts.Applied != 999 || st.Counts.RefusedTotal() != 0 || st.Query.Error != "%no such reservation%" {
+				t.Fatalf("bulk status once applied: %+v", st)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not applied in time: %+v", st.Counts)
+		}
+	}
+	for _, id := range []string{ids[1], ids[500], ids[999]} {
+		if in := s.Get(t, id); in.Status != saga.StatusCompensated {
+			t.Errorf("saga %s is %s after the bulk retry", id, in.Status)
+		}
+	}
+	fails(t, db, 1, `no such bulk operation`, "saga", "bulk", "status", "nope")
+}
+
+// Outbox dead letters in bulk through the CLI, --json parsed back.
+func TestOutboxDeadBulk(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	orders := opstest.OutboxDead(t, db, "orders", 3)
+	opstest.OutboxDead(t, db, "billing", 2)
+	var dry deadBulkJSON
+	okJSON(t, db, &dry, "outbox", "dead", "requeue", "--topic", "orders", "--error", "%"+opstest.Refusal+"%", "--dry-run")
+	if !dry.DryRun || dry.Count != 3 || len(dry.EventIDs) != 3 || dry.EventIDs[0] != orders[0] {
+		t.Fatalf("dry run: %+v", dry)
+	}
+	if s := outboxStatsOf(t, db); s.Dead != 5 {
+		t.Fatalf("the dry run changed the dead letters: %+v", s)
+	}
+	var done deadBulkJSON
+	okJSON(t, db, &done, "outbox", "dead", "requeue", "--topic", "orders")
+	if done.DryRun || done.Count != 3 {
+		t.Fatalf("requeue: %+v", done)
+	}
+	okJSON(t, db, &done, "outbox", "dead", "discard", "--error", "%")
+	if done.Count != 2 {
+		t.Fatalf("discard: %+v", done)
+	}
+	if s := outboxStatsOf(t, db); s.Dead != 0 {
+		t.Errorf("after the bulk actions: %+v", s)
+	}
+	fails(t, db, 2, `give event ids, or select`, "outbox", "dead", "requeue")
+	fails(t, db, 2, `not both`, "outbox", "dead", "requeue", orders[0], "--topic", "orders")
+}

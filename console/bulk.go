@@ -1,0 +1,167 @@
+package console
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/millrace/millrace/saga"
+)
+
+// sagaQuery reads the sagas list's filter (type, status, step, error,
+// older) from form values into a bulk query; it writes the error page and
+// returns false when one is bad.
+func (c *Console) sagaQuery(w http.ResponseWriter, r *http.Request, get func(string) string) (saga.Query, bool) {
+	q := saga.Query{Type: get("type"), Step: get("step"), Error: get("error")}
+	if s := get("status"); s != "" {
+		if !slices.Contains(sagaStatuses, saga.Status(s)) {
+			c.fail(w, r, http.StatusBadRequest, fmt.Sprintf("Unknown status %q.", s))
+			return q, false
+		}
+		q.Status = saga.Status(s)
+	}
+	if s := get("older"); s != "" {
+		age, err := time.ParseDuration(s)
+		if err != nil || age < 0 {
+			c.fail(w, r, http.StatusBadRequest, fmt.Sprintf("Bad age %q: write it like 30m, 2h or 48h.", s))
+			return q, false
+		}
+		q.CreatedBefore = time.Now().Add(-age)
+	}
+	return q, true
+}
+
+// bulkCount is, for the sagas list, how many sagas its filter selects
+// (saga.Operator.DryRun), or -1 when the filter selects nothing in
+// particular (no type, status, step or error) or the console is
+// read-only.
+func (c *Console) bulkCount(ctx context.Context, q saga.Query) (int64, error) {
+	if c.cfg.ReadOnly || (q.Type == "" && q.Status == "" && q.Step == "" && q.Error == "") {
+		return -1, nil
+	}
+	d, err := c.operator.DryRun(ctx, q, 1)
+	if err != nil {
+		return 0, err
+	}
+	return d.Count, nil
+}
+
+// sagaBulkPlan records a bulk operation on every saga the list's filter
+// selects now (saga.Operator.Plan), with the operator and the reason, and
+// goes to its confirm page. Nothing is filed yet.
+func (c *Console) sagaBulkPlan(w http.ResponseWriter, r *http.Request) (string, bool) {
+	action := r.PostFormValue("action")
+	if !slices.Contains(sagaActionOrder, action) {
+		c.fail(w, r, http.StatusBadRequest, fmt.Sprintf("Unknown action %q: nothing was changed.", action))
+		return "", false
+	}
+	q, ok := c.sagaQuery(w, r, r.PostFormValue)
+	if !ok {
+		return "", false
+	}
+	reason := strings.TrimSpace(r.PostFormValue("reason"))
+	if reason == "" {
+		c.fail(w, r, http.StatusBadRequest, "A reason is required (it is recorded in every saga's history): nothing was changed.")
+		return "", false
+	}
+	ctx, cancel := reqCtx(r)
+	defer cancel()
+	operator := c.cfg.Operator(r)
+	b, err := c.operator.Plan(ctx, saga.Action(action), q, saga.Actor{Operator: operator, Reason: reason})
+	if errors.Is(err, saga.ErrInvalidQuery) {
+		c.fail(w, r, http.StatusBadRequest, "Filter by type, status, step or last error first: nothing was changed.")
+		return "", false
+	}
+	if err != nil {
+		c.dbFail(w, r, err)
+		return "", false
+	}
+	c.log.Info("console: saga bulk "+action+" planned", "operator", operator, "operation", b.ID, "selected", b.Counts.Selected, "reason", reason)
+	return "/sagas/bulk?id=" + url.QueryEscape(b.ID), true
+}
+
+type refusedRow struct {
+	Reason string
+	N      int64
+}
+
+type sagaBulkData struct {
+	Op *saga.BulkOperation
+	// Confirm: nothing is filed yet; the page asks to confirm.
+	Confirm bool
+	Label   string
+	Effect  string
+	Danger  bool
+	Sagas   []*saga.Instance
+	Refused []refusedRow
+	// RefusedTotal is the sum of Refused.
+	RefusedTotal int64
+	Query        string // the filter, for a link back to the list
+}
+
+// sagaBulkPage shows a bulk operation: before it is applied, the confirm
+// page with the count and the first sagas it selected; after, its progress
+// and outcome counts (saga.Operator.BulkStatus).
+func (c *Console) sagaBulkPage(w http.ResponseWriter, r *http.Request) {
+	id := r.URL.Query().Get("id")
+	ctx, cancel := reqCtx(r)
+	defer cancel()
+	b, err := c.operator.BulkStatus(ctx, id)
+	if errors.Is(err, saga.ErrBulkNotFound) {
+		c.fail(w, r, http.StatusNotFound, fmt.Sprintf("No bulk operation %q.", id))
+		return
+	}
+	if err != nil {
+		c.dbFail(w, r, err)
+		return
+	}
+	d := sagaBulkData{Op: b, Label: actionLabel(string(b.Action)), Effect: sagaEffects[string(b.Action)], Danger: b.Action == saga.ActionAbort,
+		Confirm:      b.Filed == nil && b.Counts.Unfiled == b.Counts.Selected && b.Counts.Selected > 0 && !c.cfg.ReadOnly,
+		RefusedTotal: b.Counts.RefusedTotal()}
+	for reason, n := range b.Counts.Refused {
+		d.Refused = append(d.Refused, refusedRow{reason, n})
+	}
+	sort.Slice(d.Refused, func(i, j int) bool { return d.Refused[i].Reason < d.Refused[j].Reason })
+	v := url.Values{}
+	for k, s := range map[string]string{"type": b.Query.Type, "status": string(b.Query.Status), "step": b.Query.Step, "error": b.Query.Error} {
+		if s != "" {
+			v.Set(k, s)
+		}
+	}
+	d.Query = v.Encode()
+	if d.Confirm {
+		if d.Sagas, err = c.operator.BulkSagas(ctx, id, 20); err != nil {
+			c.dbFail(w, r, err)
+			return
+		}
+	}
+	c.render(w, r, http.StatusOK, "saga_bulk", "Bulk "+string(b.Action), "sagas", d)
+}
+
+// sagaBulkApply files the operation's requests (saga.Operator.Apply) and
+// goes to its outcome page. The filing goes on if the browser goes away; a
+// second press files only what is left.
+func (c *Console) sagaBulkApply(w http.ResponseWriter, r *http.Request) (string, bool) {
+	id := r.PostFormValue("id")
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 10*time.Minute)
+	defer cancel()
+	b, err := c.operator.Apply(ctx, id)
+	if errors.Is(err, saga.ErrBulkNotFound) {
+		c.fail(w, r, http.StatusNotFound, fmt.Sprintf("No bulk operation %q: nothing was changed.", id))
+		return "", false
+	}
+	if err != nil {
+		c.log.Error("console: saga bulk apply failed", "operator", c.cfg.Operator(r), "operation", id, "err", err)
+		c.fail(w, r, http.StatusInternalServerError, "Filing the requests failed; those filed stay filed, press again to file the rest: "+err.Error())
+		return "", false
+	}
+	c.log.Info("console: saga bulk "+string(b.Action)+" filed", "operator", c.cfg.Operator(r), "operation", id,
+		"filed", b.Counts.Filed, "refused", b.Counts.RefusedTotal())
+	return "/sagas/bulk?id=" + url.QueryEscape(id) + "&filed=1", true
+}
