@@ -151,6 +151,9 @@ func (m *machine) try(s *stepDef) (done bool, err error) {
 	if st.StartedAt == nil {
 		st.StartedAt = &m.now
 	}
+	if s.wait != nil {
+		return m.enterWait(s, st) // await.go
+	}
 	st.Tries++
 	st.Attempt++
 	if s.remote {
@@ -636,6 +639,8 @@ func (m *machine) wakeStep(s *stepDef) error {
 	case StepCompBackoff:
 		m.record("retry", s.name, millrace.OperationCompensation, st.CompensationAttempt, "", st.Reason)
 		return m.compensateFrom(m.d.index[s.name])
+	case StepWaiting:
+		return m.waitTimeout(s, st) // await.go
 	}
 	return nil
 }
@@ -745,7 +750,7 @@ func (m *machine) save() error {
 			return fmt.Errorf("saga %s: write commands: %w", m.in.ID, err)
 		}
 	}
-	return nil
+	return m.closeEvents() // await.go
 }
 
 func errReason(err error) string {

@@ -86,6 +86,8 @@ func (o *Orchestrator) Run(ctx context.Context) error {
 // the number returned.
 func (o *Orchestrator) RunDue(ctx context.Context) (int, error) {
 	requests, reqErr := o.applyRequests(ctx)
+	events, evErr := o.applyEvents(ctx) // signal.go
+	requests, reqErr = requests+events, errors.Join(reqErr, evErr)
 	types, versions := o.registeredPairs()
 	if len(types) == 0 || ctx.Err() != nil {
 		return requests, reqErr
