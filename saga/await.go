@@ -217,7 +217,7 @@ type storedEvent struct {
 }
 
 type eventStatements struct {
-	insert, tryLock, peek, open, nextNew, setState, closePending, claimNew string
+	insert, stateOf, tryLock, peek, open, nextNew, setState, closePending, claimNew string
 }
 
 func newEventStatements(schema string) eventStatements {
@@ -228,6 +228,7 @@ func newEventStatements(schema string) eventStatements {
 		insert: fmt.Sprintf(`INSERT INTO %s (saga_id, name, event_id, payload, state, at) VALUES ($1, $2, $3, $4, $5, $6)
 ON CONFLICT (saga_id, event_id) DO NOTHING
 RETURNING arrived`, ev),
+		stateOf: fmt.Sprintf(`SELECT state FROM %s WHERE saga_id = $1 AND event_id = $2`, ev),
 		// The signaller takes the saga's row lock only if it is free: it
 		// never waits for the orchestrator.
 		tryLock: fmt.Sprintf(`SELECT %s FROM %s WHERE id = $1 FOR UPDATE SKIP LOCKED`, instanceCols, inst),

@@ -161,14 +161,28 @@ func (o *Orchestrator) signal(ctx context.Context, tx pgx.Tx, sagaID, event, eve
 		return nil, fmt.Errorf("%w: saga %s is %s v%d", ErrNotRegistered, sagaID, typ, version)
 	}
 	refuse := func(cause error, reason string) ([]func(), error) {
+		refusal := fmt.Errorf("%w: saga %s, event %s (id %s): %s", cause, sagaID, event, eventID, reason)
 		ev := storedEvent{name: event, id: eventID, payload: raw}
-		if err := tx.QueryRow(ctx, o.sql.events.insert, sagaID, event, eventID, raw, eventRefused, now).Scan(&ev.arrived); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		err := tx.QueryRow(ctx, o.sql.events.insert, sagaID, event, eventID, raw, eventRefused, now).Scan(&ev.arrived)
+		if errors.Is(err, pgx.ErrNoRows) {
+			// A repeated delivery: nil if the first was taken (the saga
+			// ended since), the refusal again, unrecorded, if it was not.
+			var state string
+			if err := tx.QueryRow(ctx, o.sql.events.stateOf, sagaID, eventID).Scan(&state); err != nil {
+				return nil, fmt.Errorf("saga %s: read event %s: %w", sagaID, eventID, err)
+			}
+			if state != eventRefused {
+				return nil, nil
+			}
+			return nil, refusal
+		}
+		if err != nil {
 			return nil, fmt.Errorf("saga %s: store event %s: %w", sagaID, eventID, o.tablesError(err))
 		}
 		if err := o.writeHistory(ctx, tx, []historyRow{eventHistory(sagaID, now, string(status), ev, eventRefused, "", reason)}); err != nil {
 			return nil, err
 		}
-		return nil, fmt.Errorf("%w: saga %s, event %s (id %s): %s", cause, sagaID, event, eventID, reason)
+		return nil, refusal
 	}
 	if !d.waitsFor(0, event) {
 		return refuse(ErrEventNotAwaited, fmt.Sprintf("no step of %s v%d waits for it", typ, version))
