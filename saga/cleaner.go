@@ -47,8 +47,9 @@ type CleanerConfig struct {
 var endedStatuses = []Status{StatusCompleted, StatusCompensated}
 
 // Cleaner is the saga retention job: it removes ended sagas (completed or
-// compensated) with their history once they ended longer ago than their
-// outcome's window, in small batches, oldest first. It never removes a
+// compensated) with their history and stored events once they ended
+// longer ago than their outcome's window, in small batches, oldest first.
+// It never removes a
 // saga in any other status: running, compensating, stuck, or a status it
 // does not know. A saga that was ever stuck is kept StuckAfter.
 //
@@ -128,12 +129,14 @@ func NewCleaner(pool *pgxpool.Pool, cfg CleanerConfig) (*Cleaner, error) {
        FOR UPDATE SKIP LOCKED
 ), h AS (
     DELETE FROM %[2]s WHERE saga_id IN (SELECT id FROM old)
+), e AS (
+    DELETE FROM %[3]s WHERE saga_id IN (SELECT id FROM old) -- on saga_event_once (saga_id, event_id)
 ), s AS (
     DELETE FROM %[1]s WHERE id IN (SELECT id FROM old) RETURNING id
 ), last AS (
     SELECT ended_at, id FROM old ORDER BY ended_at DESC, id DESC LIMIT 1
 )
-SELECT (SELECT count(*) FROM s), (SELECT ended_at FROM last), coalesce((SELECT id FROM last), '')`, inst, hist),
+SELECT (SELECT count(*) FROM s), (SELECT ended_at FROM last), coalesce((SELECT id FROM last), '')`, inst, hist, sqlident.Table(schema, "saga_event")),
 	}, nil
 }
 

@@ -62,6 +62,11 @@ const (
 	// TimeoutStuck parks the saga as stuck at the step's first timeout,
 	// for an operator to decide.
 	TimeoutStuck
+	// TimeoutContinue is for a wait step only (Await.OnTimeout): when
+	// the wait times out the saga goes on to the next step, the data as
+	// the events that did arrive left it (none, for a single or any-of
+	// wait). The step counts as done.
+	TimeoutContinue
 )
 
 func (a TimeoutAction) String() string {
@@ -72,6 +77,8 @@ func (a TimeoutAction) String() string {
 		return "compensate"
 	case TimeoutStuck:
 		return "stuck"
+	case TimeoutContinue:
+		return "continue"
 	}
 	return fmt.Sprintf("TimeoutAction(%d)", int(a))
 }
@@ -127,8 +134,9 @@ type Command[D any] struct {
 }
 
 // Step is one step of a saga. A step is remote (Action set: a command to a
-// participant, which replies) or local (Local set: a function the
-// orchestrator runs in its own transaction), never both.
+// participant, which replies), local (Local set: a function the
+// orchestrator runs in its own transaction) or a wait (Await set: it waits
+// for events delivered with Signal or SignalTx), exactly one of them.
 type Step[D any] struct {
 	// Name identifies the step in the stored state and on the wire; steps
 	// are never identified by position. Required, unique in the
@@ -170,6 +178,12 @@ type Step[D any] struct {
 	// way. It must succeed eventually: a failing one is retried by
 	// CompensationRetry and then the saga is stuck.
 	LocalCompensation func(ctx context.Context, tx pgx.Tx, data *D) error
+
+	// Await makes the step a wait for external events (see Await). A
+	// wait has no Action or Local, and Timeout, OnTimeout and Retry do
+	// not apply to it (set Await.Timeout and Await.OnTimeout); before the
+	// pivot it may have a LocalCompensation.
+	Await *Await[D]
 
 	// Timeout is how long a remote step waits for a reply to one attempt
 	// (of its action or its compensation). Defaults to Spec.Defaults's,
@@ -393,10 +407,14 @@ func Define[D any](spec Spec[D]) (*Definition[D], error) {
 			return fail("two steps are named %q", s.Name)
 		}
 		d.index[s.Name] = i
-		remote, local := s.Action != nil, s.Local != nil
+		remote, local, wait := s.Action != nil, s.Local != nil, s.Await != nil
 		switch {
-		case !remote && !local:
-			return fail("step %q has no command: set Action (remote) or Local", s.Name)
+		case !remote && !local && !wait:
+			return fail("step %q has no command: set Action (remote), Local, or Await (a wait)", s.Name)
+		case wait:
+			if err := checkAwait(s); err != nil { // await.go
+				return fail("step %q: %v", s.Name, err)
+			}
 		case remote && local:
 			return fail("step %q has both Action and Local: a step is remote or local", s.Name)
 		case remote && s.LocalCompensation != nil:
@@ -440,7 +458,7 @@ func Define[D any](spec Spec[D]) (*Definition[D], error) {
 			if compensable {
 				return fail("retriable step %q has a compensation: steps after the pivot are never compensated", s.Name)
 			}
-			if s.Retry.MaxAttempts == 0 {
+			if s.Retry.MaxAttempts == 0 && !wait {
 				return fail("retriable step %q has no retry policy (set its Retry.MaxAttempts, or Spec.Defaults.Retry.MaxAttempts)", s.Name)
 			}
 			if s.OnTimeout == TimeoutCompensate {
@@ -593,6 +611,7 @@ type stepDef struct {
 	onTimeout TimeoutAction
 	retry     RetryPolicy
 	compRetry RetryPolicy
+	wait      *waitDef // a wait step's events (await.go)
 }
 
 func (s *stepDef) compensable() bool { return s.comp != nil || s.localComp != nil }
@@ -646,6 +665,9 @@ func eraseStep[D any](s Step[D]) *stepDef {
 		sd.local = func(ctx context.Context, tx pgx.Tx, data []byte) ([]byte, error) {
 			return withData(data, func(d *D) error { return fn(ctx, tx, d) })
 		}
+	}
+	if s.Await != nil {
+		sd.wait = eraseAwait(s.Await) // await.go
 	}
 	if s.LocalCompensation != nil {
 		fn := s.LocalCompensation

@@ -17,7 +17,11 @@
 //     command; or
 //   - local: a Go function the orchestrator runs in its own transaction,
 //     under a savepoint (approve the order in the service that owns the
-//     saga), with an optional local compensation.
+//     saga), with an optional local compensation; or
+//   - a wait (Await): it waits for one external event, the first of
+//     several, or all of a set, delivered with Signal, SignalTx or
+//     EventHandler (a payment provider's webhook, a person's approval);
+//     see "Waiting for events".
 //
 // Each step has a Kind. Compensatable steps come first: when the saga
 // fails, those that took effect (or may have: an action sent and never
@@ -146,7 +150,14 @@
 // Deadline counts from then. Abort cancels it: it ends compensated with a
 // "cancelled" history line and never starts; no other action applies.
 //
-// A step is pending, running (waiting for a reply), backoff (waiting to
+// A wait step adds no saga status: the saga is running while it waits
+// (step status waiting), and its timeout leads to compensating, stuck or
+// the next step, as it declares (see "Waiting for events"). A saga is
+// also stuck going forward when a wait says TimeoutStuck or its OnEvent
+// failed with an error that is not a business failure.
+//
+// A step is pending, running (waiting for a reply), waiting (a wait step,
+// for its events), backoff (waiting to
 // retry), done, failed (a failure reply: no effect), uncertain (given up
 // after timeouts: it may have taken effect, so it is compensated),
 // compensating, comp_backoff, compensated or skipped (StepState).
@@ -220,6 +231,55 @@
 // first success it committed (or the cancellation by the compensation),
 // never run the action twice to effect, and answer a failed attempt and the
 // earlier ones with that failure.
+//
+// # Waiting for events
+//
+// A wait step waits for events the world sends the saga, by name:
+//
+//	{Name: "payment_confirmed", Kind: saga.Compensatable, Await: &saga.Await[Order]{
+//		Event:     "payment.confirmed",
+//		OnEvent:   saga.EventFunc(func(o *Order, c Confirmation) error { o.PaymentRef = c.Ref; return nil }),
+//		Timeout:   15 * time.Minute,
+//		OnTimeout: saga.TimeoutCompensate,
+//	}}
+//
+// Await.Any waits for the first of several events (the others are
+// recorded and ignored when they come); Await.All for every one of a set,
+// each applied as it arrives. OnEvent (or Await.On per name) applies an
+// event's payload to the data; saga.Fail there fails the step. Await.Timeout
+// (none by default: the saga's Deadline still applies) ends the wait with
+// Await.OnTimeout: TimeoutCompensate (not after the pivot), TimeoutStuck,
+// or TimeoutContinue, which goes on to the next step. A wait has no
+// command, no retries and no remote compensation; before the pivot it may
+// have a LocalCompensation, and it is never in a parallel group.
+//
+//	running ── reaches the wait ──► waiting ── the events arrived ──► next step
+//	                                   │
+//	                                   ├─ Timeout: TimeoutContinue ──► next step
+//	                                   ├─ Timeout: TimeoutCompensate, or OnEvent fails ──► compensating
+//	                                   └─ Timeout: TimeoutStuck ──► stuck (Retry waits again)
+//
+// Events are delivered in the caller's transaction with SignalTx (a
+// webhook's HTTP handler: verify, SignalTx, commit, answer 200), in one of
+// its own with Signal, or from a topic with EventHandler, behind the inbox.
+// Each is stored in saga_event, whatever becomes of it, with its id: a
+// second delivery with the same id applies nothing. An event that comes
+// before the saga reaches its wait is stored (pending) and consumed when
+// the saga gets there, in order of arrival; one after the wait is over is
+// recorded and ignored. An event for a saga that has ended returns
+// ErrSagaEnded, a name no step of the definition waits for
+// ErrEventNotAwaited; both are stored as refused and recorded in the
+// history. A saga that is stuck still stores its events for an
+// operator's Retry.
+//
+// The signaller never waits for the orchestrator, and no event is missed:
+// SignalTx takes the saga's row lock only if it is free (FOR UPDATE SKIP
+// LOCKED) and then applies the event at once, in its transaction; if the
+// orchestrator holds the row (applying a reply, advancing the saga into
+// its wait after it looked for stored events), the event is stored as new
+// and the orchestrator's timer pass applies it, within a PollInterval. The
+// history lines are "waiting" (a wait began) and "event", whose Outcome is
+// consumed, pending, ignored or refused.
 //
 // # Versions
 //
@@ -338,8 +398,12 @@
 // Migration 005_saga creates saga_instance (one row per saga; indexes for
 // due timers, pending operator requests, and listing by type, status and
 // age) and saga_history; 007_saga_retention adds the Cleaner's index on
-// ended sagas; 011_saga_bulk adds the bulk operations (saga_bulk_operation,
-// saga_bulk_item) and an index selecting sagas by status and step.
+// ended sagas; 009_saga_events creates saga_event, the events delivered
+// to sagas (the Cleaner removes them with their saga); 010_saga_pause
+// adds the paused and scheduled statuses, saga_pause and the held
+// replies (saga_held_reply); 011_saga_bulk adds the bulk operations
+// (saga_bulk_operation, saga_bulk_item) and an index selecting sagas by
+// status and step.
 // Config.Clock replaces the real time (for tests that skip time) and
 // Config.Hook is called at each persistence boundary (HookLoaded,
 // HookBeforeCommit, HookAfterCommit), for harnesses that inject crashes;

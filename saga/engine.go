@@ -153,6 +153,9 @@ func (m *machine) try(s *stepDef) (done bool, err error) {
 	if st.StartedAt == nil {
 		st.StartedAt = &m.now
 	}
+	if s.wait != nil {
+		return m.enterWait(s, st) // await.go
+	}
 	st.Tries++
 	st.Attempt++
 	if s.remote {
@@ -644,6 +647,8 @@ func (m *machine) wakeStep(s *stepDef) error {
 	case StepCompBackoff:
 		m.record("retry", s.name, millrace.OperationCompensation, st.CompensationAttempt, "", st.Reason)
 		return m.compensateFrom(m.d.index[s.name])
+	case StepWaiting:
+		return m.waitTimeout(s, st) // await.go
 	}
 	return nil
 }
@@ -756,7 +761,7 @@ func (m *machine) save() error {
 			return fmt.Errorf("saga %s: write commands: %w", m.in.ID, err)
 		}
 	}
-	return nil
+	return m.closeEvents() // await.go
 }
 
 func errReason(err error) string {

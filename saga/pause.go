@@ -145,7 +145,8 @@ func (m *machine) opResume() error {
 			return err
 		}
 	}
-	return nil
+	// Then the events signalled while paused, in order of arrival.
+	return m.onNewEvents()
 }
 
 // hold stores reply r of a paused saga, for Resume to apply; the saga's

@@ -82,6 +82,9 @@ type StepState struct {
 	// operator's Retry sends its action again, in a parallel group as
 	// outside one, so the reply is not lost.
 	Unapplied bool `json:"unapplied,omitempty"`
+	// Events lists, for a wait step, the events applied to it so far, in
+	// order (await.go).
+	Events []string `json:"events,omitempty"`
 }
 
 // Instance is one saga as stored.
@@ -135,7 +138,10 @@ type HistoryEntry struct {
 	// deadline_moved, operator, operator_request, operator_refused,
 	// operator_withdrawn, unregistered, migrated, timer_failed,
 	// operator_failed (a technical failure of a timer pass, rolled back;
-	// see Config.MaxTimerFailures).
+	// see Config.MaxTimerFailures), waiting (a wait step began waiting),
+	// event (an event delivered to the saga: Outcome says what became of
+	// it, consumed, pending, ignored or refused; Detail holds its name,
+	// id and arrival number).
 	// With pause and scheduled start: paused, resumed, held (a reply
 	// stored while paused), scheduled, cancelled.
 	Event     string
@@ -163,6 +169,7 @@ type statements struct {
 	failuresInARow, postpone, park                       string // timer.go
 	pause, unpause, hold, takeHeld, insertScheduled      string // pause.go, schedule.go
 	instance, historyTable                               string
+	events                                               eventStatements // await.go
 }
 
 const instanceCols = `id, type, def_version, status, phase, step, steps, data, input, version,
@@ -174,6 +181,7 @@ func newStatements(schema string) statements {
 	timerStatements(schema, &s)
 	pauseStatements(schema, &s)
 	scheduleStatements(schema, &s)
+	s.events = newEventStatements(schema)
 	return s
 }
 

@@ -82,10 +82,13 @@ func (o *Orchestrator) Run(ctx context.Context) error {
 // number returned).
 //
 // It first applies the pending operator requests (Operator) of the sagas
-// of the registered types (applyRequests, operator.go); they count in
-// the number returned.
+// of the registered types (applyRequests, operator.go), then the events a
+// signaller stored without applying them because the saga was locked
+// (SignalTx); they count in the number returned.
 func (o *Orchestrator) RunDue(ctx context.Context) (int, error) {
 	requests, reqErr := o.applyRequests(ctx)
+	events, evErr := o.applyEvents(ctx) // signal.go
+	requests, reqErr = requests+events, errors.Join(reqErr, evErr)
 	types, versions := o.registeredPairs()
 	if len(types) == 0 || ctx.Err() != nil {
 		return requests, reqErr

@@ -4,7 +4,12 @@
 //
 //   - orders places an order and starts its saga in one transaction
 //     (saga.StartTx), and runs the saga orchestrator (package saga): a
-//     Router on the saga's reply topic and the timers.
+//     Router on the saga's reply topic and the timers. After reserving
+//     credit the saga waits for the payment provider's confirmation (a
+//     wait step); the provider's webhook delivers it with saga.SignalTx,
+//     for one order in three before the saga waits for it (it is stored
+//     and consumed when the saga gets there), for one in five twice (it
+//     applies once).
 //   - payment reserves a customer's credit and releases it as compensation;
 //     inventory reserves stock and returns it; shipping books the shipment
 //     after the pivot (a retriable step, never compensated). Each is a

@@ -126,10 +126,16 @@ func TestOrderSaga(t *testing.T) {
 		"operator: lifted the refund hold",
 		"fault: shipping: carrier API down",
 		"sagas started",
+		"waiting for payment_confirmed",
 	} {
 		if !strings.Contains(log.String(), s) {
 			t.Errorf("progress output lacks %q", s)
 		}
+	}
+	// The wait step: the payment confirmations came, some before their
+	// saga waited for them.
+	if res.confirmations == 0 || res.earlyConfirmations == 0 {
+		t.Errorf("payment confirmations %d, early %d: want some of each", res.confirmations, res.earlyConfirmations)
 	}
 	h := res.history
 	if res.duplicatesSent == 0 || res.deliveries <= res.marks || h.timeouts == 0 || h.fenced == 0 ||

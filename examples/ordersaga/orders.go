@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"hash/fnv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,6 +25,14 @@ type Order struct {
 	// Filled in from the participants' replies.
 	CreditReservation int64  `json:"credit_reservation,omitempty"`
 	Tracking          string `json:"tracking,omitempty"`
+	// From the payment provider's confirmation (the wait step).
+	PaymentRef string `json:"payment_ref,omitempty"`
+}
+
+// PaymentConfirmed is the payment provider's webhook: the charge of an
+// order went through.
+type PaymentConfirmed struct {
+	Ref string `json:"ref"`
 }
 
 // The orders service's own table.
@@ -39,7 +49,9 @@ CREATE TABLE orders (
 );`
 
 // orderSaga defines the order saga: accept the order (local), reserve
-// credit (payment) and stock (inventory), approve the order (local: the
+// credit (payment), wait for the payment provider's confirmation (a wait
+// step: its webhook, delivered with saga.SignalTx, sometimes before the
+// saga waits for it), reserve stock (inventory), approve the order (local: the
 // pivot; the fraud check refuses a few), book the shipment (shipping: retried until it succeeds) and mark
 // the order shipped (local). A failure before the pivot compensates in
 // reverse: stock returned, credit released, order cancelled.
@@ -70,6 +82,19 @@ func orderSaga(n names, p *plan) (*saga.Definition[Order], error) {
 					return nil
 				}),
 				Compensation: &saga.Command[Order]{}, // release: same topic, command and payload
+			},
+			{
+				// The provider's webhook (webhook below); with no
+				// confirmation in time, the order is compensated.
+				Name: "payment_confirmed", Kind: saga.Compensatable,
+				Await: &saga.Await[Order]{
+					Event: eventPaymentConfirmed,
+					OnEvent: saga.EventFunc(func(o *Order, c PaymentConfirmed) error {
+						o.PaymentRef = c.Ref
+						return nil
+					}),
+					Timeout: stepTimeout, OnTimeout: saga.TimeoutCompensate,
+				},
 			},
 			{
 				Name: "reserve_stock", Kind: saga.Compensatable, Timeout: stockTimeout, Retry: forward, CompensationRetry: undo,
@@ -125,6 +150,10 @@ type ordersService struct {
 	api *saga.Orchestrator
 
 	placed atomic.Int64
+	// The payment provider's webhooks (webhook): in flight, accepted, and
+	// refused because the saga had ended.
+	webhooks                         sync.WaitGroup
+	confirmations, lateConfirmations atomic.Int64
 
 	mu   sync.Mutex
 	orch *orchestrator
@@ -231,6 +260,7 @@ func (svc *ordersService) restartOrchestrator(ctx context.Context, pause time.Du
 }
 
 func (svc *ordersService) close() {
+	svc.webhooks.Wait()
 	svc.stopOrchestrator()
 	svc.service.close()
 }
@@ -251,7 +281,52 @@ func (svc *ordersService) placeOrder(ctx context.Context, o Order) error {
 		return fmt.Errorf("place %s: %w", o.ID, err)
 	}
 	svc.placed.Add(1)
+	svc.webhooks.Add(1)
+	// Its own context: the provider calls whether or not more orders come.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	go func() { defer svc.webhooks.Done(); defer cancel(); svc.webhook(wctx, o.ID) }()
 	return nil
+}
+
+// eventPaymentConfirmed is the event the payment_confirmed step waits for.
+const eventPaymentConfirmed = "payment.confirmed"
+
+// webhook plays the payment provider calling the orders service's webhook
+// endpoint for an order: one order in three at once (before the saga has
+// reserved credit, so before it waits: the event is stored and consumed
+// when the saga gets there), the others a little later; one in five twice
+// (the provider retries: the same event id applies once). The handler
+// delivers it with saga.SignalTx in a transaction of its own, as an HTTP
+// handler would, and answers the provider; an order whose saga has ended
+// meanwhile (it failed at payment and was compensated) is refused.
+func (svc *ordersService) webhook(ctx context.Context, order string) {
+	h := fnv.New32a()
+	h.Write([]byte(order))
+	n := h.Sum32()
+	if n%3 != 0 {
+		select {
+		case <-time.After(time.Duration(20+n%180) * time.Millisecond):
+		case <-ctx.Done():
+			return
+		}
+	}
+	times := 1
+	if n%5 == 0 {
+		times = 2
+	}
+	for range times {
+		err := pgx.BeginFunc(ctx, svc.pool, func(tx pgx.Tx) error {
+			return saga.SignalTx(ctx, tx, svc.api, order, eventPaymentConfirmed, "psp-"+order, PaymentConfirmed{Ref: "ch_" + order})
+		})
+		switch {
+		case err == nil:
+			svc.confirmations.Add(1)
+		case errors.Is(err, saga.ErrSagaEnded):
+			svc.lateConfirmations.Add(1)
+		case ctx.Err() == nil:
+			svc.log.say("payment webhook for %s: %v", order, err)
+		}
+	}
 }
 
 // placeOrders places the plan's orders from cfg.Writers goroutines, at

@@ -225,9 +225,19 @@ func (c *counter) marks(ctx context.Context) (int64, error) {
 	return n, err
 }
 
+// waits counts the sagas waiting for their payment confirmation (the
+// wait step) and the confirmations that arrived before their saga waited
+// for them (history lines "event" with outcome "pending").
+func (c *counter) waits(ctx context.Context) (waiting, early int64, err error) {
+	err = c.admin.QueryRow(ctx, `SELECT
+       (SELECT count(*) FROM `+c.mtable("orders", "saga_instance")+` WHERE status = 'running' AND step = 'payment_confirmed'),
+       (SELECT count(*) FROM `+c.mtable("orders", "saga_history")+` WHERE event = 'event' AND outcome = 'pending')`).Scan(&waiting, &early)
+	return waiting, early, err
+}
+
 // progress prints a line every second: sagas started, completed,
-// compensated and in flight (from saga_instance), and the duplicates the
-// relays sent.
+// compensated and in flight (from saga_instance), the sagas waiting for
+// their payment confirmation and the confirmations that came early.
 type progress struct {
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -252,8 +262,9 @@ func startProgress(ctx context.Context, lg *logger, c *counter, orders *ordersSe
 				continue
 			}
 			pending, _ := c.pending(ctx)
-			lg.say("sagas started %5d  completed %5d  compensated %5d  in flight %4d (stuck %d)  outbox pending %4d",
-				s.total, s.completed, s.compensated, s.inFlight(), s.stuck, pending)
+			waiting, early, _ := c.waits(ctx)
+			lg.say("sagas started %5d  completed %5d  compensated %5d  in flight %4d (stuck %d, waiting for payment_confirmed %d; confirmations early %d)  outbox pending %4d",
+				s.total, s.completed, s.compensated, s.inFlight(), s.stuck, waiting, early, pending)
 		}
 	}()
 	return p
@@ -280,6 +291,8 @@ type result struct {
 	// From memory, for the story (no check relies on them alone).
 	deliveries, duplicatesSent, carrierFailures int64
 	operatorFixed, operatorUnknown              int64
+	confirmations, lateConfirmations            int64 // payment webhooks taken, and refused (saga ended)
+	earlyConfirmations                          int64 // from the history: arrived before the saga waited
 	restarted                                   bool
 
 	elapsed time.Duration
@@ -308,6 +321,9 @@ func (r *result) collect(ctx context.Context, c *counter) error {
 		return err
 	}
 	if r.marks, err = c.marks(ctx); err != nil {
+		return err
+	}
+	if _, r.earlyConfirmations, err = c.waits(ctx); err != nil {
 		return err
 	}
 	r.evaluate()
@@ -378,6 +394,8 @@ func (r *result) print(w io.Writer) {
 	row("payment", fmt.Sprintf("credit reserved %d times, released %d times", e.reserved, e.released))
 	row("inventory", fmt.Sprintf("stock taken %d times, returned %d times", e.taken, e.returned))
 	row("shipping", fmt.Sprintf("%d shipments booked (carrier failures retried: %d)", e.shipments, r.carrierFailures))
+	row("webhooks", fmt.Sprintf("%d payment confirmations taken (%d before their saga waited for them, at payment_confirmed), %d refused: the saga had ended",
+		r.confirmations, r.earlyConfirmations, r.lateConfirmations))
 	row("messages", fmt.Sprintf("%d outbox events, %d deliveries (%d duplicates injected), %d inbox marks, %d lost",
 		r.lost.eventsTotal(), r.deliveries, r.duplicatesSent, r.marks, r.lost.total()))
 	for _, svc := range services {

@@ -258,6 +258,8 @@ func run(ctx context.Context, cfg config) (_ *result, err error) {
 		pt.stopConsuming()
 	}
 	res.operatorFixed, res.operatorUnknown = op.fixed.Load(), op.unknown.Load()
+	orders.webhooks.Wait()
+	res.confirmations, res.lateConfirmations = orders.confirmations.Load(), orders.lateConfirmations.Load()
 	for _, s := range append([]*service{orders.service}, servicesOf(parts)...) {
 		res.deliveries += s.deliveries.Load()
 		res.duplicatesSent += s.dup.dups.Load()

@@ -56,7 +56,7 @@ func (h *H) check() []string {
 			add("saga %s: %v", id, err)
 			continue
 		}
-		for _, v := range checkSaga(in, hist) {
+		for _, v := range append(checkSaga(in, hist), h.checkEvents(id)...) {
 			add("saga %s: %s", id, v)
 		}
 		undone := compensationsSent(hist)

@@ -23,6 +23,10 @@ const (
 	// Message: deliver any other message (an event the user's code wrote
 	// to the outbox).
 	Message EventKind = "message"
+	// Signal: deliver an event to a saga (a message with the HeaderEvent
+	// header, see SendEvent and AddEvents). Its Event.Step is the event's
+	// name.
+	Signal EventKind = "signal"
 )
 
 // Event is one thing the harness does: a delivery or a timer. A Fault
@@ -120,6 +124,8 @@ func applies(k EventKind) []FaultKind {
 		return []FaultKind{Duplicate, Drop, Delay, Reorder, Crash, Pause}
 	case Timer:
 		return []FaultKind{Crash}
+	case Signal:
+		return []FaultKind{Duplicate, Delay, Reorder, Crash}
 	}
 	return []FaultKind{Duplicate, Reorder}
 }

@@ -473,6 +473,9 @@ func (h *H) eventOf(e *entry) Event {
 			ev.Kind, ev.Outcome = Reply, o
 		}
 	}
+	if name := md.Get(HeaderEvent); name != "" {
+		ev.Kind, ev.Step = Signal, name // events.go
+	}
 	if ev.Saga == "" {
 		ev.Saga = md.Get(millrace.MetadataPartitionKey)
 	}

@@ -1,0 +1,1 @@
+DROP TABLE saga_event;

@@ -1,0 +1,324 @@
+package saga
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/inbox"
+	"github.com/millrace/millrace/outbox"
+)
+
+// Errors of Signal, SignalTx and EventHandler.
+var (
+	// ErrSagaEnded: the event is for a saga that has ended (completed or
+	// compensated). The event is stored as refused and recorded in the
+	// saga's history.
+	ErrSagaEnded = errors.New("saga: the saga has ended")
+	// ErrEventNotAwaited: no step of the saga's definition waits for an
+	// event of this name. The event is stored as refused and recorded in
+	// the saga's history.
+	ErrEventNotAwaited = errors.New("saga: no step waits for this event")
+	// ErrInvalidEvent: an event name or id that is empty, longer than 200
+	// bytes, not valid UTF-8 or holds NUL, or a payload that is not JSON.
+	ErrInvalidEvent = errors.New("saga: invalid event")
+)
+
+// Signal delivers an event to a saga in a transaction of its own; see
+// SignalTx. A refused event (ErrSagaEnded, ErrEventNotAwaited) is still
+// committed as a record before the error is returned.
+func Signal(ctx context.Context, o *Orchestrator, sagaID, event, eventID string, payload any) error {
+	var refused error
+	err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
+		refused = nil
+		err := SignalTx(ctx, tx, o, sagaID, event, eventID, payload)
+		if errors.Is(err, ErrSagaEnded) || errors.Is(err, ErrEventNotAwaited) {
+			refused = err
+			return nil
+		}
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	return refused
+}
+
+// SignalTx delivers event (a name some wait step of the saga's definition
+// waits for, see Await) with payload to saga sagaID in the caller's
+// transaction: the event is stored (table saga_event) and applied with the
+// caller's own changes, or not at all. eventID identifies the delivery: a
+// second delivery with the same id changes nothing and returns nil, so a
+// webhook retried by its sender applies once. An empty eventID is a new
+// UUID (no deduplication). payload is encoded with encoding/json (a
+// json.RawMessage is taken as it is and must be JSON); a NUL escape or
+// invalid UTF-8 in it becomes U+FFFD, as PostgreSQL's jsonb cannot hold
+// them.
+//
+// The saga's definition must be registered with o. An event for a saga
+// that has ended returns an error wrapping ErrSagaEnded; a name no step of
+// its definition waits for, ErrEventNotAwaited; either is stored as
+// refused and recorded in the saga's history, in tx (Signal commits that
+// record; with SignalTx, commit tx to keep it). An unknown saga returns
+// ErrNotFound.
+//
+// SignalTx never waits for the orchestrator. If the saga's row is free, it
+// locks it (FOR UPDATE SKIP LOCKED) and applies the event at once in tx:
+// when the saga waits for it, its step's OnEvent runs and the saga moves on
+// (the next commands commit with tx); when it has not reached the wait yet,
+// the event is stored as pending and consumed, in order of arrival, when
+// the saga gets there; when the wait is over (the first of an any-of wait
+// won, it timed out) it is recorded and ignored. The row stays locked until
+// tx ends, so keep tx short. If the orchestrator holds the row (it is
+// applying a reply, or entering the wait), the event is stored as new and
+// the orchestrator's timer pass (Run, RunDue) applies it the same way, in
+// order of arrival, within a PollInterval: an event committed while the
+// saga is being advanced into its wait is never missed. In that case an
+// event found refused by then (the saga ended meanwhile) is recorded in the
+// history only.
+func SignalTx(ctx context.Context, tx pgx.Tx, o *Orchestrator, sagaID, event, eventID string, payload any) error {
+	if o == nil || tx == nil {
+		return fmt.Errorf("%w: saga.SignalTx: nil Orchestrator or transaction", millrace.ErrConfig)
+	}
+	if err := checkName(sagaID); err != nil {
+		return fmt.Errorf("%w %q: %v", ErrInvalidID, sagaID, err)
+	}
+	if err := checkName(event); err != nil {
+		return fmt.Errorf("%w: name %q: %v", ErrInvalidEvent, event, err)
+	}
+	if eventID == "" {
+		eventID = uuid.NewString()
+	} else if err := checkName(eventID); err != nil {
+		return fmt.Errorf("%w: id %q: %v", ErrInvalidEvent, eventID, err)
+	}
+	raw, err := eventPayload(payload)
+	if err != nil {
+		return fmt.Errorf("%w: saga %s event %s: payload: %v", ErrInvalidEvent, sagaID, event, err)
+	}
+	ctx, span := startTransition(ctx, "event", sagaID, "", nil) // tracing.go
+	after, err := o.signal(ctx, tx, sagaID, event, eventID, raw)
+	span.End(err)
+	for _, f := range after {
+		f()
+	}
+	return err
+}
+
+// eventPayload encodes an event's payload as JSON that jsonb can store.
+func eventPayload(payload any) ([]byte, error) {
+	var raw []byte
+	switch p := payload.(type) {
+	case json.RawMessage:
+		raw = p
+		if len(raw) == 0 {
+			raw = []byte("null")
+		}
+		if !json.Valid(raw) {
+			return nil, errors.New("not JSON")
+		}
+	default:
+		var err error
+		if raw, err = json.Marshal(payload); err != nil {
+			return nil, err
+		}
+	}
+	return storable([]byte(strings.ToValidUTF8(string(raw), "\uFFFD"))), nil
+}
+
+func (o *Orchestrator) signal(ctx context.Context, tx pgx.Tx, sagaID, event, eventID string, raw []byte) ([]func(), error) {
+	now := o.clock.Now()
+	in, err := scanInstance(tx.QueryRow(ctx, o.sql.events.tryLock, sagaID))
+	locked := err == nil
+	var (
+		typ     string
+		version int
+		status  Status
+	)
+	switch {
+	case locked:
+		typ, version, status = in.Type, in.Version, in.Status
+	case errors.Is(err, pgx.ErrNoRows):
+		// Locked by someone else, or no such saga: read what is committed.
+		err := tx.QueryRow(ctx, o.sql.events.peek, sagaID).Scan(&typ, &version, &status)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil, fmt.Errorf("%w: %q", ErrNotFound, sagaID)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("saga %s: read: %w", sagaID, o.tablesError(err))
+		}
+	default:
+		return nil, fmt.Errorf("saga %s: lock: %w", sagaID, o.tablesError(err))
+	}
+	d := o.definition(typ, version)
+	if d == nil {
+		return nil, fmt.Errorf("%w: saga %s is %s v%d", ErrNotRegistered, sagaID, typ, version)
+	}
+	refuse := func(cause error, reason string) ([]func(), error) {
+		refusal := fmt.Errorf("%w: saga %s, event %s (id %s): %s", cause, sagaID, event, eventID, reason)
+		ev := storedEvent{name: event, id: eventID, payload: raw}
+		err := tx.QueryRow(ctx, o.sql.events.insert, sagaID, event, eventID, raw, eventRefused, now).Scan(&ev.arrived)
+		if errors.Is(err, pgx.ErrNoRows) {
+			// A repeated delivery: nil if the first was taken (the saga
+			// ended since), the refusal again, unrecorded, if it was not.
+			var state string
+			if err := tx.QueryRow(ctx, o.sql.events.stateOf, sagaID, eventID).Scan(&state); err != nil {
+				return nil, fmt.Errorf("saga %s: read event %s: %w", sagaID, eventID, err)
+			}
+			if state != eventRefused {
+				return nil, nil
+			}
+			return nil, refusal
+		}
+		if err != nil {
+			return nil, fmt.Errorf("saga %s: store event %s: %w", sagaID, eventID, o.tablesError(err))
+		}
+		if err := o.writeHistory(ctx, tx, []historyRow{eventHistory(sagaID, now, string(status), ev, eventRefused, "", reason)}); err != nil {
+			return nil, err
+		}
+		return nil, refusal
+	}
+	if !d.waitsFor(0, event) {
+		return refuse(ErrEventNotAwaited, fmt.Sprintf("no step of %s v%d waits for it", typ, version))
+	}
+	if status == StatusCompleted || status == StatusCompensated {
+		return refuse(ErrSagaEnded, "the saga is "+string(status))
+	}
+	var arrived int64
+	err = tx.QueryRow(ctx, o.sql.events.insert, sagaID, event, eventID, raw, eventNew, now).Scan(&arrived)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil // a duplicate delivery: applied (or filed) once already
+	}
+	if err != nil {
+		return nil, fmt.Errorf("saga %s: store event %s: %w", sagaID, eventID, o.tablesError(err))
+	}
+	if !locked {
+		return nil, nil // the orchestrator's timer pass applies it
+	}
+	if status == StatusPaused || status == StatusScheduled {
+		return nil, nil // stored: Resume, or the saga's start, takes it
+	}
+	if err := o.callHook(ctx, HookLoaded, sagaID); err != nil {
+		return nil, err
+	}
+	m := &machine{o: o, d: d, in: in, ctx: ctx, tx: tx, now: now}
+	if err := m.onNewEvents(); err != nil {
+		return nil, err
+	}
+	if err := m.save(); err != nil {
+		return nil, err
+	}
+	return m.after, o.callHook(ctx, HookBeforeCommit, sagaID)
+}
+
+// applyEvents applies the events a signaller stored without applying them
+// (it found the saga locked), for at most ClaimBatch sagas of the
+// registered types, each under a savepoint of its own. RunDue calls it.
+func (o *Orchestrator) applyEvents(ctx context.Context) (int, error) {
+	types, versions := o.registeredPairs()
+	if len(types) == 0 {
+		return 0, nil
+	}
+	var woken [][]func()
+	var failed error
+	err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
+		woken, failed = woken[:0], nil
+		// Relies on saga_event_new_idx.
+		found, err := queryInstances(ctx, tx, o.sql.events.claimNew, types, versions, o.batch)
+		if err != nil {
+			return fmt.Errorf("saga: claim sagas with new events: %w", o.tablesError(err))
+		}
+		now := o.clock.Now()
+		for _, in := range found {
+			d := o.definition(in.Type, in.Version)
+			if d == nil {
+				continue
+			}
+			sp, err := tx.Begin(ctx)
+			if err != nil {
+				return fmt.Errorf("saga %s: savepoint: %w", in.ID, err)
+			}
+			m := &machine{o: o, d: d, in: in, ctx: ctx, tx: sp, now: now}
+			err = m.onNewEvents()
+			if err == nil {
+				err = m.save()
+			}
+			if err == nil {
+				if err := sp.Commit(ctx); err != nil {
+					return fmt.Errorf("saga %s: release savepoint: %w", in.ID, err)
+				}
+				woken = append(woken, m.after)
+				continue
+			}
+			if rerr := sp.Rollback(ctx); rerr != nil || ctx.Err() != nil {
+				return errors.Join(err, rerr)
+			}
+			failed = errors.Join(failed, skipped{fmt.Errorf("saga %s: apply new events: %w", in.ID, err)})
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	for _, after := range woken {
+		for _, f := range after {
+			f()
+		}
+	}
+	return len(woken), failed
+}
+
+// EventTarget is where a message delivers its event: the saga, the event's
+// name and its id (deduplicated per saga; defaults to the message's UUID).
+type EventTarget struct {
+	SagaID, Event, EventID string
+}
+
+// EventHandler returns a Watermill handler that delivers each message of
+// a topic as an event, as SignalTx does, with the message's payload (JSON)
+// as the event's. route maps a message to its saga and event name (from
+// its metadata or payload); an error it returns is the handler's (wrap it
+// with millrace.Permanent for a message that will never map). Each message
+// is applied in one transaction with its inbox dedup mark (consumer
+// Config.Consumer), so a redelivered message applies once. An event the
+// saga refuses (ErrSagaEnded, ErrEventNotAwaited) is recorded in its
+// history, logged and acknowledged; an unknown saga is a millrace.Permanent
+// error wrapping ErrNotFound. Put it behind Watermill's PoisonQueue and
+// Retry (with inbox.ShouldRetry) middleware, as any inbox handler.
+func (o *Orchestrator) EventHandler(route func(msg *message.Message) (EventTarget, error)) message.NoPublishHandlerFunc {
+	h := o.dedup.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		tx, ok := inbox.TxFromContext(msg.Context())
+		if !ok {
+			return nil, outbox.ErrNoTx
+		}
+		t, err := route(msg)
+		if err != nil {
+			return nil, fmt.Errorf("saga: EventHandler: route message %s: %w", msg.UUID, err)
+		}
+		if t.EventID == "" {
+			t.EventID = msg.UUID
+		}
+		if len(msg.Payload) > 0 && !json.Valid(msg.Payload) {
+			return nil, millrace.Permanent(fmt.Errorf("%w: message %s: payload is not JSON", ErrInvalidEvent, msg.UUID))
+		}
+		err = SignalTx(msg.Context(), tx, o, t.SagaID, t.Event, t.EventID, json.RawMessage(msg.Payload))
+		switch {
+		case errors.Is(err, ErrSagaEnded) || errors.Is(err, ErrEventNotAwaited):
+			o.logger.Info("saga: event refused", map[string]any{"saga_id": t.SagaID, "event": t.Event, "event_id": t.EventID, "error": err.Error()})
+			return nil, nil
+		case errors.Is(err, ErrNotFound) || errors.Is(err, ErrInvalidEvent) || errors.Is(err, ErrInvalidID) || errors.Is(err, ErrNotRegistered):
+			return nil, millrace.Permanent(err)
+		}
+		return nil, err
+	})
+	return func(msg *message.Message) error {
+		_, err := h(msg)
+		return err
+	}
+}
