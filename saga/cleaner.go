@@ -113,7 +113,8 @@ func NewCleaner(pool *pgxpool.Pool, cfg CleanerConfig) (*Cleaner, error) {
 		// Cleaner), found in order on saga_instance_ended_idx (status,
 		// ended_at, id), and locked; then their history
 		// (saga_history_saga_idx) and their rows. A saga with a stuck
-		// event in its history (found on saga_history_saga_idx) stays
+		// event in its history (found on saga_history_stuck_idx, of
+		// migration 012, which holds only those lines) stays
 		// unless it also ended before $5. FOR UPDATE checks the status
 		// again on a row changed meanwhile. Returns the sagas removed and
 		// the last one's (ended_at, id).

@@ -403,7 +403,8 @@
 // adds the paused and scheduled statuses, saga_pause and the held
 // replies (saga_held_reply); 011_saga_bulk adds the bulk operations
 // (saga_bulk_operation, saga_bulk_item) and an index selecting sagas by
-// status and step.
+// status and step; 012_saga_history_stuck indexes the history's stuck
+// lines for the Cleaner.
 // Config.Clock replaces the real time (for tests that skip time) and
 // Config.Hook is called at each persistence boundary (HookLoaded,
 // HookBeforeCommit, HookAfterCommit), for harnesses that inject crashes;

@@ -1,0 +1,1 @@
+DROP INDEX IF EXISTS saga_history_stuck_idx;
