@@ -1,10 +1,12 @@
 package console
 
 import (
+	"encoding/json"
 	"errors"
 	"net/http"
 
 	"github.com/millrace/millrace/kafka"
+	"github.com/millrace/millrace/saga"
 )
 
 type lagData struct {
@@ -60,4 +62,53 @@ func (c *Console) readLag(r *http.Request) ([]kafka.PartitionLag, error) {
 	ctx, cancel := reqCtx(r)
 	defer cancel()
 	return lr.Read(ctx)
+}
+
+// stalledCommand is a saga's command that waits on a stalled partition.
+type stalledCommand struct {
+	Step, Topic string
+	Lag         kafka.PartitionLag
+}
+
+// stalledCommand returns where the saga's current step's command waits
+// when that partition is stalled in a group that consumes its topic: the
+// saga will time out there, and the cause is the consumer, not the saga.
+// It reads Kafka only for a live saga whose current step waits for a
+// reply, and says nothing when Kafka cannot be read (the lag page does).
+func (c *Console) stalledCommand(r *http.Request, in *saga.Instance, hist []saga.HistoryEntry) *stalledCommand {
+	if len(c.cfg.KafkaBrokers) == 0 || in.Status != saga.StatusRunning && in.Status != saga.StatusCompensating {
+		return nil
+	}
+	st := in.Steps[in.Step]
+	if st == nil || st.Status != saga.StepRunning && st.Status != saga.StepCompensating {
+		return nil
+	}
+	topic := ""
+	for _, h := range hist {
+		var d struct{ Topic string }
+		if h.Event == "command" && h.Step == in.Step && json.Unmarshal(h.Detail, &d) == nil && d.Topic != "" {
+			topic = d.Topic // the last one
+		}
+	}
+	if topic == "" {
+		return nil
+	}
+	lr, err := kafka.NewLagReader(kafka.LagConfig{Brokers: c.cfg.KafkaBrokers, StallAfter: c.cfg.LagStallAfter})
+	if err != nil {
+		return nil
+	}
+	defer lr.Close()
+	ctx, cancel := reqCtx(r)
+	defer cancel()
+	lags, err := lr.ForKey(ctx, topic, in.ID)
+	if err != nil {
+		c.log.Warn("console: lag of a saga's command", "saga", in.ID, "topic", topic, "err", err)
+		return nil
+	}
+	for _, l := range lags {
+		if l.Stalled {
+			return &stalledCommand{Step: in.Step, Topic: topic, Lag: l}
+		}
+	}
+	return nil
 }

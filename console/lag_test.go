@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +13,9 @@ import (
 
 	"github.com/millrace/millrace/console"
 	"github.com/millrace/millrace/internal/kafkatest"
+	"github.com/millrace/millrace/internal/opstest"
+	"github.com/millrace/millrace/internal/pgtest"
+	"github.com/millrace/millrace/saga"
 )
 
 // The consumer-lag page reads the groups from Kafka: a group that took
@@ -61,5 +65,56 @@ func TestLagPage(t *testing.T) {
 	r = b.get("/kafka/lag?all=1")
 	if !regexp.MustCompile(`<tr data-group="` + done + `" data-topic="` + topic + `" data-partition="0">`).MatchString(r.body) {
 		t.Fatalf("the group without lag not listed with ?all=1:\n%s", r.body)
+	}
+}
+
+// A saga whose current step's command sits on a partition nobody consumes
+// says so on its page; once the group caught up, it does not.
+func TestSagaPageSaysItsCommandIsNotConsumed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	brokers := kafkatest.Brokers(t)
+	topic, group := kafkatest.Topic(), kafkatest.Group()
+	kafkatest.CreateTopic(t, brokers, topic, 1, nil)
+	db := pgtest.New(t)
+	o := opstest.NewOrchestrator(t, db)
+	def, err := saga.Define(saga.Spec[opstest.Order]{Type: "pay", Version: 1, Steps: []saga.Step[opstest.Order]{
+		{Name: "charge", Kind: saga.Compensatable, Action: &saga.Command[opstest.Order]{Topic: topic}, Compensation: &saga.Command[opstest.Order]{}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Register(def); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := saga.Start(ctx, o, def, "pay-1", opstest.Order{ID: "pay-1"}); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for i := range 3 {
+		r := &kgo.Record{Topic: topic, Value: []byte("v"), Timestamp: time.Now().Add(-time.Hour + time.Duration(i)*time.Second)}
+		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	commit := func(at int64) {
+		offs := kadm.Offsets{}
+		offs.Add(kadm.Offset{Topic: topic, Partition: 0, At: at, LeaderEpoch: -1})
+		if err := kadm.NewClient(cl).CommitAllOffsets(ctx, group, offs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	commit(1)
+	b := setupOn(t, db, console.Config{Sagas: o, KafkaBrokers: brokers})
+	r := b.get("/saga?id=pay-1")
+	contains(t, "saga page, its partition stalled", r.body, `id="saga-stalled"`, "Step <b>charge</b> waits for a reply to its command on "+topic+", partition 0: group "+group,
+		"2 records waiting, held by no member")
+	commit(3)
+	if r := b.get("/saga?id=pay-1"); strings.Contains(r.body, `id="saga-stalled"`) {
+		t.Fatalf("the hint stays once the group consumed everything:\n%s", r.body)
 	}
 }

@@ -125,6 +125,9 @@ type sagaPageData struct {
 	Requests bool
 	// Picture draws the steps (nil when there are none to draw).
 	Picture *sagaPicture
+	// Stalled is set when the command the saga waits on sits on a
+	// partition nobody consumes (see lagPage); nil otherwise.
+	Stalled *stalledCommand
 }
 
 func (c *Console) sagaPage(w http.ResponseWriter, r *http.Request) {
@@ -171,6 +174,7 @@ func (c *Console) sagaPage(w http.ResponseWriter, r *http.Request) {
 		d.Steps = append(d.Steps, stepRow{Name: name, State: in.Steps[name], Current: name == in.Step})
 	}
 	d.Picture = buildPicture(c.sagas, in, names, hist, time.Now())
+	d.Stalled = c.stalledCommand(r, in, hist)
 	d.Actions = allowedActions(in)
 	if in.Status == saga.StatusCompensated {
 		d.Outcome = in.LastError

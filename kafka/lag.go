@@ -311,3 +311,43 @@ func b2f(b bool) float64 {
 	}
 	return 0
 }
+
+// KeyPartition returns the partition, of a topic with n partitions, that
+// the Publisher's default partitioner sends a record of key to (FNV-1a, as
+// watermill-kafka's publisher and sarama's hash partitioner place keys).
+// n must be positive.
+func KeyPartition(key string, n int32) int32 {
+	p := int32(fnv32a([]byte(key))) % n
+	if p < 0 {
+		p = -p
+	}
+	return p
+}
+
+// ForKey returns the lag of every group on the partition of topic that
+// key is sent to (KeyPartition): where a saga's command waits, say. Only
+// groups that consume the topic are returned.
+func (r *LagReader) ForKey(ctx context.Context, topic, key string) ([]PartitionLag, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
+	defer cancel()
+	topics, err := r.adm.ListTopics(ctx, topic)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: topic %s: %w", topic, err)
+	}
+	td, ok := topics[topic]
+	if !ok || td.Err != nil || len(td.Partitions) == 0 {
+		return nil, fmt.Errorf("kafka: topic %s: not found", topic)
+	}
+	p := KeyPartition(key, int32(len(td.Partitions)))
+	lags, err := r.Read(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []PartitionLag
+	for _, l := range lags {
+		if l.Topic == topic && l.Partition == p {
+			out = append(out, l)
+		}
+	}
+	return out, nil
+}

@@ -98,7 +98,16 @@ func (m *machine) command(s *stepDef, c *command, op string, attempt int) error 
 	m.events = append(m.events, ev)
 	m.in.Attempts = attempt
 	m.record("command", s.name, op, attempt, "", "")
+	// Where the command went, for tools without the definition (the
+	// console shows when its partition is not consumed).
+	m.hist[len(m.hist)-1].detail, _ = json.Marshal(commandDetail{Topic: c.topic, Command: c.name})
 	return nil
+}
+
+// commandDetail is the detail of a "command" history line.
+type commandDetail struct {
+	Topic   string `json:"topic"`
+	Command string `json:"command,omitempty"`
 }
 
 // runLocal runs fn under a savepoint. stepErr is fn's failure (its writes

@@ -156,6 +156,8 @@ type HistoryEntry struct {
 	// fenced replies (the same step, operation, attempt, outcome, status
 	// and reason, one after the other) is one entry, the first, whose
 	// Detail is {"count": n, "last_at": "<when the last one arrived>"}.
+	// A command's is {"topic": "<where it was sent>", "command": "<its
+	// name>"}.
 	Detail json.RawMessage
 }
 
