@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/millrace/millrace/compensation"
 	"github.com/millrace/millrace/internal/sqlident"
@@ -76,6 +78,28 @@ func (b *bench) benchSagas(ctx context.Context) error {
 		b.config["saga_quick_sagas"] = sagaQuickCount
 	}
 	b.results["sagas_per_s"] = round(n, digits)
+	cpu, pgExec := b.sagaCPU(), b.config["saga_pg_exec_ms_per_saga"]
+	// The same saga with its middle step a wait step, signalled by the
+	// starter: what a wait costs against a remote step.
+	wn, err := b.sagaPhase(ctx, "wait", 0)
+	if err != nil {
+		return err
+	}
+	b.results["sagas_per_s_wait_step"] = round(wn, digits)
+	waitCPU := b.sagaCPU()
+	b.config["saga_wait_phase_cpu_ms_per_saga"] = waitCPU
+	b.config["saga_cpu_ms_per_saga_bench_process"] = cpu[0] // the three-remote-step figures stay the headline
+	b.config["saga_cpu_ms_per_saga_broker"] = cpu[1]
+	b.config["saga_cpu_ms_per_saga_postgres"] = cpu[2]
+	if v, ok := b.config["saga_pg_exec_ms_per_saga"]; ok && pgExec != nil {
+		b.config["saga_wait_phase_pg_exec_ms_per_saga"] = v
+		b.config["saga_pg_exec_ms_per_saga"] = pgExec
+	}
+	// What a wait step in place of a remote step saves per saga (CPU of
+	// the bench process, the broker and PostgreSQL together).
+	b.results["saga_wait_step_saves_cpu_ms"] = round(cpu[0]+cpu[1]+cpu[2]-waitCPU[0]-waitCPU[1]-waitCPU[2], 3)
+	b.progress("sagas: a wait step in place of a remote step: %.0f sagas/s against %.0f, CPU per saga %.2f ms against %.2f (process, broker and PostgreSQL)",
+		wn, n, waitCPU[0]+waitCPU[1]+waitCPU[2], cpu[0]+cpu[1]+cpu[2])
 	if _, err := b.sagaPhase(ctx, "latency", sagaLatencyRate); err != nil {
 		return err
 	}
@@ -84,6 +108,13 @@ func (b *bench) benchSagas(ctx context.Context) error {
 	b.config["saga_batch_size"] = sagaBatchSize
 	b.config["saga_latency_rate_per_s"] = sagaLatencyRate
 	return nil
+}
+
+// sagaCPU returns the CPU per saga of the last throughput phase: bench
+// process, broker, PostgreSQL.
+func (b *bench) sagaCPU() [3]float64 {
+	f := func(k string) float64 { v, _ := b.config[k].(float64); return v }
+	return [3]float64{f("saga_cpu_ms_per_saga_bench_process"), f("saga_cpu_ms_per_saga_broker"), f("saga_cpu_ms_per_saga_postgres")}
 }
 
 // sagaRig is the orchestrator, three participants and a relay on one schema.
@@ -95,6 +126,31 @@ type sagaRig struct {
 	effect string
 	// hops, in the latency phase only, records the hops of each round trip.
 	hops *hopRecorder
+	// wait: the middle step is a wait step, and whoever starts a saga then
+	// signals its event (each in a transaction of its own, as a webhook
+	// would); the wait phase only.
+	wait bool
+}
+
+// sagaWaitEvent is the event the wait phase's middle step waits for.
+const sagaWaitEvent = "stock.confirmed"
+
+// sagaSignallers is how many signals each starter sends at once in the
+// wait phase (webhooks arrive concurrently).
+const sagaSignallers = 6
+
+// signalStarted delivers the wait event to sagas ids, each in its own
+// transaction, sagaSignallers at a time; nothing in the other phases.
+func (r *sagaRig) signalStarted(ctx context.Context, ids []string) error {
+	if !r.wait {
+		return nil
+	}
+	var g errgroup.Group
+	g.SetLimit(sagaSignallers)
+	for _, id := range ids {
+		g.Go(func() error { return saga.Signal(ctx, r.o, id, sagaWaitEvent, "", nil) })
+	}
+	return g.Wait()
 }
 
 // sagaPhase runs one rig. rate 0: start as fast as the rig completes (up
@@ -103,7 +159,11 @@ type sagaRig struct {
 // from the first start to the last completion); rate > 0: start rate sagas
 // a second and record the latency figures.
 func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, error) {
-	pool, schema, done, err := b.workspace(ctx, 20)
+	conns := int32(20)
+	if name == "wait" {
+		conns += sagaStarters * sagaSignallers
+	}
+	pool, schema, done, err := b.workspace(ctx, conns)
 	if err != nil {
 		return 0, err
 	}
@@ -119,8 +179,15 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 	if err := b.createTopics(topics, sagaPartitions); err != nil {
 		return 0, err
 	}
+	rig.wait = name == "wait"
 	steps := make([]saga.Step[sagaOrder], 0, 3)
 	for _, s := range []string{"credit", "stock", "ship"} {
+		if s == "stock" && rig.wait {
+			steps = append(steps, saga.Step[sagaOrder]{Name: s, Kind: saga.Compensatable,
+				Await: &saga.Await[sagaOrder]{Event: sagaWaitEvent, OnEvent: func(*sagaOrder, json.RawMessage) error { return nil },
+					Timeout: time.Minute, OnTimeout: saga.TimeoutCompensate}})
+			continue
+		}
 		steps = append(steps, saga.Step[sagaOrder]{Name: s, Kind: saga.Compensatable,
 			Action: &saga.Command[sagaOrder]{Topic: topics[s]}, Compensation: &saga.Command[sagaOrder]{}})
 	}
@@ -186,6 +253,9 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 		}
 	}()
 	for _, s := range []string{"credit", "stock", "ship"} {
+		if s == "stock" && rig.wait {
+			continue
+		}
 		p, err := compensation.NewParticipant(pool, compensation.Config{Schema: schema, Name: s, Writer: w})
 		if err != nil {
 			return 0, err
@@ -229,7 +299,8 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 	var result float64
 	if rate == 0 {
 		stmts, pgStat := readPgStatements(ctx, pool)
-		if b.opts.sagaProfile != "" {
+		profile := b.opts.sagaProfile != "" && name == "throughput"
+		if profile {
 			f, err := os.Create(b.opts.sagaProfile)
 			if err != nil {
 				return 0, err
@@ -252,7 +323,7 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 		stop()
 		wg.Wait()
 		self, broker, db := cpu.stop(ctx, b, pool)
-		if b.opts.sagaProfile != "" {
+		if profile {
 			pprof.StopCPUProfile()
 			b.progress("sagas: CPU profile of the throughput phase in %s (go tool pprof %s)", b.opts.sagaProfile, b.opts.sagaProfile)
 		}
@@ -363,15 +434,21 @@ func (r *sagaRig) throughput(ctx context.Context, d time.Duration) (float64, int
 					time.Sleep(time.Millisecond)
 					continue
 				}
+				var ids []string
 				err := pgx.BeginFunc(sctx, r.pool, func(tx pgx.Tx) error {
+					ids = ids[:0]
 					for j := i; j < i+sagaStartBatch; j++ {
 						id := fmt.Sprintf("s-%d", j)
 						if _, err := saga.StartTx(sctx, tx, r.o, r.def, id, sagaOrder{ID: id, Amount: j}); err != nil {
 							return err
 						}
+						ids = append(ids, id)
 					}
 					return nil
 				})
+				if err == nil {
+					err = r.signalStarted(sctx, ids)
+				}
 				if err != nil {
 					if sctx.Err() == nil {
 						errs <- err
@@ -440,15 +517,21 @@ func (r *sagaRig) throughput(ctx context.Context, d time.Duration) (float64, int
 // ends otherwise, is an error: the figure comes from finished sagas only.
 func (r *sagaRig) fixed(ctx context.Context, n int, deadline time.Duration) (float64, int, error) {
 	for i := 0; i < n; i += sagaStartBatch {
+		var ids []string
 		err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+			ids = ids[:0]
 			for j := i; j < min(n, i+sagaStartBatch); j++ {
 				id := fmt.Sprintf("q-%d", j)
 				if _, err := saga.StartTx(ctx, tx, r.o, r.def, id, sagaOrder{ID: id, Amount: j}); err != nil {
 					return err
 				}
+				ids = append(ids, id)
 			}
 			return nil
 		})
+		if err == nil {
+			err = r.signalStarted(ctx, ids)
+		}
 		if err != nil {
 			return 0, 0, err
 		}
