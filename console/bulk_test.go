@@ -1,12 +1,16 @@
 package console_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"image/png"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -91,6 +95,7 @@ func TestBrowserBulkRetry(t *testing.T) {
 	if n := text(`#bulk-selected`); n != "1000" {
 		t.Errorf("the confirm page counts %s sagas, want 1000", n)
 	}
+	pageShot(ctx, t, "bulk-confirm.png")
 	rows, err := chromedp.Run(ctx, chromedp.AttributesAll(`#bulk-sample tr[data-saga-id]`))
 	if err != nil {
 		t.Fatal(err)
@@ -154,6 +159,7 @@ func TestBrowserBulkRetry(t *testing.T) {
 			t.Errorf("once applied, %s says %s, want %s", sel, got, want)
 		}
 	}
+	pageShot(ctx, t, "bulk-done.png")
 
 	// Every saga acted on is compensated and audited with the operator,
 	// the reason and the operation; the one that changed was not acted on.
@@ -199,4 +205,22 @@ func historyOf(t *testing.T, o *saga.Orchestrator, id string) []saga.HistoryEntr
 		t.Fatal(err)
 	}
 	return h
+}
+
+// pageShot takes a screenshot of the whole page and checks that it is a
+// page-wide PNG; with MILLRACE_SCREENSHOT=1 it writes it to docs/name.
+func pageShot(ctx context.Context, t *testing.T, name string) {
+	t.Helper()
+	shot, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if img, err := png.Decode(bytes.NewReader(shot)); err != nil || img.Bounds().Dx() < 1000 {
+		t.Fatalf("screenshot %s is not a page-wide PNG: %v", name, err)
+	}
+	if os.Getenv("MILLRACE_SCREENSHOT") == "1" {
+		if err := os.WriteFile(filepath.Join("..", "docs", name), shot, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
