@@ -93,7 +93,7 @@ func TestOutboxDeadBulkConsole(t *testing.T) {
 	}
 
 	for path, want := range map[string]int{
-		"/outbox/dead/bulk/requeue":           http.StatusBadRequest, // no filter
+		"/outbox/dead/bulk/requeue":            http.StatusBadRequest, // no filter
 		"/outbox/dead/bulk/requeue?older=soon": http.StatusBadRequest,
 		"/outbox/dead/bulk/replay?topic=x":     http.StatusNotFound,
 	} {
