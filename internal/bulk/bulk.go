@@ -44,7 +44,7 @@ func Walk[T any](list func(afterID int64) ([]T, error), id func(T) int64, keep f
 			return nil
 		}
 		after = id(page[len(page)-1])
-		kept := page[:0]
+		var kept []T // not page[:0]: the listing's slice stays as it was
 		for _, row := range page {
 			if keep(row) {
 				kept = append(kept, row)
