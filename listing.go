@@ -3,6 +3,7 @@ package millrace
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // DefaultListLimit is the number of dead letters a listing returns when
@@ -42,4 +43,22 @@ func (p ListParams) Normalize() (ListParams, error) {
 		p.Limit = DefaultListLimit
 	}
 	return p, nil
+}
+
+// DeadLetterQuery selects dead letters for a bulk requeue or discard, in
+// the outbox (outbox.Admin.DryRunDeadLetters, RequeueMatching,
+// DiscardMatching) and in the inbox (inbox.DeadLetters.DryRun,
+// RequeueMatching, DiscardMatching). Every condition set must hold; the
+// zero value selects every dead letter.
+type DeadLetterQuery struct {
+	// Topic and PartitionKey keep only dead letters of this topic or key
+	// (matched in SQL by the listing, as ListParams). Defaults to any.
+	Topic, PartitionKey string
+	// Error keeps only dead letters whose last error matches this SQL LIKE
+	// pattern ("%timeout%": % any run of characters, _ any one, \ makes
+	// the next literal; the whole error must match). Defaults to any.
+	Error string
+	// DeadBefore keeps only dead letters that died before it (older than
+	// an age). Defaults to any.
+	DeadBefore time.Time
 }

@@ -49,6 +49,15 @@
 // authenticating proxy sets, else "console"), the event id and the count.
 // The console has no login of its own: put it behind your proxy.
 //
+// The dead-letter pages filter (the outbox's and an inbox's by topic,
+// partition key, last error like an SQL LIKE pattern and age; a poison
+// topic's by reason like, original topic and age) and, once filtered,
+// offer "requeue or discard all N matching" (a poison topic: requeue only,
+// as Kafka cannot delete one message from a topic). Its confirm page shows
+// the count and the first selected; its POST acts on what the filter
+// selects then (outbox.Admin.RequeueMatching and the like) and is logged
+// with the operator, an optional reason, the filter and the counts.
+//
 // # Logging
 //
 // Config.Logger is a *slog.Logger. millrace's workers (outbox.Relay,

@@ -116,7 +116,7 @@ func (c *Console) parseTemplates() error {
 		return err
 	}
 	c.pages = map[string]*template.Template{}
-	for _, page := range []string{"overview", "outbox_dead", "inbox_dead", "confirm", "error", "sagas", "saga", "saga_confirm", "saga_bulk", "poison", "kafka_lag", "services"} {
+	for _, page := range []string{"overview", "outbox_dead", "inbox_dead", "confirm", "error", "sagas", "saga", "saga_confirm", "saga_bulk", "dead_bulk", "poison", "kafka_lag", "services"} {
 		t, err := template.Must(base.Clone()).ParseFS(templateFS, "templates/"+page+".html")
 		if err != nil {
 			return err
@@ -181,7 +181,11 @@ func flash(q url.Values) string {
 	if n != 1 {
 		what += "s"
 	}
-	return fmt.Sprintf("%s %d %s.", verb, n, what)
+	msg := fmt.Sprintf("%s %d %s.", verb, n, what)
+	if k, err := strconv.Atoi(q.Get("refused")); err == nil && k > 0 {
+		msg += fmt.Sprintf(" Refused %d: not a Watermill message, or it does not say its original topic.", k)
+	}
+	return msg
 }
 
 type consumerRow struct {
@@ -314,14 +318,24 @@ func (c *Console) consumers(r *http.Request) ([]consumerRow, error) {
 
 type outboxDeadData struct {
 	Topic, Key string
-	After      int64
-	List       []outbox.DeadLetter
-	Next       int64 // AfterID of the next page, 0 when this is the last
+	// Error and Older narrow the list by last error and age (deadbulk.go).
+	Error, Older string
+	After        int64
+	List         []outbox.DeadLetter
+	Next         int64 // AfterID of the next page, 0 when this is the last
+	// Matching is how many dead letters the filter selects, for "requeue
+	// or discard all N matching"; -1 when it offers none.
+	Matching int
+	Filter   deadFilter
 }
 
 func (c *Console) outboxDead(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	d := outboxDeadData{Topic: q.Get("topic"), Key: q.Get("key")}
+	f, ok := c.readFilter(w, r, "outbox", q.Get)
+	if !ok {
+		return
+	}
+	d := outboxDeadData{Topic: f.Topic, Key: f.Key, Error: f.Error, Older: f.Older, Matching: -1, Filter: f}
 	if s := q.Get("after"); s != "" {
 		after, err := strconv.ParseInt(s, 10, 64)
 		if err != nil || after < 0 {
@@ -332,6 +346,21 @@ func (c *Console) outboxDead(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := reqCtx(r)
 	defer cancel()
+	if f.selected() {
+		dry, err := c.outbox.DryRunDeadLetters(ctx, f.deadQuery(), c.cfg.PageSize)
+		if err != nil {
+			c.dbFail(w, r, err)
+			return
+		}
+		if !c.cfg.ReadOnly {
+			d.Matching = dry.Count
+		}
+		if d.Error != "" || d.Older != "" { // the listing cannot filter these: show the first matching
+			d.List = dry.First
+			c.render(w, r, http.StatusOK, "outbox_dead", "Outbox dead letters", "outbox", d)
+			return
+		}
+	}
 	// One more than a page says whether a next page exists.
 	list, err := c.outbox.ListDeadLetters(ctx, outbox.ListParams{
 		Limit: c.cfg.PageSize + 1, AfterID: d.After, Topic: d.Topic, PartitionKey: d.Key,
@@ -353,10 +382,19 @@ type inboxDeadData struct {
 	Consumers []consumerRow
 	List      []inbox.DeadEvent
 	More      bool
+	// Filter narrows the list (deadbulk.go); Matching is how many dead
+	// letters it selects, for "requeue or discard all N matching", -1 when
+	// it offers none.
+	Filter   deadFilter
+	Matching int
 }
 
 func (c *Console) inboxDead(w http.ResponseWriter, r *http.Request) {
-	d := inboxDeadData{Consumer: r.URL.Query().Get("consumer")}
+	f, ok := c.readFilter(w, r, "inbox", r.URL.Query().Get)
+	if !ok {
+		return
+	}
+	d := inboxDeadData{Consumer: f.Consumer, Filter: f, Matching: -1}
 	if d.Consumer == "" {
 		consumers, err := c.consumers(r)
 		if err != nil {
@@ -374,6 +412,19 @@ func (c *Console) inboxDead(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := reqCtx(r)
 	defer cancel()
+	if f.selected() {
+		dry, err := dl.DryRun(ctx, f.deadQuery(), c.cfg.PageSize)
+		if err != nil {
+			c.dbFail(w, r, err)
+			return
+		}
+		if !c.cfg.ReadOnly {
+			d.Matching = dry.Count
+		}
+		d.List, d.More = dry.First, dry.Count > len(dry.First)
+		c.render(w, r, http.StatusOK, "inbox_dead", "Inbox dead letters: "+d.Consumer, "inbox", d)
+		return
+	}
 	list, err := dl.List(ctx, millrace.ListParams{Limit: c.cfg.PageSize + 1})
 	if err != nil {
 		c.dbFail(w, r, err)

@@ -5,7 +5,6 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
-	"strings"
 
 	"github.com/millrace/millrace/internal/poison"
 	"github.com/millrace/millrace/kafka"
@@ -18,15 +17,26 @@ type poisonData struct {
 	Total    int
 	Messages []poison.Message
 	Error    string
+	// Filter narrows the list (reason, original topic, age; deadbulk.go);
+	// Matching is how many messages it selects, for "requeue all N
+	// matching", -1 when it offers none.
+	Filter   deadFilter
+	Matching int
 }
 
 // poisonPage shows a poison topic read from Kafka: how many messages it
 // holds and the newest ones, each with the reason it was poisoned.
 func (c *Console) poisonPage(w http.ResponseWriter, r *http.Request) {
-	d := poisonData{Brokers: len(c.cfg.KafkaBrokers) > 0, Topics: c.cfg.PoisonTopics, Topic: strings.TrimSpace(r.URL.Query().Get("topic"))}
+	f, ok := c.readFilter(w, r, "poison", r.URL.Query().Get)
+	if !ok {
+		return
+	}
+	d := poisonData{Brokers: len(c.cfg.KafkaBrokers) > 0, Topics: c.cfg.PoisonTopics, Topic: f.Topic, Matching: -1}
 	if d.Topic == "" && len(d.Topics) == 1 {
 		d.Topic = d.Topics[0]
 	}
+	f.Topic = d.Topic
+	d.Filter = f
 	status := http.StatusOK
 	if d.Brokers && d.Topic != "" {
 		if err := kafka.ValidateTopic(d.Topic); err != nil {
@@ -36,7 +46,16 @@ func (c *Console) poisonPage(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := reqCtx(r)
 		defer cancel()
 		var err error
-		if d.Total, d.Messages, err = poison.Read(ctx, c.cfg.KafkaBrokers, d.Topic, c.cfg.PageSize); err != nil {
+		if d.Total, d.Messages, err = poison.Read(ctx, c.cfg.KafkaBrokers, d.Topic, c.cfg.PageSize); err == nil && f.selected() {
+			var dry *poison.DryRun
+			if dry, err = poison.DryRunMatching(ctx, c.cfg.KafkaBrokers, d.Topic, f.poisonQuery(), c.cfg.PageSize); err == nil {
+				d.Messages = dry.First
+				if !c.cfg.ReadOnly {
+					d.Matching = dry.Count
+				}
+			}
+		}
+		if err != nil {
 			c.log.Error("console: poison topic", "err", err, "topic", d.Topic)
 			d.Error, status = "Could not read the topic from Kafka: "+err.Error(), http.StatusBadGateway
 		}

@@ -105,6 +105,14 @@
 // anything is sent, so RequeueTx and DiscardTx leave the caller's
 // transaction usable.
 //
+// In bulk, by a query (millrace.DeadLetterQuery, the outbox's too: topic,
+// partition key, a SQL LIKE match on the last error, died before a time):
+// DryRun counts what it selects and lists the first page, changing
+// nothing; RequeueMatching and DiscardMatching act on it through List and
+// Requeue or Discard, 500 per transaction, and return how many they
+// changed (one requeued or discarded meanwhile by someone else is not
+// counted).
+//
 // # Configuration errors
 //
 // Every constructor checks its Config and returns an error wrapping

@@ -133,7 +133,9 @@
 // publisher marks the errors retrying cannot fix, and a publisher of your
 // own should too.
 //
-// An Admin lists, requeues and discards dead letters, replays published
+// An Admin lists, requeues and discards dead letters (one by one, or in
+// bulk by a DeadLetterQuery: DryRunDeadLetters, RequeueMatching,
+// DiscardMatching), replays published
 // events with their original ids (so a consumer can rebuild a read model
 // from the log, and skip what it applied) and
 // reports the backlog; a Cleaner deletes published events older than the

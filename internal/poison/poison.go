@@ -1,7 +1,7 @@
 // Package poison reads and requeues a poison topic (the dead letters a
-// Watermill PoisonQueue writes to Kafka), for the millrace command and the
-// console, and wraps a poison publisher so that every poisoned message is
-// logged and counted.
+// Watermill PoisonQueue writes to Kafka), one by one or in bulk by a
+// query, for the millrace command and the console, and wraps a poison
+// publisher so that every poisoned message is logged and counted.
 package poison
 
 import (
@@ -21,6 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/millrace/millrace/internal/bulk"
 	"github.com/millrace/millrace/kafka"
 )
 
@@ -196,11 +197,9 @@ func Requeue(ctx context.Context, brokers []string, topic string, ids []string) 
 	if err != nil {
 		return 0, err
 	}
-	byTopic := map[string][]*message.Message{}
-	var order []string
+	var pick []Message
 	found := map[string]bool{}
-	for i := len(msgs) - 1; i >= 0; i-- { // oldest first, as they came
-		m := msgs[i]
+	for _, m := range msgs {
 		if len(ids) > 0 && !slices.Contains(ids, m.UUID) {
 			continue
 		}
@@ -208,6 +207,116 @@ func Requeue(ctx context.Context, brokers []string, topic string, ids []string) 
 			return 0, fmt.Errorf("poison: message at partition %d offset %d of %s does not say its original topic", m.Partition, m.Offset, topic)
 		}
 		found[m.UUID] = true
+		pick = append(pick, m)
+	}
+	for _, id := range ids {
+		if !found[id] {
+			return 0, fmt.Errorf("poison: no message %s on %s", id, topic)
+		}
+	}
+	return send(brokers, pick)
+}
+
+// Query selects the messages of a poison topic for a bulk requeue
+// (DryRunMatching, RequeueMatching). Every condition set must hold; the
+// zero value selects every message.
+type Query struct {
+	// Reason keeps only messages whose reason matches this SQL LIKE
+	// pattern ("%unknown command%": % any run of characters, _ any one, \
+	// makes the next literal; the whole reason must match). Defaults to
+	// any.
+	Reason string `json:"reason,omitempty"`
+	// FromTopic keeps only messages poisoned from this topic. Defaults to
+	// any.
+	FromTopic string `json:"from_topic,omitempty"`
+	// PoisonedBefore keeps only messages poisoned (written to the poison
+	// topic) before it. Defaults to any.
+	PoisonedBefore time.Time `json:"poisoned_before,omitzero"`
+}
+
+// Selected reports whether q selects anything in particular (a condition
+// is set).
+func (q Query) Selected() bool {
+	return q.Reason != "" || q.FromTopic != "" || !q.PoisonedBefore.IsZero()
+}
+
+// DryRun is what a bulk requeue of a Query would act on.
+type DryRun struct {
+	Count int
+	// First are the newest messages selected.
+	First []Message
+}
+
+// matching reads topic and returns the messages q selects, newest first.
+func matching(ctx context.Context, brokers []string, topic string, q Query) ([]Message, error) {
+	_, msgs, err := Read(ctx, brokers, topic, 0)
+	if err != nil {
+		return nil, err
+	}
+	match := bulk.Match(q.Reason, q.PoisonedBefore)
+	return slices.DeleteFunc(msgs, func(m Message) bool {
+		return q.FromTopic != "" && m.Topic != q.FromTopic || !match(m.Reason, m.Time)
+	}), nil
+}
+
+// DryRunMatching counts the messages of topic q selects and returns the
+// newest of them (page messages; 20 when page <= 0). It changes nothing.
+func DryRunMatching(ctx context.Context, brokers []string, topic string, q Query, page int) (*DryRun, error) {
+	if page <= 0 {
+		page = 20
+	}
+	msgs, err := matching(ctx, brokers, topic, q)
+	if err != nil {
+		return nil, err
+	}
+	return &DryRun{Count: len(msgs), First: msgs[:min(page, len(msgs))]}, nil
+}
+
+// Outcome is the outcome of a bulk requeue.
+type Outcome struct {
+	// Matched is how many messages the query selected.
+	Matched int `json:"matched"`
+	// Requeued is how many of them were sent back to their topic.
+	Requeued int `json:"requeued"`
+	// Refused counts the selected messages not sent, by why.
+	Refused map[string]int `json:"refused"`
+}
+
+// RefusedNoTopic is why a message is not requeued in bulk: it does not
+// say the topic it was poisoned from (or is not a Watermill message).
+const RefusedNoTopic = "does not say its original topic"
+
+// RequeueMatching publishes the messages of topic q selects back to the
+// topic each was poisoned from, as Requeue, oldest first, and says how
+// many it matched, sent and refused (a message that does not say its
+// original topic is refused and counted, not sent). Messages cannot be
+// discarded from a Kafka topic one by one; the poison topic keeps what
+// was requeued (requeue it once) until its retention removes it.
+func RequeueMatching(ctx context.Context, brokers []string, topic string, q Query) (Outcome, error) {
+	msgs, err := matching(ctx, brokers, topic, q)
+	if err != nil {
+		return Outcome{}, err
+	}
+	out := Outcome{Matched: len(msgs), Refused: map[string]int{}}
+	pick := slices.DeleteFunc(msgs, func(m Message) bool {
+		if m.msg == nil || m.Topic == "" {
+			out.Refused[RefusedNoTopic]++
+			return true
+		}
+		return false
+	})
+	out.Requeued, err = send(brokers, pick)
+	return out, err
+}
+
+// send publishes msgs (newest first, as Read returns them) back to the
+// topics they were poisoned from, oldest first, and returns how many it
+// sent.
+func send(brokers []string, msgs []Message) (int, error) {
+	byTopic := map[string][]*message.Message{}
+	var order []string
+	for i := len(msgs) - 1; i >= 0; i-- { // oldest first, as they came
+		m := msgs[i]
 		out := message.NewMessage(m.UUID, m.msg.Payload)
 		for k, v := range m.Metadata {
 			out.Metadata.Set(k, v)
@@ -216,11 +325,6 @@ func Requeue(ctx context.Context, brokers []string, topic string, ids []string) 
 			order = append(order, m.Topic)
 		}
 		byTopic[m.Topic] = append(byTopic[m.Topic], out)
-	}
-	for _, id := range ids {
-		if !found[id] {
-			return 0, fmt.Errorf("poison: no message %s on %s", id, topic)
-		}
 	}
 	if len(order) == 0 {
 		return 0, nil

@@ -10,7 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/millrace/millrace/outbox"
+	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/saga"
 )
 
@@ -239,53 +239,115 @@ func (s *deadSelection) set(cmd *cobra.Command) bool {
 // deadBulkJSON is the JSON shape of a bulk dead-letter action: how many it
 // acted on (or, with --dry-run, would), and the first of them.
 type deadBulkJSON struct {
-	Action   string   `json:"action"`
-	DryRun   bool     `json:"dry_run"`
-	Count    int      `json:"count"`
+	Action   string `json:"action"`
+	DryRun   bool   `json:"dry_run"`
+	Consumer string `json:"consumer,omitempty"` // inbox
+	Topic    string `json:"topic,omitempty"`    // poison: the poison topic
+	Count    int    `json:"count"`
+	// EventIDs are the first dead letters selected (a poisoned message's
+	// UUID), listed by the dry run before the action.
 	EventIDs []string `json:"event_ids"`
+	// Refused counts the selected ones not acted on, by why (poison).
+	Refused map[string]int `json:"refused,omitempty"`
+}
+
+// query returns the dead letters' query the flags select, or a usage
+// error when they select nothing in particular.
+func (s *deadSelection) query() (millrace.DeadLetterQuery, error) {
+	if s.topic == "" && s.key == "" && s.errMatch == "" && s.older == 0 {
+		return millrace.DeadLetterQuery{}, usagef("give event ids, or select dead letters with --topic, --key, --error or --older-than")
+	}
+	if s.older < 0 {
+		return millrace.DeadLetterQuery{}, usagef("--older-than must not be negative")
+	}
+	q := millrace.DeadLetterQuery{Topic: s.topic, PartitionKey: s.key, Error: s.errMatch}
+	if s.older > 0 {
+		q.DeadBefore = time.Now().Add(-s.older)
+	}
+	return q, nil
+}
+
+// deadBulk runs a bulk dead-letter action, or only its dry run: dryRun
+// counts what q selects and lists the first ids, act acts on it.
+func (a *app) deadBulk(action, what string, s *deadSelection, out deadBulkJSON,
+	dryRun func() (int, []string, error), act func() (int, error)) error {
+	n, ids, err := dryRun()
+	if err != nil {
+		return err
+	}
+	out.Action, out.DryRun, out.Count, out.EventIDs = action, s.dryRun, n, ids
+	if out.EventIDs == nil {
+		out.EventIDs = []string{}
+	}
+	if !s.dryRun {
+		if out.Count, err = act(); err != nil {
+			return err
+		}
+	}
+	return a.emit(out, func(w io.Writer) {
+		if s.dryRun {
+			fmt.Fprintf(w, "dry run: %s would apply to %d %s; nothing was changed. The first: %s\n",
+				action, out.Count, what, strings.Join(out.EventIDs, " "))
+			return
+		}
+		fmt.Fprintf(w, "%s %d %s\n", map[string]string{"requeue": "requeued", "discard": "discarded"}[action], out.Count, what)
+	})
 }
 
 // outboxDeadBulk requeues or discards the outbox dead letters the flags
 // select (outbox.Admin.RequeueMatching, DiscardMatching).
 func (a *app) outboxDeadBulk(cmd *cobra.Command, action string, s *deadSelection) error {
-	if s.topic == "" && s.key == "" && s.errMatch == "" && s.older == 0 {
-		return usagef("give event ids, or select dead letters with --topic, --key, --error or --older-than")
-	}
-	if s.older < 0 {
-		return usagef("--older-than must not be negative")
-	}
-	q := outbox.DeadLetterQuery{Topic: s.topic, PartitionKey: s.key, Error: s.errMatch}
-	if s.older > 0 {
-		q.DeadBefore = time.Now().Add(-s.older)
+	q, err := s.query()
+	if err != nil {
+		return err
 	}
 	ctx := cmd.Context()
 	admin, err := a.outboxAdmin(ctx)
 	if err != nil {
 		return err
 	}
-	d, err := admin.DryRunDeadLetters(ctx, q, 20)
+	act := admin.RequeueMatching
+	if action == "discard" {
+		act = admin.DiscardMatching
+	}
+	return a.deadBulk(action, "outbox dead letters", s, deadBulkJSON{}, func() (int, []string, error) {
+		d, err := admin.DryRunDeadLetters(ctx, q, 20)
+		if err != nil {
+			return 0, nil, err
+		}
+		ids := make([]string, 0, len(d.First))
+		for _, dl := range d.First {
+			ids = append(ids, dl.EventID)
+		}
+		return d.Count, ids, nil
+	}, func() (int, error) { return act(ctx, q) })
+}
+
+// inboxDeadBulk requeues or discards the consumer's inbox dead letters the
+// flags select (inbox.DeadLetters.RequeueMatching, DiscardMatching).
+func (a *app) inboxDeadBulk(cmd *cobra.Command, consumer, action string, s *deadSelection) error {
+	q, err := s.query()
 	if err != nil {
 		return err
 	}
-	out := deadBulkJSON{Action: action, DryRun: s.dryRun, Count: d.Count, EventIDs: make([]string, 0, len(d.First))}
-	for _, dl := range d.First {
-		out.EventIDs = append(out.EventIDs, dl.EventID)
+	ctx := cmd.Context()
+	dl, err := a.inboxDead(ctx, consumer)
+	if err != nil {
+		return err
 	}
-	if !s.dryRun {
-		act := admin.RequeueMatching
-		if action == "discard" {
-			act = admin.DiscardMatching
-		}
-		if out.Count, err = act(ctx, q); err != nil {
-			return err
-		}
+	act := dl.RequeueMatching
+	if action == "discard" {
+		act = dl.DiscardMatching
 	}
-	return a.emit(out, func(w io.Writer) {
-		if s.dryRun {
-			fmt.Fprintf(w, "dry run: %s would apply to %d outbox dead letters; nothing was changed. The first: %s\n",
-				action, out.Count, strings.Join(out.EventIDs, " "))
-			return
+	return a.deadBulk(action, "inbox dead letters of consumer "+strconv.Quote(consumer), s, deadBulkJSON{Consumer: consumer}, func() (int, []string, error) {
+		d, err := dl.DryRun(ctx, q, 20)
+		if err != nil {
+			return 0, nil, err
 		}
-		fmt.Fprintf(w, "%s %d outbox dead letters\n", map[string]string{"requeue": "requeued", "discard": "discarded"}[action], out.Count)
-	})
+		ids := make([]string, 0, len(d.First))
+		for _, e := range d.First {
+			ids = append(ids, e.EventID)
+		}
+		return d.Count, ids, nil
+	}, func() (int, error) { return act(ctx, q) })
 }

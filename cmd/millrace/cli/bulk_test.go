@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -100,4 +101,61 @@ func TestOutboxDeadBulk(t *testing.T) {
 	}
 	fails(t, db, 2, `give event ids, or select`, "outbox", "dead", "requeue")
 	fails(t, db, 2, `not both`, "outbox", "dead", "requeue", orders[0], "--topic", "orders")
+}
+
+// Inbox dead letters in bulk through the CLI, --json parsed back: the dry
+// run counts and lists and changes nothing; the action applies to the
+// consumer's dead letters the flags select, and no others.
+func TestInboxDeadBulk(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	ids := opstest.InboxDead(t, db, "billing", 3)
+	other := opstest.InboxDead(t, db, "shipping", 1)
+	if _, err := db.Pool.Exec(ctx, `UPDATE `+db.Schema+`.inbox_event SET last_error = 'handler: timeout' WHERE event_id = $1`, ids[1]); err != nil {
+		t.Fatal(err)
+	}
+	dead := func(consumer string) []string {
+		t.Helper()
+		var list []inboxDeadLetter
+		okJSON(t, db, &list, "inbox", "dead", "list", "--consumer", consumer)
+		out := []string{}
+		for _, d := range list {
+			out = append(out, d.EventID)
+		}
+		return out
+	}
+	var dry deadBulkJSON
+	okJSON(t, db, &dry, "inbox", "dead", "requeue", "--consumer", "billing", "--error", "%not found%", "--dry-run")
+	if !dry.DryRun || dry.Count != 2 || dry.Consumer != "billing" || !slices.Equal(dry.EventIDs, []string{ids[0], ids[2]}) {
+		t.Fatalf("dry run: %+v", dry)
+	}
+	if got := dead("billing"); len(got) != 3 {
+		t.Fatalf("the dry run changed the dead letters: %v", got)
+	}
+	if out := ok(t, db, "inbox", "dead", "discard", "--consumer", "billing", "--older-than", "1h", "--dry-run"); out != "dry run: discard would apply to 0 inbox dead letters of consumer \"billing\"; nothing was changed. The first: \n" {
+		t.Errorf("dry run printed %q", out)
+	}
+	var done deadBulkJSON
+	okJSON(t, db, &done, "inbox", "dead", "requeue", "--consumer", "billing", "--error", "%not found%")
+	if done.DryRun || done.Count != 2 || done.Action != "requeue" {
+		t.Fatalf("requeue: %+v", done)
+	}
+	if got := dead("billing"); !slices.Equal(got, []string{ids[1]}) {
+		t.Errorf("after the requeue, billing's dead letters are %v; want only %s", got, ids[1])
+	}
+	if out := ok(t, db, "inbox", "dead", "discard", "--consumer", "billing", "--error", "%timeout"); out != "discarded 1 inbox dead letters of consumer \"billing\"\n" {
+		t.Errorf("discard printed %q", out)
+	}
+	if got := dead("billing"); len(got) != 0 {
+		t.Errorf("after the discard, billing's dead letters are %v", got)
+	}
+	if got := dead("shipping"); !slices.Equal(got, other) {
+		t.Errorf("shipping's dead letters changed: %v", got)
+	}
+	fails(t, db, 2, `give event ids, or select`, "inbox", "dead", "requeue", "--consumer", "billing")
+	fails(t, db, 2, `give event ids, or select`, "inbox", "dead", "requeue", "--consumer", "billing", "--dry-run")
+	fails(t, db, 2, `not both`, "inbox", "dead", "requeue", "--consumer", "shipping", other[0], "--error", "%")
+	fails(t, db, 2, `--older-than must not be negative`, "inbox", "dead", "discard", "--consumer", "shipping", "--older-than", "-1h")
+	fails(t, db, 2, `--consumer is required`, "inbox", "dead", "discard", "--error", "%")
 }

@@ -110,13 +110,21 @@ func (a *app) inboxDeadListCmd(consumer *string) *cobra.Command {
 type inboxAction func(d *inbox.DeadLetters, ctx context.Context, tx pgx.Tx, eventIDs ...string) (int, error)
 
 func (a *app) inboxDeadActionCmd(consumer *string, name, short string, act inboxAction) *cobra.Command {
-	return &cobra.Command{
-		Use:   name + " EVENT_ID...",
+	var sel *deadSelection
+	cmd := &cobra.Command{
+		Use:   name + " [EVENT_ID...]",
 		Short: short,
 		Long: short + ".\nAll or nothing: if any id is not a dead letter of the consumer, " +
-			"nothing changes and the command fails naming it.",
-		Args: args(cobra.MinimumNArgs(1)),
+			"nothing changes and the command fails naming it.\nWithout ids, every dead letter of the consumer the selection " +
+			"flags select (--topic, --key, --error, --older-than; --dry-run first to count and list them), 500 per transaction.",
+		Args: args(cobra.ArbitraryArgs),
 		RunE: func(cmd *cobra.Command, ids []string) error {
+			if len(ids) == 0 {
+				return a.inboxDeadBulk(cmd, *consumer, name, sel)
+			}
+			if sel.set(cmd) {
+				return usagef("the selection flags are for a bulk action: give event ids or the flags, not both")
+			}
 			ids, err := eventIDs(ids)
 			if err != nil {
 				return err
@@ -135,4 +143,6 @@ func (a *app) inboxDeadActionCmd(consumer *string, name, short string, act inbox
 			return a.emitAction(actionResult{Action: name, Consumer: *consumer, Count: n, EventIDs: ids}, "inbox dead letter")
 		},
 	}
+	sel = addDeadSelection(cmd) // bulk.go
+	return cmd
 }

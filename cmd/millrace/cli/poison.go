@@ -3,8 +3,10 @@ package cli
 import (
 	"fmt"
 	"io"
+	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -72,8 +74,10 @@ func (a *app) poisonCmd() *cobra.Command {
 	list.Flags().IntVar(&limit, "limit", 50, "most messages to list")
 
 	var (
-		ids []string
-		all bool
+		ids  []string
+		all  bool
+		sel  poisonSelection
+		flag = []string{"reason-match", "from-topic", "older-than", "dry-run"}
 	)
 	requeue := &cobra.Command{
 		Use:   "requeue TOPIC",
@@ -81,11 +85,28 @@ func (a *app) poisonCmd() *cobra.Command {
 		Long: "Publish poisoned messages (--id, repeatable, or --all) back to the topic each came from, with\n" +
 			"their payload and original metadata (the poison keys removed), and say how many were sent. Kafka\n" +
 			"keeps them on the poison topic: requeue a message once (an inbox consumer drops a repeat by its\n" +
-			"event id). Fix the consumer first, or the message comes back.",
+			"event id). Fix the consumer first, or the message comes back.\n" +
+			"In bulk, every message the selection flags select (--reason-match, --from-topic, --older-than;\n" +
+			"--dry-run first to count and list them, newest first); a message that does not say its original\n" +
+			"topic is refused and counted. There is no discard: Kafka cannot delete one message from a topic;\n" +
+			"the poison topic's retention (retention.ms) removes them all in time.",
 		Args: args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, argv []string) error {
+			bulk := false
+			for _, name := range flag {
+				bulk = bulk || cmd.Flags().Changed(name)
+			}
+			if bulk && len(ids) > 0 {
+				return usagef("the selection flags are for a bulk action: give --id or the flags, not both")
+			}
+			if bulk && all {
+				return usagef("--all requeues every message: give --all or the selection flags, not both")
+			}
+			if bulk {
+				return a.poisonBulk(cmd, argv[0], &sel, brokerList)
+			}
 			if all == (len(ids) > 0) {
-				return usagef("say which messages: --id UUID (repeatable) or --all")
+				return usagef("say which messages: --id UUID (repeatable), --all, or select them with --reason-match, --from-topic or --older-than")
 			}
 			bs, err := brokerList()
 			if err != nil {
@@ -100,8 +121,13 @@ func (a *app) poisonCmd() *cobra.Command {
 			})
 		},
 	}
-	requeue.Flags().StringSliceVar(&ids, "id", nil, "UUID of a message to requeue (repeatable)")
-	requeue.Flags().BoolVar(&all, "all", false, "requeue every message of the topic")
+	f := requeue.Flags()
+	f.StringSliceVar(&ids, "id", nil, "UUID of a message to requeue (repeatable)")
+	f.BoolVar(&all, "all", false, "requeue every message of the topic")
+	f.StringVar(&sel.reason, "reason-match", "", "bulk: messages whose reason matches this SQL LIKE pattern (e.g. '%unknown command%')")
+	f.StringVar(&sel.from, "from-topic", "", "bulk: messages poisoned from this topic")
+	f.DurationVar(&sel.older, "older-than", 0, "bulk: messages poisoned longer ago than this (e.g. 1h)")
+	f.BoolVar(&sel.dryRun, "dry-run", false, "bulk: count and list what would be requeued; send nothing")
 	cmd.AddCommand(list, requeue)
 	return cmd
 }
@@ -115,4 +141,72 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// poisonSelection are the selection flags of a bulk requeue of a poison
+// topic.
+type poisonSelection struct {
+	reason, from string
+	older        time.Duration
+	dryRun       bool
+}
+
+// poisonBulk requeues the messages of a poison topic the flags select
+// (poison.RequeueMatching), or with --dry-run counts and lists them; the
+// output is a bulk dead-letter action's.
+func (a *app) poisonBulk(cmd *cobra.Command, topic string, s *poisonSelection, brokerList func() ([]string, error)) error {
+	if s.older < 0 {
+		return usagef("--older-than must not be negative")
+	}
+	q := poison.Query{Reason: s.reason, FromTopic: s.from}
+	if s.older > 0 {
+		q.PoisonedBefore = time.Now().Add(-s.older)
+	}
+	if !q.Selected() {
+		return usagef("select messages with --reason-match, --from-topic or --older-than (or requeue them with --id or --all)")
+	}
+	bs, err := brokerList()
+	if err != nil {
+		return err
+	}
+	ctx := cmd.Context()
+	out := deadBulkJSON{Action: "requeue", DryRun: s.dryRun, Topic: topic, EventIDs: []string{}}
+	if s.dryRun {
+		d, err := poison.DryRunMatching(ctx, bs, topic, q, 20)
+		if err != nil {
+			return err
+		}
+		out.Count = d.Count
+		for _, m := range d.First {
+			out.EventIDs = append(out.EventIDs, m.UUID)
+		}
+	} else {
+		done, err := poison.RequeueMatching(ctx, bs, topic, q)
+		if err != nil && done.Matched > 0 {
+			return fmt.Errorf("%w (%d of the %d matching were requeued before it)", err, done.Requeued, done.Matched)
+		}
+		if err != nil {
+			return err
+		}
+		out.Count, out.Refused = done.Requeued, done.Refused
+		if len(out.Refused) == 0 {
+			out.Refused = nil
+		}
+	}
+	return a.emit(out, func(w io.Writer) {
+		if s.dryRun {
+			fmt.Fprintf(w, "dry run: requeue would apply to %d poisoned messages on %s; nothing was sent. The newest: %s\n",
+				out.Count, topic, strings.Join(out.EventIDs, " "))
+			return
+		}
+		fmt.Fprintf(w, "requeued %d poisoned messages from %s\n", out.Count, topic)
+		reasons := make([]string, 0, len(out.Refused))
+		for r := range out.Refused {
+			reasons = append(reasons, r)
+		}
+		sort.Strings(reasons)
+		for _, r := range reasons {
+			fmt.Fprintf(w, "refused %d: %s\n", out.Refused[r], r)
+		}
+	})
 }

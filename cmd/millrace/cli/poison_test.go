@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/millrace/millrace/internal/kafkatest"
+	"github.com/millrace/millrace/internal/poison"
 	"github.com/millrace/millrace/kafka"
 )
 
@@ -108,5 +110,89 @@ func TestPoisonListAndRequeue(t *testing.T) {
 		}
 	case <-ctx.Done():
 		t.Fatal("the requeued message did not reach its topic")
+	}
+}
+
+// A bulk requeue of a poison topic through the CLI, --json parsed back:
+// the dry run counts and lists the messages the flags select (reason
+// match, original topic, age) and sends nothing; the requeue sends exactly
+// those back.
+func TestPoisonBulk(t *testing.T) {
+	t.Parallel()
+	brokers := kafkatest.Brokers(t)
+	poisonTopic, from, other := kafkatest.Topic(), kafkatest.Topic(), kafkatest.Topic()
+	for _, tp := range []string{poisonTopic, from, other} {
+		kafkatest.CreateTopic(t, brokers, tp, 1, nil)
+	}
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pub.Close() })
+	poisoned := func(uuid, reason, origin string) *message.Message {
+		m := message.NewMessage(uuid, []byte(`{"n":1}`))
+		m.Metadata.Set(middleware.ReasonForPoisonedKey, reason)
+		m.Metadata.Set(middleware.PoisonedTopicKey, origin)
+		return m
+	}
+	unknown := poisoned("0190c3f4-0000-7000-8000-000000000011", `compensation: unknown command: "book_flight"`, from)
+	bad := poisoned("0190c3f4-0000-7000-8000-000000000012", "invalid command message: bad payload", from)
+	elsewhere := poisoned("0190c3f4-0000-7000-8000-000000000013", `compensation: unknown command: "refund"`, other)
+	if err := pub.Publish(poisonTopic, unknown, bad, elsewhere); err != nil {
+		t.Fatal(err)
+	}
+	okPoison := func(v any, args ...string) {
+		t.Helper()
+		r := poisonRun(t, brokers, append([]string{"--json", "poison", "requeue", poisonTopic}, args...)...)
+		dec := json.NewDecoder(strings.NewReader(r.stdout))
+		dec.DisallowUnknownFields()
+		if r.code != 0 || dec.Decode(v) != nil {
+			t.Fatalf("poison requeue %v: exit %d, %q %q", args, r.code, r.stdout, r.stderr)
+		}
+	}
+	var dry deadBulkJSON
+	okPoison(&dry, "--reason-match", "%unknown command%", "--dry-run")
+	if !dry.DryRun || dry.Count != 2 || dry.Topic != poisonTopic || len(dry.EventIDs) != 2 {
+		t.Fatalf("dry run by reason: %+v", dry)
+	}
+	okPoison(&dry, "--from-topic", from, "--dry-run")
+	if dry.Count != 2 || !slices.Contains(dry.EventIDs, bad.UUID) || slices.Contains(dry.EventIDs, elsewhere.UUID) {
+		t.Fatalf("dry run by original topic: %+v", dry)
+	}
+	okPoison(&dry, "--older-than", "1h", "--dry-run")
+	if dry.Count != 0 || len(dry.EventIDs) != 0 {
+		t.Fatalf("dry run of the messages older than an hour: %+v", dry)
+	}
+	if n := kafkatest.RecordCount(t, brokers, from) + kafkatest.RecordCount(t, brokers, other); n != 0 {
+		t.Fatalf("the dry runs sent %d messages", n)
+	}
+	var done deadBulkJSON
+	okPoison(&done, "--reason-match", "%unknown command%", "--from-topic", from)
+	if done.DryRun || done.Count != 1 || done.Action != "requeue" || done.Refused != nil {
+		t.Fatalf("requeue: %+v", done)
+	}
+	if n, got, err := poison.Read(context.Background(), brokers, from, 0); err != nil || n != 1 || got[0].UUID != unknown.UUID {
+		t.Errorf("on %s after the requeue: %d %+v %v; want only %s", from, n, got, err, unknown.UUID)
+	}
+	if n := kafkatest.RecordCount(t, brokers, other); n != 0 {
+		t.Errorf("%d messages sent to %s, which the query left out", n, other)
+	}
+	r := poisonRun(t, brokers, "poison", "requeue", poisonTopic, "--reason-match", "%bad payload")
+	if r.code != 0 || r.stdout != "requeued 1 poisoned messages from "+poisonTopic+"\n" {
+		t.Errorf("requeue, human: %+v", r)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--id", bad.UUID, "--reason-match", "%"}, "not both"},
+		{[]string{"--all", "--from-topic", from}, "not both"},
+		{[]string{"--dry-run"}, "select messages with --reason-match"},
+		{[]string{"--older-than", "-1h"}, "must not be negative"},
+	} {
+		r := poisonRun(t, brokers, append([]string{"poison", "requeue", poisonTopic}, c.args...)...)
+		if r.code != exitUsage || !strings.Contains(r.stderr, c.want) {
+			t.Errorf("poison requeue %v: %+v; want a usage error %q", c.args, r, c.want)
+		}
 	}
 }
