@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -687,5 +688,92 @@ func TestAwaitPausedSagaTakesItsEventOnResume(t *testing.T) {
 	}
 	if p := paymentOf(t, d.get("p-2")); !slices.Equal(p.Got, []string{"r2"}) {
 		t.Fatalf("data %+v", p)
+	}
+}
+
+// An OnEvent that fails with an error that is not a business failure (a
+// bug, a payload it cannot take) parks the saga stuck with the reason and
+// keeps the event; once fixed, Retry applies the event again and the saga
+// goes on.
+func TestAwaitOnEventErrorParksStuckAndRetryApplies(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var broken atomic.Bool
+	broken.Store(true)
+	wait := single
+	wait.OnEvent = func(p *payment, raw json.RawMessage) error {
+		if broken.Load() {
+			return errors.New("cannot read the provider's reference")
+		}
+		var c confirmation
+		_ = json.Unmarshal(raw, &c)
+		p.Got = append(p.Got, c.Ref)
+		return nil
+	}
+	d, def := setupAwait(t, wait, bundleOptions{})
+	startPayment(t, d, def, "p-1")
+	d.reply("p-1", d.last("p-1"), millrace.OutcomeSuccess)
+	d.signal("p-1", "payment.confirmed", "psp-1", confirmation{Ref: "r1"})
+	in := d.get("p-1")
+	if in.Status != saga.StatusStuck || in.Step != "paid" || !strings.Contains(in.LastError, "cannot read the provider's reference") {
+		t.Fatalf("after a failing OnEvent: %s at %s (%s)", in.Status, in.Step, in.LastError)
+	}
+	if got := d.eventStates("p-1"); len(got) != 1 || got[0] == "payment.confirmed/consumed" {
+		t.Fatalf("the event was not kept for a retry: %v", got)
+	}
+	broken.Store(false)
+	if _, err := d.o.Retry(ctx, "p-1", saga.Actor{Operator: "alice", Reason: "parser fixed"}); err != nil {
+		t.Fatal(err)
+	}
+	in = d.get("p-1")
+	if in.Status != saga.StatusCompleted {
+		t.Fatalf("after Retry: %s at %s (%s)", in.Status, in.Step, in.LastError)
+	}
+	if p := paymentOf(t, in); !slices.Equal(p.Got, []string{"r1"}) {
+		t.Fatalf("data %+v: the event applied %d times", p, len(p.Got))
+	}
+	if got := d.eventStates("p-1"); !slices.Equal(got, []string{"payment.confirmed/consumed"}) {
+		t.Fatalf("events %v", got)
+	}
+}
+
+// The saga's deadline passes while it waits: it compensates what took
+// effect, like any step past the deadline, and an event arriving after
+// that is refused as the saga has ended.
+func TestAwaitDeadlinePassesWhileWaiting(t *testing.T) {
+	t.Parallel()
+	clock := newManualClock()
+	b := setup(t, bundleOptions{clock: clock})
+	wait := saga.Await[payment]{Event: "payment.confirmed", OnEvent: func(*payment, json.RawMessage) error { return nil }}
+	spec := paymentSpec(b, wait)
+	spec.Deadline = time.Hour
+	def := mustDefine(t, spec)
+	if err := b.o.Register(def); err != nil {
+		t.Fatal(err)
+	}
+	d := &driver{testBundle: b, clock: clock, handler: b.o.Handler()}
+	startPayment(t, d, def, "late")
+	d.reply("late", d.last("late"), millrace.OutcomeSuccess)
+	if in := d.get("late"); in.Step != "paid" || in.Status != saga.StatusRunning {
+		t.Fatalf("not waiting: %s at %s", in.Status, in.Step)
+	}
+	clock.Advance(2 * time.Hour)
+	if _, err := d.o.RunDue(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	in := d.get("late")
+	if in.Status != saga.StatusCompensating {
+		t.Fatalf("past the deadline while waiting: %s at %s (%s)", in.Status, in.Step, in.LastError)
+	}
+	if c := d.last("late"); c.Step != "reserve" || c.Op != millrace.OperationCompensation {
+		t.Fatalf("last command %+v, want reserve's compensation", c)
+	}
+	d.reply("late", d.last("late"), millrace.OutcomeSuccess)
+	if in := d.get("late"); in.Status != saga.StatusCompensated {
+		t.Fatalf("after the compensation's reply: %s", in.Status)
+	}
+	err := saga.Signal(context.Background(), d.o, "late", "payment.confirmed", "psp-late", confirmation{Ref: "r"})
+	if !errors.Is(err, saga.ErrSagaEnded) {
+		t.Fatalf("an event after the end: %v, want ErrSagaEnded", err)
 	}
 }

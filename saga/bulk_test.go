@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"maps"
+	"strings"
 	"testing"
 	"time"
 
@@ -196,4 +198,81 @@ func TestBulkLimitAndRefusal(t *testing.T) {
 func sameCounts(a, b saga.BulkCounts) bool {
 	return a.Selected == b.Selected && a.Unfiled == b.Unfiled && a.Filed == b.Filed && a.Pending == b.Pending &&
 		a.Applied == b.Applied && maps.Equal(a.Refused, b.Refused)
+}
+
+// Pause and resume by query: the running sagas a query selects are paused
+// by the running orchestrator, each audited with the operation; a bulk
+// resume brings them back; a stuck saga the query leaves out is untouched.
+func TestBulkPauseAndResume(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	s := opstest.NewSagas(t, db)
+	ctx := context.Background()
+	var ships []string
+	for i := range 5 {
+		id := fmt.Sprintf("ship-%d", i)
+		s.WaitingShip(t, id)
+		ships = append(ships, id)
+	}
+	s.StuckRefund(t, "refund-1")
+	p, err := saga.NewOperator(db.Pool, saga.OperatorConfig{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	apply := func(action saga.Action, q saga.Query) *saga.BulkOperation {
+		t.Helper()
+		b, err := p.Bulk(ctx, action, q, saga.Actor{Operator: "alice", Reason: "carrier strike"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(30 * time.Second); ; {
+			if _, err := s.O.RunDue(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if b, err = p.BulkStatus(ctx, b.ID); err != nil {
+				t.Fatal(err)
+			}
+			if b.Done() {
+				return b
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("bulk %s not applied: %+v", action, b.Counts)
+			}
+		}
+	}
+	b := apply(saga.ActionPause, saga.Query{Type: "ship", Status: saga.StatusRunning})
+	pauseOp := b.ID
+	if want := (saga.BulkCounts{Selected: 5, Filed: 5, Applied: 5}); !sameCounts(b.Counts, want) {
+		t.Fatalf("bulk pause: %+v, want %+v", b.Counts, want)
+	}
+	for _, id := range ships {
+		if in := s.Get(t, id); in.Status != saga.StatusPaused {
+			t.Fatalf("saga %s is %s after the bulk pause", id, in.Status)
+		}
+	}
+	if in := s.Get(t, "refund-1"); in.Status != saga.StatusStuck {
+		t.Fatalf("the stuck saga the query left out is %s", in.Status)
+	}
+	b = apply(saga.ActionResume, saga.Query{Status: saga.StatusPaused})
+	if want := (saga.BulkCounts{Selected: 5, Filed: 5, Applied: 5}); !sameCounts(b.Counts, want) {
+		t.Fatalf("bulk resume: %+v, want %+v", b.Counts, want)
+	}
+	for _, id := range ships {
+		in := s.Get(t, id)
+		if in.Status != saga.StatusRunning {
+			t.Fatalf("saga %s is %s after the bulk resume", id, in.Status)
+		}
+		paused, audited := false, false
+		hist, err := s.O.History(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, h := range hist {
+			paused = paused || h.Event == "paused" && h.Actor == "alice" && h.Reason == "carrier strike"
+			audited = audited || strings.Contains(string(h.Detail), pauseOp)
+		}
+		if !paused || !audited {
+			t.Errorf("saga %s: paused by alice %v, a line naming operation %s %v", id, paused, pauseOp, audited)
+		}
+	}
 }

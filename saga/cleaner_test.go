@@ -131,8 +131,8 @@ func testSeed(t *testing.T) uint64 {
 // Over random sagas in random statuses, ages and stuck episodes, with
 // random windows and batch sizes, Clean removes exactly the ended sagas
 // whose window has passed, with their history, and leaves every other
-// saga and its history as it was: never a running, compensating or stuck
-// one, whatever its ended_at.
+// saga and its history as it was: never a running, compensating, stuck,
+// paused or scheduled one, whatever its ended_at.
 func TestCleanerRemovesExactlyTheExpiredEndedSagas(t *testing.T) {
 	t.Parallel()
 	seed := testSeed(t)
@@ -147,7 +147,8 @@ func TestCleanerRemovesExactlyTheExpiredEndedSagas(t *testing.T) {
 		BatchSize:        7 + rnd.IntN(300),
 	}
 	t.Logf("config %+v", cfg)
-	statuses := []saga.Status{saga.StatusRunning, saga.StatusCompensating, saga.StatusStuck, saga.StatusCompleted, saga.StatusCompensated}
+	statuses := []saga.Status{saga.StatusRunning, saga.StatusCompensating, saga.StatusStuck, saga.StatusPaused, saga.StatusScheduled,
+		saga.StatusCompleted, saga.StatusCompensated}
 	sagas := make([]testSaga, 3000)
 	want := map[string]bool{} // the ids Clean must remove
 	for i := range sagas {
