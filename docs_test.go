@@ -102,3 +102,34 @@ func TestExamplesUseOnlyThePublicAPI(t *testing.T) {
 		t.Fatal("found no Example functions: the walk is broken")
 	}
 }
+
+// The programs under examples/ are what a user copies to start a service:
+// their non-test files import no internal package either.
+func TestExampleProgramsUseOnlyThePublicAPI(t *testing.T) {
+	t.Parallel()
+	fset := token.NewFileSet()
+	files := 0
+	err := filepath.WalkDir("examples", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return err
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.ImportsOnly)
+		if err != nil {
+			return err
+		}
+		files++
+		for _, imp := range f.Imports {
+			p, _ := strconv.Unquote(imp.Path.Value)
+			if strings.Contains(p, "/internal/") || strings.HasSuffix(p, "/internal") {
+				t.Errorf("%s imports %s: an example program must use only the public API so a user can copy it", path, p)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if files == 0 {
+		t.Fatal("found no example programs: the walk is broken")
+	}
+}

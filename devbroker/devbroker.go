@@ -45,3 +45,9 @@ func (b *Broker) Addrs() []string { return b.b.Addrs() }
 
 // Close stops the broker and closes its connections.
 func (b *Broker) Close() { b.b.Close() }
+
+// EnvBrokers returns the brokers the KAFKA_BROKERS environment variable
+// names (comma-separated host:port addresses), nil when it is unset or
+// empty: a program that runs on a real cluster when told so and on an
+// embedded broker otherwise starts from it.
+func EnvBrokers() []string { return devkafka.EnvBrokers() }

@@ -95,7 +95,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/millrace/millrace/internal/devkafka"
+	"github.com/millrace/millrace/devbroker"
 )
 
 // config is what one run does.
@@ -120,7 +120,7 @@ type config struct {
 func main() {
 	cfg := config{
 		DatabaseURL: os.Getenv("DATABASE_URL"),
-		Brokers:     devkafka.EnvBrokers(),
+		Brokers:     devbroker.EnvBrokers(),
 		Log:         os.Stderr,
 		Out:         os.Stdout,
 	}

@@ -14,7 +14,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace/internal/devkafka"
+	"github.com/millrace/millrace/devbroker"
 	"github.com/millrace/millrace/kafka"
 )
 
@@ -47,7 +47,7 @@ func broker(ctx context.Context, cfg *config, lg *logger) (closeFn func(), kind 
 		if cfg.Service == "orders" {
 			port = cfg.BrokerPort
 		}
-		b, err := devkafka.Start(devkafka.Config{Port: port, Partitions: partitions})
+		b, err := devbroker.Start(devbroker.Config{Port: port, Partitions: partitions})
 		if err != nil {
 			return nil, "", err
 		}

@@ -43,7 +43,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/millrace/millrace/internal/devkafka"
+	"github.com/millrace/millrace/devbroker"
 )
 
 // config is what one run of the demo does.
@@ -62,7 +62,7 @@ type config struct {
 func main() {
 	cfg := config{
 		DatabaseURL: os.Getenv("DATABASE_URL"),
-		Brokers:     devkafka.EnvBrokers(),
+		Brokers:     devbroker.EnvBrokers(),
 		Writers:     4,
 		RejectEvery: 50,
 		Log:         os.Stderr,

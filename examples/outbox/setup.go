@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/millrace/millrace/internal/devkafka"
+	"github.com/millrace/millrace/devbroker"
 	"github.com/millrace/millrace/migrations"
 	"github.com/millrace/millrace/outbox"
 )
@@ -26,7 +26,7 @@ type env struct {
 	admin  *outbox.Admin // the outbox's operator API: backlog stats, replay
 
 	brokers       []string
-	embedded      *devkafka.Broker // nil when KAFKA_BROKERS named a cluster
+	embedded      *devbroker.Broker // nil when KAFKA_BROKERS named a cluster
 	ordersTopic   string
 	invoicesTopic string
 	billingGroup  string // billing's Kafka consumer group
@@ -99,7 +99,7 @@ func setUp(ctx context.Context, cfg config) (_ *env, err error) {
 	// topic, topics created on first use).
 	e.brokers = cfg.Brokers
 	if len(e.brokers) == 0 {
-		if e.embedded, err = devkafka.Start(devkafka.Config{}); err != nil {
+		if e.embedded, err = devbroker.Start(devbroker.Config{}); err != nil {
 			return e, err
 		}
 		e.brokers = e.embedded.Addrs()
