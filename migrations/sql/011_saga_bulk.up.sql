@@ -43,4 +43,4 @@ CREATE INDEX saga_bulk_item_state_idx ON saga_bulk_item (operation_id, state, re
 -- The selection by status and current step (e.g. every saga stuck at
 -- reserve_credit), newest first; the type, age and last-error conditions
 -- filter the rows it finds.
-CREATE INDEX saga_instance_status_step_idx ON saga_instance (status, step, created_at DESC, id DESC);
+CREATE INDEX IF NOT EXISTS saga_instance_status_step_idx ON saga_instance (status, step, created_at DESC, id DESC);

@@ -7,4 +7,4 @@
 -- history, every batch: at ten million history rows a batch of 500 sagas
 -- took a second. The partial index holds only the stuck lines, a few per
 -- saga that was ever stuck.
-CREATE INDEX saga_history_stuck_idx ON saga_history (saga_id) WHERE event = 'stuck' OR status = 'stuck';
+CREATE INDEX IF NOT EXISTS saga_history_stuck_idx ON saga_history (saga_id) WHERE event = 'stuck' OR status = 'stuck';

@@ -202,13 +202,13 @@ func parseStatus(s string) (saga.Status, error) {
 }
 
 func (a *app) sagaListCmd() *cobra.Command {
-	var typ, status, cursor string
+	var typ, status, cursor, step, errMatch string
 	var older time.Duration
 	var limit int
 	cmd := &cobra.Command{
 		Use:   "list",
-		Short: "List sagas newest first, by type, status and age, a page at a time",
-		Long: "List sagas newest first, filtered by --type, --status and --older-than, a page at a time:\n" +
+		Short: "List sagas newest first, by type, status, step, last error and age, a page at a time",
+		Long: "List sagas newest first, filtered by --type, --status, --step, --error and --older-than, a page at a time:\n" +
 			"the next page's --cursor is printed after the table (\"next\" with --json).",
 		Args: args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -226,7 +226,7 @@ func (a *app) sagaListCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			p := saga.ListParams{Type: typ, Status: st, Cursor: cursor, Limit: limit}
+			p := saga.ListParams{Type: typ, Status: st, Step: step, Error: errMatch, Cursor: cursor, Limit: limit}
 			if older > 0 {
 				p.CreatedBefore = time.Now().Add(-older)
 			}
@@ -256,6 +256,8 @@ func (a *app) sagaListCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&typ, "type", "", "only sagas of this type")
+	f.StringVar(&step, "step", "", "only sagas whose current step is this one")
+	f.StringVar(&errMatch, "error", "", "only sagas whose last error matches this SQL LIKE pattern (e.g. '%refund hold%')")
 	f.StringVar(&status, "status", "", "only sagas in this status: running, compensating, stuck, completed, compensated, paused, scheduled")
 	f.DurationVar(&older, "older-than", 0, "only sagas started longer ago than this (e.g. 1h)")
 	f.StringVar(&cursor, "cursor", "", "continue a listing where the previous page ended")

@@ -96,6 +96,18 @@ func TestSagaList(t *testing.T) {
 	if len(ships.Sagas) != 2 || ships.Sagas[0].Type != "ship" || ships.Sagas[0].Step != "reserve" {
 		t.Errorf("--type ship: %+v", ships.Sagas)
 	}
+	// The stuck refunds' last error names the stock service; the ships have
+	// none. Both stand at step reserve.
+	var byError sagaList
+	okJSON(t, db, &byError, "saga", "list", "--step", "reserve", "--error", "%no such reservation%")
+	if len(byError.Sagas) != 3 || byError.Sagas[0].Type != "refund" {
+		t.Errorf("--step reserve --error: %+v", byError.Sagas)
+	}
+	var atReserve sagaList
+	okJSON(t, db, &atReserve, "saga", "list", "--step", "reserve")
+	if len(atReserve.Sagas) != 5 {
+		t.Errorf("--step reserve: %d sagas, want 5", len(atReserve.Sagas))
+	}
 	var old sagaList
 	okJSON(t, db, &old, "saga", "list", "--older-than", "1h")
 	if len(old.Sagas) != 0 {
