@@ -103,6 +103,8 @@ type sagaBulkData struct {
 	// RefusedTotal is the sum of Refused.
 	RefusedTotal int64
 	Query        string // the filter, for a link back to the list
+	// Filing: the confirmation started filing in the background.
+	Filing bool
 }
 
 // sagaBulkPage shows a bulk operation: before it is applied, the confirm
@@ -123,7 +125,10 @@ func (c *Console) sagaBulkPage(w http.ResponseWriter, r *http.Request) {
 	}
 	d := sagaBulkData{Op: b, Label: actionLabel(string(b.Action)), Effect: sagaEffects[string(b.Action)], Danger: b.Action == saga.ActionAbort,
 		Confirm:      b.Filed == nil && b.Counts.Unfiled == b.Counts.Selected && b.Counts.Selected > 0 && !c.cfg.ReadOnly,
-		RefusedTotal: b.Counts.RefusedTotal()}
+		RefusedTotal: b.Counts.RefusedTotal(), Filing: r.URL.Query().Get("filing") == "1" && b.Counts.Unfiled > 0}
+	if d.Filing {
+		d.Confirm = false // confirmed: the filing has begun
+	}
 	for reason, n := range b.Counts.Refused {
 		d.Refused = append(d.Refused, refusedRow{reason, n})
 	}
@@ -144,11 +149,34 @@ func (c *Console) sagaBulkPage(w http.ResponseWriter, r *http.Request) {
 	c.render(w, r, http.StatusOK, "saga_bulk", "Bulk "+string(b.Action), "sagas", d)
 }
 
+// bulkInRequest is the largest operation the confirmation files before it
+// answers; a larger one is filed in the background.
+const bulkInRequest = 5000
+
 // sagaBulkApply files the operation's requests (saga.Operator.Apply) and
 // goes to its outcome page. The filing goes on if the browser goes away; a
 // second press files only what is left.
 func (c *Console) sagaBulkApply(w http.ResponseWriter, r *http.Request) (string, bool) {
 	id := r.PostFormValue("id")
+	// A large operation is filed in the background (500 requests per
+	// transaction): the outcome page shows its progress as it goes. Two
+	// filings of one operation never file a saga twice (each takes its
+	// sagas with SKIP LOCKED).
+	if st, err := c.operator.BulkStatus(r.Context(), id); err == nil && st.Counts.Unfiled > c.bulkInRequest {
+		operator := c.cfg.Operator(r)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), time.Hour)
+			defer cancel()
+			b, err := c.operator.Apply(ctx, id)
+			if err != nil {
+				c.log.Error("console: saga bulk apply failed", "operator", operator, "operation", id, "err", err)
+				return
+			}
+			c.log.Info("console: saga bulk "+string(b.Action)+" filed", "operator", operator, "operation", id,
+				"filed", b.Counts.Filed, "refused", b.Counts.RefusedTotal())
+		}()
+		return "/sagas/bulk?id=" + url.QueryEscape(id) + "&filing=1", true
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 10*time.Minute)
 	defer cancel()
 	b, err := c.operator.Apply(ctx, id)

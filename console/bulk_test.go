@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -221,6 +222,66 @@ func pageShot(ctx context.Context, t *testing.T, name string) {
 	if os.Getenv("MILLRACE_SCREENSHOT") == "1" {
 		if err := os.WriteFile(filepath.Join("..", "docs", name), shot, 0o644); err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// An operation larger than the console files in its request is filed in
+// the background: the confirmation answers at once, the outcome page says
+// the filing goes on, and every saga's request is filed, once.
+func TestSagaBulkFiledInTheBackground(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	sagas := opstest.NewSagas(t, db)
+	ids := sagas.StuckRefunds(t, db, "refund", 40)
+	c, err := console.New(db.Pool, console.Config{Schema: db.Schema, Sagas: sagas.O, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	console.SetBulkInRequest(c, 10)
+	b := &bundle{t: t, db: db, logs: &syncBuffer{}}
+	b.srv = httptest.NewServer(c)
+	t.Cleanup(b.srv.Close)
+	b.client = b.newClient()
+
+	token := tokenRE.FindStringSubmatch(b.get("/sagas?status=stuck").body)
+	if token == nil {
+		t.Fatal("no bulk form on the sagas page")
+	}
+	r := b.post("/sagas/bulk", url.Values{"csrf_token": {token[1]}, "status": {"stuck"}, "action": {"retry"}, "reason": {"stock service fixed"}})
+	if r.status != http.StatusSeeOther {
+		t.Fatalf("POST /sagas/bulk: %d\n%s", r.status, r.body)
+	}
+	id := regexpFind(t, r.location, `id=([^&]+)`)
+	r = b.post("/sagas/bulk/apply", url.Values{"csrf_token": {token[1]}, "id": {id}})
+	if r.status != http.StatusSeeOther || !strings.Contains(r.location, "filing=1") {
+		t.Fatalf("POST /sagas/bulk/apply: %d to %q\n%s", r.status, r.location, r.body)
+	}
+	p, err := saga.NewOperator(db.Pool, saga.OperatorConfig{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		st, err := p.BulkStatus(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Counts.Unfiled == 0 {
+			if st.Counts.Filed != int64(len(ids)) {
+				t.Fatalf("filed %+v, want all %d", st.Counts, len(ids))
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not filed in the background: %+v", st.Counts)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	page := b.get(strings.TrimPrefix(r.location, b.srv.URL))
+	contains(t, "outcome page", page.body, `<td id="count-filed">40</td>`, `<td id="count-unfiled">0</td>`)
+	for _, sid := range ids[:3] {
+		if in := sagas.Get(t, sid); in.Request == nil || in.Request.Action != saga.ActionRetry {
+			t.Errorf("saga %s has no retry request: %+v", sid, in.Request)
 		}
 	}
 }

@@ -151,6 +151,8 @@ type Console struct {
 	// with service "", is the top of); nil for a single-service console.
 	set     *serviceSet
 	service string
+	// bulkInRequest is bulkInRequest, but for tests.
+	bulkInRequest int64
 
 	consumersSQL, consumerDeadSQL, sagaCountSQL, sagaChartSQL string
 }
@@ -223,15 +225,16 @@ func newSingle(pool *pgxpool.Pool, cfg Config) (*Console, error) {
 		requests = operator
 	}
 	c := &Console{
-		cfg:      cfg,
-		pool:     pool,
-		schema:   schema,
-		outbox:   admin,
-		sagas:    cfg.Sagas,
-		requests: requests,
-		operator: operator,
-		csrf:     &csrf{key: cfg.CSRFKey, path: cfg.Prefix + "/"},
-		log:      cfg.Logger.With("component", "console", "schema", schema),
+		cfg:           cfg,
+		pool:          pool,
+		schema:        schema,
+		outbox:        admin,
+		sagas:         cfg.Sagas,
+		requests:      requests,
+		operator:      operator,
+		csrf:          &csrf{key: cfg.CSRFKey, path: cfg.Prefix + "/"},
+		bulkInRequest: bulkInRequest,
+		log:           cfg.Logger.With("component", "console", "schema", schema),
 	}
 	inboxTable := sqlident.Table(schema, "inbox_event")
 	// The consumers that have dead letters, by a skip scan over
