@@ -73,33 +73,7 @@ func TestBrowser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := console.New(db.Pool, console.Config{
-		Schema: db.Schema, Prefix: "/ops",
-		Operator: func(*http.Request) string { return "alice@example.com" },
-		Logger:   slog.New(slog.DiscardHandler),
-		Sagas:    sagas.O,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mux := http.NewServeMux()
-	mux.Handle("/ops/", c)
-	srv := httptest.NewServer(mux)
-	defer srv.Close()
-	base := srv.URL + "/ops"
-
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(exe),
-		chromedp.NoSandbox, // as root Chromium refuses to start with its sandbox
-		chromedp.Flag("disable-gpu", true),
-		chromedp.WindowSize(1360, 820),
-	)
-	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	defer cancelAlloc()
-	ctx, cancelTab := chromedp.NewContext(actx, chromedp.WithLogf(t.Logf))
-	defer cancelTab()
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
+	base, ctx := browseConsole(t, exe, db, sagas.O)
 
 	deadLetters := func() []string {
 		t.Helper()
@@ -283,4 +257,36 @@ func TestBrowser(t *testing.T) {
 	if got := deadLetters(); slices.Contains(got, ids[1]) || len(got) != 1 {
 		t.Errorf("after the browser discarded %s, dead letters are %v", ids[1], got)
 	}
+}
+
+// browseConsole serves a console on db's schema at /ops, acting as
+// alice@example.com through orchestrator o, and opens a Chromium tab (exe)
+// on it for two minutes at most; it returns the console's base URL and
+// the tab. Both close when the test ends.
+func browseConsole(t *testing.T, exe string, db *pgtest.DB, o *saga.Orchestrator) (base string, tab context.Context) {
+	t.Helper()
+	c, err := console.New(db.Pool, console.Config{
+		Schema: db.Schema, Prefix: "/ops",
+		Operator: func(*http.Request) string { return "alice@example.com" },
+		Logger:   slog.New(slog.DiscardHandler),
+		Sagas:    o,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/ops/", c)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(exe),
+		chromedp.NoSandbox, // as root Chromium refuses to start with its sandbox
+		chromedp.Flag("disable-gpu", true),
+		chromedp.WindowSize(1360, 820),
+	)
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelTab := chromedp.NewContext(actx, chromedp.WithLogf(t.Logf))
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	t.Cleanup(func() { cancel(); cancelTab(); cancelAlloc() })
+	return srv.URL + "/ops", ctx
 }

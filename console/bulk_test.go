@@ -38,33 +38,7 @@ func TestBrowserBulkRetry(t *testing.T) {
 	sagas := opstest.NewSagas(t, db)
 	ids := sagas.StuckRefunds(t, db, "refund", 1000)
 	sagas.WaitingShip(t, "ship-1") // running at step reserve: not selected
-	c, err := console.New(db.Pool, console.Config{
-		Schema: db.Schema, Prefix: "/ops",
-		Operator: func(*http.Request) string { return "alice@example.com" },
-		Logger:   slog.New(slog.DiscardHandler),
-		Sagas:    sagas.O,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mux := http.NewServeMux()
-	mux.Handle("/ops/", c)
-	srv := httptest.NewServer(mux)
-	defer srv.Close()
-	base := srv.URL + "/ops"
-
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(exe),
-		chromedp.NoSandbox, // as root Chromium refuses to start with its sandbox
-		chromedp.Flag("disable-gpu", true),
-		chromedp.WindowSize(1360, 820),
-	)
-	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	defer cancelAlloc()
-	ctx, cancelTab := chromedp.NewContext(actx, chromedp.WithLogf(t.Logf))
-	defer cancelTab()
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
+	base, ctx := browseConsole(t, exe, db, sagas.O)
 	text := func(sel string) string {
 		t.Helper()
 		s, err := chromedp.Run(ctx, chromedp.Text(sel))

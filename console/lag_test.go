@@ -8,9 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/millrace/millrace/console"
 	"github.com/millrace/millrace/internal/kafkatest"
 	"github.com/millrace/millrace/internal/opstest"
@@ -24,28 +21,13 @@ import (
 // everything is listed only with ?all=1.
 func TestLagPage(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	brokers := kafkatest.Brokers(t)
 	topic, dead, done := kafkatest.Topic(), kafkatest.Group(), kafkatest.Group()
 	kafkatest.CreateTopic(t, brokers, topic, 1, nil)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	for i := range 3 {
-		r := &kgo.Record{Topic: topic, Value: []byte("v"), Timestamp: time.Now().Add(-time.Hour + time.Duration(i)*time.Second)}
-		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for group, at := range map[string]int64{dead: 1, done: 3} {
-		offs := kadm.Offsets{}
-		offs.Add(kadm.Offset{Topic: topic, Partition: 0, At: at, LeaderEpoch: -1})
-		if err := kadm.NewClient(cl).CommitAllOffsets(ctx, group, offs); err != nil {
-			t.Fatal(err)
-		}
-	}
+	hourAgo := time.Now().Add(-time.Hour)
+	kafkatest.ProduceAt(t, brokers, topic, 0, hourAgo, hourAgo.Add(time.Second), hourAgo.Add(2*time.Second))
+	kafkatest.CommitOffset(t, brokers, dead, topic, 0, 1)
+	kafkatest.CommitOffset(t, brokers, done, topic, 0, 3)
 
 	r := setup(t, console.Config{}).get("/kafka/lag")
 	contains(t, "lag page without brokers", r.body, `id="no-brokers"`, "Consumer lag")
@@ -90,24 +72,9 @@ func TestSagaPageSaysItsCommandIsNotConsumed(t *testing.T) {
 	if _, err := saga.Start(ctx, o, def, "pay-1", opstest.Order{ID: "pay-1"}); err != nil {
 		t.Fatal(err)
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	for i := range 3 {
-		r := &kgo.Record{Topic: topic, Value: []byte("v"), Timestamp: time.Now().Add(-time.Hour + time.Duration(i)*time.Second)}
-		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	commit := func(at int64) {
-		offs := kadm.Offsets{}
-		offs.Add(kadm.Offset{Topic: topic, Partition: 0, At: at, LeaderEpoch: -1})
-		if err := kadm.NewClient(cl).CommitAllOffsets(ctx, group, offs); err != nil {
-			t.Fatal(err)
-		}
-	}
+	hourAgo := time.Now().Add(-time.Hour)
+	kafkatest.ProduceAt(t, brokers, topic, 0, hourAgo, hourAgo.Add(time.Second), hourAgo.Add(2*time.Second))
+	commit := func(at int64) { kafkatest.CommitOffset(t, brokers, group, topic, 0, at) }
 	commit(1)
 	b := setupOn(t, db, console.Config{Sagas: o, KafkaBrokers: brokers})
 	r := b.get("/saga?id=pay-1")

@@ -9,7 +9,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/millrace/millrace"
@@ -30,27 +29,15 @@ func TestLagReaderReportsLagAgeAndStalledPartitions(t *testing.T) {
 	topic, dead, live := kafkatest.Topic(), kafkatest.Group(), kafkatest.Group()
 	kafkatest.CreateTopic(t, brokers, topic, 2, nil)
 
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
 	written := time.Now().Add(-2 * time.Hour).Truncate(time.Millisecond)
-	for p := range int32(2) {
-		for i := range 10 {
-			r := &kgo.Record{Topic: topic, Partition: p, Value: []byte("v"), Timestamp: written.Add(time.Duration(i) * time.Minute)}
-			if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
-				t.Fatal(err)
-			}
-		}
+	var stamps []time.Time
+	for i := range 10 {
+		stamps = append(stamps, written.Add(time.Duration(i)*time.Minute))
 	}
-	adm := kadm.NewClient(cl)
-	offs := kadm.Offsets{}
-	offs.Add(kadm.Offset{Topic: topic, Partition: 0, At: 5, LeaderEpoch: -1})
-	offs.Add(kadm.Offset{Topic: topic, Partition: 1, At: 10, LeaderEpoch: -1})
-	if err := adm.CommitAllOffsets(ctx, dead, offs); err != nil {
-		t.Fatal(err)
-	}
+	kafkatest.ProduceAt(t, brokers, topic, 0, stamps...)
+	kafkatest.ProduceAt(t, brokers, topic, 1, stamps...)
+	kafkatest.CommitOffset(t, brokers, dead, topic, 0, 5)
+	kafkatest.CommitOffset(t, brokers, dead, topic, 1, 10)
 	member, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumerGroup(live), kgo.ConsumeTopics(topic),
 		kgo.DisableAutoCommit(), kgo.ClientID("payments-1"))
 	if err != nil {

@@ -10,6 +10,8 @@ import (
 	"github.com/IBM/sarama"
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/millrace/millrace/internal/devkafka"
@@ -172,4 +174,36 @@ func FailProduce(b *devkafka.Broker, fail func(node int32) int16) {
 		}
 		return resp, nil, true
 	})
+}
+
+// ProduceAt writes one record to partition p of topic for each time in at,
+// stamped with it (as if written then), in order.
+func ProduceAt(t testing.TB, brokers []string, topic string, p int32, at ...time.Time) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for _, ts := range at {
+		if err := cl.ProduceSync(context.Background(), &kgo.Record{Topic: topic, Partition: p, Value: []byte("v"), Timestamp: ts}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// CommitOffset commits offset at of topic's partition p for group, as a
+// member of the group would after consuming the records before it.
+func CommitOffset(t testing.TB, brokers []string, group, topic string, p int32, at int64) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	offs := kadm.Offsets{}
+	offs.Add(kadm.Offset{Topic: topic, Partition: p, At: at, LeaderEpoch: -1})
+	if err := kadm.NewClient(cl).CommitAllOffsets(context.Background(), group, offs); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -1,14 +1,10 @@
 package cli
 
 import (
-	"context"
 	"encoding/json"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/millrace/millrace/internal/kafkatest"
 	"github.com/millrace/millrace/kafka"
@@ -19,26 +15,12 @@ import (
 // table and in --json.
 func TestKafkaLag(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	brokers := kafkatest.Brokers(t)
 	topic, group := kafkatest.Topic(), kafkatest.Group()
 	kafkatest.CreateTopic(t, brokers, topic, 1, nil)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	for i := range 3 {
-		r := &kgo.Record{Topic: topic, Value: []byte("v"), Timestamp: time.Now().Add(-time.Hour + time.Duration(i)*time.Second)}
-		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	offs := kadm.Offsets{}
-	offs.Add(kadm.Offset{Topic: topic, Partition: 0, At: 1, LeaderEpoch: -1})
-	if err := kadm.NewClient(cl).CommitAllOffsets(ctx, group, offs); err != nil {
-		t.Fatal(err)
-	}
+	now := time.Now()
+	kafkatest.ProduceAt(t, brokers, topic, 0, now.Add(-time.Hour), now.Add(-time.Hour+time.Second), now.Add(-time.Hour+2*time.Second))
+	kafkatest.CommitOffset(t, brokers, group, topic, 0, 1)
 
 	res := poisonRun(t, brokers, "kafka", "lag", "--group", group, "--json")
 	if res.code != 0 {
