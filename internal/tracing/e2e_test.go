@@ -177,12 +177,13 @@ func oneTrace(t *testing.T, batched bool) {
 		handles = 0 // batches record their dedup marks themselves
 	}
 	// A dedup handler's span ends after its commit, which may be after
-	// the next hop's spans: wait for them all.
+	// the next hop's spans, and a relay batch's span after its mark, which
+	// may be after the consumer applied the batch: wait for them all.
 	var spans tracetest.SpanStubs
 	for {
 		spans = exp.GetSpans()
-		if countNamed(spans, traceID, "millrace.saga.reply") >= 2 && countNamed(spans, traceID, "millrace.inbox.handle") >= handles ||
-			time.Now().After(deadline) {
+		if countNamed(spans, traceID, "millrace.saga.reply") >= 2 && countNamed(spans, traceID, "millrace.inbox.handle") >= handles &&
+			relayLinks(spans, traceID) >= 4 || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -262,23 +263,30 @@ func oneTrace(t *testing.T, batched bool) {
 		t.Errorf("participants on the spans: %v", participants)
 	}
 	// The relay's batches are roots of their own, linked to the trace.
-	linked := 0
+	for _, s := range spans {
+		if s.Name == "millrace.outbox.publish_batch" && s.Parent.IsValid() {
+			t.Errorf("a relay batch span has a parent: %v", s.Parent)
+		}
+	}
+	if linked := relayLinks(spans, traceID); linked < 4 { // 2 commands and 2 replies
+		t.Errorf("%d relay batch links to the saga's trace, want at least 4", linked)
+	}
+}
+
+// relayLinks counts the links of the relay's batch spans to trace id.
+func relayLinks(spans tracetest.SpanStubs, id trace.TraceID) int {
+	n := 0
 	for _, s := range spans {
 		if s.Name != "millrace.outbox.publish_batch" {
 			continue
 		}
-		if s.Parent.IsValid() {
-			t.Errorf("a relay batch span has a parent: %v", s.Parent)
-		}
 		for _, l := range s.Links {
-			if l.SpanContext.TraceID() == traceID {
-				linked++
+			if l.SpanContext.TraceID() == id {
+				n++
 			}
 		}
 	}
-	if linked < 4 { // 2 commands and 2 replies
-		t.Errorf("%d relay batch links to the saga's trace, want at least 4", linked)
-	}
+	return n
 }
 
 func countNamed(spans tracetest.SpanStubs, id trace.TraceID, name string) int {
