@@ -31,8 +31,13 @@ type CleanerConfig struct {
 	// after it ended, whatever its outcome, when that is longer than its
 	// outcome's window. Defaults to 30 days.
 	StuckAfter time.Duration
+	// BulkAfter is how long a bulk operation (Operator.Bulk) stays, with
+	// its record of each saga it selected, after it was created; a request
+	// it filed that is applied later still applies, only its outcome is no
+	// longer counted. Defaults to 30 days.
+	BulkAfter time.Duration
 	// BatchSize is the most sagas one statement removes, with their
-	// history. Defaults to 500.
+	// history (and the most records of a bulk operation). Defaults to 500.
 	BatchSize int
 	// Interval is the time between two passes of Run. Defaults to 1 minute.
 	Interval time.Duration
@@ -63,10 +68,14 @@ type Cleaner struct {
 	pool      *pgxpool.Pool
 	windows   map[Status]time.Duration
 	stuck     time.Duration
+	bulk      time.Duration
 	batchSize int
 	interval  time.Duration
 	logger    watermill.LoggerAdapter
 	delete    string
+	// deleteBulkItems removes up to $2 records of bulk operations created
+	// before $1; deleteBulk then the operations left without any.
+	deleteBulkItems, deleteBulk string
 	// afterBatch, when set (by tests), sees each batch's count and time.
 	afterBatch func(deleted int, took time.Duration)
 }
@@ -80,7 +89,7 @@ func NewCleaner(pool *pgxpool.Pool, cfg CleanerConfig) (*Cleaner, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: saga: CleanerConfig.Schema: %v", millrace.ErrConfig, err)
 	}
-	if cfg.CompletedAfter < 0 || cfg.CompensatedAfter < 0 || cfg.StuckAfter < 0 || cfg.BatchSize < 0 || cfg.Interval < 0 {
+	if cfg.CompletedAfter < 0 || cfg.CompensatedAfter < 0 || cfg.StuckAfter < 0 || cfg.BulkAfter < 0 || cfg.BatchSize < 0 || cfg.Interval < 0 {
 		return nil, fmt.Errorf("%w: saga: CleanerConfig: windows, BatchSize and Interval must not be negative", millrace.ErrConfig)
 	}
 	def := func(d *time.Duration, v time.Duration) {
@@ -91,6 +100,7 @@ func NewCleaner(pool *pgxpool.Pool, cfg CleanerConfig) (*Cleaner, error) {
 	def(&cfg.CompletedAfter, 7*24*time.Hour)
 	def(&cfg.CompensatedAfter, 30*24*time.Hour)
 	def(&cfg.StuckAfter, 30*24*time.Hour)
+	def(&cfg.BulkAfter, 30*24*time.Hour)
 	def(&cfg.Interval, time.Minute)
 	if cfg.BatchSize == 0 {
 		cfg.BatchSize = 500
@@ -103,6 +113,7 @@ func NewCleaner(pool *pgxpool.Pool, cfg CleanerConfig) (*Cleaner, error) {
 		pool:      pool,
 		windows:   map[Status]time.Duration{StatusCompleted: cfg.CompletedAfter, StatusCompensated: cfg.CompensatedAfter},
 		stuck:     cfg.StuckAfter,
+		bulk:      cfg.BulkAfter,
 		batchSize: cfg.BatchSize,
 		interval:  cfg.Interval,
 		logger:    cfg.Logger.With(watermill.LogFields{"component": "saga.Cleaner", "schema": schema}),
@@ -138,12 +149,20 @@ func NewCleaner(pool *pgxpool.Pool, cfg CleanerConfig) (*Cleaner, error) {
     SELECT ended_at, id FROM old ORDER BY ended_at DESC, id DESC LIMIT 1
 )
 SELECT (SELECT count(*) FROM s), (SELECT ended_at FROM last), coalesce((SELECT id FROM last), '')`, inst, hist, sqlident.Table(schema, "saga_event")),
+		// The old operations' records, found on the records' primary key
+		// (operation_id, saga_id), a batch at a time; then the operations.
+		deleteBulkItems: fmt.Sprintf(`DELETE FROM %[1]s WHERE (operation_id, saga_id) IN (
+    SELECT i.operation_id, i.saga_id FROM %[1]s i JOIN %[2]s o ON o.id = i.operation_id
+     WHERE o.created_at < $1 LIMIT $2)`, sqlident.Table(schema, "saga_bulk_item"), sqlident.Table(schema, "saga_bulk_operation")),
+		deleteBulk: fmt.Sprintf(`DELETE FROM %[2]s o WHERE o.created_at < $1
+   AND NOT EXISTS (SELECT 1 FROM %[1]s i WHERE i.operation_id = o.id)`, sqlident.Table(schema, "saga_bulk_item"), sqlident.Table(schema, "saga_bulk_operation")),
 	}, nil
 }
 
 // Clean removes every saga whose window has passed, with its history, in
 // batches of BatchSize, each its own short statement, and returns how many
-// sagas it removed. It stops early, with ctx's error, when ctx ends.
+// sagas it removed; then the bulk operations older than BulkAfter. It
+// stops early, with ctx's error, when ctx ends.
 func (c *Cleaner) Clean(ctx context.Context) (int, error) {
 	var now time.Time
 	if err := c.pool.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
@@ -174,7 +193,28 @@ func (c *Cleaner) Clean(ctx context.Context) (int, error) {
 			from, fromID = last, lastID
 		}
 	}
+	if err := c.cleanBulk(ctx, now.Add(-c.bulk)); err != nil {
+		return total, err
+	}
 	return total, nil
+}
+
+// cleanBulk removes the bulk operations created before cutoff, their
+// records first, BatchSize at a time.
+func (c *Cleaner) cleanBulk(ctx context.Context, cutoff time.Time) error {
+	for {
+		tag, err := c.pool.Exec(ctx, c.deleteBulkItems, cutoff, c.batchSize)
+		if err != nil {
+			return fmt.Errorf("saga: clean bulk operations: %w", err)
+		}
+		if tag.RowsAffected() < int64(c.batchSize) {
+			break
+		}
+	}
+	if _, err := c.pool.Exec(ctx, c.deleteBulk, cutoff); err != nil {
+		return fmt.Errorf("saga: clean bulk operations: %w", err)
+	}
+	return nil
 }
 
 // Run cleans every Interval, starting at once, until ctx ends; then it

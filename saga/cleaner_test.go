@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/internal/opstest"
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/internal/sqlident"
 	"github.com/millrace/millrace/saga"
@@ -26,7 +27,7 @@ func TestCleanerConfig(t *testing.T) {
 	}
 	db := pgtest.NewWith(t, pgtest.Options{MaxConns: 2})
 	for _, cfg := range []saga.CleanerConfig{{Schema: "Bad;"}, {CompletedAfter: -1}, {CompensatedAfter: -1},
-		{StuckAfter: -1}, {BatchSize: -1}, {Interval: -1}} {
+		{StuckAfter: -1}, {BulkAfter: -1}, {BatchSize: -1}, {Interval: -1}} {
 		if cfg.Schema == "" {
 			cfg.Schema = db.Schema
 		}
@@ -283,5 +284,56 @@ func TestCleanerKeepsItsRateUnderLoad(t *testing.T) {
 	})
 	if len(after) != kept {
 		t.Fatalf("%d sagas left, want the %d started", len(after), kept)
+	}
+}
+
+// The Cleaner removes bulk operations older than BulkAfter with their
+// records, in batches, and keeps the recent ones whole.
+func TestCleanerRemovesOldBulkOperations(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	s := opstest.NewSagas(t, db)
+	s.StuckRefunds(t, db, "refund", 25)
+	p, err := saga.NewOperator(db.Pool, saga.OperatorConfig{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	by := saga.Actor{Operator: "alice", Reason: "retention test"}
+	old, err := p.Plan(ctx, saga.ActionRetry, saga.Query{Type: "refund"}, by)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recent, err := p.Plan(ctx, saga.ActionRetry, saga.Query{Type: "refund", Limit: 10}, by)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ops, items := sqlident.Table(db.Schema, "saga_bulk_operation"), sqlident.Table(db.Schema, "saga_bulk_item")
+	if _, err := db.Pool.Exec(ctx, `UPDATE `+ops+` SET created_at = now() - interval '40 days' WHERE id = $1`, old.ID); err != nil {
+		t.Fatal(err)
+	}
+	c, err := saga.NewCleaner(db.Pool, saga.CleanerConfig{Schema: db.Schema, BatchSize: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Clean(ctx); err != nil {
+		t.Fatal(err)
+	}
+	count := func(table, id string) int {
+		var n int
+		col := map[string]string{ops: "id", items: "operation_id"}[table]
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+table+` WHERE `+col+` = $1`, id).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if count(ops, old.ID) != 0 || count(items, old.ID) != 0 {
+		t.Fatalf("the 40-day-old operation left: %d operation, %d records", count(ops, old.ID), count(items, old.ID))
+	}
+	if count(ops, recent.ID) != 1 || count(items, recent.ID) != 10 {
+		t.Fatalf("the recent operation: %d operation, %d records; want 1 and 10", count(ops, recent.ID), count(items, recent.ID))
+	}
+	if _, err := p.BulkStatus(ctx, old.ID); !errors.Is(err, saga.ErrBulkNotFound) {
+		t.Fatalf("BulkStatus of the removed operation: %v, want ErrBulkNotFound", err)
 	}
 }
