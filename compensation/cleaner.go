@@ -138,16 +138,5 @@ func (c *Cleaner) CleanOnce(ctx context.Context) (int64, error) {
 // Run cleans every Interval, starting at once, until ctx ends; then it
 // returns nil. A failed pass is logged and tried again at the next interval.
 func (c *Cleaner) Run(ctx context.Context) error {
-	periodic.Run(ctx, c.interval, func(ctx context.Context) {
-		start := time.Now()
-		n, err := c.CleanOnce(ctx)
-		switch {
-		case ctx.Err() != nil:
-		case err != nil:
-			c.logger.Error("Barrier clean failed", err, watermill.LogFields{"deleted": n})
-		case n > 0:
-			c.logger.Info("Barrier cleaned", watermill.LogFields{"deleted": n, "took": time.Since(start).String()})
-		}
-	})
-	return nil
+	return periodic.Clean(ctx, c.interval, c.logger, "Barrier clean failed", "Barrier cleaned", c.CleanOnce)
 }

@@ -28,7 +28,7 @@ func (c *Console) lagPage(w http.ResponseWriter, r *http.Request) {
 	d := lagData{Brokers: len(c.cfg.KafkaBrokers) > 0, StallAfter: c.cfg.LagStallAfter.String(), All: r.URL.Query().Get("all") == "1"}
 	status := http.StatusOK
 	if d.Brokers {
-		lags, err := c.readLag(r)
+		lags, err := c.readLag(r, "", "")
 		switch {
 		case errors.Is(err, kafka.ErrNoGroups):
 		case err != nil:
@@ -52,8 +52,9 @@ func (c *Console) lagPage(w http.ResponseWriter, r *http.Request) {
 	c.render(w, r, status, "kafka_lag", "Consumer lag", "lag", d)
 }
 
-// readLag reads every consumer group's lag with the console's settings.
-func (c *Console) readLag(r *http.Request) ([]kafka.PartitionLag, error) {
+// readLag reads, with the console's settings, every consumer group's lag
+// (key "") or the lag on the partition of topic that key is sent to.
+func (c *Console) readLag(r *http.Request, topic, key string) ([]kafka.PartitionLag, error) {
 	lr, err := kafka.NewLagReader(kafka.LagConfig{Brokers: c.cfg.KafkaBrokers, StallAfter: c.cfg.LagStallAfter})
 	if err != nil {
 		return nil, err
@@ -61,7 +62,10 @@ func (c *Console) readLag(r *http.Request) ([]kafka.PartitionLag, error) {
 	defer lr.Close()
 	ctx, cancel := reqCtx(r)
 	defer cancel()
-	return lr.Read(ctx)
+	if key == "" {
+		return lr.Read(ctx)
+	}
+	return lr.ForKey(ctx, topic, key)
 }
 
 // stalledCommand is a saga's command that waits on a stalled partition.
@@ -93,14 +97,7 @@ func (c *Console) stalledCommand(r *http.Request, in *saga.Instance, hist []saga
 	if topic == "" {
 		return nil
 	}
-	lr, err := kafka.NewLagReader(kafka.LagConfig{Brokers: c.cfg.KafkaBrokers, StallAfter: c.cfg.LagStallAfter})
-	if err != nil {
-		return nil
-	}
-	defer lr.Close()
-	ctx, cancel := reqCtx(r)
-	defer cancel()
-	lags, err := lr.ForKey(ctx, topic, in.ID)
+	lags, err := c.readLag(r, topic, in.ID)
 	if err != nil {
 		c.log.Warn("console: lag of a saga's command", "saga", in.ID, "topic", topic, "err", err)
 		return nil

@@ -173,11 +173,7 @@ func (s *serviceSet) serve(w http.ResponseWriter, r *http.Request) {
 		name, sub, _ := strings.Cut(rest[len("/s/"):], "/")
 		c := s.get(name)
 		if c == nil && s.cfg.DiscoverServices {
-			ctx, cancel := reqCtx(r)
-			err := s.discover(ctx)
-			cancel()
-			if err != nil {
-				s.top.dbFail(w, r, err)
+			if !s.discovered(w, r) {
 				return
 			}
 			c = s.get(name)
@@ -204,12 +200,20 @@ type serviceRow struct {
 	Error         string
 }
 
-func (s *serviceSet) overview(w http.ResponseWriter, r *http.Request) {
+// discovered runs discover for request r; when it fails it shows the
+// error and reports false.
+func (s *serviceSet) discovered(w http.ResponseWriter, r *http.Request) bool {
 	ctx, cancel := reqCtx(r)
-	err := s.discover(ctx)
-	cancel()
-	if err != nil {
+	defer cancel()
+	if err := s.discover(ctx); err != nil {
 		s.top.dbFail(w, r, err)
+		return false
+	}
+	return true
+}
+
+func (s *serviceSet) overview(w http.ResponseWriter, r *http.Request) {
+	if !s.discovered(w, r) {
 		return
 	}
 	var rows []serviceRow

@@ -109,6 +109,12 @@ func (r *LagReader) Close() { r.cl.Close() }
 func (r *LagReader) Read(ctx context.Context) ([]PartitionLag, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
 	defer cancel()
+	return r.read(ctx, nil)
+}
+
+// read is Read of the partitions keep keeps (all with keep nil): the ages
+// are read only for those.
+func (r *LagReader) read(ctx context.Context, keep func(topic string, p int32) bool) ([]PartitionLag, error) {
 	lags, err := r.adm.Lag(ctx, r.cfg.Groups...)
 	if err != nil && len(lags) == 0 {
 		return nil, fmt.Errorf("kafka: read group lag: %w", err)
@@ -124,6 +130,9 @@ func (r *LagReader) Read(ctx context.Context) ([]PartitionLag, error) {
 			continue
 		}
 		for _, l := range g.Lag.Sorted() {
+			if keep != nil && !keep(l.Topic, l.Partition) {
+				continue
+			}
 			p := PartitionLag{Group: g.Group, Topic: l.Topic, Partition: l.Partition,
 				Committed: l.Commit.At, End: l.End.Offset, Lag: l.Lag}
 			if l.Member != nil {
@@ -339,15 +348,5 @@ func (r *LagReader) ForKey(ctx context.Context, topic, key string) ([]PartitionL
 		return nil, fmt.Errorf("kafka: topic %s: not found", topic)
 	}
 	p := KeyPartition(key, int32(len(td.Partitions)))
-	lags, err := r.Read(ctx)
-	if err != nil {
-		return nil, err
-	}
-	var out []PartitionLag
-	for _, l := range lags {
-		if l.Topic == topic && l.Partition == p {
-			out = append(out, l)
-		}
-	}
-	return out, nil
+	return r.read(ctx, func(t string, q int32) bool { return t == topic && q == p })
 }

@@ -287,7 +287,7 @@ func (p *Operator) Plan(ctx context.Context, action Action, q Query, by Actor) (
 	b := &BulkOperation{ID: uuid.NewString(), Action: action, Operator: clean(by.Operator), Reason: oneLine(by.Reason),
 		Query: q, Created: p.o.clock.Now()}
 	(*list)[0] = b.ID
-	bs := newBulkStatements(p.o.schema)
+	bs := &p.o.sql.bulk
 	item := sqlident.Table(p.o.schema, "saga_bulk_item")
 	err = pgx.BeginTxFunc(ctx, p.o.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, bs.insertOp, b.ID, string(action), b.Operator, b.Reason, rawQuery, b.Created); err != nil {
@@ -328,7 +328,7 @@ func (p *Operator) Apply(ctx context.Context, id string) (*BulkOperation, error)
 		return nil, err
 	}
 	by := Actor{Operator: b.Operator, Reason: b.Reason, Operation: b.ID}
-	bs := newBulkStatements(p.o.schema)
+	bs := &p.o.sql.bulk
 	for {
 		n := 0
 		err := pgx.BeginFunc(ctx, p.o.pool, func(tx pgx.Tx) error {
@@ -433,7 +433,7 @@ func (p *Operator) Bulk(ctx context.Context, action Action, q Query, by Actor) (
 // counts now. It returns an error wrapping ErrBulkNotFound for an unknown
 // id.
 func (p *Operator) BulkStatus(ctx context.Context, id string) (*BulkOperation, error) {
-	bs := newBulkStatements(p.o.schema)
+	bs := &p.o.sql.bulk
 	b := &BulkOperation{Counts: BulkCounts{Refused: map[string]int64{}}}
 	var action string
 	var rawQuery []byte
@@ -510,7 +510,7 @@ func (o *Orchestrator) bulkOutcome(ctx context.Context, tx pgx.Tx, in *Instance,
 }
 
 func (o *Orchestrator) settleBulk(ctx context.Context, tx pgx.Tx, operation, id, state, reason, msg string) error {
-	if _, err := tx.Exec(ctx, newBulkStatements(o.schema).outcome, operation, id, state, reason, msg, o.clock.Now()); err != nil {
+	if _, err := tx.Exec(ctx, o.sql.bulk.outcome, operation, id, state, reason, msg, o.clock.Now()); err != nil {
 		return fmt.Errorf("saga %s: record the outcome on bulk operation %s: %w", id, operation, err)
 	}
 	return nil

@@ -172,6 +172,7 @@ type statements struct {
 	pause, unpause, hold, takeHeld, insertScheduled      string // pause.go, schedule.go
 	instance, historyTable                               string
 	events                                               eventStatements // await.go
+	bulk                                                 bulkStatements  // bulk.go
 }
 
 const instanceCols = `id, type, def_version, status, phase, step, steps, data, input, version,
@@ -184,6 +185,7 @@ func newStatements(schema string) statements {
 	pauseStatements(schema, &s)
 	scheduleStatements(schema, &s)
 	s.events = newEventStatements(schema)
+	s.bulk = newBulkStatements(schema)
 	return s
 }
 

@@ -98,11 +98,7 @@ func (a *app) sagaBulk(cmd *cobra.Command, action saga.Action, b *bulkFlags, ope
 		}
 	}
 	ctx := cmd.Context()
-	pool, err := a.connect(ctx)
-	if err != nil {
-		return err
-	}
-	p, err := saga.NewOperator(pool, saga.OperatorConfig{Schema: a.schema})
+	p, err := a.sagaOperator(ctx)
 	if err != nil {
 		return err
 	}
@@ -175,11 +171,7 @@ func (a *app) sagaBulkCmd() *cobra.Command {
 				return usagef("--wait must not be negative")
 			}
 			ctx := cmd.Context()
-			pool, err := a.connect(ctx)
-			if err != nil {
-				return err
-			}
-			p, err := saga.NewOperator(pool, saga.OperatorConfig{Schema: a.schema})
+			p, err := a.sagaOperator(ctx)
 			if err != nil {
 				return err
 			}

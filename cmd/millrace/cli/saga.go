@@ -70,11 +70,7 @@ func (a *app) sagaWithdrawCmd() *cobra.Command {
 			if strings.TrimSpace(operator) == "" {
 				return usagef("--operator is required when $USER is not set")
 			}
-			pool, err := a.connect(cmd.Context())
-			if err != nil {
-				return err
-			}
-			p, err := saga.NewOperator(pool, saga.OperatorConfig{Schema: a.schema})
+			p, err := a.sagaOperator(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -99,6 +95,16 @@ func (a *app) sagaWithdrawCmd() *cobra.Command {
 	cmd.Flags().StringVar(&reason, "reason", "", "why (required; recorded)")
 	cmd.Flags().StringVar(&operator, "operator", "", "who withdraws it (default $USER; recorded)")
 	return cmd
+}
+
+// sagaOperator returns a saga.Operator on the schema: it records
+// operator requests for the service's running orchestrator.
+func (a *app) sagaOperator(ctx context.Context) (*saga.Operator, error) {
+	pool, err := a.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return saga.NewOperator(pool, saga.OperatorConfig{Schema: a.schema})
 }
 
 // orchestrator returns an Orchestrator on the schema with the saga
@@ -441,11 +447,7 @@ func (a *app) sagaActionCmd(action saga.Action, short string, act sagaAction) *c
 // sagaRequest records an operator request (saga.Operator) and, with
 // wait, polls until the orchestrator has applied or refused it.
 func (a *app) sagaRequest(ctx context.Context, id string, action saga.Action, by saga.Actor, wait time.Duration) error {
-	pool, err := a.connect(ctx)
-	if err != nil {
-		return err
-	}
-	p, err := saga.NewOperator(pool, saga.OperatorConfig{Schema: a.schema})
+	p, err := a.sagaOperator(ctx)
 	if err != nil {
 		return err
 	}
