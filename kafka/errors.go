@@ -73,7 +73,10 @@ func IsTemporary(err error) bool {
 // size, matching ErrMessageTooLarge), temporary when it can, a suspect when
 // the broker refused the record's batch for a reason that may be another
 // record's, as it was otherwise.
-func (p *Publisher) classify(topic string, size int32, err error) error {
+//
+// refreshed is the topic's limit as learnt again after a refusal for size;
+// it is called only for such a refusal, and at most once per round.
+func (p *Publisher) classify(topic string, size int32, err error, refreshed func() int32) error {
 	switch {
 	case errors.Is(err, kgo.ErrClientClosed):
 		return temporary(fmt.Errorf("%w: %w", ErrClosed, err))
@@ -81,7 +84,7 @@ func (p *Publisher) classify(topic string, size int32, err error) error {
 		// Our limit was above the topic's (it changed, or could not be
 		// read): learn it again. A record that fits alone was refused
 		// with a batch too large for the topic.
-		limit := p.refreshLimit(topic)
+		limit := refreshed()
 		if size > limit {
 			return millrace.Permanent(fmt.Errorf("%w: %d bytes, topic %s takes %d: %w", ErrMessageTooLarge, size, topic, limit, err))
 		}

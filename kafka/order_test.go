@@ -258,26 +258,7 @@ func TestPublishTopicLimitLoweredWhileRunning(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	admin, err := kgo.NewClient(kgo.SeedBrokers(b.Addrs()...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
-	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
-	rr := kmsg.NewIncrementalAlterConfigsRequestResource()
-	rr.ResourceType = kmsg.ConfigResourceTypeTopic
-	rr.ResourceName = topic
-	rc := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
-	rc.Name, rc.Op, rc.Value = "max.message.bytes", kmsg.IncrementalAlterConfigOpSet, kmsg.StringPtr("250000")
-	rr.Configs = append(rr.Configs, rc)
-	req.Resources = append(req.Resources, rr)
-	resp, err := req.RequestWith(context.Background(), admin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := kerr.ErrorForCode(resp.Resources[0].ErrorCode); err != nil {
-		t.Fatal(err)
-	}
+	lowerTopicLimit(t, b.Addrs(), topic, 250_000)
 
 	for round := range 2 {
 		var msgs []*message.Message
@@ -307,6 +288,118 @@ func TestPublishTopicLimitLoweredWhileRunning(t *testing.T) {
 	}
 	if refused == 0 || renewed != 1 {
 		t.Fatalf("%d refused batches sent again, %d client renewals; want some and 1", refused, renewed)
+	}
+}
+
+// The topic's max.message.bytes is lowered under a record while the
+// Publisher runs: the broker refuses the record's batch, which holds records
+// of other keys and, behind it, more of its own key (one partition). The
+// record is reported too large for the new limit, permanently; the later
+// records of its key are held back, not sent again alone and stored ahead
+// of it; the other keys' records are delivered. On Apache Kafka the refused
+// record fails for good in the first round, while the others of its batch
+// are sent again alone.
+func TestPublishRecordOverLoweredTopicLimitHoldsItsKey(t *testing.T) {
+	t.Parallel()
+	brokers := kafkatest.Brokers(t)
+	topic := kafkatest.Topic()
+	kafkatest.CreateTopic(t, brokers, topic, 1, nil)
+	p := newPublisher(t, brokers)
+	check := newOrderChecker()
+	warm := newMessage(0, "a")
+	check.add(warm)
+	if err := p.Publish(topic, warm); err != nil {
+		t.Fatal(err)
+	}
+	lowerTopicLimit(t, brokers, topic, 100_000)
+
+	big := newMessage(1, "k")
+	big.Payload = []byte(`"` + strings.Repeat("x", 150_000) + `"`)
+	held := []*message.Message{newMessage(2, "k"), newMessage(3, "k")}
+	var others []*message.Message
+	for i := range 12 {
+		m := newMessage(10+i, []string{"a", "b", "c"}[i%3])
+		check.add(m)
+		others = append(others, m)
+	}
+	msgs := append(append(append([]*message.Message{}, others[:4]...), big), others[4:8]...)
+	msgs = append(append(append(msgs, held[0]), others[8:]...), held[1])
+
+	err := p.Publish(topic, msgs...)
+	var be *millrace.BatchError
+	if !errors.As(err, &be) || len(be.Errors) != 3 {
+		t.Fatalf("Publish: %v, want a BatchError naming the three messages of key k", err)
+	}
+	if be.Errors[0].UUID != big.UUID || !errors.Is(be.Errors[0].Err, kafka.ErrMessageTooLarge) || !millrace.IsPermanent(be.Errors[0].Err) {
+		t.Fatalf("first failure %s: %v, want %s with a permanent ErrMessageTooLarge", be.Errors[0].UUID, be.Errors[0].Err, big.UUID)
+	}
+	for i, m := range held {
+		me := be.Errors[i+1]
+		if me.UUID != m.UUID || !kafka.IsTemporary(me.Err) || millrace.IsPermanent(me.Err) {
+			t.Fatalf("failure %d: %s %v, want %s held back, temporary", i+1, me.UUID, me.Err, m.UUID)
+		}
+	}
+	seen := check.check(t, brokers, topic)
+	for _, m := range append([]*message.Message{big}, held...) {
+		if seen[m.UUID] {
+			t.Fatalf("message %s of key k was stored", m.UUID)
+		}
+	}
+	if len(seen) != 1+len(others) {
+		t.Fatalf("topic holds %d distinct messages, want %d", len(seen), 1+len(others))
+	}
+}
+
+// lowerTopicLimit sets topic's max.message.bytes to limit and waits until
+// every broker of the cluster reports it: on a cluster, a broker learns a
+// topic's configuration from the metadata log, a moment after the
+// controller accepted it.
+func lowerTopicLimit(t *testing.T, brokers []string, topic string, limit int) {
+	t.Helper()
+	admin, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	want := strconv.Itoa(limit)
+	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
+	rr := kmsg.NewIncrementalAlterConfigsRequestResource()
+	rr.ResourceType = kmsg.ConfigResourceTypeTopic
+	rr.ResourceName = topic
+	rc := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
+	rc.Name, rc.Op, rc.Value = "max.message.bytes", kmsg.IncrementalAlterConfigOpSet, kmsg.StringPtr(want)
+	rr.Configs = append(rr.Configs, rc)
+	req.Resources = append(req.Resources, rr)
+	resp, err := req.RequestWith(ctx, admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kerr.ErrorForCode(resp.Resources[0].ErrorCode); err != nil {
+		t.Fatal(err)
+	}
+	meta, err := kmsg.NewPtrMetadataRequest().RequestWith(ctx, admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range meta.Brokers {
+		for {
+			dreq := kmsg.NewPtrDescribeConfigsRequest()
+			dr := kmsg.NewDescribeConfigsRequestResource()
+			dr.ResourceType, dr.ResourceName = kmsg.ConfigResourceTypeTopic, topic
+			dr.ConfigNames = []string{"max.message.bytes"}
+			dreq.Resources = append(dreq.Resources, dr)
+			dresp, err := dreq.RequestWith(ctx, admin.Broker(int(b.NodeID)))
+			if err == nil && len(dresp.Resources) == 1 && len(dresp.Resources[0].Configs) == 1 &&
+				dresp.Resources[0].Configs[0].Value != nil && *dresp.Resources[0].Configs[0].Value == want {
+				break
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("broker %d does not report %s's max.message.bytes = %s: %v", b.NodeID, topic, want, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
 	}
 }
 

@@ -455,9 +455,20 @@ func (p *Publisher) produce(out []outcome, idx []int) {
 	// acknowledged or failed (after the delivery timeout at the latest).
 	_ = p.client.Flush(context.Background())
 	wg.Wait()
+	// A refusal for size makes the topic's limit be read again: once for
+	// the round, not once per refused record (a refused batch can hold
+	// thousands).
+	topic := out[idx[0]].rec.Topic
+	var limit int32
+	refreshed := func() int32 {
+		if limit == 0 {
+			limit = p.refreshLimit(topic)
+		}
+		return limit
+	}
 	for _, i := range idx {
 		if err := out[i].err; err != nil && !errors.Is(err, ErrHeldBack) {
-			out[i].err = p.classify(out[i].rec.Topic, out[i].size, err)
+			out[i].err = p.classify(topic, out[i].size, err, refreshed)
 		}
 	}
 }
@@ -514,13 +525,25 @@ func (p *Publisher) isolate(topic string, msgs []*message.Message, out []outcome
 	}
 	p.logger.Info("Kafka batch refused by the broker; sending its messages one at a time to find the one at fault",
 		watermill.LogFields{"topic": topic, "messages": len(suspects)})
+	// A record of the refused batch may have failed for good already (too
+	// large for the limit learnt from the refusal): a suspect of its key
+	// behind it must not be stored ahead of it.
+	failedAt := map[string]int{}
+	for i, o := range out {
+		if o.rec == nil || o.err == nil || errors.Is(o.err, errSuspect) || errors.Is(o.err, ErrHeldBack) {
+			continue
+		}
+		if _, ok := failedAt[string(o.rec.Key)]; !ok {
+			failedAt[string(o.rec.Key)] = i
+		}
+	}
 	failedKeys := map[string]bool{}
 	for len(suspects) > 0 {
 		var round, rest []int
 		busy := map[int32]bool{}
 		for _, i := range suspects {
 			key := string(out[i].rec.Key)
-			if failedKeys[key] {
+			if at, ok := failedAt[key]; failedKeys[key] || ok && at < i {
 				out[i].err = temporary(fmt.Errorf("%w: message %s", ErrHeldBack, msgs[i].UUID))
 				continue
 			}
