@@ -56,7 +56,37 @@ func kafkaSetup(t testing.TB) *kafkaBundle {
 func kafkaSetupWith(t testing.TB, brokers []string, opts pgtest.Options) *kafkaBundle {
 	t.Helper()
 	db := pgtest.NewWith(t, opts)
+	t.Cleanup(func() {
+		if t.Failed() {
+			logOutboxState(t, db)
+		}
+	})
 	return &kafkaBundle{brokers: brokers, db: db, w: newWriter(t, db), topic: kafkatest.Topic()}
+}
+
+// logOutboxState logs, for a test that failed, where its outbox's events
+// stand (published, dead, waiting; attempts; last errors), so a failure on a
+// loaded machine says more than which wait timed out. It runs before the
+// schema is dropped: Cleanup calls run last registered, first.
+func logOutboxState(t testing.TB, db *pgtest.DB) {
+	rows, err := db.Pool.Query(context.Background(), `SELECT
+		CASE WHEN published_at IS NOT NULL THEN 'published' WHEN dead_at IS NOT NULL THEN 'dead' ELSE 'waiting' END,
+		attempts, coalesce(left(last_error, 300), ''), count(*)
+		FROM "`+db.Schema+`".outbox_event GROUP BY 1, 2, 3 ORDER BY 1, 2`)
+	if err != nil {
+		t.Logf("outbox state not read: %v", err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var state, lastErr string
+		var attempts, n int
+		if err := rows.Scan(&state, &attempts, &lastErr, &n); err != nil {
+			t.Logf("outbox state not read: %v", err)
+			return
+		}
+		t.Logf("outbox state: %d %s, %d attempts, last error %q", n, state, attempts, lastErr)
+	}
 }
 
 // newAdmin returns an Admin on the bundle's schema.
