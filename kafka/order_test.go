@@ -14,7 +14,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/internal/devkafka"
@@ -258,7 +257,7 @@ func TestPublishTopicLimitLoweredWhileRunning(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	lowerTopicLimit(t, b.Addrs(), topic, 250_000)
+	kafkatest.SetTopicConfig(t, b.Addrs(), topic, "max.message.bytes", "250000")
 
 	for round := range 2 {
 		var msgs []*message.Message
@@ -311,7 +310,7 @@ func TestPublishRecordOverLoweredTopicLimitHoldsItsKey(t *testing.T) {
 	if err := p.Publish(topic, warm); err != nil {
 		t.Fatal(err)
 	}
-	lowerTopicLimit(t, brokers, topic, 100_000)
+	kafkatest.SetTopicConfig(t, brokers, topic, "max.message.bytes", "100000")
 
 	big := newMessage(1, "k")
 	big.Payload = []byte(`"` + strings.Repeat("x", 150_000) + `"`)
@@ -347,59 +346,6 @@ func TestPublishRecordOverLoweredTopicLimitHoldsItsKey(t *testing.T) {
 	}
 	if len(seen) != 1+len(others) {
 		t.Fatalf("topic holds %d distinct messages, want %d", len(seen), 1+len(others))
-	}
-}
-
-// lowerTopicLimit sets topic's max.message.bytes to limit and waits until
-// every broker of the cluster reports it: on a cluster, a broker learns a
-// topic's configuration from the metadata log, a moment after the
-// controller accepted it.
-func lowerTopicLimit(t *testing.T, brokers []string, topic string, limit int) {
-	t.Helper()
-	admin, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	want := strconv.Itoa(limit)
-	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
-	rr := kmsg.NewIncrementalAlterConfigsRequestResource()
-	rr.ResourceType = kmsg.ConfigResourceTypeTopic
-	rr.ResourceName = topic
-	rc := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
-	rc.Name, rc.Op, rc.Value = "max.message.bytes", kmsg.IncrementalAlterConfigOpSet, kmsg.StringPtr(want)
-	rr.Configs = append(rr.Configs, rc)
-	req.Resources = append(req.Resources, rr)
-	resp, err := req.RequestWith(ctx, admin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := kerr.ErrorForCode(resp.Resources[0].ErrorCode); err != nil {
-		t.Fatal(err)
-	}
-	meta, err := kmsg.NewPtrMetadataRequest().RequestWith(ctx, admin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, b := range meta.Brokers {
-		for {
-			dreq := kmsg.NewPtrDescribeConfigsRequest()
-			dr := kmsg.NewDescribeConfigsRequestResource()
-			dr.ResourceType, dr.ResourceName = kmsg.ConfigResourceTypeTopic, topic
-			dr.ConfigNames = []string{"max.message.bytes"}
-			dreq.Resources = append(dreq.Resources, dr)
-			dresp, err := dreq.RequestWith(ctx, admin.Broker(int(b.NodeID)))
-			if err == nil && len(dresp.Resources) == 1 && len(dresp.Resources[0].Configs) == 1 &&
-				dresp.Resources[0].Configs[0].Value != nil && *dresp.Resources[0].Configs[0].Value == want {
-				break
-			}
-			if ctx.Err() != nil {
-				t.Fatalf("broker %d does not report %s's max.message.bytes = %s: %v", b.NodeID, topic, want, err)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
 	}
 }
 

@@ -475,7 +475,51 @@ func TestRecordOverTopicLimitDeadLetteredHoldsItsKey(t *testing.T) {
 	others := writeN(t, bundle.w, bundle.topic, 300, 10)
 	startRelay(t, bundle.db, outbox.RelayConfig{Publisher: newKafkaPublisher(t, bundle.brokers), MaxAttempts: 3, RetryMin: time.Millisecond, RetryMax: 10 * time.Millisecond, PollInterval: 10 * time.Millisecond})
 	c := consume(t, bundle.brokers, bundle.topic)
-	eventually(t, time.Minute, "other keys' events consumed", func() bool { return c.unique() == len(others) })
+	checkHeldBehindDeadLetter(t, bundle, c, over, behind, others)
+}
+
+// The same when the topic's limit is lowered while the relay runs: the
+// publisher learnt the old one, so the record is sent, and the broker
+// refuses its batch, which holds the events behind it and other keys'
+// (one transaction, one claim). The events behind it must stay held, not
+// be sent again with the other keys' and stored ahead of it. (The first
+// test takes this path too when the publisher cannot read the new topic's
+// limit at once, as happened on the cluster.)
+func TestRecordOverLoweredTopicLimitDeadLetteredHoldsItsKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	bundle := kafkaSetup(t)
+	kafkatest.CreateTopic(t, bundle.brokers, bundle.topic, -1, nil)
+	startRelay(t, bundle.db, outbox.RelayConfig{Publisher: newKafkaPublisher(t, bundle.brokers), MaxAttempts: 3, RetryMin: time.Millisecond, RetryMax: 10 * time.Millisecond, PollInterval: 10 * time.Millisecond})
+	c := consume(t, bundle.brokers, bundle.topic)
+	warm, err := bundle.w.Write(ctx, outbox.Event{Topic: bundle.topic, PartitionKey: "warm", Payload: []byte(`{"seq":0}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, time.Minute, "the first event consumed", func() bool { return c.count(warm[0]) == 1 })
+	kafkatest.SetTopicConfig(t, bundle.brokers, bundle.topic, "max.message.bytes", "100000")
+
+	events := []outbox.Event{{Topic: bundle.topic, PartitionKey: "k", Payload: fmt.Appendf(nil, `{"seq":0,"blob":%q}`, strings.Repeat("x", 150_000))}}
+	for i := 1; i <= 3; i++ {
+		events = append(events, outbox.Event{Topic: bundle.topic, PartitionKey: "k", Payload: fmt.Appendf(nil, `{"seq":%d}`, i)})
+	}
+	for i := range 300 {
+		events = append(events, outbox.Event{Topic: bundle.topic, PartitionKey: fmt.Sprintf("key-%d", i%10), Payload: fmt.Appendf(nil, `{"seq":%d}`, i)})
+	}
+	ids, err := bundle.w.Write(ctx, events...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkHeldBehindDeadLetter(t, bundle, c, ids[:1], ids[1:4], append(warm, ids[4:]...))
+}
+
+// checkHeldBehindDeadLetter waits for the others consumed and for over
+// dead-lettered for the topic's limit, then checks that the events behind
+// it are held, unpublished, and that nothing of its key reached the topic.
+func checkHeldBehindDeadLetter(t *testing.T, bundle *kafkaBundle, c *consumer, over, behind, others []string) {
+	t.Helper()
+	ctx := context.Background()
+	eventually(t, time.Minute, "other keys' events consumed", func() bool { return c.unique() >= len(others) })
 	eventually(t, 30*time.Second, "the record over the limit dead-lettered", func() bool {
 		return countRows(t, bundle.db, "outbox_event", "dead_at IS NOT NULL AND attempts = 1") == 1
 	})
@@ -497,6 +541,11 @@ func TestRecordOverTopicLimitDeadLetteredHoldsItsKey(t *testing.T) {
 	for _, id := range append(over, behind...) {
 		if c.count(id) != 0 {
 			t.Fatalf("event %s of the held key reached the topic", id)
+		}
+	}
+	for _, id := range others {
+		if c.count(id) == 0 {
+			t.Fatalf("event %s of another key was not consumed", id)
 		}
 	}
 	c.checkKeyOrder(t)

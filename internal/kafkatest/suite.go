@@ -130,3 +130,54 @@ func CreateTopic(t testing.TB, brokers []string, topic string, partitions int32,
 		t.Fatalf("create topic %s: %v", topic, err)
 	}
 }
+
+// SetTopicConfig sets one configuration of topic (IncrementalAlterConfigs)
+// and waits until every broker of the cluster reports the new value: on a
+// cluster, a broker learns a topic's configuration from the metadata log a
+// moment after the controller accepted it.
+func SetTopicConfig(t testing.TB, brokers []string, topic, name, value string) {
+	t.Helper()
+	c, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
+	rr := kmsg.NewIncrementalAlterConfigsRequestResource()
+	rr.ResourceType, rr.ResourceName = kmsg.ConfigResourceTypeTopic, topic
+	rc := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
+	rc.Name, rc.Op, rc.Value = name, kmsg.IncrementalAlterConfigOpSet, kmsg.StringPtr(value)
+	rr.Configs = append(rr.Configs, rc)
+	req.Resources = append(req.Resources, rr)
+	resp, err := req.RequestWith(ctx, c)
+	if err != nil {
+		t.Fatalf("set %s of topic %s: %v", name, topic, err)
+	}
+	if err := kerr.ErrorForCode(resp.Resources[0].ErrorCode); err != nil {
+		t.Fatalf("set %s of topic %s: %v", name, topic, err)
+	}
+	meta, err := kmsg.NewPtrMetadataRequest().RequestWith(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range meta.Brokers {
+		for {
+			dreq := kmsg.NewPtrDescribeConfigsRequest()
+			dr := kmsg.NewDescribeConfigsRequestResource()
+			dr.ResourceType, dr.ResourceName = kmsg.ConfigResourceTypeTopic, topic
+			dr.ConfigNames = []string{name}
+			dreq.Resources = append(dreq.Resources, dr)
+			dresp, err := dreq.RequestWith(ctx, c.Broker(int(b.NodeID)))
+			if err == nil && len(dresp.Resources) == 1 && len(dresp.Resources[0].Configs) == 1 &&
+				dresp.Resources[0].Configs[0].Value != nil && *dresp.Resources[0].Configs[0].Value == value {
+				break
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("broker %d does not report %s of topic %s = %s: %v", b.NodeID, name, topic, value, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}
