@@ -184,9 +184,9 @@ type Relay struct {
 
 	schema string
 
-	lockLanes, claim, unclaim string
-	begin                     pgx.TxOptions
-	channel                   string
+	lockLanes, lockWindow, claim, unclaim string
+	begin                                 pgx.TxOptions
+	channel                               string
 
 	wake chan struct{}
 }
@@ -220,7 +220,38 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 	// claim rows that holder already published. Lanes are taken from a
 	// rotating start so that relays and workers do not all queue on lane 0
 	// (index: outbox_lane's primary key).
-	r.lockLanes = fmt.Sprintf(`SELECT lane FROM %s ORDER BY (lane + $1) %% %d LIMIT $2 FOR NO KEY UPDATE SKIP LOCKED`, lanes, Lanes)
+	//
+	// Only lanes with something to claim are locked: those of the first
+	// BatchSize events the claim could take (the same conditions, in id
+	// order). A row lock writes a WAL record, and locking a whole window of
+	// lanes for a batch of one event, hundreds of times a second, wrote
+	// more WAL than the events did and slowed every commit on the
+	// database. The statement returns no row when nothing can be claimed
+	// or all of it is in lanes other batches hold, and a single NULL when
+	// other batches hold the lanes of the first BatchSize events and there
+	// may be more behind them: the batch then locks a window of lanes
+	// (lockWindow), so that a backlog still goes out in parallel. $1
+	// offset, $2 lanes at most, $3 BatchSize, $4 whether dead letters hold
+	// their keys.
+	r.lockLanes = fmt.Sprintf(`WITH head AS MATERIALIZED (
+    SELECT q.lane FROM %[1]s q
+     WHERE NOT q.dead AND (NOT q.blocked OR q.next_attempt_at <= now())
+       AND NOT EXISTS (SELECT 1 FROM %[1]s b
+                        WHERE b.blocked AND b.partition_key = q.partition_key AND b.id < q.id
+                          AND (NOT b.dead OR $4))
+     ORDER BY q.id
+     LIMIT $3
+), got AS (
+    SELECT l.lane FROM %[2]s l
+     WHERE l.lane IN (SELECT lane FROM head)
+     ORDER BY (l.lane + $1) %% %[3]d
+     LIMIT $2
+       FOR NO KEY UPDATE SKIP LOCKED
+)
+SELECT lane FROM got
+UNION ALL
+SELECT NULL::smallint WHERE NOT EXISTS (SELECT 1 FROM got) AND (SELECT count(*) FROM head) >= $3`, pending, lanes, Lanes)
+	r.lockWindow = fmt.Sprintf(`SELECT lane FROM %s ORDER BY (lane + $1) %% %d LIMIT $2 FOR NO KEY UPDATE SKIP LOCKED`, lanes, Lanes)
 	// The claim takes a batch out of the pending set and marks it published
 	// in one statement, before publishing: the transaction commits only
 	// after the broker acknowledged, so a crash or an outage rolls it back
@@ -307,7 +338,10 @@ func (r *Relay) probe(ctx context.Context) error {
 	err := pgprobe.Probe(ctx, r.pool, r.cfg.OutageBackoffMax, func(err error, wait time.Duration) {
 		r.log.Error("Relay cannot reach the database at start; retrying", err, watermill.LogFields{"retry_in": wait.String()})
 	}, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, r.lockLanes, 0, 0); err != nil {
+		if _, err := tx.Exec(ctx, r.lockLanes, 0, 0, 0, false); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, r.lockWindow, 0, 0); err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, r.claim, []int16{}, 0, false); err != nil {
@@ -335,9 +369,15 @@ func (r *Relay) work(ctx context.Context, worker int) {
 	offset := rand.IntN(Lanes)
 	idle := r.cfg.PollInterval
 	outages, empty := 0, 0
+	backlog := false // the last batch was full: lock windows, skip the look for work
 	for ctx.Err() == nil {
-		n, err := r.runBatch(ctx, offset)
+		n, err := r.runBatch(ctx, offset, backlog)
+		backlog = n >= r.cfg.BatchSize
 		offset = (offset + window) % Lanes
+		if errors.Is(err, errNothingPending) {
+			// No free lane has work: the other windows have none either.
+			err, empty = nil, windowsPerRing-1
+		}
 		switch {
 		case err != nil:
 			outages++
@@ -435,7 +475,7 @@ type pendingRow struct {
 // claim), so a stopping relay never waits for a connection. Once claimed,
 // the batch outlives ctx: it is published and marked even while Run is
 // stopping, so a graceful stop adds no duplicates.
-func (r *Relay) runBatch(ctx context.Context, offset int) (int, error) {
+func (r *Relay) runBatch(ctx context.Context, offset int, backlog bool) (int, error) {
 	if ctx.Err() != nil {
 		return 0, nil
 	}
@@ -449,7 +489,10 @@ func (r *Relay) runBatch(ctx context.Context, offset int) (int, error) {
 		tx.Rollback(rctx) //nolint:errcheck // after Commit this is a no-op
 	}()
 
-	lanes, err := r.takeLanes(ctx, tx, offset)
+	lanes, err := r.takeLanes(ctx, tx, offset, backlog)
+	if errors.Is(err, errNothingPending) {
+		return 0, err
+	}
 	if err != nil || len(lanes) == 0 {
 		return 0, stopping(ctx, err)
 	}
@@ -608,17 +651,48 @@ func (u *unclaimed) add(id int64, blocked, dead bool, nextAt *time.Time, err *st
 	u.charge = append(u.charge, charge)
 }
 
-func (r *Relay) takeLanes(ctx context.Context, tx pgx.Tx, offset int) ([]int16, error) {
-	rows, err := tx.Query(ctx, r.lockLanes, offset, r.cfg.LanesPerBatch)
-	if err != nil {
-		return nil, fmt.Errorf("outbox: lock lanes: %w", err)
+// takeLanes locks the lanes of a batch (see lockLanes): those with
+// something to claim, or, when other batches hold those of a backlog's
+// head, a window of the others. It returns errNothingPending when there is
+// nothing to claim in a lane no other batch holds. While the worker drains
+// a backlog (its last batch was full) it locks a window at once: the look
+// for work would only find every lane busy, and cost the drain a second
+// walk of the pending set's head per batch.
+func (r *Relay) takeLanes(ctx context.Context, tx pgx.Tx, offset int, backlog bool) ([]int16, error) {
+	var got []*int16
+	if !backlog {
+		rows, err := tx.Query(ctx, r.lockLanes, offset, r.cfg.LanesPerBatch, r.cfg.BatchSize, !r.cfg.SkipDeadLetteredKeys)
+		if err != nil {
+			return nil, fmt.Errorf("outbox: lock lanes: %w", err)
+		}
+		if got, err = pgx.CollectRows(rows, pgx.RowTo[*int16]); err != nil {
+			return nil, fmt.Errorf("outbox: lock lanes: %w", err)
+		}
+		if len(got) == 0 {
+			return nil, errNothingPending
+		}
 	}
-	lanes, err := pgx.CollectRows(rows, pgx.RowTo[int16])
-	if err != nil {
-		return nil, fmt.Errorf("outbox: lock lanes: %w", err)
+	if backlog || got[0] == nil { // draining, or work whose lanes other batches hold
+		rows, err := tx.Query(ctx, r.lockWindow, offset, r.cfg.LanesPerBatch)
+		if err != nil {
+			return nil, fmt.Errorf("outbox: lock lanes: %w", err)
+		}
+		lanes, err := pgx.CollectRows(rows, pgx.RowTo[int16])
+		if err != nil {
+			return nil, fmt.Errorf("outbox: lock lanes: %w", err)
+		}
+		return lanes, nil
+	}
+	lanes := make([]int16, len(got))
+	for i, l := range got {
+		lanes[i] = *l
 	}
 	return lanes, nil
 }
+
+// errNothingPending says that no free lane has an event to claim: the
+// worker need not look at its other windows before it waits.
+var errNothingPending = errors.New("outbox: nothing to claim")
 
 func (r *Relay) claimRows(ctx context.Context, tx pgx.Tx, lanes []int16) ([]pendingRow, error) {
 	rows, err := tx.Query(ctx, r.claim, lanes, r.cfg.BatchSize, !r.cfg.SkipDeadLetteredKeys)

@@ -3,11 +3,14 @@ package outbox
 import (
 	"context"
 	"runtime"
+	"slices"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/millrace/internal/pgtest"
 )
@@ -98,5 +101,126 @@ func TestEmptyClaimAllocatesLittle(t *testing.T) {
 	}
 	if least > 256<<10 {
 		t.Fatalf("an empty claim with BatchSize %d allocated %d bytes", MaxBatchSize, least)
+	}
+}
+
+// A batch locks only the lanes it has work in: with one event pending, its
+// lane alone (a lane lock writes WAL; a window of 64 for one event wrote
+// more WAL than the events). Nothing pending: no lane locked, and the
+// worker is told so. Its lane held by another batch: a window of other
+// lanes, so the work behind goes on in parallel.
+func TestBatchLocksOnlyTheLanesWithWork(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	r, err := NewRelay(db.Pool, RelayConfig{Schema: db.Schema, Publisher: discard{}, LanesPerBatch: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewWriter(db.Pool, WriterConfig{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	take := func(tx pgx.Tx, offset int) ([]int16, error) { return r.takeLanes(ctx, tx, offset, false) }
+	begin := func() pgx.Tx {
+		tx, err := db.Pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tx.Rollback(ctx) }) //nolint:errcheck
+		return tx
+	}
+
+	tx := begin()
+	if lanes, err := take(tx, 0); err != errNothingPending || len(lanes) != 0 {
+		t.Fatalf("empty outbox: lanes %v, %v; want none, errNothingPending", lanes, err)
+	}
+	tx.Rollback(ctx) //nolint:errcheck
+
+	if _, err := w.Write(ctx, Event{Topic: "t", PartitionKey: "k", Payload: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	lane := Lane("k")
+	holder := begin()
+	lanes, err := take(holder, 0)
+	if err != nil || len(lanes) != 1 || lanes[0] != lane {
+		t.Fatalf("one event pending: lanes %v, %v; want [%d]", lanes, err, lane)
+	}
+	other := begin()
+	if lanes, err := take(other, 0); err != errNothingPending {
+		t.Fatalf("its lane held, nothing else pending: lanes %v, %v; want errNothingPending", lanes, err)
+	}
+	other.Rollback(ctx) //nolint:errcheck
+
+	// A backlog (at least BatchSize events) whose head is in held lanes:
+	// a window of the others, for the events behind the head.
+	small, err := NewRelay(db.Pool, RelayConfig{Schema: db.Schema, Publisher: discard{}, LanesPerBatch: 10, BatchSize: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write(ctx, Event{Topic: "t", PartitionKey: "k2", Payload: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	other = begin()
+	lanes, err = small.takeLanes(ctx, other, int(lane), false)
+	if err != nil || len(lanes) != 10 || slices.Contains(lanes, lane) {
+		t.Fatalf("the backlog's head held: lanes %v, %v; want a window of 10 others", lanes, err)
+	}
+	other.Rollback(ctx) //nolint:errcheck
+
+	// A worker draining a backlog (its last batch was full) locks a window
+	// without looking for work first.
+	other = begin()
+	lanes, err = r.takeLanes(ctx, other, int(lane), true)
+	if err != nil || len(lanes) != 10 || slices.Contains(lanes, lane) {
+		t.Fatalf("draining: lanes %v, %v; want a window of 10 lanes not held", lanes, err)
+	}
+}
+
+// Events held behind a dead letter do not count as work: with more of them
+// than a batch takes at the head of the outbox, the other keys' events
+// behind them are still claimed (their lanes are the ones locked).
+func TestHeldEventsAtTheHeadDoNotHideOtherWork(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	r, err := NewRelay(db.Pool, RelayConfig{Schema: db.Schema, Publisher: discard{}, BatchSize: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewWriter(db.Pool, WriterConfig{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []Event
+	for range 20 {
+		held = append(held, Event{Topic: "t", PartitionKey: "dead-key", Payload: []byte(`{}`)})
+	}
+	if _, err := w.Write(ctx, held...); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `UPDATE "`+db.Schema+`".outbox_pending SET blocked = true, dead = true WHERE id = (SELECT min(id) FROM "`+db.Schema+`".outbox_pending)`); err != nil {
+		t.Fatal(err)
+	}
+	// Another key, in another lane.
+	key := "live-0"
+	for i := 1; Lane(key) == Lane("dead-key"); i++ {
+		key = "live-" + strconv.Itoa(i)
+	}
+	if _, err := w.Write(ctx, Event{Topic: "t", PartitionKey: key, Payload: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	lanes, err := r.takeLanes(ctx, tx, 0, false)
+	if err != nil || !slices.Contains(lanes, Lane(key)) {
+		t.Fatalf("lanes %v, %v; want the lane of %s (%d)", lanes, err, key, Lane(key))
+	}
+	rows, err := r.claimRows(ctx, tx, lanes)
+	if err != nil || len(rows) != 1 || rows[0].key != key {
+		t.Fatalf("claimed %d rows, %v; want the one event of %s", len(rows), err, key)
 	}
 }
