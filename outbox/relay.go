@@ -235,10 +235,7 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 	// their keys.
 	r.lockLanes = fmt.Sprintf(`WITH head AS MATERIALIZED (
     SELECT q.lane FROM %[1]s q
-     WHERE NOT q.dead AND (NOT q.blocked OR q.next_attempt_at <= now())
-       AND NOT EXISTS (SELECT 1 FROM %[1]s b
-                        WHERE b.blocked AND b.partition_key = q.partition_key AND b.id < q.id
-                          AND (NOT b.dead OR $4))
+     WHERE %[4]s
      ORDER BY q.id
      LIMIT $3
 ), got AS (
@@ -250,7 +247,7 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 )
 SELECT lane FROM got
 UNION ALL
-SELECT NULL::smallint WHERE NOT EXISTS (SELECT 1 FROM got) AND (SELECT count(*) FROM head) >= $3`, pending, lanes, Lanes)
+SELECT NULL::smallint WHERE NOT EXISTS (SELECT 1 FROM got) AND (SELECT count(*) FROM head) >= $3`, pending, lanes, Lanes, claimable(pending, "$4"))
 	r.lockWindow = fmt.Sprintf(`SELECT lane FROM %s ORDER BY (lane + $1) %% %d LIMIT $2 FOR NO KEY UPDATE SKIP LOCKED`, lanes, Lanes)
 	// The claim takes a batch out of the pending set and marks it published
 	// in one statement, before publishing: the transaction commits only
@@ -266,11 +263,7 @@ SELECT NULL::smallint WHERE NOT EXISTS (SELECT 1 FROM got) AND (SELECT count(*) 
 	r.claim = fmt.Sprintf(`WITH claimed AS (
     DELETE FROM %[1]s
      WHERE id = ANY(ARRAY(SELECT q.id FROM %[1]s q
-                   WHERE q.lane = ANY($1) AND NOT q.dead
-                     AND (NOT q.blocked OR q.next_attempt_at <= now())
-                     AND NOT EXISTS (SELECT 1 FROM %[1]s b
-                                      WHERE b.blocked AND b.partition_key = q.partition_key AND b.id < q.id
-                                        AND (NOT b.dead OR $3))
+                   WHERE q.lane = ANY($1) AND %[3]s
                    ORDER BY q.id
                    LIMIT $2))
     RETURNING id, blocked, next_attempt_at
@@ -279,7 +272,7 @@ UPDATE %[2]s e SET published_at = now()
   FROM claimed c
  WHERE e.id = c.id
 RETURNING e.id, e.event_id::text, e.topic, e.partition_key, e.aggregate_type, e.aggregate_id, e.event_type,
-          e.payload, e.payload_bytes, e.headers, e.attempts, c.blocked, c.next_attempt_at`, pending, events)
+          e.payload, e.payload_bytes, e.headers, e.attempts, c.blocked, c.next_attempt_at`, pending, events, claimable(pending, "$3"))
 	// Events that did not go out return to the pending set: failed (err
 	// not null: blocked, due again at next_at, perhaps dead, charged an
 	// attempt unless the failure was temporary), or, held behind a failed
@@ -693,6 +686,19 @@ func (r *Relay) takeLanes(ctx context.Context, tx pgx.Tx, offset int, backlog bo
 // errNothingPending says that no free lane has an event to claim: the
 // worker need not look at its other windows before it waits.
 var errNothingPending = errors.New("outbox: nothing to claim")
+
+// claimable is the condition on a row q of the pending set that the claim
+// can take it: not dead, not waiting out a retry, and not held behind a
+// failing (or, when holdDead, the SQL parameter that says so, is true, a
+// dead) event of its key. The claim and the look for work in lockLanes
+// share it: a look that counted held events as work could lock only their
+// lanes, and leave the rest of the outbox waiting behind a dead letter.
+func claimable(pending, holdDead string) string {
+	return fmt.Sprintf(`NOT q.dead AND (NOT q.blocked OR q.next_attempt_at <= now())
+       AND NOT EXISTS (SELECT 1 FROM %s b
+                        WHERE b.blocked AND b.partition_key = q.partition_key AND b.id < q.id
+                          AND (NOT b.dead OR %s))`, pending, holdDead)
+}
 
 func (r *Relay) claimRows(ctx context.Context, tx pgx.Tx, lanes []int16) ([]pendingRow, error) {
 	rows, err := tx.Query(ctx, r.claim, lanes, r.cfg.BatchSize, !r.cfg.SkipDeadLetteredKeys)
