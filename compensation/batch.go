@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/internal/pipeline"
 	"github.com/millrace/millrace/outbox"
 )
 
@@ -182,14 +183,14 @@ func (p *Participant) handleRound(ctx context.Context, tx pgx.Tx, items []*item)
 		events = append(events, p.replyEvent(it.call, r))
 		traceBatchReply(p, it, &events[len(events)-1]) // tracing.go
 	}
-	before := []queued{{sql: release}}
+	before := []pipeline.Statement{{SQL: release}}
 	if len(fin.sagaIDs) > 0 {
-		before = append(before, queued{sql: p.sql.finishMany, args: fin.args()})
+		before = append(before, pipeline.Statement{SQL: p.sql.finishMany, Args: fin.args()})
 	}
-	ptx := &pipelineTx{Tx: tx, before: before}
+	ptx := &pipeline.Tx{Tx: tx, Before: before}
 	_, err = p.writer.WriteTx(ctx, ptx, events...)
 	if err == nil {
-		err = ptx.flush(ctx)
+		err = ptx.Flush(ctx)
 	}
 	if err != nil {
 		return fmt.Errorf("compensation: %s: replies of a batch of %d: %w", p.name, len(items), err)

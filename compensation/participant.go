@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -14,12 +13,12 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/internal/logging"
+	"github.com/millrace/millrace/internal/pipeline"
 	"github.com/millrace/millrace/internal/poison"
 	"github.com/millrace/millrace/internal/sqlident"
 	"github.com/millrace/millrace/outbox"
@@ -247,18 +246,19 @@ func (p *Participant) HandleTx(ctx context.Context, tx pgx.Tx, msg *message.Mess
 	if err != nil {
 		return err
 	}
-	var before []queued
+	var before []pipeline.Statement
 	if r.failed {
-		before = append(before, queued{sql: rollbackTo})
+		before = append(before, pipeline.Statement{SQL: rollbackTo})
 	}
-	before = append(before, queued{sql: release})
+	before = append(before, pipeline.Statement{SQL: release})
 	if r.finish {
-		before = append(before, queued{sql: p.sql.finish, args: []any{r.outcome, r.empty, r.payload, r.reason, it.call.SagaID, it.call.Step, it.call.Operation}})
+		before = append(before, pipeline.Statement{SQL: p.sql.finish, Args: []any{r.outcome, r.empty, r.payload, r.reason, it.call.SagaID, it.call.Step, it.call.Operation}})
 	}
-	ptx := &pipelineTx{Tx: tx, before: before}
+	// The barrier's answer goes in the Writer's round trip.
+	ptx := &pipeline.Tx{Tx: tx, Before: before}
 	_, err = p.writer.WriteTx(ctx, ptx, p.replyEvent(it.call, r))
 	if err == nil {
-		err = ptx.flush(ctx)
+		err = ptx.Flush(ctx)
 	}
 	if err != nil {
 		err = fmt.Errorf("compensation: %s: reply to %s/%s %s: %w", p.name, it.call.SagaID, it.call.Step, it.call.Operation, err)
@@ -542,118 +542,3 @@ func (p *Participant) AddToRouter(r *message.Router, cfg RouterConfig) (*message
 // Middleware returns the participant's inbox dedup middleware (consumer:
 // its name), for wiring Handle into a Router by hand.
 func (p *Participant) Middleware() message.HandlerMiddleware { return p.dedup.Middleware }
-
-// queued is a statement to send in the same round trip as a later one.
-type queued struct {
-	sql  string
-	args []any
-}
-
-// pipelineTx is tx that sends the statements of before ahead of the next
-// statement: with an Exec, in the same round trip (a pgx batch); with any
-// other call, in a round trip of their own first. The participant hands it
-// to the outbox Writer, so the barrier's answer and the reply cost one
-// round trip, and the order of statements is kept whatever the Writer does.
-type pipelineTx struct {
-	pgx.Tx
-	before []queued
-}
-
-func (t *pipelineTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if len(t.before) == 0 {
-		return t.Tx.Exec(ctx, sql, args...)
-	}
-	b := &pgx.Batch{}
-	for _, q := range t.before {
-		b.Queue(q.sql, q.args...)
-	}
-	t.before = nil
-	b.Queue(sql, args...)
-	br := t.Tx.SendBatch(ctx, b)
-	defer br.Close()
-	for i := 0; i < b.Len()-1; i++ {
-		if _, err := br.Exec(); err != nil {
-			return pgconn.CommandTag{}, fmt.Errorf("%s: %w", strings.SplitN(b.QueuedQueries[i].SQL, "\n", 2)[0], err)
-		}
-	}
-	tag, err := br.Exec()
-	if err != nil {
-		return tag, err
-	}
-	return tag, br.Close()
-}
-
-// flush sends what is queued, if anything.
-func (t *pipelineTx) flush(ctx context.Context) error {
-	if len(t.before) == 0 {
-		return nil
-	}
-	_, err := t.Exec(ctx, "SELECT 1")
-	return err
-}
-
-func (t *pipelineTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if err := t.flush(ctx); err != nil {
-		return nil, err
-	}
-	return t.Tx.Query(ctx, sql, args...)
-}
-
-func (t *pipelineTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if err := t.flush(ctx); err != nil {
-		return errRow{err}
-	}
-	return t.Tx.QueryRow(ctx, sql, args...)
-}
-
-func (t *pipelineTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	if len(t.before) > 0 {
-		pre := make([]*pgx.QueuedQuery, 0, len(t.before)+len(b.QueuedQueries))
-		for _, q := range t.before {
-			pre = append(pre, &pgx.QueuedQuery{SQL: q.sql, Arguments: q.args})
-		}
-		t.before = nil
-		// The queued statements' results are read and dropped here; the
-		// caller reads its own.
-		nb := &pgx.Batch{QueuedQueries: append(pre, b.QueuedQueries...)}
-		br := t.Tx.SendBatch(ctx, nb)
-		for range pre {
-			if _, err := br.Exec(); err != nil {
-				_ = br.Close()
-				return errBatch{err: err}
-			}
-		}
-		return br
-	}
-	return t.Tx.SendBatch(ctx, b)
-}
-
-func (t *pipelineTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
-	if err := t.flush(ctx); err != nil {
-		return 0, err
-	}
-	return t.Tx.CopyFrom(ctx, table, columns, src)
-}
-
-func (t *pipelineTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	if err := t.flush(ctx); err != nil {
-		return nil, err
-	}
-	return t.Tx.Begin(ctx)
-}
-
-type errRow struct{ err error }
-
-func (r errRow) Scan(...any) error { return r.err }
-
-// errBatch is the results of a batch that failed before its statements
-// ran (its other methods are those of a nil BatchResults).
-type errBatch struct {
-	pgx.BatchResults
-	err error
-}
-
-func (b errBatch) Exec() (pgconn.CommandTag, error) { return pgconn.CommandTag{}, b.err }
-func (b errBatch) Query() (pgx.Rows, error)         { return nil, b.err }
-func (b errBatch) QueryRow() pgx.Row                { return errRow{b.err} }
-func (b errBatch) Close() error                     { return b.err }

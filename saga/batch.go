@@ -15,6 +15,7 @@ import (
 	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/internal/backoff"
 	"github.com/millrace/millrace/internal/fetch"
+	"github.com/millrace/millrace/internal/pipeline"
 	"github.com/millrace/millrace/internal/sqlident"
 	"github.com/millrace/millrace/internal/tracing"
 	"github.com/millrace/millrace/outbox"
@@ -371,45 +372,48 @@ func (o *Orchestrator) saveMany(ctx context.Context, tx pgx.Tx, ms []*machine, e
 		attempts, updated = append(attempts, int32(in.Attempts)), append(updated, m.now)
 		events = append(events, m.events...)
 	}
-	// The states and the history in one round trip.
-	b := &pgx.Batch{}
+	// The states, the history and the commands in one round trip: the
+	// outbox Writer's statement takes the others with it. saveErr keeps a
+	// failure of the first two from reading as the Writer's.
+	ptx := &pipeline.Tx{Tx: tx}
+	var saveErr error
 	if n > 0 {
-		b.Queue(o.sql.updateMany, ids, statuses, phases, steps, stepStates, datas, wakeups, deadlines, attempts, lastErrors, updated, endeds)
+		ptx.Before = append(ptx.Before, pipeline.Statement{SQL: o.sql.updateMany,
+			Args: []any{ids, statuses, phases, steps, stepStates, datas, wakeups, deadlines, attempts, lastErrors, updated, endeds},
+			Read: func(br pgx.BatchResults) error {
+				tag, err := br.Exec()
+				if err == nil && tag.RowsAffected() != int64(n) {
+					err = fmt.Errorf("saved %d of %d", tag.RowsAffected(), n)
+				}
+				if err != nil {
+					saveErr = fmt.Errorf("saga: save %d sagas: %w", n, err)
+				}
+				return saveErr
+			}})
 	}
 	if len(hist) > 0 {
 		sql, args := o.historyStatement(hist)
-		b.Queue(sql, args...)
-	}
-	if b.Len() > 0 {
-		br := tx.SendBatch(ctx, b)
-		if n > 0 {
-			tag, err := br.Exec()
-			if err == nil && tag.RowsAffected() != int64(n) {
-				err = fmt.Errorf("saved %d of %d", tag.RowsAffected(), n)
-			}
-			if err != nil {
-				_ = br.Close()
-				return fmt.Errorf("saga: save %d sagas: %w", n, err)
-			}
-			for _, m := range ms {
-				if m.applied {
-					m.in.Revision++
-				}
-			}
-		}
-		if len(hist) > 0 {
+		ptx.Before = append(ptx.Before, pipeline.Statement{SQL: sql, Args: args, Read: func(br pgx.BatchResults) error {
 			if _, err := br.Exec(); err != nil {
-				_ = br.Close()
-				return fmt.Errorf("saga: write history: %w", err)
+				saveErr = fmt.Errorf("saga: write history: %w", err)
 			}
-		}
-		if err := br.Close(); err != nil {
-			return fmt.Errorf("saga: save: %w", err)
-		}
+			return saveErr
+		}})
 	}
 	if len(events) > 0 {
-		if _, err := o.writer.WriteTx(ctx, tx, events...); err != nil {
+		if _, err := o.writer.WriteTx(ctx, ptx, events...); err != nil {
+			if saveErr != nil {
+				return saveErr
+			}
 			return fmt.Errorf("saga: write %d commands: %w", len(events), err)
+		}
+	}
+	if err := ptx.Flush(ctx); err != nil {
+		return err
+	}
+	for _, m := range ms {
+		if m.applied {
+			m.in.Revision++
 		}
 	}
 	return nil

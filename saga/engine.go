@@ -12,6 +12,7 @@ import (
 
 	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/internal/backoff"
+	"github.com/millrace/millrace/internal/pipeline"
 	"github.com/millrace/millrace/outbox"
 )
 
@@ -743,32 +744,38 @@ func (m *machine) save() error {
 	if err != nil {
 		return fmt.Errorf("saga %s: encode step state: %w", m.in.ID, err)
 	}
-	// The state and its history in one round trip.
-	b := &pgx.Batch{}
-	b.Queue(m.o.sql.update, m.in.ID, m.in.Status, m.in.Phase, m.in.Step, steps, m.in.Data,
-		m.in.NextWakeupAt, m.in.DeadlineAt, m.in.Attempts, oneLine(m.in.LastError), m.now, m.in.EndedAt)
+	// The state, its history and its commands in one round trip: the
+	// outbox Writer's statement takes the others with it. saveErr keeps a
+	// failure of the first two from reading as the Writer's.
+	var saveErr error
+	ptx := &pipeline.Tx{Tx: m.tx, Before: []pipeline.Statement{{SQL: m.o.sql.update,
+		Args: []any{m.in.ID, m.in.Status, m.in.Phase, m.in.Step, steps, m.in.Data,
+			m.in.NextWakeupAt, m.in.DeadlineAt, m.in.Attempts, oneLine(m.in.LastError), m.now, m.in.EndedAt},
+		Read: func(br pgx.BatchResults) error {
+			if err := br.QueryRow().Scan(&m.in.Revision); err != nil {
+				saveErr = fmt.Errorf("saga %s: save: %w", m.in.ID, err)
+			}
+			return saveErr
+		}}}}
 	if len(m.hist) > 0 {
 		sql, args := m.o.historyStatement(m.hist)
-		b.Queue(sql, args...)
-	}
-	br := m.tx.SendBatch(m.ctx, b)
-	if err := br.QueryRow().Scan(&m.in.Revision); err != nil {
-		_ = br.Close()
-		return fmt.Errorf("saga %s: save: %w", m.in.ID, err)
-	}
-	if len(m.hist) > 0 {
-		if _, err := br.Exec(); err != nil {
-			_ = br.Close()
-			return fmt.Errorf("saga %s: write history: %w", m.in.ID, err)
-		}
-	}
-	if err := br.Close(); err != nil {
-		return fmt.Errorf("saga %s: save: %w", m.in.ID, err)
+		ptx.Before = append(ptx.Before, pipeline.Statement{SQL: sql, Args: args, Read: func(br pgx.BatchResults) error {
+			if _, err := br.Exec(); err != nil {
+				saveErr = fmt.Errorf("saga %s: write history: %w", m.in.ID, err)
+			}
+			return saveErr
+		}})
 	}
 	if len(m.events) > 0 {
-		if _, err := m.o.writer.WriteTx(m.ctx, m.tx, m.events...); err != nil {
+		if _, err := m.o.writer.WriteTx(m.ctx, ptx, m.events...); err != nil {
+			if saveErr != nil {
+				return saveErr
+			}
 			return fmt.Errorf("saga %s: write commands: %w", m.in.ID, err)
 		}
+	}
+	if err := ptx.Flush(m.ctx); err != nil {
+		return err
 	}
 	return m.closeEvents() // await.go
 }

@@ -1,0 +1,151 @@
+// Package pipeline sends statements a transaction owes ahead of its next
+// statement, in the same round trip.
+//
+// A component that must write something before it hands its transaction
+// to another (the barrier's answer before the outbox Writer writes the
+// reply; a saga's new state before its commands) queues those statements
+// on a Tx and hands the Tx on. Whatever call comes next, the queued
+// statements run first, once and in order: with an Exec, in the same round
+// trip (a pgx batch); with a SendBatch, at the head of its batch; with any
+// other call, in a round trip of their own first.
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Statement is a statement to send in the same round trip as a later one.
+type Statement struct {
+	SQL  string
+	Args []any
+	// Read, if set, reads the statement's result from the batch (one
+	// result: Exec, Query or QueryRow, as the statement needs) and returns
+	// an error if it is not good: that error, as it is, fails the call
+	// that sent the statement. Left nil, the result is dropped and only an
+	// error of the statement counts, wrapped with its first line. Either
+	// way the later statements of the round trip were sent: roll the
+	// transaction back.
+	Read func(pgx.BatchResults) error
+}
+
+// Tx is a pgx.Tx that sends Before ahead of its next statement.
+type Tx struct {
+	pgx.Tx
+	Before []Statement
+}
+
+// read reads one queued statement's result.
+func (s Statement) read(br pgx.BatchResults) error {
+	if s.Read != nil {
+		return s.Read(br)
+	}
+	if _, err := br.Exec(); err != nil {
+		return fmt.Errorf("%s: %w", strings.SplitN(s.SQL, "\n", 2)[0], err)
+	}
+	return nil
+}
+
+func (t *Tx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if len(t.Before) == 0 {
+		return t.Tx.Exec(ctx, sql, args...)
+	}
+	before := t.Before
+	t.Before = nil
+	b := &pgx.Batch{}
+	for _, s := range before {
+		b.Queue(s.SQL, s.Args...)
+	}
+	b.Queue(sql, args...)
+	br := t.Tx.SendBatch(ctx, b)
+	defer br.Close()
+	for _, s := range before {
+		if err := s.read(br); err != nil {
+			return pgconn.CommandTag{}, err
+		}
+	}
+	tag, err := br.Exec()
+	if err != nil {
+		return tag, err
+	}
+	return tag, br.Close()
+}
+
+// Flush sends what is queued, if anything, in a round trip of its own.
+func (t *Tx) Flush(ctx context.Context) error {
+	if len(t.Before) == 0 {
+		return nil
+	}
+	br := t.SendBatch(ctx, &pgx.Batch{})
+	return br.Close()
+}
+
+func (t *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if err := t.Flush(ctx); err != nil {
+		return nil, err
+	}
+	return t.Tx.Query(ctx, sql, args...)
+}
+
+func (t *Tx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if err := t.Flush(ctx); err != nil {
+		return errRow{err}
+	}
+	return t.Tx.QueryRow(ctx, sql, args...)
+}
+
+func (t *Tx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if len(t.Before) == 0 {
+		return t.Tx.SendBatch(ctx, b)
+	}
+	before := t.Before
+	t.Before = nil
+	pre := make([]*pgx.QueuedQuery, 0, len(before)+len(b.QueuedQueries))
+	for _, s := range before {
+		pre = append(pre, &pgx.QueuedQuery{SQL: s.SQL, Arguments: s.Args})
+	}
+	// The queued statements' results are read here; the caller reads its
+	// own.
+	br := t.Tx.SendBatch(ctx, &pgx.Batch{QueuedQueries: append(pre, b.QueuedQueries...)})
+	for _, s := range before {
+		if err := s.read(br); err != nil {
+			_ = br.Close()
+			return errBatch{err: err}
+		}
+	}
+	return br
+}
+
+func (t *Tx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	if err := t.Flush(ctx); err != nil {
+		return 0, err
+	}
+	return t.Tx.CopyFrom(ctx, table, columns, src)
+}
+
+func (t *Tx) Begin(ctx context.Context) (pgx.Tx, error) {
+	if err := t.Flush(ctx); err != nil {
+		return nil, err
+	}
+	return t.Tx.Begin(ctx)
+}
+
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
+
+// errBatch is the results of a batch that failed before its statements
+// ran (its other methods are those of a nil BatchResults).
+type errBatch struct {
+	pgx.BatchResults
+	err error
+}
+
+func (b errBatch) Exec() (pgconn.CommandTag, error) { return pgconn.CommandTag{}, b.err }
+func (b errBatch) Query() (pgx.Rows, error)         { return nil, b.err }
+func (b errBatch) QueryRow() pgx.Row                { return errRow{b.err} }
+func (b errBatch) Close() error                     { return b.err }
