@@ -33,9 +33,13 @@ func TestQuickstart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pool.Close()
+	// The schema is dropped, then the pool closed, after the test (a
+	// deferred Close would run first, and the drop fail unseen).
 	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
+		defer pool.Close()
+		if _, err := pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`); err != nil {
+			t.Errorf("drop schema %s: %v", schema, err)
+		}
 	})
 
 	in, err := run(ctx, url, b.Addrs(), schema)
