@@ -248,7 +248,19 @@ func (o *Orchestrator) handleRepliesTx(ctx context.Context, tx pgx.Tx, msgs []*m
 	// The batch's dedup marks, in one statement (the inbox's MarkTx). A mark
 	// that existed, or repeats within the batch, is not fresh: that reply is
 	// a duplicate.
-	fresh, err := o.dedup.MarkTx(ctx, tx, marked...)
+	// The marks' statement carries the lock of the batch's sagas behind it,
+	// in the same round trip: the sagas of duplicates are locked too, and
+	// left as they are.
+	var candidates []string
+	seen := map[string]bool{}
+	for _, it := range items {
+		if it != nil && !seen[it.r.sagaID] {
+			seen[it.r.sagaID] = true
+			candidates = append(candidates, it.r.sagaID)
+		}
+	}
+	mt := &markThenLock{Tx: tx, lock: o.sql.lockMany, ids: candidates}
+	fresh, err := o.dedup.MarkTx(ctx, mt, marked...)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("saga: record dedup marks: %w", err)
 	}
@@ -274,8 +286,12 @@ func (o *Orchestrator) handleRepliesTx(ctx context.Context, tx pgx.Tx, msgs []*m
 			sagaIDs = append(sagaIDs, it.r.sagaID)
 		}
 	}
-	// Lock the batch's sagas in id order: concurrent batches never deadlock.
-	locked, err := queryInstances(ctx, tx, o.sql.lockMany, sagaIDs)
+	// The batch's sagas, locked in id order: concurrent batches never
+	// deadlock.
+	locked, err := mt.locked, mt.err
+	if !mt.sent {
+		locked, err = queryInstances(ctx, tx, o.sql.lockMany, sagaIDs)
+	}
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("saga: lock sagas: %w", err)
 	}
@@ -335,6 +351,66 @@ func (o *Orchestrator) handleRepliesTx(ctx context.Context, tx pgx.Tx, msgs []*m
 		return nil, nil, nil, err
 	}
 	return res, after, ids, nil
+}
+
+// markThenLock is a batch's transaction as the inbox's MarkTx sees it: its
+// first Query (the dedup marks) takes the lock of the batch's sagas (lock,
+// on ids) behind it in the same round trip, and the locked rows are read
+// when the marks' rows are closed. sent says it did; locked and err are
+// then the lock's outcome.
+type markThenLock struct {
+	pgx.Tx
+	lock   string
+	ids    []string
+	sent   bool
+	locked []*Instance
+	err    error
+}
+
+func (t *markThenLock) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if t.sent {
+		return t.Tx.Query(ctx, sql, args...)
+	}
+	t.sent = true
+	b := &pgx.Batch{}
+	b.Queue(sql, args...)
+	b.Queue(t.lock, t.ids)
+	br := t.Tx.SendBatch(ctx, b)
+	rows, err := br.Query()
+	if err != nil {
+		t.err = err
+		_ = br.Close()
+		return nil, err
+	}
+	return &markRows{Rows: rows, t: t, br: br}, nil
+}
+
+// markRows are the marks' rows; closing them reads the lock's.
+type markRows struct {
+	pgx.Rows
+	t  *markThenLock
+	br pgx.BatchResults
+}
+
+func (r *markRows) Close() {
+	r.Rows.Close()
+	if r.br == nil {
+		return
+	}
+	br := r.br
+	r.br = nil
+	if err := r.Rows.Err(); err != nil {
+		r.t.err = err // the lock did not run
+	} else {
+		rows, err := br.Query()
+		if err == nil {
+			r.t.locked, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (*Instance, error) { return scanInstance(row) })
+		}
+		r.t.err = err
+	}
+	if err := br.Close(); err != nil && r.t.err == nil {
+		r.t.err = err
+	}
 }
 
 // saveMany writes the new state of many sagas, their history and their

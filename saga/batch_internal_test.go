@@ -1,0 +1,109 @@
+package saga
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/millrace/millrace/internal/pgtest"
+	"github.com/millrace/millrace/internal/sqlident"
+)
+
+// A batch's marks carry the lock of its sagas in their round trip: the
+// marks' rows come back as they are, the sagas are locked and read when
+// those rows close, and a failed mark leaves the lock unrun.
+func TestMarkThenLockLocksInTheMarksRoundTrip(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewWith(t, pgtest.Options{MaxConns: 4})
+	ctx := context.Background()
+	sql := newStatements(db.Schema)
+	inst := sqlident.Table(db.Schema, "saga_instance")
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO `+inst+` (id, type, def_version, status, data, input, created_at, updated_at)
+SELECT id, 'order', 1, 'running', '{}', '{}', now(), now() FROM unnest(ARRAY['b', 'a', 'c']) id`); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+
+	var round int
+	mt := &markThenLock{Tx: &countingTx{Tx: tx, rounds: &round}, lock: sql.lockMany, ids: []string{"b", "a", "missing"}}
+	rows, err := mt.Query(ctx, `SELECT n FROM generate_series(1, 3) n`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil || len(got) != 3 || got[2] != 3 {
+		t.Fatalf("the marks' rows: %v, %v; want 1,2,3", got, err)
+	}
+	if !mt.sent || mt.err != nil || len(mt.locked) != 2 || mt.locked[0].ID != "a" || mt.locked[1].ID != "b" {
+		t.Fatalf("sent %v, err %v, %d locked; want a and b, in id order", mt.sent, mt.err, len(mt.locked))
+	}
+	if round != 1 {
+		t.Fatalf("%d round trips; want the marks and the lock in one", round)
+	}
+	// The rows are locked for tx: another transaction cannot take them.
+	other, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = other.Rollback(ctx) }()
+	var free string
+	if err := other.QueryRow(ctx, `SELECT id FROM `+inst+` WHERE id = 'c' FOR UPDATE NOWAIT`).Scan(&free); err != nil {
+		t.Fatalf("saga c, not in the batch, is locked too: %v", err)
+	}
+	var pgErr *pgconn.PgError
+	if _, err := other.Exec(ctx, `SELECT id FROM `+inst+` WHERE id = 'a' FOR UPDATE NOWAIT`); !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
+		t.Fatalf("another transaction took saga a: %v; want lock_not_available", err)
+	}
+
+	// A later Query is the transaction's own.
+	var one int
+	rows, err = mt.Query(ctx, `SELECT 1`)
+	if err == nil {
+		one, err = pgx.CollectExactlyOneRow(rows, pgx.RowTo[int])
+	}
+	if err != nil || one != 1 {
+		t.Fatalf("a later query: %d, %v", one, err)
+	}
+
+	// A mark that fails: the error is the caller's, and the lock did not run.
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := &markThenLock{Tx: sp, lock: sql.lockMany, ids: []string{"c"}}
+	rows, err = bad.Query(ctx, `SELECT 1/0`)
+	if err == nil {
+		_, err = pgx.CollectRows(rows, pgx.RowTo[int])
+	}
+	if err == nil || bad.err == nil || bad.locked != nil {
+		t.Fatalf("failing mark: %v, lock err %v, %d locked; want both errors, nothing locked", err, bad.err, len(bad.locked))
+	}
+}
+
+// countingTx counts the round trips that send statements.
+type countingTx struct {
+	pgx.Tx
+	rounds *int
+}
+
+func (t *countingTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	*t.rounds++
+	return t.Tx.SendBatch(ctx, b)
+}
+
+func (t *countingTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	*t.rounds++
+	return t.Tx.Query(ctx, sql, args...)
+}
+
+func (t *countingTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	*t.rounds++
+	return t.Tx.Exec(ctx, sql, args...)
+}
