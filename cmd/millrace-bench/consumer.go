@@ -38,9 +38,11 @@ func (b *bench) benchConsumer(ctx context.Context) error {
 	b.config["consumer_workers"] = consumerWorkers
 	for _, parts := range []int32{1, 32} {
 		topic := newTopic(fmt.Sprintf("consumer_%dp", parts))
-		if err := b.createTopics(map[string]string{topic: topic}, parts); err != nil {
+		dropTopic, err := b.createTopics(map[string]string{topic: topic}, parts)
+		if err != nil {
 			return err
 		}
+		defer dropTopic()
 		if err := b.produceBacklog(ctx, topic, n); err != nil {
 			return err
 		}

@@ -15,11 +15,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/millrace/millrace/compensation"
@@ -230,9 +231,11 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 	for _, t := range []string{"credit", "stock", "ship", "reply"} {
 		topics[t] = newTopic("saga_" + t)
 	}
-	if err := b.createTopics(topics, sagaPartitions); err != nil {
+	dropTopics, err := b.createTopics(topics, sagaPartitions)
+	if err != nil {
 		return 0, err
 	}
+	defer dropTopics()
 	rig.wait = name == "wait"
 	steps := make([]saga.Step[sagaOrder], 0, 3)
 	for _, s := range []string{"credit", "stock", "ship"} {
@@ -437,20 +440,37 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 	return result, nil
 }
 
-// createTopics creates the topics with the given number of partitions.
-func (b *bench) createTopics(topics map[string]string, partitions int32) error {
-	cfg := kafka.DefaultSaramaSubscriberConfig()
-	admin, err := sarama.NewClusterAdmin(b.brokers, cfg)
+// createTopics creates the topics with the given number of partitions and
+// the broker's default replication (3 on the three-node cluster, as its
+// other topics; 1 on the embedded broker), and returns a function that
+// deletes them: a phase leaves no partitions behind for the next to share
+// the cluster's CPU with.
+func (b *bench) createTopics(topics map[string]string, partitions int32) (drop func(), err error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(b.brokers...))
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer admin.Close()
-	for _, t := range topics {
-		if err := admin.CreateTopic(t, &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: 1}, false); err != nil {
-			return fmt.Errorf("create topic %s: %w", t, err)
+	adm := kadm.NewClient(cl)
+	names := slices.Collect(maps.Values(topics))
+	drop = func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := adm.DeleteTopics(ctx, names...); err != nil {
+			b.progress("delete topics %v: %v", names, err)
 		}
+		cl.Close()
 	}
-	return nil
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := adm.CreateTopics(ctx, partitions, -1, nil, names...)
+	if err == nil {
+		err = res.Error()
+	}
+	if err != nil {
+		drop()
+		return nil, fmt.Errorf("create topics %v: %w", names, err)
+	}
+	return drop, nil
 }
 
 // count returns the number of sagas in a status.
