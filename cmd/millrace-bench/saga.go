@@ -165,6 +165,16 @@ func (b *bench) sagaLatency(ctx context.Context) error {
 	return nil
 }
 
+// recordSagaCPU records in config, under prefix, the CPU per saga of a
+// phase that ran sagas (bench_process, broker, postgres) and returns the
+// three figures in that order.
+func (b *bench) recordSagaCPU(prefix string, sagas int, self, broker, db time.Duration) [3]float64 {
+	per := func(d time.Duration) float64 { return round(float64(d)/float64(time.Millisecond)/float64(sagas), 3) }
+	v := [3]float64{per(self), per(broker), per(db)}
+	b.config[prefix+"bench_process"], b.config[prefix+"broker"], b.config[prefix+"postgres"] = v[0], v[1], v[2]
+	return v
+}
+
 // sagaCPU returns the CPU per saga of the last throughput phase: bench
 // process, broker, PostgreSQL.
 func (b *bench) sagaCPU() [3]float64 {
@@ -385,12 +395,9 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 			b.progress("sagas: CPU profile of the throughput phase in %s (go tool pprof %s)", b.opts.sagaProfile, b.opts.sagaProfile)
 		}
 		if total > 0 {
-			per := func(d time.Duration) float64 { return round(float64(d)/float64(time.Millisecond)/float64(total), 3) }
-			b.config["saga_cpu_ms_per_saga_bench_process"] = per(self)
-			b.config["saga_cpu_ms_per_saga_broker"] = per(broker)
-			b.config["saga_cpu_ms_per_saga_postgres"] = per(db)
+			v := b.recordSagaCPU("saga_cpu_ms_per_saga_", total, self, broker, db)
 			b.progress("sagas: %d completed; CPU per saga: %.2f ms here, %.2f ms broker, %.2f ms PostgreSQL backends",
-				total, per(self), per(broker), per(db))
+				total, v[0], v[1], v[2])
 			if after, ok := readPgStatements(ctx, pool); ok && pgStat {
 				costMs, calls := pgCost(stmts, after, schema)
 				var parts []string
@@ -420,12 +427,9 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 			// here, against the throughput phase's figures, is what bounds
 			// the latency on a machine this size.
 			self, broker, db := cpu.stop(ctx, b, pool)
-			per := func(d time.Duration) float64 { return round(float64(d)/float64(time.Millisecond)/float64(sagas), 3) }
-			b.config["saga_latency_cpu_ms_per_saga_bench_process"] = per(self)
-			b.config["saga_latency_cpu_ms_per_saga_broker"] = per(broker)
-			b.config["saga_latency_cpu_ms_per_saga_postgres"] = per(db)
+			v := b.recordSagaCPU("saga_latency_cpu_ms_per_saga_", sagas, self, broker, db)
 			b.progress("sagas (latency): CPU per saga at %d sagas/s: %.2f ms here, %.2f ms broker, %.2f ms PostgreSQL backends",
-				rate, per(self), per(broker), per(db))
+				rate, v[0], v[1], v[2])
 			err = b.sagaHops(ctx, rig)
 		}
 	}
