@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/millrace/millrace/internal/devkafka"
@@ -475,7 +477,7 @@ func TestRecordOverTopicLimitDeadLetteredHoldsItsKey(t *testing.T) {
 	others := writeN(t, bundle.w, bundle.topic, 300, 10)
 	startRelay(t, bundle.db, outbox.RelayConfig{Publisher: newKafkaPublisher(t, bundle.brokers), MaxAttempts: 3, RetryMin: time.Millisecond, RetryMax: 10 * time.Millisecond, PollInterval: 10 * time.Millisecond})
 	c := consume(t, bundle.brokers, bundle.topic)
-	checkHeldBehindDeadLetter(t, bundle, c, over, behind, others)
+	checkHeldBehindDeadLetter(t, bundle, c, over, behind, others, 0)
 }
 
 // The same when the topic's limit is lowered while the relay runs: the
@@ -498,6 +500,13 @@ func TestRecordOverLoweredTopicLimitDeadLetteredHoldsItsKey(t *testing.T) {
 	}
 	eventually(t, time.Minute, "the first event consumed", func() bool { return c.count(warm[0]) == 1 })
 	kafkatest.SetTopicConfig(t, bundle.brokers, bundle.topic, "max.message.bytes", "100000")
+	// Every broker reports the new limit before its log applies it: probe
+	// until the leader refuses a record over it. A probe it still takes is
+	// one more record on the topic (no event id), counted below.
+	probes := probeUntilRefused(t, bundle.brokers, bundle.topic, 150_000)
+	if probes > 0 {
+		t.Logf("the topic took %d probes over its new limit before refusing one", probes)
+	}
 
 	events := []outbox.Event{{Topic: bundle.topic, PartitionKey: "k", Payload: fmt.Appendf(nil, `{"seq":0,"blob":%q}`, strings.Repeat("x", 150_000))}}
 	for i := 1; i <= 3; i++ {
@@ -510,16 +519,48 @@ func TestRecordOverLoweredTopicLimitDeadLetteredHoldsItsKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkHeldBehindDeadLetter(t, bundle, c, ids[:1], ids[1:4], append(warm, ids[4:]...))
+	checkHeldBehindDeadLetter(t, bundle, c, ids[:1], ids[1:4], append(warm, ids[4:]...), probes)
+}
+
+// probeUntilRefused produces records of size bytes to topic until the
+// broker refuses one as too large, and returns how many it took before.
+func probeUntilRefused(t *testing.T, brokers []string, topic string, size int) int64 {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ProducerBatchMaxBytes(int32(2*size)), kgo.RecordRetries(1),
+		kgo.ProducerBatchCompression(kgo.NoCompression())) // the size the broker checks is the stored one
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var taken int64
+	for deadline := time.Now().Add(time.Minute); ; {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := cl.ProduceSync(ctx, &kgo.Record{Topic: topic, Key: []byte("probe"), Value: make([]byte, size)}).FirstErr()
+		cancel()
+		if errors.Is(err, kerr.MessageTooLarge) {
+			return taken
+		}
+		if err == nil {
+			taken++
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("topic %s still takes records of %d bytes (%d taken; last error %v)", topic, size, taken, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // checkHeldBehindDeadLetter waits for the others consumed and for over
 // dead-lettered for the topic's limit, then checks that the events behind
 // it are held, unpublished, and that nothing of its key reached the topic.
-func checkHeldBehindDeadLetter(t *testing.T, bundle *kafkaBundle, c *consumer, over, behind, others []string) {
+func checkHeldBehindDeadLetter(t *testing.T, bundle *kafkaBundle, c *consumer, over, behind, others []string, probes int64) {
 	t.Helper()
 	ctx := context.Background()
-	eventually(t, time.Minute, "other keys' events consumed", func() bool { return c.unique() >= len(others) })
+	extra := 0 // probes have no event id: one more distinct id, ""
+	if probes > 0 {
+		extra = 1
+	}
+	eventually(t, time.Minute, "other keys' events consumed", func() bool { return c.unique() >= len(others)+extra })
 	eventually(t, 30*time.Second, "the record over the limit dead-lettered", func() bool {
 		return countRows(t, bundle.db, "outbox_event", "dead_at IS NOT NULL AND attempts = 1") == 1
 	})
@@ -535,8 +576,8 @@ func checkHeldBehindDeadLetter(t *testing.T, bundle *kafkaBundle, c *consumer, o
 	if n := countRows(t, bundle.db, "outbox_event", "published_at IS NULL AND dead_at IS NULL"); n != len(behind) {
 		t.Fatalf("%d events unpublished and not dead, want the %d behind the dead letter", n, len(behind))
 	}
-	if n := kafkatest.RecordCount(t, bundle.brokers, bundle.topic); n != int64(len(others)) {
-		t.Fatalf("topic holds %d records, want the %d of other keys", n, len(others))
+	if n := kafkatest.RecordCount(t, bundle.brokers, bundle.topic); n != int64(len(others))+probes {
+		t.Fatalf("topic holds %d records, want the %d of other keys and %d probes", n, len(others), probes)
 	}
 	for _, id := range append(over, behind...) {
 		if c.count(id) != 0 {
