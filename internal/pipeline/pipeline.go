@@ -7,7 +7,8 @@
 // on a Tx and hands the Tx on. Whatever call comes next, the queued
 // statements run first, once and in order: with an Exec, in the same round
 // trip (a pgx batch); with a SendBatch, at the head of its batch; with any
-// other call, in a round trip of their own first.
+// other call, in a round trip of their own first. A transaction begun with
+// BeginFunc sends what is left queued at its end with its COMMIT.
 package pipeline
 
 import (
@@ -17,6 +18,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Statement is a statement to send in the same round trip as a later one.
@@ -37,6 +39,8 @@ type Statement struct {
 type Tx struct {
 	pgx.Tx
 	Before []Statement
+	// commits: a BeginFunc's, which sends Before with its COMMIT.
+	commits bool
 }
 
 // read reads one queued statement's result.
@@ -149,3 +153,105 @@ func (b errBatch) Exec() (pgconn.CommandTag, error) { return pgconn.CommandTag{}
 func (b errBatch) Query() (pgx.Rows, error)         { return nil, b.err }
 func (b errBatch) QueryRow() pgx.Row                { return errRow{b.err} }
 func (b errBatch) Close() error                     { return b.err }
+
+// BeginFunc runs f in a transaction on a connection of pool, as
+// pgx.BeginFunc does (rolled back if f returns an error or panics), and
+// commits it in the round trip of what f left queued on the Tx: the
+// statements of Before, then COMMIT, in one batch. A transaction that ends
+// with its writes queued (the outbox Writer's insert, through Deferred)
+// pays one round trip for them and its commit together.
+//
+// If a queued statement fails, nothing after it in the batch runs, COMMIT
+// included, and the transaction is rolled back. A queued statement that
+// succeeds cannot stop the COMMIT behind it: a check that must keep the
+// transaction from committing belongs in the statement itself, as an
+// error of its own, not in its Read.
+func BeginFunc(ctx context.Context, pool *pgxpool.Pool, f func(*Tx) error) (err error) {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	// Release destroys a connection left in a transaction, so one whose
+	// rollback failed does not go back to the pool.
+	defer conn.Release()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	t := &Tx{Tx: tx, commits: true}
+	committed := false
+	defer func() {
+		if !committed {
+			// As pgx.BeginFunc does; a failed rollback closes the
+			// connection, which Release then destroys.
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	if err := f(t); err != nil {
+		return err
+	}
+	if len(t.Before) == 0 {
+		committed = true // Commit rolls back on its failure, or the connection is closed
+		return tx.Commit(ctx)
+	}
+	before := t.Before
+	t.Before = nil
+	b := &pgx.Batch{}
+	for _, s := range before {
+		b.Queue(s.SQL, s.Args...)
+	}
+	b.Queue("COMMIT")
+	br := tx.SendBatch(ctx, b)
+	for _, s := range before {
+		if err := s.read(br); err != nil {
+			_ = br.Close()
+			return err
+		}
+	}
+	tag, err := br.Exec()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	// The connection is out of the transaction now; tx, which sent no
+	// COMMIT of its own, is dropped with it.
+	committed = true
+	if tag.String() == "ROLLBACK" {
+		return pgx.ErrTxCommitRollback
+	}
+	return nil
+}
+
+// Committing returns tx as the *Tx of a BeginFunc, and true, if it is one:
+// its queued statements go out with its COMMIT, so a caller that would
+// Flush them at its end can leave them queued.
+func Committing(tx pgx.Tx) (*Tx, bool) {
+	t, ok := tx.(*Tx)
+	return t, ok && t.commits
+}
+
+// Deferred returns t as a pgx.Tx whose Exec queues its statement on t,
+// behind Before, instead of sending it, and returns an empty command tag
+// and no error: for a statement whose caller reads nothing of its result
+// but its error, such as the outbox Writer's insert. The statement's
+// error, wrapped with what, fails the call that sends it (with BeginFunc,
+// the commit). Its other methods are t's.
+func (t *Tx) Deferred(what string) pgx.Tx { return deferred{t, what} }
+
+type deferred struct {
+	*Tx
+	what string
+}
+
+func (d deferred) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	what := d.what
+	d.Before = append(d.Before, Statement{SQL: sql, Args: args, Read: func(br pgx.BatchResults) error {
+		if _, err := br.Exec(); err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		return nil
+	}})
+	return pgconn.CommandTag{}, nil
+}

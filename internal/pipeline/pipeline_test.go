@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/internal/sqlident"
@@ -145,4 +147,163 @@ func TestTxReadsQueuedResults(t *testing.T) {
 		}
 		_ = sp.Rollback(ctx)
 	}
+}
+
+// roundTrips counts the statements and batches a pool's connections send:
+// a round trip each.
+type roundTrips struct{ n atomic.Int64 }
+
+func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	r.n.Add(1)
+	return ctx
+}
+func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	r.n.Add(1)
+	return ctx
+}
+func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// BeginFunc sends what is left queued, a Deferred Exec's statement
+// included, with its COMMIT in one round trip; a failure anywhere rolls the
+// whole transaction back, and the connection goes back to the pool out of
+// any transaction either way.
+func TestBeginFuncCommitsWithQueuedStatements(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewWith(t, pgtest.Options{MaxConns: 2, NoMigrate: true})
+	ctx := context.Background()
+	tbl := sqlident.Table(db.Schema, "log")
+	if _, err := db.Pool.Exec(ctx, `CREATE SCHEMA `+sqlident.Quote(db.Schema)+`; CREATE TABLE `+tbl+` (n int)`); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgxpool.ParseConfig(pgtest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	trips := &roundTrips{}
+	cfg.ConnConfig.Tracer = trips
+	cfg.MaxConns = 1 // a connection left in a transaction would be the next call's
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	insert := `INSERT INTO ` + tbl + ` VALUES ($1)`
+	rows := func() string {
+		t.Helper()
+		var s *string
+		if err := db.Pool.QueryRow(ctx, `SELECT string_agg(n::text, ',' ORDER BY n) FROM `+tbl).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.Pool.Exec(ctx, `TRUNCATE `+tbl); err != nil {
+			t.Fatal(err)
+		}
+		if s == nil {
+			return ""
+		}
+		return *s
+	}
+	idle := func(what string) {
+		t.Helper()
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Release()
+		if st := c.Conn().PgConn().TxStatus(); st != 'I' {
+			t.Fatalf("%s: the pool's connection is in transaction status %q; want idle", what, st)
+		}
+	}
+	if err := BeginFunc(ctx, pool, func(*Tx) error { return nil }); err != nil { // nothing queued: a plain commit
+		t.Fatal(err)
+	}
+	idle("after a commit with nothing queued")
+
+	trips.n.Store(0)
+	var committing bool
+	err = BeginFunc(ctx, pool, func(tx *Tx) error {
+		_, committing = Committing(tx)
+		if _, err := tx.Exec(ctx, insert, 1); err != nil { // sent at once: nothing queued
+			return err
+		}
+		tx.Before = append(tx.Before, Statement{SQL: insert, Args: []any{2}})
+		_, err := tx.Deferred("write three").Exec(ctx, insert, 3)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := trips.n.Load(); got != 3 {
+		t.Errorf("%d round trips; want 3: BEGIN, the first insert, then the queued ones with COMMIT", got)
+	}
+	if got := rows(); got != "1,2,3" {
+		t.Errorf("committed rows %q; want 1,2,3", got)
+	}
+	if !committing {
+		t.Error("Committing is false for BeginFunc's Tx")
+	}
+	if _, ok := Committing(&Tx{}); ok {
+		t.Error("Committing is true for a Tx that BeginFunc did not begin")
+	}
+	idle("after a commit with queued statements")
+
+	// A queued statement that fails: nothing after it runs, COMMIT
+	// included; the Deferred statement's error carries what it wrote.
+	err = BeginFunc(ctx, pool, func(tx *Tx) error {
+		tx.Before = append(tx.Before, Statement{SQL: insert, Args: []any{1}})
+		_, err := tx.Deferred("write the broken one").Exec(ctx, `INSERT INTO `+tbl+` SELECT 1/0`)
+		tx.Before = append(tx.Before, Statement{SQL: insert, Args: []any{3}})
+		return err
+	})
+	if err == nil || !strings.Contains(err.Error(), "write the broken one: ") || !strings.Contains(err.Error(), "division by zero") {
+		t.Errorf("failing queued statement: %v; want its error, wrapped", err)
+	}
+	if got := rows(); got != "" {
+		t.Errorf("rows %q after a failed queued statement; want none", got)
+	}
+	idle("after a failed queued statement")
+
+	// f failing, or panicking: rolled back, queued statements unsent.
+	bad := errors.New("refused")
+	err = BeginFunc(ctx, pool, func(tx *Tx) error {
+		if _, err := tx.Exec(ctx, insert, 1); err != nil {
+			return err
+		}
+		tx.Before = append(tx.Before, Statement{SQL: insert, Args: []any{2}})
+		return bad
+	})
+	if err != bad {
+		t.Errorf("f's error: got %v", err)
+	}
+	func() {
+		defer func() { _ = recover() }()
+		_ = BeginFunc(ctx, pool, func(tx *Tx) error {
+			if _, err := tx.Exec(ctx, insert, 1); err != nil {
+				return err
+			}
+			panic("boom")
+		})
+	}()
+	if got := rows(); got != "" {
+		t.Errorf("rows %q after f failed and panicked; want none", got)
+	}
+	idle("after f failed")
+
+	// A failing COMMIT (a deferred constraint): the error says so, nothing
+	// stays.
+	if _, err := db.Pool.Exec(ctx, `ALTER TABLE `+tbl+` ADD CONSTRAINT once UNIQUE (n) DEFERRABLE INITIALLY DEFERRED`); err != nil {
+		t.Fatal(err)
+	}
+	err = BeginFunc(ctx, pool, func(tx *Tx) error {
+		tx.Before = append(tx.Before, Statement{SQL: insert, Args: []any{1}}, Statement{SQL: insert, Args: []any{1}})
+		return nil
+	})
+	if err == nil || !strings.Contains(err.Error(), "commit: ") {
+		t.Errorf("commit breaking a deferred constraint: %v; want the commit's error", err)
+	}
+	if got := rows(); got != "" {
+		t.Errorf("rows %q after a failed commit; want none", got)
+	}
+	idle("after a failed commit")
 }
