@@ -183,13 +183,23 @@ func (p *Participant) handleRound(ctx context.Context, tx pgx.Tx, items []*item)
 		events = append(events, p.replyEvent(it.call, r))
 		traceBatchReply(p, it, &events[len(events)-1]) // tracing.go
 	}
-	before := []pipeline.Statement{{SQL: release}}
-	if len(fin.sagaIDs) > 0 {
-		before = append(before, pipeline.Statement{SQL: p.sql.finishMany, Args: fin.args()})
+	// The answers and the replies in one round trip; in RunBatched's
+	// transaction (pipeline.BeginFunc), left queued to go out with the
+	// COMMIT.
+	ptx, commits := pipeline.Committing(tx)
+	if !commits {
+		ptx = &pipeline.Tx{Tx: tx}
 	}
-	ptx := &pipeline.Tx{Tx: tx, Before: before}
-	_, err = p.writer.WriteTx(ctx, ptx, events...)
-	if err == nil {
+	ptx.Before = append(ptx.Before, pipeline.Statement{SQL: release})
+	if len(fin.sagaIDs) > 0 {
+		ptx.Before = append(ptx.Before, pipeline.Statement{SQL: p.sql.finishMany, Args: fin.args()})
+	}
+	wtx := pgx.Tx(ptx)
+	if commits {
+		wtx = ptx.Deferred(fmt.Sprintf("compensation: %s: replies of a batch of %d", p.name, len(items)))
+	}
+	_, err = p.writer.WriteTx(ctx, wtx, events...)
+	if err == nil && !commits {
 		err = ptx.Flush(ctx)
 	}
 	if err != nil {

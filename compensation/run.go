@@ -9,11 +9,11 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/internal/backoff"
 	"github.com/millrace/millrace/internal/fetch"
+	"github.com/millrace/millrace/internal/pipeline"
 	"github.com/millrace/millrace/internal/poison"
 )
 
@@ -166,7 +166,9 @@ func (p *Participant) runBatch(ctx context.Context, msgs []*message.Message) (ma
 		}
 		todo = append(todo, m)
 	}
-	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
+	// HandleBatchTx leaves its last writes queued: they go out with the
+	// COMMIT, in one round trip.
+	err := pipeline.BeginFunc(ctx, p.pool, func(tx *pipeline.Tx) error {
 		var fresh []bool
 		for {
 			var err error

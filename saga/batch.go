@@ -195,7 +195,9 @@ func (o *Orchestrator) HandleReplies(ctx context.Context, msgs []*message.Messag
 	var res *BatchResult
 	var after []func()
 	var ids []string
-	err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
+	// saveMany leaves the batch's writes queued: they go out with the
+	// COMMIT, in one round trip.
+	err := pipeline.BeginFunc(ctx, o.pool, func(tx *pipeline.Tx) error {
 		var err error
 		res, after, ids, err = o.handleRepliesTx(ctx, tx, msgs)
 		return err
@@ -449,19 +451,23 @@ func (o *Orchestrator) saveMany(ctx context.Context, tx pgx.Tx, ms []*machine, e
 		events = append(events, m.events...)
 	}
 	// The states, the history and the commands in one round trip: the
-	// outbox Writer's statement takes the others with it. saveErr keeps a
-	// failure of the first two from reading as the Writer's.
-	ptx := &pipeline.Tx{Tx: tx}
+	// outbox Writer's statement takes the others with it. In HandleReplies'
+	// transaction (pipeline.BeginFunc) all three are left queued and go out
+	// with the COMMIT. saveErr keeps a failure of the first two from
+	// reading as the Writer's.
+	ptx, commits := pipeline.Committing(tx)
+	if !commits {
+		ptx = &pipeline.Tx{Tx: tx}
+	}
 	var saveErr error
 	if n > 0 {
+		// The statement itself fails if it saved fewer rows than it was
+		// given (the rows are locked in this transaction: only a bug
+		// would), so that the COMMIT queued behind it does not run.
 		ptx.Before = append(ptx.Before, pipeline.Statement{SQL: o.sql.updateMany,
-			Args: []any{ids, statuses, phases, steps, stepStates, datas, wakeups, deadlines, attempts, lastErrors, updated, endeds},
+			Args: []any{ids, statuses, phases, steps, stepStates, datas, wakeups, deadlines, attempts, lastErrors, updated, endeds, n},
 			Read: func(br pgx.BatchResults) error {
-				tag, err := br.Exec()
-				if err == nil && tag.RowsAffected() != int64(n) {
-					err = fmt.Errorf("saved %d of %d", tag.RowsAffected(), n)
-				}
-				if err != nil {
+				if _, err := br.Exec(); err != nil {
 					saveErr = fmt.Errorf("saga: save %d sagas: %w", n, err)
 				}
 				return saveErr
@@ -477,15 +483,21 @@ func (o *Orchestrator) saveMany(ctx context.Context, tx pgx.Tx, ms []*machine, e
 		}})
 	}
 	if len(events) > 0 {
-		if _, err := o.writer.WriteTx(ctx, ptx, events...); err != nil {
+		wtx := pgx.Tx(ptx)
+		if commits {
+			wtx = ptx.Deferred(fmt.Sprintf("saga: write %d commands", len(events)))
+		}
+		if _, err := o.writer.WriteTx(ctx, wtx, events...); err != nil {
 			if saveErr != nil {
 				return saveErr
 			}
 			return fmt.Errorf("saga: write %d commands: %w", len(events), err)
 		}
 	}
-	if err := ptx.Flush(ctx); err != nil {
-		return err
+	if !commits {
+		if err := ptx.Flush(ctx); err != nil {
+			return err
+		}
 	}
 	for _, m := range ms {
 		if m.applied {
@@ -498,11 +510,16 @@ func (o *Orchestrator) saveMany(ctx context.Context, tx pgx.Tx, ms []*machine, e
 func batchStatements(schema string, s *statements) {
 	inst := sqlident.Table(schema, "saga_instance")
 	s.lockMany = fmt.Sprintf(`SELECT %s FROM %s WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE`, instanceCols, inst)
-	s.updateMany = fmt.Sprintf(`UPDATE %s s SET status = u.status, phase = u.phase, step = u.step, steps = u.steps, data = u.data,
+	// updateMany fails (a cast of its message to int) unless it saved $13
+	// rows: its check must stop a COMMIT sent behind it in its round trip.
+	s.updateMany = fmt.Sprintf(`WITH saved AS (
+UPDATE %s s SET status = u.status, phase = u.phase, step = u.step, steps = u.steps, data = u.data,
        version = s.version + 1, next_wakeup_at = u.next_wakeup_at, deadline_at = u.deadline_at, attempts = u.attempts,
        last_error = u.last_error, updated_at = u.updated_at, ended_at = u.ended_at
   FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]::jsonb[], $6::text[]::jsonb[], $7::timestamptz[],
               $8::timestamptz[], $9::int[], $10::text[], $11::timestamptz[], $12::timestamptz[])
        AS u(id, status, phase, step, steps, data, next_wakeup_at, deadline_at, attempts, last_error, updated_at, ended_at)
- WHERE s.id = u.id`, inst)
+ WHERE s.id = u.id
+ RETURNING 1)
+SELECT CASE WHEN count(*) <> $13::int THEN ('saved ' || count(*) || ' of ' || $13::int || ' sagas')::int END FROM saved`, inst)
 }

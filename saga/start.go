@@ -8,6 +8,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/millrace/millrace/internal/pipeline"
 )
 
 // Errors of Start and of the operator API.
@@ -33,7 +35,9 @@ var (
 // StartTx.
 func Start[D any](ctx context.Context, o *Orchestrator, def *Definition[D], id string, data D, opts ...StartOption) (*Instance, error) {
 	var in *Instance
-	err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
+	// StartTx leaves the first commands' write queued: it goes out with
+	// the COMMIT, in one round trip.
+	err := pipeline.BeginFunc(ctx, o.pool, func(tx *pipeline.Tx) error {
 		var err error
 		in, err = StartTx(ctx, tx, o, def, id, data, opts...)
 		if err != nil {
@@ -118,7 +122,11 @@ func StartTx[D any](ctx context.Context, tx pgx.Tx, o *Orchestrator, def *Defini
 		}
 		if inserted == 1 {
 			if len(m.events) > 0 {
-				if _, err := o.writer.WriteTx(ctx, tx, m.events...); err != nil {
+				wtx := tx
+				if ptx, ok := pipeline.Committing(tx); ok {
+					wtx = ptx.Deferred(fmt.Sprintf("saga %s: write commands", id))
+				}
+				if _, err := o.writer.WriteTx(ctx, wtx, m.events...); err != nil {
 					return nil, fmt.Errorf("saga %s: write commands: %w", id, err)
 				}
 			}
