@@ -186,6 +186,7 @@ type Relay struct {
 
 	lockLanes, lockWindow, claim, unclaim string
 	begin                                 pgx.TxOptions
+	beginStatements                       []string // r.begin as statements, sent in the round trip of the first lock
 	channel                               string
 
 	wake chan struct{}
@@ -291,8 +292,10 @@ UPDATE %[2]s e SET published_at = NULL,
   FROM f
  WHERE e.id = f.id`, pending, events)
 	r.begin = pgx.TxOptions{}
+	r.beginStatements = []string{"BEGIN"}
 	if !cfg.SyncCommit {
 		r.begin.BeginQuery = "BEGIN; SET LOCAL synchronous_commit = off"
+		r.beginStatements = append(r.beginStatements, "SET LOCAL synchronous_commit = off")
 	}
 	return r, nil
 }
@@ -472,14 +475,23 @@ func (r *Relay) runBatch(ctx context.Context, offset int, backlog bool) (int, er
 	if ctx.Err() != nil {
 		return 0, nil
 	}
-	tx, err := r.pool.BeginTx(ctx, r.begin)
+	// The batch's transaction runs on the connection itself, not in a
+	// pgx.Tx: its BEGIN goes out in the round trip of the lane locks.
+	conn, err := r.pool.Acquire(ctx)
 	if err != nil {
 		return 0, stopping(ctx, fmt.Errorf("outbox: begin: %w", err))
 	}
+	// Release destroys a connection still in a transaction (its rollback
+	// failed): it never goes back to the pool with locks held.
+	defer conn.Release()
+	tx := conn.Conn()
 	defer func() {
+		if tx.PgConn().TxStatus() == 'I' {
+			return // committed, or BEGIN never ran
+		}
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
-		tx.Rollback(rctx) //nolint:errcheck // after Commit this is a no-op
+		tx.Exec(rctx, "ROLLBACK") //nolint:errcheck // a failure closes the connection
 	}()
 
 	lanes, err := r.takeLanes(ctx, tx, offset, backlog)
@@ -517,7 +529,7 @@ func (r *Relay) runBatch(ctx context.Context, offset int, backlog bool) (int, er
 			return 0, fmt.Errorf("outbox: return %d failed events to the pending set: %w", len(back.ids), err)
 		}
 	}
-	if err := tx.Commit(bctx); err != nil {
+	if _, err := tx.Exec(bctx, "COMMIT"); err != nil {
 		return 0, fmt.Errorf("outbox: commit batch of %d: %w", len(rows), err)
 	}
 	r.cfg.Metrics.batch(len(rows)-len(back.ids), back.charged, back.died)
@@ -651,14 +663,40 @@ func (u *unclaimed) add(id int64, blocked, dead bool, nextAt *time.Time, err *st
 // a backlog (its last batch was full) it locks a window at once: the look
 // for work would only find every lane busy, and cost the drain a second
 // walk of the pending set's head per batch.
-func (r *Relay) takeLanes(ctx context.Context, tx pgx.Tx, offset int, backlog bool) ([]int16, error) {
+//
+// It begins the transaction on tx: BEGIN goes out in the round trip of the
+// first lock.
+func (r *Relay) takeLanes(ctx context.Context, tx *pgx.Conn, offset int, backlog bool) ([]int16, error) {
+	begun := false
+	lock := func(sql string, args ...any) ([]*int16, error) {
+		if begun {
+			rows, _ := tx.Query(ctx, sql, args...)
+			return pgx.CollectRows(rows, pgx.RowTo[*int16])
+		}
+		begun = true
+		b := &pgx.Batch{}
+		for _, s := range r.beginStatements {
+			b.Queue(s)
+		}
+		b.Queue(sql, args...)
+		br := tx.SendBatch(ctx, b)
+		defer br.Close()
+		for range r.beginStatements {
+			if _, err := br.Exec(); err != nil {
+				return nil, err
+			}
+		}
+		rows, _ := br.Query()
+		got, err := pgx.CollectRows(rows, pgx.RowTo[*int16])
+		if err != nil {
+			return nil, err
+		}
+		return got, br.Close()
+	}
 	var got []*int16
 	if !backlog {
-		rows, err := tx.Query(ctx, r.lockLanes, offset, r.cfg.LanesPerBatch, r.cfg.BatchSize, !r.cfg.SkipDeadLetteredKeys)
-		if err != nil {
-			return nil, fmt.Errorf("outbox: lock lanes: %w", err)
-		}
-		if got, err = pgx.CollectRows(rows, pgx.RowTo[*int16]); err != nil {
+		var err error
+		if got, err = lock(r.lockLanes, offset, r.cfg.LanesPerBatch, r.cfg.BatchSize, !r.cfg.SkipDeadLetteredKeys); err != nil {
 			return nil, fmt.Errorf("outbox: lock lanes: %w", err)
 		}
 		if len(got) == 0 {
@@ -666,15 +704,10 @@ func (r *Relay) takeLanes(ctx context.Context, tx pgx.Tx, offset int, backlog bo
 		}
 	}
 	if backlog || got[0] == nil { // draining, or work whose lanes other batches hold
-		rows, err := tx.Query(ctx, r.lockWindow, offset, r.cfg.LanesPerBatch)
-		if err != nil {
+		var err error
+		if got, err = lock(r.lockWindow, offset, r.cfg.LanesPerBatch); err != nil {
 			return nil, fmt.Errorf("outbox: lock lanes: %w", err)
 		}
-		lanes, err := pgx.CollectRows(rows, pgx.RowTo[int16])
-		if err != nil {
-			return nil, fmt.Errorf("outbox: lock lanes: %w", err)
-		}
-		return lanes, nil
 	}
 	lanes := make([]int16, len(got))
 	for i, l := range got {
@@ -700,7 +733,7 @@ func claimable(pending, holdDead string) string {
                           AND (NOT b.dead OR %s))`, pending, holdDead)
 }
 
-func (r *Relay) claimRows(ctx context.Context, tx pgx.Tx, lanes []int16) ([]pendingRow, error) {
+func (r *Relay) claimRows(ctx context.Context, tx *pgx.Conn, lanes []int16) ([]pendingRow, error) {
 	rows, err := tx.Query(ctx, r.claim, lanes, r.cfg.BatchSize, !r.cfg.SkipDeadLetteredKeys)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: claim: %w", err)

@@ -91,7 +91,7 @@ func TestEmptyClaimAllocatesLittle(t *testing.T) {
 		}
 		var before, after runtime.MemStats
 		runtime.ReadMemStats(&before)
-		rows, err := r.claimRows(ctx, tx, []int16{0, 1, 2})
+		rows, err := r.claimRows(ctx, tx.Conn(), []int16{0, 1, 2})
 		runtime.ReadMemStats(&after)
 		tx.Rollback(ctx) //nolint:errcheck
 		if err != nil || len(rows) != 0 {
@@ -121,21 +121,34 @@ func TestBatchLocksOnlyTheLanesWithWork(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	take := func(tx pgx.Tx, offset int) ([]int16, error) { return r.takeLanes(ctx, tx, offset, false) }
-	begin := func() pgx.Tx {
-		tx, err := db.Pool.Begin(ctx)
+	// takeLanes begins the batch's transaction on a connection out of
+	// one: its BEGIN goes out with the first lock.
+	take := func(tx *pgx.Conn, offset int) ([]int16, error) {
+		lanes, err := r.takeLanes(ctx, tx, offset, false)
+		if st := tx.PgConn().TxStatus(); st != 'T' {
+			t.Fatalf("after takeLanes the connection is in transaction status %q; want in a transaction", st)
+		}
+		return lanes, err
+	}
+	begin := func() *pgx.Conn {
+		c, err := db.Pool.Acquire(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { tx.Rollback(ctx) }) //nolint:errcheck
-		return tx
+		t.Cleanup(func() { c.Conn().Exec(ctx, "ROLLBACK"); c.Release() }) //nolint:errcheck
+		return c.Conn()
+	}
+	rollback := func(tx *pgx.Conn) {
+		if _, err := tx.Exec(ctx, "ROLLBACK"); err != nil {
+			t.Fatal(err)
+		}
 	}
 
 	tx := begin()
 	if lanes, err := take(tx, 0); err != errNothingPending || len(lanes) != 0 {
 		t.Fatalf("empty outbox: lanes %v, %v; want none, errNothingPending", lanes, err)
 	}
-	tx.Rollback(ctx) //nolint:errcheck
+	rollback(tx)
 
 	if _, err := w.Write(ctx, Event{Topic: "t", PartitionKey: "k", Payload: []byte(`{}`)}); err != nil {
 		t.Fatal(err)
@@ -150,7 +163,7 @@ func TestBatchLocksOnlyTheLanesWithWork(t *testing.T) {
 	if lanes, err := take(other, 0); err != errNothingPending {
 		t.Fatalf("its lane held, nothing else pending: lanes %v, %v; want errNothingPending", lanes, err)
 	}
-	other.Rollback(ctx) //nolint:errcheck
+	rollback(other)
 
 	// A backlog (at least BatchSize events) whose head is in held lanes:
 	// a window of the others, for the events behind the head.
@@ -166,7 +179,7 @@ func TestBatchLocksOnlyTheLanesWithWork(t *testing.T) {
 	if err != nil || len(lanes) != 10 || slices.Contains(lanes, lane) {
 		t.Fatalf("the backlog's head held: lanes %v, %v; want a window of 10 others", lanes, err)
 	}
-	other.Rollback(ctx) //nolint:errcheck
+	rollback(other)
 
 	// A worker draining a backlog (its last batch was full) locks a window
 	// without looking for work first.
@@ -210,11 +223,13 @@ func TestHeldEventsAtTheHeadDoNotHideOtherWork(t *testing.T) {
 	if _, err := w.Write(ctx, Event{Topic: "t", PartitionKey: key, Payload: []byte(`{}`)}); err != nil {
 		t.Fatal(err)
 	}
-	tx, err := db.Pool.Begin(ctx)
+	c, err := db.Pool.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck
+	defer c.Release()
+	tx := c.Conn()
+	defer tx.Exec(ctx, "ROLLBACK") //nolint:errcheck
 	lanes, err := r.takeLanes(ctx, tx, 0, false)
 	if err != nil || !slices.Contains(lanes, Lane(key)) {
 		t.Fatalf("lanes %v, %v; want the lane of %s (%d)", lanes, err, key, Lane(key))
