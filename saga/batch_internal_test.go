@@ -3,7 +3,10 @@ package saga
 import (
 	"context"
 	"errors"
+	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -106,4 +109,39 @@ func (t *countingTx) Query(ctx context.Context, sql string, args ...any) (pgx.Ro
 func (t *countingTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	*t.rounds++
 	return t.Tx.Exec(ctx, sql, args...)
+}
+
+// The batch save fails as a statement when it saves fewer sagas than it
+// was given: its check must stop the COMMIT that pipeline.BeginFunc sends
+// behind it in the same round trip, which a check of its row count after
+// the fact could not.
+func TestUpdateManyFailsWhenItSavesFewer(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewWith(t, pgtest.Options{MaxConns: 2})
+	ctx := context.Background()
+	sql := newStatements(db.Schema)
+	inst := sqlident.Table(db.Schema, "saga_instance")
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO `+inst+` (id, type, def_version, status, data, input, created_at, updated_at)
+VALUES ('a', 'order', 1, 'running', '{}', '{}', now(), now())`); err != nil {
+		t.Fatal(err)
+	}
+	save := func(ids ...string) error {
+		n := len(ids)
+		texts := func(v string) []string { return slices.Repeat([]string{v}, n) }
+		times := func() []*time.Time { return make([]*time.Time, n) }
+		now := slices.Repeat([]time.Time{time.Now()}, n)
+		_, err := db.Pool.Exec(ctx, sql.updateMany, ids, texts("completed"), texts("forward"), texts(""), texts("{}"), texts("{}"),
+			times(), times(), make([]int32, n), texts(""), now, times(), n)
+		return err
+	}
+	if err := save("a"); err != nil {
+		t.Fatalf("saving the one saga there is: %v", err)
+	}
+	var status string
+	if err := db.Pool.QueryRow(ctx, `SELECT status FROM `+inst+` WHERE id = 'a'`).Scan(&status); err != nil || status != "completed" {
+		t.Fatalf("saved status %q, %v; want completed", status, err)
+	}
+	if err := save("a", "missing"); err == nil || !strings.Contains(err.Error(), "saved 1 of 2 sagas") {
+		t.Fatalf("saving a saga that is not there: %v; want the statement to fail, saying saved 1 of 2", err)
+	}
 }
