@@ -245,11 +245,14 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
      ORDER BY (l.lane + $1) %% %[3]d
      LIMIT $2
        FOR NO KEY UPDATE SKIP LOCKED
-)
-SELECT lane FROM got
+), %[5]s
+SELECT lane FROM got WHERE (SELECT v FROM noted) IS NOT NULL
 UNION ALL
-SELECT NULL::smallint WHERE NOT EXISTS (SELECT 1 FROM got) AND (SELECT count(*) FROM head) >= $3`, pending, lanes, Lanes, claimable(pending, "$4"))
-	r.lockWindow = fmt.Sprintf(`SELECT lane FROM %s ORDER BY (lane + $1) %% %d LIMIT $2 FOR NO KEY UPDATE SKIP LOCKED`, lanes, Lanes)
+SELECT NULL::smallint WHERE NOT EXISTS (SELECT 1 FROM got) AND (SELECT count(*) FROM head) >= $3`, pending, lanes, Lanes, claimable(pending, "$4"), noteLanes)
+	r.lockWindow = fmt.Sprintf(`WITH got AS (
+    SELECT lane FROM %s ORDER BY (lane + $1) %% %d LIMIT $2 FOR NO KEY UPDATE SKIP LOCKED
+), %s
+SELECT lane FROM got WHERE (SELECT v FROM noted) IS NOT NULL`, lanes, Lanes, noteLanes)
 	// The claim takes a batch out of the pending set and marks it published
 	// in one statement, before publishing: the transaction commits only
 	// after the broker acknowledged, so a crash or an outage rolls it back
@@ -261,19 +264,25 @@ SELECT NULL::smallint WHERE NOT EXISTS (SELECT 1 FROM got) AND (SELECT count(*) 
 	// room). "id = ANY(ARRAY(...))" keeps the DELETE on primary-key lookups
 	// (with "IN (...)" the planner hashes a scan of the whole pending set).
 	// Rows come back in no particular order; the relay sorts them.
+	//
+	// It claims in the lanes the lock before it in the transaction noted
+	// (relayLanes), so that it can go out in the lock's round trip: it
+	// still runs after the lock, on a snapshot taken after the lanes were
+	// locked. With no lane noted it claims nothing, without a scan.
 	r.claim = fmt.Sprintf(`WITH claimed AS (
     DELETE FROM %[1]s
      WHERE id = ANY(ARRAY(SELECT q.id FROM %[1]s q
-                   WHERE q.lane = ANY($1) AND %[3]s
+                   WHERE q.lane = ANY(%[4]s) AND %[3]s
+                     AND cardinality(%[4]s) > 0
                    ORDER BY q.id
-                   LIMIT $2))
+                   LIMIT $1))
     RETURNING id, blocked, next_attempt_at
 )
 UPDATE %[2]s e SET published_at = now()
   FROM claimed c
  WHERE e.id = c.id
 RETURNING e.id, e.event_id::text, e.topic, e.partition_key, e.aggregate_type, e.aggregate_id, e.event_type,
-          e.payload, e.payload_bytes, e.headers, e.attempts, c.blocked, c.next_attempt_at`, pending, events, claimable(pending, "$3"))
+          e.payload, e.payload_bytes, e.headers, e.attempts, c.blocked, c.next_attempt_at`, pending, events, claimable(pending, "$2"), notedLanes)
 	// Events that did not go out return to the pending set: failed (err
 	// not null: blocked, due again at next_at, perhaps dead, charged an
 	// attempt unless the failure was temporary), or, held behind a failed
@@ -340,7 +349,7 @@ func (r *Relay) probe(ctx context.Context) error {
 		if _, err := tx.Exec(ctx, r.lockWindow, 0, 0); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, r.claim, []int16{}, 0, false); err != nil {
+		if _, err := tx.Exec(ctx, r.claim, 0, false); err != nil {
 			return err
 		}
 		_, err := tx.Exec(ctx, r.unclaim, []int64{}, []bool{}, []bool{}, []*time.Time{}, []*string{}, []bool{})
@@ -494,14 +503,10 @@ func (r *Relay) runBatch(ctx context.Context, offset int, backlog bool) (int, er
 		tx.Exec(rctx, "ROLLBACK") //nolint:errcheck // a failure closes the connection
 	}()
 
-	lanes, err := r.takeLanes(ctx, tx, offset, backlog)
+	_, rows, err := r.takeBatch(ctx, tx, offset, backlog)
 	if errors.Is(err, errNothingPending) {
 		return 0, err
 	}
-	if err != nil || len(lanes) == 0 {
-		return 0, stopping(ctx, err)
-	}
-	rows, err := r.claimRows(ctx, tx, lanes)
 	if err != nil || len(rows) == 0 {
 		return 0, stopping(ctx, err)
 	}
@@ -656,65 +661,91 @@ func (u *unclaimed) add(id int64, blocked, dead bool, nextAt *time.Time, err *st
 	u.charge = append(u.charge, charge)
 }
 
-// takeLanes locks the lanes of a batch (see lockLanes): those with
-// something to claim, or, when other batches hold those of a backlog's
-// head, a window of the others. It returns errNothingPending when there is
-// nothing to claim in a lane no other batch holds. While the worker drains
-// a backlog (its last batch was full) it locks a window at once: the look
-// for work would only find every lane busy, and cost the drain a second
-// walk of the pending set's head per batch.
+// takeBatch locks the lanes of a batch (see lockLanes) and claims their
+// events: it locks those lanes with something to claim, or, when other
+// batches hold those of a backlog's head, a window of the others. It
+// returns errNothingPending when there is nothing to claim in a lane no
+// other batch holds. While the worker drains a backlog (its last batch was
+// full) it locks a window at once: the look for work would only find
+// every lane busy, and cost the drain a second walk of the pending set's
+// head per batch.
 //
-// It begins the transaction on tx: BEGIN goes out in the round trip of the
-// first lock.
-func (r *Relay) takeLanes(ctx context.Context, tx *pgx.Conn, offset int, backlog bool) ([]int16, error) {
-	begun := false
-	lock := func(sql string, args ...any) ([]*int16, error) {
-		if begun {
-			rows, _ := tx.Query(ctx, sql, args...)
-			return pgx.CollectRows(rows, pgx.RowTo[*int16])
+// It begins the transaction on tx, a connection out of one: BEGIN, the
+// lock and the claim go out in one round trip.
+func (r *Relay) takeBatch(ctx context.Context, tx *pgx.Conn, offset int, backlog bool) ([]int16, []pendingRow, error) {
+	if !backlog {
+		got, rows, err := r.lockAndClaim(ctx, tx, true, r.lockLanes, offset, r.cfg.LanesPerBatch, r.cfg.BatchSize, !r.cfg.SkipDeadLetteredKeys)
+		if err != nil {
+			return nil, nil, fmt.Errorf("outbox: %w", err)
 		}
-		begun = true
-		b := &pgx.Batch{}
+		if len(got) == 0 {
+			return nil, nil, errNothingPending
+		}
+		if got[0] != nil {
+			return lanesOf(got), rows, nil
+		}
+		// Work whose lanes other batches hold: the claim behind the look
+		// had no lane, and claimed nothing.
+	}
+	got, rows, err := r.lockAndClaim(ctx, tx, backlog, r.lockWindow, offset, r.cfg.LanesPerBatch)
+	if err != nil {
+		return nil, nil, fmt.Errorf("outbox: %w", err)
+	}
+	return lanesOf(got), rows, nil
+}
+
+// lockAndClaim sends lock (lockLanes or lockWindow, with args) and the
+// claim behind it in one round trip, with BEGIN first if begin, and
+// returns the lanes the lock returned and the rows claimed.
+func (r *Relay) lockAndClaim(ctx context.Context, tx *pgx.Conn, begin bool, lock string, args ...any) ([]*int16, []pendingRow, error) {
+	b := &pgx.Batch{}
+	if begin {
 		for _, s := range r.beginStatements {
 			b.Queue(s)
 		}
-		b.Queue(sql, args...)
-		br := tx.SendBatch(ctx, b)
-		defer br.Close()
+	}
+	b.Queue(lock, args...)
+	b.Queue(r.claim, r.cfg.BatchSize, !r.cfg.SkipDeadLetteredKeys)
+	br := tx.SendBatch(ctx, b)
+	defer br.Close()
+	if begin {
 		for range r.beginStatements {
 			if _, err := br.Exec(); err != nil {
-				return nil, err
+				return nil, nil, fmt.Errorf("begin: %w", err)
 			}
 		}
-		rows, _ := br.Query()
-		got, err := pgx.CollectRows(rows, pgx.RowTo[*int16])
-		if err != nil {
-			return nil, err
-		}
-		return got, br.Close()
 	}
-	var got []*int16
-	if !backlog {
-		var err error
-		if got, err = lock(r.lockLanes, offset, r.cfg.LanesPerBatch, r.cfg.BatchSize, !r.cfg.SkipDeadLetteredKeys); err != nil {
-			return nil, fmt.Errorf("outbox: lock lanes: %w", err)
-		}
-		if len(got) == 0 {
-			return nil, errNothingPending
-		}
+	rows, _ := br.Query()
+	got, err := pgx.CollectRows(rows, pgx.RowTo[*int16])
+	if err != nil {
+		return nil, nil, fmt.Errorf("lock lanes: %w", err)
 	}
-	if backlog || got[0] == nil { // draining, or work whose lanes other batches hold
-		var err error
-		if got, err = lock(r.lockWindow, offset, r.cfg.LanesPerBatch); err != nil {
-			return nil, fmt.Errorf("outbox: lock lanes: %w", err)
-		}
+	rows, _ = br.Query()
+	claimed, err := scanClaimed(rows)
+	if err != nil {
+		return nil, nil, fmt.Errorf("claim: %w", err)
 	}
-	lanes := make([]int16, len(got))
-	for i, l := range got {
-		lanes[i] = *l
-	}
-	return lanes, nil
+	return got, claimed, br.Close()
 }
+
+func lanesOf(got []*int16) []int16 {
+	lanes := make([]int16, 0, len(got))
+	for _, l := range got {
+		if l != nil {
+			lanes = append(lanes, *l)
+		}
+	}
+	return lanes
+}
+
+// A batch's lane lock notes the lanes it locked in a transaction-local
+// setting, for the claim sent behind it in the same round trip: noteLanes
+// is the lock's CTE that sets it (from its CTE got), notedLanes the claim's
+// expression that reads it (empty when nothing noted it).
+const (
+	noteLanes  = `noted AS MATERIALIZED (SELECT set_config('millrace.relay_lanes', coalesce(array_agg(lane)::text, '{}'), true) AS v FROM got)`
+	notedLanes = `(SELECT coalesce(nullif(current_setting('millrace.relay_lanes', true), ''), '{}'))::smallint[]`
+)
 
 // errNothingPending says that no free lane has an event to claim: the
 // worker need not look at its other windows before it waits.
@@ -733,11 +764,8 @@ func claimable(pending, holdDead string) string {
                           AND (NOT b.dead OR %s))`, pending, holdDead)
 }
 
-func (r *Relay) claimRows(ctx context.Context, tx *pgx.Conn, lanes []int16) ([]pendingRow, error) {
-	rows, err := tx.Query(ctx, r.claim, lanes, r.cfg.BatchSize, !r.cfg.SkipDeadLetteredKeys)
-	if err != nil {
-		return nil, fmt.Errorf("outbox: claim: %w", err)
-	}
+// scanClaimed reads the claim's rows, in id order.
+func scanClaimed(rows pgx.Rows) ([]pendingRow, error) {
 	defer rows.Close()
 	// Grown as rows arrive: most polls claim few rows or none, and
 	// reserving BatchSize rows for each would cost ~200 bytes a row.
@@ -746,12 +774,12 @@ func (r *Relay) claimRows(ctx context.Context, tx *pgx.Conn, lanes []int16) ([]p
 		var p pendingRow
 		if err := rows.Scan(&p.id, &p.eventID, &p.topic, &p.key, &p.aggType, &p.aggID, &p.eventType,
 			&p.payload, &p.payloadBytes, &p.headers, &p.attempts, &p.blocked, &p.nextAttemptAt); err != nil {
-			return nil, fmt.Errorf("outbox: claim: %w", err)
+			return nil, err
 		}
 		out = append(out, p)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("outbox: claim: %w", err)
+		return nil, err
 	}
 	// Publish in id order: the order the events were written in.
 	slices.SortFunc(out, func(a, b pendingRow) int { return cmp.Compare(a.id, b.id) })

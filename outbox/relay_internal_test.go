@@ -85,15 +85,16 @@ func TestEmptyClaimAllocatesLittle(t *testing.T) {
 	ctx := context.Background()
 	least := ^uint64(0)
 	for range 5 {
-		tx, err := db.Pool.Begin(ctx)
+		c, err := db.Pool.Acquire(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		var before, after runtime.MemStats
 		runtime.ReadMemStats(&before)
-		rows, err := r.claimRows(ctx, tx.Conn(), []int16{0, 1, 2})
+		_, rows, err := r.takeBatch(ctx, c.Conn(), 0, true) // a window of lanes, and their claim
 		runtime.ReadMemStats(&after)
-		tx.Rollback(ctx) //nolint:errcheck
+		c.Conn().Exec(ctx, "ROLLBACK") //nolint:errcheck
+		c.Release()
 		if err != nil || len(rows) != 0 {
 			t.Fatalf("claim on an empty outbox: %d rows, %v", len(rows), err)
 		}
@@ -121,12 +122,12 @@ func TestBatchLocksOnlyTheLanesWithWork(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// takeLanes begins the batch's transaction on a connection out of
+	// takeBatch begins the batch's transaction on a connection out of
 	// one: its BEGIN goes out with the first lock.
 	take := func(tx *pgx.Conn, offset int) ([]int16, error) {
-		lanes, err := r.takeLanes(ctx, tx, offset, false)
+		lanes, _, err := r.takeBatch(ctx, tx, offset, false)
 		if st := tx.PgConn().TxStatus(); st != 'T' {
-			t.Fatalf("after takeLanes the connection is in transaction status %q; want in a transaction", st)
+			t.Fatalf("after takeBatch the connection is in transaction status %q; want in a transaction", st)
 		}
 		return lanes, err
 	}
@@ -175,7 +176,7 @@ func TestBatchLocksOnlyTheLanesWithWork(t *testing.T) {
 		t.Fatal(err)
 	}
 	other = begin()
-	lanes, err = small.takeLanes(ctx, other, int(lane), false)
+	lanes, _, err = small.takeBatch(ctx, other, int(lane), false)
 	if err != nil || len(lanes) != 10 || slices.Contains(lanes, lane) {
 		t.Fatalf("the backlog's head held: lanes %v, %v; want a window of 10 others", lanes, err)
 	}
@@ -184,7 +185,7 @@ func TestBatchLocksOnlyTheLanesWithWork(t *testing.T) {
 	// A worker draining a backlog (its last batch was full) locks a window
 	// without looking for work first.
 	other = begin()
-	lanes, err = r.takeLanes(ctx, other, int(lane), true)
+	lanes, _, err = r.takeBatch(ctx, other, int(lane), true)
 	if err != nil || len(lanes) != 10 || slices.Contains(lanes, lane) {
 		t.Fatalf("draining: lanes %v, %v; want a window of 10 lanes not held", lanes, err)
 	}
@@ -230,11 +231,10 @@ func TestHeldEventsAtTheHeadDoNotHideOtherWork(t *testing.T) {
 	defer c.Release()
 	tx := c.Conn()
 	defer tx.Exec(ctx, "ROLLBACK") //nolint:errcheck
-	lanes, err := r.takeLanes(ctx, tx, 0, false)
+	lanes, rows, err := r.takeBatch(ctx, tx, 0, false)
 	if err != nil || !slices.Contains(lanes, Lane(key)) {
 		t.Fatalf("lanes %v, %v; want the lane of %s (%d)", lanes, err, key, Lane(key))
 	}
-	rows, err := r.claimRows(ctx, tx, lanes)
 	if err != nil || len(rows) != 1 || rows[0].key != key {
 		t.Fatalf("claimed %d rows, %v; want the one event of %s", len(rows), err, key)
 	}
