@@ -7,9 +7,9 @@ import (
 	"sync"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/internal/pipeline"
 )
 
 // BatchConfig configures a Batcher.
@@ -115,7 +115,8 @@ func (b *Batcher) run(batch []*waiter) []error {
 	for i, w := range batch {
 		msgs[i] = w.msg
 	}
-	err := pgx.BeginFunc(ctx, b.p.pool, func(tx pgx.Tx) error { return b.p.HandleBatchTx(ctx, tx, msgs) })
+	// The last writes of each transaction go out with its COMMIT.
+	err := pipeline.BeginFunc(ctx, b.p.pool, func(tx *pipeline.Tx) error { return b.p.HandleBatchTx(ctx, tx, msgs) })
 	if err == nil {
 		return errs
 	}
@@ -127,7 +128,7 @@ func (b *Batcher) run(batch []*waiter) []error {
 	// One at a time, each in its own transaction, for its own result.
 	for i, w := range batch {
 		mctx := w.msg.Context()
-		errs[i] = pgx.BeginFunc(mctx, b.p.pool, func(tx pgx.Tx) error { return b.p.HandleTx(mctx, tx, w.msg) })
+		errs[i] = pipeline.BeginFunc(mctx, b.p.pool, func(tx *pipeline.Tx) error { return b.p.HandleTx(mctx, tx, w.msg) })
 	}
 	return errs
 }

@@ -213,3 +213,56 @@ func TestRunBatchedAppliesTheGoodRepliesOfAFailedBatch(t *testing.T) {
 		t.Fatalf("bad went on with %+v", c)
 	}
 }
+
+// A reply batch's writes go out with its COMMIT: one that fails there (a
+// trigger refusing one saga's command) rolls the whole batch back, its
+// dedup marks and every saga's new state with it, so that the same
+// replies apply when they come again.
+func TestHandleRepliesWriteFailingAtCommitRollsBackTheBatch(t *testing.T) {
+	t.Parallel()
+	d, def := orderDriver(t, nil)
+	ctx := context.Background()
+	for _, id := range []string{"c-1", "c-2"} {
+		start(t, d.testBundle, def, id, 1)
+	}
+	refuse := d.tbl("refuse")
+	fn := d.tbl("refuse_command")
+	if _, err := d.db.Pool.Exec(ctx, `CREATE TABLE `+refuse+` (id text);
+CREATE FUNCTION `+fn+`() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF EXISTS (SELECT 1 FROM `+refuse+` WHERE id = NEW.aggregate_id) THEN RAISE EXCEPTION 'refused %', NEW.aggregate_id; END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER refuse BEFORE INSERT ON `+d.tbl("outbox_event")+` FOR EACH ROW EXECUTE FUNCTION `+fn+`();
+INSERT INTO `+refuse+` VALUES ('c-2')`); err != nil {
+		t.Fatal(err)
+	}
+	before := map[string]cmd{"c-1": d.last("c-1"), "c-2": d.last("c-2")}
+	batch := []*message.Message{
+		replyMsg("c-1", before["c-1"], millrace.OutcomeSuccess, "", ""),
+		replyMsg("c-2", before["c-2"], millrace.OutcomeSuccess, "", ""),
+	}
+	if _, err := d.o.HandleReplies(ctx, batch); err == nil || !strings.Contains(err.Error(), "refused c-2") {
+		t.Fatalf("batch with a refused command: %v; want the write's error", err)
+	}
+	for id, c := range before {
+		if got := d.last(id); got != c {
+			t.Fatalf("%s went on to %+v after its batch failed; want it still at %+v", id, got, c)
+		}
+		if in := d.get(id); in.Status != saga.StatusRunning || in.Step != c.Step {
+			t.Fatalf("%s: %s at %q after its batch failed", id, in.Status, in.Step)
+		}
+	}
+	if _, err := d.db.Pool.Exec(ctx, `DELETE FROM `+refuse); err != nil {
+		t.Fatal(err)
+	}
+	res, err := d.o.HandleReplies(ctx, batch)
+	if err != nil || res.Duplicates != 0 {
+		t.Fatalf("the same batch again: %v, %+v; want it applied, no duplicate (the marks rolled back)", err, res)
+	}
+	for id := range before {
+		if c := d.last(id); c.Step != "stock" {
+			t.Fatalf("%s: last command %+v; want stock", id, c)
+		}
+	}
+}
