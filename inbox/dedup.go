@@ -114,21 +114,9 @@ func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			return nil, fmt.Errorf("inbox: consumer %s, event %s: %w", d.consumer, id, err)
 		}
 		defer conn.Release()
-		// The mark's statement is prepared once per connection (pgx keeps
-		// it); BEGIN then executes it in the same round trip.
-		if _, err := conn.Conn().Prepare(ctx, d.markName, d.markSQL); err != nil {
-			return nil, fmt.Errorf("inbox: consumer %s, event %s: prepare: %w", d.consumer, id, err)
-		}
-		tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: fmt.Sprintf(d.beginAndMark, id)})
-		if err != nil {
-			// The failed INSERT left the transaction block aborted: end it
-			// before the connection goes back to the pool.
-			_, _ = conn.Exec(ctx, "ROLLBACK")
-			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) && pgErr.Code == "23505" /* unique_violation */ {
-				return nil, nil // a duplicate: acknowledge without running h
-			}
-			return nil, fmt.Errorf("inbox: consumer %s, event %s: begin and record: %w", d.consumer, id, err)
+		tx, fresh, err := d.beginMarked(ctx, conn.Conn(), id)
+		if err != nil || !fresh {
+			return nil, err // !fresh: a duplicate, acknowledged without running h
 		}
 		done := false
 		defer func() {
@@ -148,6 +136,42 @@ func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		return out, nil
 	}
+}
+
+// BeginMarked begins a transaction on conn with the mark of msg's event id
+// recorded in the round trip of its BEGIN, as Middleware does: MarkTx of
+// one message, a round trip sooner, for a consumer that applies one
+// message in a transaction it begins itself. fresh is false for an id
+// recorded before (a duplicate): then no transaction is left open and tx
+// is nil. A message without a usable id fails as with MarkTx, with an
+// error wrapping ErrNoEventID that is millrace.Permanent, and conn is
+// untouched. Commit or roll back tx as any other.
+func (d *Deduplicator) BeginMarked(ctx context.Context, conn *pgx.Conn, msg *message.Message) (tx pgx.Tx, fresh bool, err error) {
+	id, err := eventID(d.eventID, msg)
+	if err != nil {
+		return nil, false, err
+	}
+	return d.beginMarked(ctx, conn, id)
+}
+
+func (d *Deduplicator) beginMarked(ctx context.Context, conn *pgx.Conn, id uuid.UUID) (pgx.Tx, bool, error) {
+	// The mark's statement is prepared once per connection (pgx keeps
+	// it); BEGIN then executes it in the same round trip.
+	if _, err := conn.Prepare(ctx, d.markName, d.markSQL); err != nil {
+		return nil, false, fmt.Errorf("inbox: consumer %s, event %s: prepare: %w", d.consumer, id, err)
+	}
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: fmt.Sprintf(d.beginAndMark, id)})
+	if err != nil {
+		// The failed INSERT left the transaction block aborted: end it
+		// before the connection goes back to the pool.
+		_, _ = conn.Exec(ctx, "ROLLBACK")
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "23505" /* unique_violation */ {
+			return nil, false, nil
+		}
+		return nil, false, fmt.Errorf("inbox: consumer %s, event %s: begin and record: %w", d.consumer, id, err)
+	}
+	return tx, true, nil
 }
 
 // MarkTx records the event ids of msgs in tx, in one statement, for

@@ -11,6 +11,7 @@ import (
 
 	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/inbox"
+	"github.com/millrace/millrace/internal/sqlident"
 )
 
 // MarkTx records a batch's marks in one statement: a message repeated
@@ -97,5 +98,67 @@ func TestMarkTxAppliesEachEventOnce(t *testing.T) {
 	}
 	if _, err := tx.Exec(ctx, `SELECT 1`); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// BeginMarked records one message's mark in the round trip of BEGIN: the
+// first time it opens a transaction holding the mark (rolled back, the
+// mark goes with it), a duplicate opens none, and a message without a
+// usable id fails as with MarkTx and leaves the connection untouched.
+func TestBeginMarkedRecordsTheMarkWithBegin(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 2)
+	d := newDedup(t, b, "begin-marked")
+	ctx := context.Background()
+	c, err := b.db.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Release()
+	conn := c.Conn()
+	msg := message.NewMessage(uuid.NewString(), nil)
+	marks := func() int {
+		t.Helper()
+		var n int
+		if err := b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+sqlident.Table(b.db.Schema, "processed_event")+` WHERE consumer = 'begin-marked'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	tx, fresh, err := d.BeginMarked(ctx, conn, msg)
+	if err != nil || !fresh || tx == nil {
+		t.Fatalf("first time: %v, fresh %v, tx %v; want a transaction", err, fresh, tx)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := marks(); n != 0 {
+		t.Fatalf("%d marks after a rollback; want none", n)
+	}
+	tx, fresh, err = d.BeginMarked(ctx, conn, msg)
+	if err != nil || !fresh {
+		t.Fatalf("again after the rollback: %v, fresh %v", err, fresh)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := marks(); n != 1 {
+		t.Fatalf("%d marks after a commit; want 1", n)
+	}
+	tx, fresh, err = d.BeginMarked(ctx, conn, msg)
+	if err != nil || fresh || tx != nil {
+		t.Fatalf("a duplicate: %v, fresh %v, tx %v; want no transaction", err, fresh, tx)
+	}
+	if st := conn.PgConn().TxStatus(); st != 'I' {
+		t.Fatalf("after a duplicate the connection is in transaction status %q; want idle", st)
+	}
+
+	bad := message.NewMessage("not-a-uuid", nil)
+	if _, _, err := d.BeginMarked(ctx, conn, bad); !errors.Is(err, inbox.ErrNoEventID) || !millrace.IsPermanent(err) {
+		t.Fatalf("no usable id: %v; want ErrNoEventID, permanent", err)
+	}
+	if st := conn.PgConn().TxStatus(); st != 'I' {
+		t.Fatalf("after a refused id the connection is in transaction status %q; want idle", st)
 	}
 }

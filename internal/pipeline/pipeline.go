@@ -166,7 +166,17 @@ func (b errBatch) Close() error                     { return b.err }
 // succeeds cannot stop the COMMIT behind it: a check that must keep the
 // transaction from committing belongs in the statement itself, as an
 // error of its own, not in its Read.
-func BeginFunc(ctx context.Context, pool *pgxpool.Pool, f func(*Tx) error) (err error) {
+func BeginFunc(ctx context.Context, pool *pgxpool.Pool, f func(*Tx) error) error {
+	return BeginWith(ctx, pool, func(ctx context.Context, c *pgx.Conn) (pgx.Tx, error) { return c.Begin(ctx) }, f)
+}
+
+// BeginWith is BeginFunc with the transaction begun by begin on the
+// connection: a BEGIN that carries a first statement in its round trip
+// (the inbox Deduplicator's BeginMarked). A nil Tx from begin, with no
+// error, says there is nothing to do: f does not run, and BeginWith
+// returns nil. begin must leave the connection out of any transaction
+// when it returns no Tx.
+func BeginWith(ctx context.Context, pool *pgxpool.Pool, begin func(context.Context, *pgx.Conn) (pgx.Tx, error), f func(*Tx) error) error {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return err
@@ -174,8 +184,8 @@ func BeginFunc(ctx context.Context, pool *pgxpool.Pool, f func(*Tx) error) (err 
 	// Release destroys a connection left in a transaction, so one whose
 	// rollback failed does not go back to the pool.
 	defer conn.Release()
-	tx, err := conn.Begin(ctx)
-	if err != nil {
+	tx, err := begin(ctx, conn.Conn())
+	if err != nil || tx == nil {
 		return err
 	}
 	t := &Tx{Tx: tx, commits: true}
