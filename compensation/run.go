@@ -9,8 +9,10 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/internal/backoff"
 	"github.com/millrace/millrace/internal/fetch"
 	"github.com/millrace/millrace/internal/pipeline"
@@ -165,6 +167,23 @@ func (p *Participant) runBatch(ctx context.Context, msgs []*message.Message) (ma
 			continue
 		}
 		todo = append(todo, m)
+	}
+	if len(todo) == 1 {
+		// One command (most batches at a low rate): its mark goes in the
+		// round trip of BEGIN, and its last writes with the COMMIT.
+		m := todo[0]
+		err := pipeline.BeginWith(ctx, p.pool, func(ctx context.Context, c *pgx.Conn) (pgx.Tx, error) {
+			tx, _, err := p.dedup.BeginMarked(ctx, c, m) // a duplicate: no tx, nothing to do
+			if errors.Is(err, inbox.ErrNoEventID) {
+				bad[m.UUID] = err
+				return nil, nil
+			}
+			return tx, err
+		}, func(tx *pipeline.Tx) error { return p.HandleBatchTx(ctx, tx, todo) })
+		if err != nil {
+			return nil, err
+		}
+		return bad, nil
 	}
 	// HandleBatchTx leaves its last writes queued: they go out with the
 	// COMMIT, in one round trip.

@@ -2,6 +2,7 @@ package compensation_test
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -128,4 +129,106 @@ func TestRunBatchedTakesWholeFetches(t *testing.T) {
 		t.Fatalf("%d transactions (%d batches, the largest %d) wrote %d barrier rows", txs, batches.Load(), largest.Load(), sagas)
 	}
 	t.Logf("%d commands: %d batches, the largest %d; %d transactions wrote the barrier rows", len(msgs), batches.Load(), largest.Load(), txs)
+}
+
+// Commands that come one at a time take RunBatched's path for a batch of
+// one (the mark in BEGIN's round trip): each applied once, a redelivery
+// deduplicated, one without a usable event id poisoned.
+func TestRunBatchedOneCommandAtATime(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 4)
+	brokers := kafkatest.Brokers(t)
+	topic := kafkatest.Topic()
+	kafkatest.CreateTopic(t, brokers, topic, 1, nil)
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{Brokers: brokers, ConsumerGroup: kafkatest.Group()}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	poison := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
+	defer poison.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	poisoned, err := poison.Subscribe(ctx, topic+".poison")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sizes sync.Map
+	var batches atomic.Int64
+	done := make(chan error, 1)
+	go func() {
+		done <- b.p.RunBatched(ctx, compensation.RunConfig{Subscriber: sub, Topic: topic, Poison: poison,
+			OnBatch: func(n int) { sizes.Store(batches.Add(1), n) }})
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	barrier := b.db.Schema + ".compensation_barrier"
+	handled := func(n int) {
+		t.Helper()
+		for deadline := time.Now().Add(60 * time.Second); ; {
+			if got := b.count(t, `SELECT count(*) FROM `+barrier+` WHERE outcome IS NOT NULL`); got == n {
+				return
+			} else if time.Now().After(deadline) {
+				t.Fatalf("%d of %d commands handled", got, n)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	ids := []string{uuid.NewString(), uuid.NewString(), uuid.NewString()}
+	var sent []*message.Message
+	for i, id := range ids {
+		m := action(id, 1)
+		sent = append(sent, m)
+		if err := pub.Publish(topic, m); err != nil {
+			t.Fatal(err)
+		}
+		handled(i + 1)
+	}
+	// The first again, alone: a duplicate; then one the inbox cannot
+	// mark, poisoned; then a new one, to see the duplicate went by.
+	if err := pub.Publish(topic, sent[0]); err != nil {
+		t.Fatal(err)
+	}
+	bad := action(uuid.NewString(), 1)
+	bad.UUID = "not-a-uuid"
+	if err := pub.Publish(topic, bad); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-poisoned:
+		if m.UUID != bad.UUID {
+			t.Fatalf("poisoned %s", m.UUID)
+		}
+		m.Ack()
+	case <-time.After(60 * time.Second):
+		t.Fatal("the command without a usable event id was not poisoned")
+	}
+	last := action(uuid.NewString(), 1)
+	ids = append(ids, last.Metadata.Get(millrace.MetadataSagaID))
+	if err := pub.Publish(topic, last); err != nil {
+		t.Fatal(err)
+	}
+	handled(len(ids))
+	for _, id := range ids {
+		if n := b.effects(t, id, "reserve"); n != 1 {
+			t.Fatalf("saga %s: %d effects, want 1", id, n)
+		}
+		if rs := b.replies(t, id); len(rs) != 1 {
+			t.Fatalf("saga %s: %d replies, want 1 (the redelivery deduplicated)", id, len(rs))
+		}
+	}
+	sizes.Range(func(k, v any) bool {
+		if v.(int) != 1 {
+			t.Errorf("batch %d held %d commands; want one at a time", k, v)
+		}
+		return true
+	})
 }
