@@ -17,7 +17,6 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace"
@@ -121,41 +120,6 @@ func (b *bench) connect(ctx context.Context, maxConns int32) (*pgxpool.Pool, err
 	return pgtest.Connect(ctx, b.dbURL, maxConns)
 }
 
-// roundTrips counts the round trips to PostgreSQL of a pool's connections:
-// each statement sent alone and each batch (pgx's tracer).
-type roundTrips struct{ n atomic.Int64 }
-
-func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	r.n.Add(1)
-	return ctx
-}
-func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	r.n.Add(1)
-	return ctx
-}
-func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
-
-// countingPool is connect with the pool's round trips counted in trips.
-func (b *bench) countingPool(ctx context.Context, maxConns int32, trips *roundTrips) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(b.dbURL)
-	if err != nil {
-		return nil, err
-	}
-	cfg.MaxConns = maxConns
-	cfg.ConnConfig.Tracer = trips
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, err
-	}
-	if err := pool.Ping(ctx); err != nil {
-		pool.Close()
-		return nil, err
-	}
-	return pool, nil
-}
-
 // workspace is what every figure group starts from: a pool of at most
 // maxConns connections and a fresh schema with millrace's migrations
 // applied. done drops the schema, then closes the pool; call it once
@@ -166,9 +130,9 @@ func (b *bench) workspace(ctx context.Context, maxConns int32) (pool *pgxpool.Po
 
 // workspaceCounting is workspace with the pool's round trips counted in
 // trips, unless nil.
-func (b *bench) workspaceCounting(ctx context.Context, maxConns int32, trips *roundTrips) (pool *pgxpool.Pool, schema string, done func(), err error) {
+func (b *bench) workspaceCounting(ctx context.Context, maxConns int32, trips *pgtest.RoundTrips) (pool *pgxpool.Pool, schema string, done func(), err error) {
 	if trips != nil {
-		pool, err = b.countingPool(ctx, maxConns, trips)
+		pool, err = pgtest.ConnectTraced(ctx, b.dbURL, maxConns, trips)
 	} else {
 		pool, err = b.connect(ctx, maxConns)
 	}

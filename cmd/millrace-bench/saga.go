@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/millrace/millrace/compensation"
+	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/internal/sqlident"
 	"github.com/millrace/millrace/kafka"
 	"github.com/millrace/millrace/outbox"
@@ -228,7 +229,7 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 	if name == "wait" {
 		conns += sagaStarters * sagaSignallers
 	}
-	trips := &roundTrips{}
+	trips := &pgtest.RoundTrips{}
 	pool, schema, done, err := b.workspaceCounting(ctx, conns, trips)
 	if err != nil {
 		return 0, err
@@ -419,7 +420,7 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 		var p50, p99 time.Duration
 		var sagas int
 		cpu := b.startCPU()
-		trips0 := trips.n.Load()
+		trips0 := trips.N()
 		p50, p99, sagas, err = rig.latency(rctx, rate, b.opts.duration)
 		b.results["saga_latency_p50_ms"], b.results["saga_latency_p99_ms"] = ms(p50), ms(p99)
 		stop()
@@ -430,7 +431,7 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 			// the latency on a machine this size.
 			self, broker, db := cpu.stop(ctx, b, pool)
 			v := b.recordSagaCPU("saga_latency_cpu_ms_per_saga_", sagas, self, broker, db)
-			rt := round(float64(trips.n.Load()-trips0)/float64(sagas), 1)
+			rt := round(float64(trips.N()-trips0)/float64(sagas), 1)
 			b.config["saga_latency_pg_round_trips_per_saga"] = rt
 			b.progress("sagas (latency): CPU per saga at %d sagas/s: %.2f ms here, %.2f ms broker, %.2f ms PostgreSQL backends; %.1f round trips to PostgreSQL per saga",
 				rate, v[0], v[1], v[2], rt)

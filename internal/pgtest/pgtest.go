@@ -10,9 +10,11 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace/internal/sqlident"
@@ -119,9 +121,18 @@ func Pool(t testing.TB, maxConns int32) *pgxpool.Pool {
 
 // Connect opens a pool on url and checks it answers within five seconds.
 func Connect(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error) {
+	return ConnectTraced(ctx, url, maxConns, nil)
+}
+
+// ConnectTraced is Connect with tracer, unless nil, on the pool's
+// connections (a *RoundTrips counts their round trips).
+func ConnectTraced(ctx context.Context, url string, maxConns int32, tracer pgx.QueryTracer) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("pgtest: parse DATABASE_URL: %w", err)
+	}
+	if tracer != nil {
+		cfg.ConnConfig.Tracer = tracer
 	}
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = 5 * time.Second
@@ -153,3 +164,23 @@ func RandomName(prefix string) string {
 	}
 	return prefix + "_" + hex.EncodeToString(b[:])
 }
+
+// RoundTrips is a pgx tracer that counts the round trips of the
+// connections it is set on (ConnectTraced): each statement sent alone and
+// each batch.
+type RoundTrips struct{ n atomic.Int64 }
+
+// N is the number of round trips so far.
+func (r *RoundTrips) N() int64 { return r.n.Load() }
+
+func (r *RoundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	r.n.Add(1)
+	return ctx
+}
+func (r *RoundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (r *RoundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	r.n.Add(1)
+	return ctx
+}
+func (r *RoundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (r *RoundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}

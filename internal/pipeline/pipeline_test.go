@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"strings"
-	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/internal/sqlident"
@@ -149,22 +147,6 @@ func TestTxReadsQueuedResults(t *testing.T) {
 	}
 }
 
-// roundTrips counts the statements and batches a pool's connections send:
-// a round trip each.
-type roundTrips struct{ n atomic.Int64 }
-
-func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	r.n.Add(1)
-	return ctx
-}
-func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	r.n.Add(1)
-	return ctx
-}
-func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
-
 // BeginFunc sends what is left queued, a Deferred Exec's statement
 // included, with its COMMIT in one round trip; a failure anywhere rolls the
 // whole transaction back, and the connection goes back to the pool out of
@@ -177,14 +159,9 @@ func TestBeginFuncCommitsWithQueuedStatements(t *testing.T) {
 	if _, err := db.Pool.Exec(ctx, `CREATE SCHEMA `+sqlident.Quote(db.Schema)+`; CREATE TABLE `+tbl+` (n int)`); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := pgxpool.ParseConfig(pgtest.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	trips := &roundTrips{}
-	cfg.ConnConfig.Tracer = trips
-	cfg.MaxConns = 1 // a connection left in a transaction would be the next call's
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	trips := &pgtest.RoundTrips{}
+	// One connection: one left in a transaction would be the next call's.
+	pool, err := pgtest.ConnectTraced(ctx, pgtest.URL(), 1, trips)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +197,7 @@ func TestBeginFuncCommitsWithQueuedStatements(t *testing.T) {
 	}
 	idle("after a commit with nothing queued")
 
-	trips.n.Store(0)
+	before := trips.N()
 	var committing bool
 	err = BeginFunc(ctx, pool, func(tx *Tx) error {
 		_, committing = Committing(tx)
@@ -234,7 +211,7 @@ func TestBeginFuncCommitsWithQueuedStatements(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := trips.n.Load(); got != 3 {
+	if got := trips.N() - before; got != 3 {
 		t.Errorf("%d round trips; want 3: BEGIN, the first insert, then the queued ones with COMMIT", got)
 	}
 	if got := rows(); got != "1,2,3" {
