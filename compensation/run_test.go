@@ -27,9 +27,7 @@ import (
 func TestRunBatchedTakesWholeFetches(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 8)
-	brokers := kafkatest.Brokers(t)
-	topic := kafkatest.Topic()
-	kafkatest.CreateTopic(t, brokers, topic, 4, nil)
+	r := newRunRig(t, b, 4)
 	const sagas = 300
 	ids := make([]string, sagas)
 	for i := range ids {
@@ -56,61 +54,19 @@ func TestRunBatchedTakesWholeFetches(t *testing.T) {
 	bad := action(uuid.NewString(), 1)
 	bad.Metadata.Set(millrace.MetadataSagaAttempt, "x")
 	msgs = append(msgs, bad)
-	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
-	if err := pub.Publish(topic, msgs...); err != nil {
-		t.Fatal(err)
-	}
-	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{Brokers: brokers, ConsumerGroup: kafkatest.Group()}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Close()
-	poison := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
-	defer poison.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	poisoned, err := poison.Subscribe(ctx, topic+".poison")
-	if err != nil {
+	if err := r.pub.Publish(r.topic, msgs...); err != nil {
 		t.Fatal(err)
 	}
 	var batches, largest atomic.Int64
-	done := make(chan error, 1)
-	go func() {
-		done <- b.p.RunBatched(ctx, compensation.RunConfig{Subscriber: sub, Topic: topic, Poison: poison,
-			OnBatch: func(n int) {
-				batches.Add(1)
-				if int64(n) > largest.Load() {
-					largest.Store(int64(n))
-				}
-			}})
-	}()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
+	r.run(t, func(n int) {
+		batches.Add(1)
+		if int64(n) > largest.Load() {
+			largest.Store(int64(n))
 		}
-	}()
-	select {
-	case m := <-poisoned:
-		if m.UUID != bad.UUID {
-			t.Fatalf("poisoned %s", m.UUID)
-		}
-		m.Ack()
-	case <-time.After(60 * time.Second):
-		t.Fatal("the malformed command was not poisoned")
-	}
+	})
+	r.expectPoisoned(t, bad)
+	r.waitHandled(t, sagas)
 	barrier := b.db.Schema + ".compensation_barrier"
-	for deadline := time.Now().Add(60 * time.Second); ; {
-		if n := b.count(t, `SELECT count(*) FROM `+barrier+` WHERE outcome IS NOT NULL`); n == sagas {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatalf("%d of %d commands handled", n, sagas)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 	for _, id := range ids {
 		if n := b.effects(t, id, "reserve"); n != 1 {
 			t.Fatalf("saga %s: %d effects, want 1", id, n)
@@ -137,49 +93,14 @@ func TestRunBatchedTakesWholeFetches(t *testing.T) {
 func TestRunBatchedOneCommandAtATime(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
-	brokers := kafkatest.Brokers(t)
-	topic := kafkatest.Topic()
-	kafkatest.CreateTopic(t, brokers, topic, 1, nil)
-	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
-	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{Brokers: brokers, ConsumerGroup: kafkatest.Group()}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Close()
-	poison := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
-	defer poison.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	poisoned, err := poison.Subscribe(ctx, topic+".poison")
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := newRunRig(t, b, 1)
 	var sizes sync.Map
 	var batches atomic.Int64
-	done := make(chan error, 1)
-	go func() {
-		done <- b.p.RunBatched(ctx, compensation.RunConfig{Subscriber: sub, Topic: topic, Poison: poison,
-			OnBatch: func(n int) { sizes.Store(batches.Add(1), n) }})
-	}()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
-	barrier := b.db.Schema + ".compensation_barrier"
-	handled := func(n int) {
+	r.run(t, func(n int) { sizes.Store(batches.Add(1), n) })
+	publish := func(m *message.Message) {
 		t.Helper()
-		for deadline := time.Now().Add(60 * time.Second); ; {
-			if got := b.count(t, `SELECT count(*) FROM `+barrier+` WHERE outcome IS NOT NULL`); got == n {
-				return
-			} else if time.Now().After(deadline) {
-				t.Fatalf("%d of %d commands handled", got, n)
-			}
-			time.Sleep(10 * time.Millisecond)
+		if err := r.pub.Publish(r.topic, m); err != nil {
+			t.Fatal(err)
 		}
 	}
 	ids := []string{uuid.NewString(), uuid.NewString(), uuid.NewString()}
@@ -187,36 +108,20 @@ func TestRunBatchedOneCommandAtATime(t *testing.T) {
 	for i, id := range ids {
 		m := action(id, 1)
 		sent = append(sent, m)
-		if err := pub.Publish(topic, m); err != nil {
-			t.Fatal(err)
-		}
-		handled(i + 1)
+		publish(m)
+		r.waitHandled(t, i+1)
 	}
 	// The first again, alone: a duplicate; then one the inbox cannot
 	// mark, poisoned; then a new one, to see the duplicate went by.
-	if err := pub.Publish(topic, sent[0]); err != nil {
-		t.Fatal(err)
-	}
+	publish(sent[0])
 	bad := action(uuid.NewString(), 1)
 	bad.UUID = "not-a-uuid"
-	if err := pub.Publish(topic, bad); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case m := <-poisoned:
-		if m.UUID != bad.UUID {
-			t.Fatalf("poisoned %s", m.UUID)
-		}
-		m.Ack()
-	case <-time.After(60 * time.Second):
-		t.Fatal("the command without a usable event id was not poisoned")
-	}
+	publish(bad)
+	r.expectPoisoned(t, bad)
 	last := action(uuid.NewString(), 1)
 	ids = append(ids, last.Metadata.Get(millrace.MetadataSagaID))
-	if err := pub.Publish(topic, last); err != nil {
-		t.Fatal(err)
-	}
-	handled(len(ids))
+	publish(last)
+	r.waitHandled(t, len(ids))
 	for _, id := range ids {
 		if n := b.effects(t, id, "reserve"); n != 1 {
 			t.Fatalf("saga %s: %d effects, want 1", id, n)
@@ -231,4 +136,85 @@ func TestRunBatchedOneCommandAtATime(t *testing.T) {
 		}
 		return true
 	})
+}
+
+// runRig is RunBatched of b's participant on a fresh topic, with a
+// publisher to it and the poison topic's messages.
+type runRig struct {
+	b        *bundle
+	topic    string
+	pub      *kafka.Publisher
+	sub      *kafka.Subscriber
+	poison   *gochannel.GoChannel
+	poisoned <-chan *message.Message
+	ctx      context.Context
+}
+
+func newRunRig(t *testing.T, b *bundle, partitions int32) *runRig {
+	t.Helper()
+	brokers := kafkatest.Brokers(t)
+	r := &runRig{b: b, topic: kafkatest.Topic()}
+	kafkatest.CreateTopic(t, brokers, r.topic, partitions, nil)
+	var err error
+	if r.pub, err = kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers}, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.pub.Close() })
+	if r.sub, err = kafka.NewSubscriber(kafka.SubscriberConfig{Brokers: brokers, ConsumerGroup: kafkatest.Group()}, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.sub.Close() })
+	r.poison = gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
+	t.Cleanup(func() { _ = r.poison.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	r.ctx = ctx
+	t.Cleanup(cancel)
+	if r.poisoned, err = r.poison.Subscribe(ctx, r.topic+".poison"); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// run starts RunBatched, stopped (and its error checked) when the test
+// ends.
+func (r *runRig) run(t *testing.T, onBatch func(int)) {
+	ctx, cancel := context.WithCancel(r.ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- r.b.p.RunBatched(ctx, compensation.RunConfig{Subscriber: r.sub, Topic: r.topic, Poison: r.poison, OnBatch: onBatch})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+}
+
+// expectPoisoned waits for the poison topic's next message: want.
+func (r *runRig) expectPoisoned(t *testing.T, want *message.Message) {
+	t.Helper()
+	select {
+	case m := <-r.poisoned:
+		if m.UUID != want.UUID {
+			t.Fatalf("poisoned %s", m.UUID)
+		}
+		m.Ack()
+	case <-time.After(60 * time.Second):
+		t.Fatalf("%s was not poisoned", want.UUID)
+	}
+}
+
+// waitHandled waits until n commands have their barrier answered.
+func (r *runRig) waitHandled(t *testing.T, n int) {
+	t.Helper()
+	barrier := r.b.db.Schema + ".compensation_barrier"
+	for deadline := time.Now().Add(60 * time.Second); ; {
+		if got := r.b.count(t, `SELECT count(*) FROM `+barrier+` WHERE outcome IS NOT NULL`); got == n {
+			return
+		} else if time.Now().After(deadline) {
+			t.Fatalf("%d of %d commands handled", got, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

@@ -16,12 +16,8 @@ import (
 // statements run first, once, and in order.
 func TestPipelineTxRunsQueuedStatementsFirst(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewWith(t, pgtest.Options{MaxConns: 2, NoMigrate: true})
+	db, tbl := logTable(t)
 	ctx := context.Background()
-	tbl := sqlident.Table(db.Schema, "log")
-	if _, err := db.Pool.Exec(ctx, `CREATE SCHEMA `+sqlident.Quote(db.Schema)+`; CREATE TABLE `+tbl+` (n int)`); err != nil {
-		t.Fatal(err)
-	}
 	queue := func() []Statement {
 		return []Statement{{SQL: `INSERT INTO ` + tbl + ` VALUES ($1)`, Args: []any{1}}, {SQL: `INSERT INTO ` + tbl + ` SELECT count(*) + 1 FROM ` + tbl}}
 	}
@@ -153,12 +149,8 @@ func TestTxReadsQueuedResults(t *testing.T) {
 // any transaction either way.
 func TestBeginFuncCommitsWithQueuedStatements(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewWith(t, pgtest.Options{MaxConns: 2, NoMigrate: true})
+	db, tbl := logTable(t)
 	ctx := context.Background()
-	tbl := sqlident.Table(db.Schema, "log")
-	if _, err := db.Pool.Exec(ctx, `CREATE SCHEMA `+sqlident.Quote(db.Schema)+`; CREATE TABLE `+tbl+` (n int)`); err != nil {
-		t.Fatal(err)
-	}
 	trips := &pgtest.RoundTrips{}
 	// One connection: one left in a transaction would be the next call's.
 	pool, err := pgtest.ConnectTraced(ctx, pgtest.URL(), 1, trips)
@@ -283,4 +275,15 @@ func TestBeginFuncCommitsWithQueuedStatements(t *testing.T) {
 		t.Errorf("rows %q after a failed commit; want none", got)
 	}
 	idle("after a failed commit")
+}
+
+// logTable is a fresh schema holding one table of ints, its name quoted.
+func logTable(t *testing.T) (*pgtest.DB, string) {
+	t.Helper()
+	db := pgtest.NewWith(t, pgtest.Options{MaxConns: 2, NoMigrate: true})
+	tbl := sqlident.Table(db.Schema, "log")
+	if _, err := db.Pool.Exec(context.Background(), `CREATE SCHEMA `+sqlident.Quote(db.Schema)+`; CREATE TABLE `+tbl+` (n int)`); err != nil {
+		t.Fatal(err)
+	}
+	return db, tbl
 }
