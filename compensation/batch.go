@@ -184,24 +184,15 @@ func (p *Participant) handleRound(ctx context.Context, tx pgx.Tx, items []*item)
 		traceBatchReply(p, it, &events[len(events)-1]) // tracing.go
 	}
 	// The answers and the replies in one round trip; in RunBatched's
-	// transaction (pipeline.BeginFunc), left queued to go out with the
-	// COMMIT.
-	ptx, commits := pipeline.Committing(tx)
-	if !commits {
-		ptx = &pipeline.Tx{Tx: tx}
-	}
-	ptx.Before = append(ptx.Before, pipeline.Statement{SQL: release})
+	// transaction (pipeline.BeginFunc), with the COMMIT.
+	before := []pipeline.Statement{{SQL: release}}
 	if len(fin.sagaIDs) > 0 {
-		ptx.Before = append(ptx.Before, pipeline.Statement{SQL: p.sql.finishMany, Args: fin.args()})
+		before = append(before, pipeline.Statement{SQL: p.sql.finishMany, Args: fin.args()})
 	}
-	wtx := pgx.Tx(ptx)
-	if commits {
-		wtx = ptx.Deferred(fmt.Sprintf("compensation: %s: replies of a batch of %d", p.name, len(items)))
-	}
-	_, err = p.writer.WriteTx(ctx, wtx, events...)
-	if err == nil && !commits {
-		err = ptx.Flush(ctx)
-	}
+	err = pipeline.WriteLast(ctx, tx, before, fmt.Sprintf("compensation: %s: replies of a batch of %d", p.name, len(items)), func(wtx pgx.Tx) error {
+		_, err := p.writer.WriteTx(ctx, wtx, events...)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("compensation: %s: replies of a batch of %d: %w", p.name, len(items), err)
 	}

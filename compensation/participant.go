@@ -255,21 +255,12 @@ func (p *Participant) HandleTx(ctx context.Context, tx pgx.Tx, msg *message.Mess
 		before = append(before, pipeline.Statement{SQL: p.sql.finish, Args: []any{r.outcome, r.empty, r.payload, r.reason, it.call.SagaID, it.call.Step, it.call.Operation}})
 	}
 	// The barrier's answer goes in the Writer's round trip; in a
-	// transaction of pipeline.BeginFunc (the Batcher's), both are left
-	// queued to go out with the COMMIT.
-	ptx, commits := pipeline.Committing(tx)
-	if !commits {
-		ptx = &pipeline.Tx{Tx: tx}
-	}
-	ptx.Before = append(ptx.Before, before...)
-	wtx := pgx.Tx(ptx)
-	if commits {
-		wtx = ptx.Deferred(fmt.Sprintf("compensation: %s: write the reply", p.name))
-	}
-	_, err = p.writer.WriteTx(ctx, wtx, p.replyEvent(it.call, r))
-	if err == nil && !commits {
-		err = ptx.Flush(ctx)
-	}
+	// transaction of pipeline.BeginFunc (the Batcher's), both go out with
+	// the COMMIT.
+	err = pipeline.WriteLast(ctx, tx, before, fmt.Sprintf("compensation: %s: write the reply", p.name), func(wtx pgx.Tx) error {
+		_, err := p.writer.WriteTx(ctx, wtx, p.replyEvent(it.call, r))
+		return err
+	})
 	if err != nil {
 		err = fmt.Errorf("compensation: %s: reply to %s/%s %s: %w", p.name, it.call.SagaID, it.call.Step, it.call.Operation, err)
 		var ee *outbox.EventError

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -186,7 +187,7 @@ type Relay struct {
 
 	lockLanes, lockWindow, claim, claimNoted, unclaim string
 	begin                                             pgx.TxOptions
-	beginStatements                                   []string // r.begin as statements, sent in the round trip of the first lock
+	beginStatements                                   []string // sent in the round trip of the first lock; begin is them as one query
 	channel                                           string
 
 	wake chan struct{}
@@ -262,7 +263,6 @@ SELECT NULL::smallint WHERE NOT EXISTS (SELECT 1 FROM got) AND (SELECT count(*) 
 	// (with "IN (...)" the planner hashes a scan of the whole pending set).
 	// Rows come back in no particular order; the relay sorts them.
 	//
-	//
 	// claim takes the lanes as its parameter $1. claimNoted claims in the
 	// lanes lockLanes noted in the transaction (noteLanes), so that it can
 	// go out in the lock's round trip: it still runs after the lock, on a
@@ -306,12 +306,11 @@ UPDATE %[2]s e SET published_at = NULL,
        dead_at = CASE WHEN f.dead THEN now() END
   FROM f
  WHERE e.id = f.id`, pending, events)
-	r.begin = pgx.TxOptions{}
 	r.beginStatements = []string{"BEGIN"}
 	if !cfg.SyncCommit {
-		r.begin.BeginQuery = "BEGIN; SET LOCAL synchronous_commit = off"
 		r.beginStatements = append(r.beginStatements, "SET LOCAL synchronous_commit = off")
 	}
+	r.begin = pgx.TxOptions{BeginQuery: strings.Join(r.beginStatements, "; ")}
 	return r, nil
 }
 
@@ -688,7 +687,7 @@ func (r *Relay) takeBatch(ctx context.Context, tx *pgx.Conn, offset int, backlog
 	hold := !r.cfg.SkipDeadLetteredKeys
 	if !backlog {
 		// The look for work and the claim in the lanes it locked.
-		b := r.beginBatch()
+		b := r.batch(true)
 		b.Queue(r.lockLanes, offset, r.cfg.LanesPerBatch, r.cfg.BatchSize, hold)
 		b.Queue(r.claimNoted, r.cfg.BatchSize, hold)
 		br := tx.SendBatch(ctx, b)
@@ -705,12 +704,7 @@ func (r *Relay) takeBatch(ctx context.Context, tx *pgx.Conn, offset int, backlog
 		// Work whose lanes other batches hold: the claim behind the look
 		// had no lane, and claimed nothing.
 	}
-	var b *pgx.Batch
-	if backlog {
-		b = r.beginBatch()
-	} else {
-		b = &pgx.Batch{}
-	}
+	b := r.batch(backlog) // begun by the look above unless draining
 	b.Queue(r.lockWindow, offset, r.cfg.LanesPerBatch)
 	got, _, err := r.readLockAndClaim(tx.SendBatch(ctx, b), backlog, false)
 	if err != nil {
@@ -725,17 +719,19 @@ func (r *Relay) takeBatch(ctx context.Context, tx *pgx.Conn, offset int, backlog
 	return lanes, rows, nil
 }
 
-// beginBatch is a batch that begins the transaction: BEGIN (and the
-// relay's SET LOCAL) ahead of what is queued next.
-func (r *Relay) beginBatch() *pgx.Batch {
+// batch is a new batch; if begin, it begins the transaction: BEGIN (and
+// the relay's SET LOCAL) ahead of what is queued next.
+func (r *Relay) batch(begin bool) *pgx.Batch {
 	b := &pgx.Batch{}
-	for _, s := range r.beginStatements {
-		b.Queue(s)
+	if begin {
+		for _, s := range r.beginStatements {
+			b.Queue(s)
+		}
 	}
 	return b
 }
 
-// readLockAndClaim reads a batch of beginBatch's statements (if begun), a
+// readLockAndClaim reads a batch of batch's begin statements (if begun), a
 // lane lock and, withClaim, the claim behind it, and closes it: the lanes
 // the lock returned and the rows claimed.
 func (r *Relay) readLockAndClaim(br pgx.BatchResults, begun, withClaim bool) ([]*int16, []pendingRow, error) {

@@ -452,19 +452,16 @@ func (o *Orchestrator) saveMany(ctx context.Context, tx pgx.Tx, ms []*machine, e
 	}
 	// The states, the history and the commands in one round trip: the
 	// outbox Writer's statement takes the others with it. In HandleReplies'
-	// transaction (pipeline.BeginFunc) all three are left queued and go out
-	// with the COMMIT. saveErr keeps a failure of the first two from
-	// reading as the Writer's.
-	ptx, commits := pipeline.Committing(tx)
-	if !commits {
-		ptx = &pipeline.Tx{Tx: tx}
-	}
+	// transaction (pipeline.BeginFunc) all three go out with the COMMIT.
+	// saveErr keeps a failure of the first two from reading as the
+	// Writer's.
+	var before []pipeline.Statement
 	var saveErr error
 	if n > 0 {
 		// The statement itself fails if it saved fewer rows than it was
 		// given (the rows are locked in this transaction: only a bug
 		// would), so that the COMMIT queued behind it does not run.
-		ptx.Before = append(ptx.Before, pipeline.Statement{SQL: o.sql.updateMany,
+		before = append(before, pipeline.Statement{SQL: o.sql.updateMany,
 			Args: []any{ids, statuses, phases, steps, stepStates, datas, wakeups, deadlines, attempts, lastErrors, updated, endeds, n},
 			Read: func(br pgx.BatchResults) error {
 				if _, err := br.Exec(); err != nil {
@@ -475,17 +472,16 @@ func (o *Orchestrator) saveMany(ctx context.Context, tx pgx.Tx, ms []*machine, e
 	}
 	if len(hist) > 0 {
 		sql, args := o.historyStatement(hist)
-		ptx.Before = append(ptx.Before, pipeline.Statement{SQL: sql, Args: args, Read: func(br pgx.BatchResults) error {
+		before = append(before, pipeline.Statement{SQL: sql, Args: args, Read: func(br pgx.BatchResults) error {
 			if _, err := br.Exec(); err != nil {
 				saveErr = fmt.Errorf("saga: write history: %w", err)
 			}
 			return saveErr
 		}})
 	}
-	if len(events) > 0 {
-		wtx := pgx.Tx(ptx)
-		if commits {
-			wtx = ptx.Deferred(fmt.Sprintf("saga: write %d commands", len(events)))
+	err := pipeline.WriteLast(ctx, tx, before, fmt.Sprintf("saga: write %d commands", len(events)), func(wtx pgx.Tx) error {
+		if len(events) == 0 {
+			return nil
 		}
 		if _, err := o.writer.WriteTx(ctx, wtx, events...); err != nil {
 			if saveErr != nil {
@@ -493,11 +489,10 @@ func (o *Orchestrator) saveMany(ctx context.Context, tx pgx.Tx, ms []*machine, e
 			}
 			return fmt.Errorf("saga: write %d commands: %w", len(events), err)
 		}
-	}
-	if !commits {
-		if err := ptx.Flush(ctx); err != nil {
-			return err
-		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	for _, m := range ms {
 		if m.applied {

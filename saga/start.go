@@ -122,11 +122,12 @@ func StartTx[D any](ctx context.Context, tx pgx.Tx, o *Orchestrator, def *Defini
 		}
 		if inserted == 1 {
 			if len(m.events) > 0 {
-				wtx := tx
-				if ptx, ok := pipeline.Committing(tx); ok {
-					wtx = ptx.Deferred(fmt.Sprintf("saga %s: write commands", id))
-				}
-				if _, err := o.writer.WriteTx(ctx, wtx, m.events...); err != nil {
+				// In Start's transaction, the write goes with the COMMIT.
+				err := pipeline.WriteLast(ctx, tx, nil, fmt.Sprintf("saga %s: write commands", id), func(wtx pgx.Tx) error {
+					_, err := o.writer.WriteTx(ctx, wtx, m.events...)
+					return err
+				})
+				if err != nil {
 					return nil, fmt.Errorf("saga %s: write commands: %w", id, err)
 				}
 			}

@@ -242,6 +242,27 @@ func Committing(tx pgx.Tx) (*Tx, bool) {
 	return t, ok && t.commits
 }
 
+// WriteLast sends before and then write's statement in one round trip on
+// tx: write gets a pgx.Tx whose next Exec (the outbox Writer's insert)
+// carries before with it. In a transaction of BeginFunc nothing is sent:
+// before and write's statement stay queued and go out with the COMMIT,
+// where an error of write's statement, wrapped with what, fails it. write
+// may send nothing; before then goes out alone (or with the COMMIT).
+func WriteLast(ctx context.Context, tx pgx.Tx, before []Statement, what string, write func(pgx.Tx) error) error {
+	t, commits := Committing(tx)
+	if !commits {
+		t = &Tx{Tx: tx}
+	}
+	t.Before = append(t.Before, before...)
+	if commits {
+		return write(t.Deferred(what))
+	}
+	if err := write(t); err != nil {
+		return err
+	}
+	return t.Flush(ctx)
+}
+
 // Deferred returns t as a pgx.Tx whose Exec queues its statement on t,
 // behind Before, instead of sending it, and returns an empty command tag
 // and no error: for a statement whose caller reads nothing of its result
