@@ -81,6 +81,12 @@ func newBench(ctx context.Context, o *options, stderr io.Writer) (*bench, error)
 	b.config["postgres"] = pgVersion
 	b.config["cpus"] = runtime.NumCPU()
 	b.config["load_avg_start"] = loadAverage()
+	wake, err := machineWakeup(ctx)
+	if err != nil {
+		return nil, err
+	}
+	b.config["machine_wakeup_round_trip_us"] = round(float64(wake)/float64(time.Microsecond), 1)
+	b.progress("machine: a round trip to another process (two wake-ups) takes %s (median of %d)", wake.Round(time.Microsecond/10), wakeupRoundTrips)
 
 	if env := devkafka.EnvBrokers(); env != nil {
 		b.brokers = env

@@ -40,8 +40,10 @@ import (
 // groups are the figure groups, in the order they run.
 var groups = []string{"relay", "forwarder", "raw", "latency", "write", "dedup", "inbox", "saga", "cdc", "consumer"}
 
-// extraGroups run only when -only names them: they take minutes.
-var extraGroups = []string{"scale"}
+// extraGroups run only when -only names them: scale takes minutes;
+// saga-latency is the saga group's latency phases alone, for comparing
+// builds side by side.
+var extraGroups = []string{"scale", "saga-latency"}
 
 // childEnv marks a process started by the bench itself (the broker or the
 // relay). The test binary checks it in TestMain to run main instead of the
@@ -68,11 +70,13 @@ type options struct {
 
 	cpuprofile   string
 	sagaProfile  string
+	latProfile   string
 	relayWorkers int
 	relayBatch   int
 
 	// Hidden: the roles of child processes.
 	serveBroker bool
+	echo        bool
 	runRelay    bool
 	schema      string
 	brokers     string
@@ -89,9 +93,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.duration, "duration", 0, "length of each timed phase of latency, write, dedup, inbox and cdc (default 10s; 3s with BENCH_QUICK=1)")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the relay child while it drains the backlog")
 	fs.StringVar(&o.sagaProfile, "saga-cpuprofile", "", "write a CPU profile of this process during the saga throughput phase")
+	fs.StringVar(&o.latProfile, "saga-latency-cpuprofile", "", "write a CPU profile of this process during the first saga latency phase")
 	fs.IntVar(&o.relayWorkers, "relay-workers", 0, "RelayConfig.Workers for the draining relay (0: the relay's default)")
 	fs.IntVar(&o.relayBatch, "relay-batch", 0, "RelayConfig.BatchSize for the draining relay (0: the relay's default)")
-	hidden := map[string]bool{"serve-broker": true, "run-relay": true, "schema": true, "brokers": true}
+	hidden := map[string]bool{"echo": true, "serve-broker": true, "run-relay": true, "schema": true, "brokers": true}
+	fs.BoolVar(&o.echo, "echo", false, "child role: write back each byte read from stdin")
 	fs.BoolVar(&o.serveBroker, "serve-broker", false, "child role: run the embedded broker, print its address, stop at EOF on stdin")
 	fs.BoolVar(&o.runRelay, "run-relay", false, "child role: drain the backlog in -schema to -brokers and report on stdout")
 	fs.StringVar(&o.schema, "schema", "", "child: schema holding the backlog")
@@ -150,6 +156,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	switch {
+	case o.echo:
+		return serveEcho(os.Stdin, os.Stdout)
 	case o.serveBroker:
 		return serveBroker(ctx, os.Stdin, stdout)
 	case o.runRelay:
@@ -214,6 +222,8 @@ func (b *bench) runGroup(ctx context.Context, g string) error {
 		return b.benchConsumer(ctx)
 	case "scale":
 		return b.benchScale(ctx)
+	case "saga-latency":
+		return b.benchSagaLatency(ctx)
 	}
 	return fmt.Errorf("unknown group %q", g)
 }

@@ -66,6 +66,15 @@ func TestQuickRun(t *testing.T) {
 	if n, _ := cfg["saga_quick_sagas"].(float64); n != sagaQuickCount {
 		t.Errorf("config.saga_quick_sagas = %v, want %d", cfg["saga_quick_sagas"], sagaQuickCount)
 	}
+	// The saga phases' meters: this process, the broker child and the
+	// local PostgreSQL all did work, and the machine's wake-up was timed.
+	for _, k := range []string{"saga_cpu_ms_per_saga_bench_process", "saga_cpu_ms_per_saga_broker", "saga_cpu_ms_per_saga_postgres",
+		"saga_wakeups_per_saga_bench_process", "saga_wakeups_per_saga_broker",
+		"saga_latency_cpu_ms_per_saga_postgres", "saga_latency_wakeups_per_saga_postgres", "machine_wakeup_round_trip_us"} {
+		if v, _ := cfg[k].(float64); !(v > 0) {
+			t.Errorf("config.%s = %v, want a number > 0", k, cfg[k])
+		}
+	}
 	for _, k := range []string{"go", "time"} {
 		if s, _ := res[k].(string); s == "" {
 			t.Errorf("%s missing", k)

@@ -85,6 +85,12 @@ func (b *bench) benchSagas(ctx context.Context) error {
 	}
 	b.results["sagas_per_s"] = round(n, digits)
 	cpu, pgExec := b.sagaCPU(), b.config["saga_pg_exec_ms_per_saga"]
+	wakes := map[string]any{}
+	for k, v := range b.config {
+		if strings.HasPrefix(k, "saga_wakeups_per_saga_") {
+			wakes[k] = v
+		}
+	}
 	// The same saga with its middle step a wait step, signalled by the
 	// starter: what a wait costs against a remote step.
 	wn, err := b.sagaPhase(ctx, "wait", 0)
@@ -97,6 +103,7 @@ func (b *bench) benchSagas(ctx context.Context) error {
 	b.config["saga_cpu_ms_per_saga_bench_process"] = cpu[0] // the three-remote-step figures stay the headline
 	b.config["saga_cpu_ms_per_saga_broker"] = cpu[1]
 	b.config["saga_cpu_ms_per_saga_postgres"] = cpu[2]
+	maps.Copy(b.config, wakes)
 	if v, ok := b.config["saga_pg_exec_ms_per_saga"]; ok && pgExec != nil {
 		b.config["saga_wait_phase_pg_exec_ms_per_saga"] = v
 		b.config["saga_pg_exec_ms_per_saga"] = pgExec
@@ -106,6 +113,12 @@ func (b *bench) benchSagas(ctx context.Context) error {
 	b.results["saga_wait_step_saves_cpu_ms"] = round(cpu[0]+cpu[1]+cpu[2]-waitCPU[0]-waitCPU[1]-waitCPU[2], 3)
 	b.progress("sagas: a wait step in place of a remote step: %.0f sagas/s against %.0f, CPU per saga %.2f ms against %.2f (process, broker and PostgreSQL)",
 		wn, n, waitCPU[0]+waitCPU[1]+waitCPU[2], cpu[0]+cpu[1]+cpu[2])
+	return b.benchSagaLatency(ctx)
+}
+
+// benchSagaLatency runs the saga group's latency phases: the last part of
+// the saga group, or the saga-latency group alone.
+func (b *bench) benchSagaLatency(ctx context.Context) error {
 	if err := b.sagaLatency(ctx); err != nil {
 		return err
 	}
@@ -146,6 +159,9 @@ func (b *bench) sagaLatency(ctx context.Context) error {
 			if strings.HasPrefix(k, "saga_hop_") || strings.HasPrefix(k, "saga_latency_cpu_") {
 				r.config[k] = v
 			}
+			if strings.HasPrefix(k, "saga_latency_wakeups_") {
+				r.config[k] = v
+			}
 		}
 		runs = append(runs, r)
 		b.progress("sagas (latency): phase %d of %d: p50 %.1f ms, p99 %.1f ms", i+1, phases, r.p50, r.p99)
@@ -166,14 +182,17 @@ func (b *bench) sagaLatency(ctx context.Context) error {
 	return nil
 }
 
-// recordSagaCPU records in config, under prefix, the CPU per saga of a
-// phase that ran sagas (bench_process, broker, postgres) and returns the
-// three figures in that order.
-func (b *bench) recordSagaCPU(prefix string, sagas int, self, broker, db time.Duration) [3]float64 {
-	per := func(d time.Duration) float64 { return round(float64(d)/float64(time.Millisecond)/float64(sagas), 3) }
-	v := [3]float64{per(self), per(broker), per(db)}
-	b.config[prefix+"bench_process"], b.config[prefix+"broker"], b.config[prefix+"postgres"] = v[0], v[1], v[2]
-	return v
+// recordSagaCPU records in config the CPU per saga of a phase that ran
+// sagas under cpuPrefix and its wake-ups per saga under wakePrefix (each
+// bench_process, broker, postgres), and returns both triples in that
+// order.
+func (b *bench) recordSagaCPU(cpuPrefix, wakePrefix string, sagas int, u usage) (cpu, wakes [3]float64) {
+	for i, k := range []string{"bench_process", "broker", "postgres"} {
+		cpu[i] = round(float64(u.cpu[i])/float64(time.Millisecond)/float64(sagas), 3)
+		wakes[i] = round(float64(u.wakes[i])/float64(sagas), 1)
+		b.config[cpuPrefix+k], b.config[wakePrefix+k] = cpu[i], wakes[i]
+	}
+	return cpu, wakes
 }
 
 // sagaCPU returns the CPU per saga of the last throughput phase: bench
@@ -380,7 +399,7 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 			}
 			defer pprof.StopCPUProfile()
 		}
-		cpu := b.startCPU()
+		cpu := b.startCPU(ctx, pool)
 		var total int
 		if b.opts.quick {
 			b.progress("sagas (%s): %d sagas to completion, %d partitions per topic", name, sagaQuickCount, sagaPartitions)
@@ -391,15 +410,15 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 		}
 		stop()
 		wg.Wait()
-		self, broker, db := cpu.stop(ctx, b, pool)
+		used := cpu.stop()
 		if profile {
 			pprof.StopCPUProfile()
 			b.progress("sagas: CPU profile of the throughput phase in %s (go tool pprof %s)", b.opts.sagaProfile, b.opts.sagaProfile)
 		}
 		if total > 0 {
-			v := b.recordSagaCPU("saga_cpu_ms_per_saga_", total, self, broker, db)
-			b.progress("sagas: %d completed; CPU per saga: %.2f ms here, %.2f ms broker, %.2f ms PostgreSQL backends",
-				total, v[0], v[1], v[2])
+			v, w := b.recordSagaCPU("saga_cpu_ms_per_saga_", "saga_wakeups_per_saga_", total, used)
+			b.progress("sagas: %d completed; CPU per saga: %.2f ms here, %.2f ms broker, %.2f ms PostgreSQL; wake-ups per saga: %.1f here, %.1f broker, %.1f PostgreSQL (processes that ended not counted)",
+				total, v[0], v[1], v[2], w[0], w[1], w[2])
 			if after, ok := readPgStatements(ctx, pool); ok && pgStat {
 				costMs, calls := pgCost(stmts, after, schema)
 				var parts []string
@@ -419,22 +438,36 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 		b.progress("sagas (%s): %s, %d partitions per topic", name, b.opts.duration, sagaPartitions)
 		var p50, p99 time.Duration
 		var sagas int
-		cpu := b.startCPU()
+		if b.opts.latProfile != "" {
+			f, err := os.Create(b.opts.latProfile)
+			if err != nil {
+				return 0, err
+			}
+			defer f.Close()
+			if err := pprof.StartCPUProfile(f); err != nil {
+				return 0, err
+			}
+			b.opts.latProfile = "" // the first phase only
+			defer pprof.StopCPUProfile()
+		}
+		cpu := b.startCPU(ctx, pool)
 		trips0 := trips.N()
 		p50, p99, sagas, err = rig.latency(rctx, rate, b.opts.duration)
 		b.results["saga_latency_p50_ms"], b.results["saga_latency_p99_ms"] = ms(p50), ms(p99)
+		// Read while the phase's connections are open: every saga has
+		// completed, and a backend that ends takes its wake-ups with it.
+		used := cpu.stop()
 		stop()
 		wg.Wait()
 		if err == nil && sagas > 0 {
-			// At this rate a batch is about one message: what a saga costs
+			// At this rate a batch is a few messages: what a saga costs
 			// here, against the throughput phase's figures, is what bounds
 			// the latency on a machine this size.
-			self, broker, db := cpu.stop(ctx, b, pool)
-			v := b.recordSagaCPU("saga_latency_cpu_ms_per_saga_", sagas, self, broker, db)
+			v, w := b.recordSagaCPU("saga_latency_cpu_ms_per_saga_", "saga_latency_wakeups_per_saga_", sagas, used)
 			rt := round(float64(trips.N()-trips0)/float64(sagas), 1)
 			b.config["saga_latency_pg_round_trips_per_saga"] = rt
-			b.progress("sagas (latency): CPU per saga at %d sagas/s: %.2f ms here, %.2f ms broker, %.2f ms PostgreSQL backends; %.1f round trips to PostgreSQL per saga",
-				rate, v[0], v[1], v[2], rt)
+			b.progress("sagas (latency): CPU per saga at %d sagas/s: %.2f ms here, %.2f ms broker, %.2f ms PostgreSQL; wake-ups per saga: %.1f here, %.1f broker, %.1f PostgreSQL; %.1f round trips to PostgreSQL per saga",
+				rate, v[0], v[1], v[2], w[0], w[1], w[2], rt)
 			err = b.sagaHops(ctx, rig)
 		}
 	}

@@ -15,58 +15,164 @@ import (
 )
 
 // cpuMeter adds up the CPU time spent for a phase by this process, the
-// broker child and the PostgreSQL backends of a pool: what one saga costs
-// the machine, whatever else runs on it.
+// broker child and the PostgreSQL cluster, and how often their threads
+// blocked and were woken again (voluntary context switches): what one
+// saga costs the machine, whatever else runs on it. On a virtual machine
+// a wake-up costs far more than on bare metal, and its cost drifts: the
+// wake-ups per saga say how much of the CPU per saga is that.
 type cpuMeter struct {
-	self, broker time.Duration
+	start      usage
+	brokerPID  int // 0 with a broker outside this bench (KAFKA_BROKERS)
+	postmaster int // 0 when PostgreSQL's processes cannot be read (not on this machine)
 }
 
-func processCPU(pid int) time.Duration {
+// usage is a reading of the three processes: CPU time and wake-ups, in
+// the order bench process, broker, PostgreSQL.
+type usage struct {
+	cpu   [3]time.Duration
+	wakes [3]int64
+}
+
+// procStat returns a process's parent pid, its own CPU time and the CPU
+// time of its children that ended and were waited for (the kernel adds
+// theirs to the parent's when it reaps them).
+func procStat(pid int) (ppid int, own, children time.Duration, ok bool) {
 	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return 0
+		return 0, 0, 0, false
 	}
 	s := string(data)
 	if i := strings.LastIndexByte(s, ')'); i >= 0 {
 		s = s[i+2:]
 	}
 	f := strings.Fields(s)
-	if len(f) < 13 {
-		return 0
+	if len(f) < 15 {
+		return 0, 0, 0, false
 	}
-	utime, _ := strconv.ParseInt(f[11], 10, 64)
-	stime, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(utime+stime) * 10 * time.Millisecond // clock ticks of 10ms (CLK_TCK 100)
+	n := func(i int) int64 { v, _ := strconv.ParseInt(f[i], 10, 64); return v }
+	tick := 10 * time.Millisecond // clock ticks of 10ms (CLK_TCK 100)
+	return int(n(1)), time.Duration(n(11)+n(12)) * tick, time.Duration(n(13)+n(14)) * tick, true
 }
 
-func selfCPU() time.Duration {
+// wakeups returns the voluntary context switches of every thread of a
+// process.
+func wakeups(pid int) int64 {
+	dir := "/proc/" + strconv.Itoa(pid) + "/task"
+	tasks, err := os.ReadDir(dir)
+	if err != nil {
+		return 0
+	}
+	var total int64
+	for _, t := range tasks {
+		data, err := os.ReadFile(dir + "/" + t.Name() + "/status")
+		if err != nil {
+			continue
+		}
+		for line := range strings.Lines(string(data)) {
+			if v, ok := strings.CutPrefix(line, "voluntary_ctxt_switches:"); ok {
+				n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				total += n
+			}
+		}
+	}
+	return total
+}
+
+func processCPU(pid int) time.Duration {
+	_, own, _, _ := procStat(pid)
+	return own
+}
+
+// cluster reads a PostgreSQL cluster: the CPU time of its postmaster,
+// every process it runs now (backends, WAL writer, checkpointer,
+// autovacuum...) and those that ended (counted in the postmaster's
+// children's time once reaped), and the wake-ups of the processes it runs
+// now (those of an ended process are lost: read it while the phase's
+// connections are open). Reading the CPU of one pool's backends alone
+// missed every connection that closed before the reading: pgx closes a
+// connection whose query a cancelled context interrupted, which is how
+// every phase stops.
+func cluster(postmaster int) (cpu time.Duration, wakes int64) {
+	_, own, reaped, ok := procStat(postmaster)
+	if !ok {
+		return 0, 0
+	}
+	cpu, wakes = own+reaped, wakeups(postmaster)
+	dir, err := os.ReadDir("/proc")
+	if err != nil {
+		return cpu, wakes
+	}
+	for _, e := range dir {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == postmaster {
+			continue
+		}
+		if ppid, own, _, ok := procStat(pid); ok && ppid == postmaster {
+			cpu += own
+			wakes += wakeups(pid)
+		}
+	}
+	return cpu, wakes
+}
+
+// postmasterPID returns the pid of the PostgreSQL server pool talks to
+// when it runs on this machine (the parent of a backend whose /proc entry
+// is a postgres process), else 0.
+func postmasterPID(ctx context.Context, pool *pgxpool.Pool) int {
+	var backend int
+	if err := pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&backend); err != nil {
+		return 0
+	}
+	comm, err := os.ReadFile("/proc/" + strconv.Itoa(backend) + "/comm")
+	if err != nil || !strings.HasPrefix(string(comm), "postgres") {
+		return 0
+	}
+	ppid, _, _, ok := procStat(backend)
+	if !ok {
+		return 0
+	}
+	return ppid
+}
+
+func selfUsage() (time.Duration, int64) {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
+		return 0, 0
 	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), ru.Nvcsw
 }
 
-func (b *bench) startCPU() *cpuMeter {
-	m := &cpuMeter{self: selfCPU()}
+func (b *bench) startCPU(ctx context.Context, pool *pgxpool.Pool) *cpuMeter {
+	m := &cpuMeter{postmaster: postmasterPID(ctx, pool)}
 	if b.broker != nil {
-		m.broker = processCPU(b.broker.cmd.Process.Pid)
+		m.brokerPID = b.broker.cmd.Process.Pid
 	}
+	m.start = m.read()
 	return m
 }
 
-// stop returns the CPU time of this process and the broker since start,
-// and the whole CPU time of pool's backends (open since the phase began).
-func (m *cpuMeter) stop(ctx context.Context, b *bench, pool *pgxpool.Pool) (self, broker, db time.Duration) {
-	self = selfCPU() - m.self
-	if b.broker != nil {
-		broker = processCPU(b.broker.cmd.Process.Pid) - m.broker
+func (m *cpuMeter) read() usage {
+	var u usage
+	u.cpu[0], u.wakes[0] = selfUsage()
+	if m.brokerPID != 0 {
+		u.cpu[1], u.wakes[1] = processCPU(m.brokerPID), wakeups(m.brokerPID)
 	}
-	for _, c := range pool.AcquireAllIdle(ctx) {
-		db += processCPU(int(c.Conn().PgConn().PID()))
-		c.Release()
+	if m.postmaster != 0 {
+		u.cpu[2], u.wakes[2] = cluster(m.postmaster)
 	}
-	return self, broker, db
+	return u
+}
+
+// stop returns the CPU time and the wake-ups of this process, the broker
+// and the PostgreSQL cluster since start; the broker's and the cluster's
+// are 0 when they run elsewhere.
+func (m *cpuMeter) stop() usage {
+	u := m.read()
+	for i := range u.cpu {
+		u.cpu[i] -= m.start.cpu[i]
+		u.wakes[i] -= m.start.wakes[i]
+	}
+	return u
 }
 
 // pgStatements is a snapshot of pg_stat_statements: per statement text,

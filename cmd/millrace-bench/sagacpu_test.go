@@ -1,0 +1,70 @@
+package main
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/millrace/millrace/internal/pgtest"
+)
+
+// TestClusterCPUCountsEndedBackends checks the saga figures' PostgreSQL
+// meter: the CPU of a backend whose connection closed before the reading
+// counts (the meter that read one pool's open backends missed every
+// connection a phase's stop closed, and reported a tenth of the cost), and
+// the wake-ups of a backend that runs statements do.
+func TestClusterCPUCountsEndedBackends(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool := pgtest.Pool(t, 2)
+	pm := postmasterPID(ctx, pool)
+	if pm == 0 {
+		t.Fatalf("PostgreSQL at %s does not run on this machine: the bench cannot read its CPU (scripts/pg-up.sh starts one that does)", pgtest.URL())
+	}
+	cpu0, wakes0 := cluster(pm)
+
+	conn, err := pgx.Connect(ctx, pgtest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := int(conn.PgConn().PID())
+	for range 200 { // round trips: each wakes the backend
+		if _, err := conn.Exec(ctx, `SELECT 1`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A backend whose next message is already there when it finishes
+	// does not sleep: fewer wake-ups than round trips, but some.
+	if _, midWakes := cluster(pm); midWakes-wakes0 < 20 {
+		t.Errorf("wake-ups grew by %d over 200 round trips, want at least 20", midWakes-wakes0)
+	}
+	// Work for the backend alone, then close its connection.
+	if _, err := conn.Exec(ctx, `SELECT count(*) FROM generate_series(1, 5000000)`); err != nil {
+		t.Fatal(err)
+	}
+	used := processCPU(pid)
+	if used < 100*time.Millisecond {
+		t.Fatalf("the backend used %s, want at least 100ms of CPU to tell", used)
+	}
+	if err := conn.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); os.IsNotExist(err) {
+			break // ended and reaped
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("backend %d still there 10s after its connection closed", pid)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cpu1, _ := cluster(pm)
+	if got := cpu1 - cpu0; got < used {
+		t.Errorf("the cluster's CPU grew by %s, less than the %s of the backend that ended", got, used)
+	}
+}
