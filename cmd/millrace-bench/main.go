@@ -71,6 +71,7 @@ type options struct {
 	cpuprofile   string
 	sagaProfile  string
 	latProfile   string
+	sagaRate     int
 	relayWorkers int
 	relayBatch   int
 
@@ -94,6 +95,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the relay child while it drains the backlog")
 	fs.StringVar(&o.sagaProfile, "saga-cpuprofile", "", "write a CPU profile of this process during the saga throughput phase")
 	fs.StringVar(&o.latProfile, "saga-latency-cpuprofile", "", "write a CPU profile of this process during the first saga latency phase")
+	fs.IntVar(&o.sagaRate, "saga-rate", 200, "sagas started per second in the saga latency phases (the target is at 200); one phase runs first at a quarter of it")
 	fs.IntVar(&o.relayWorkers, "relay-workers", 0, "RelayConfig.Workers for the draining relay (0: the relay's default)")
 	fs.IntVar(&o.relayBatch, "relay-batch", 0, "RelayConfig.BatchSize for the draining relay (0: the relay's default)")
 	hidden := map[string]bool{"echo": true, "serve-broker": true, "run-relay": true, "schema": true, "brokers": true}
@@ -129,8 +131,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 			o.duration = 3 * time.Second
 		}
 	}
-	if o.n < 1 || o.duration <= 0 {
-		return nil, errors.New("-n and -duration must be positive")
+	if o.n < 1 || o.duration <= 0 || o.sagaRate < 4 {
+		return nil, errors.New("-n and -duration must be positive, -saga-rate at least 4")
 	}
 	o.only = groups
 	if only != "" {

@@ -99,6 +99,12 @@ func TestFlags(t *testing.T) {
 	if _, err := parseFlags([]string{"-only", "nope"}, &stderr); err == nil {
 		t.Fatal("unknown group accepted")
 	}
+	if o.sagaRate != 200 {
+		t.Fatalf("-saga-rate defaults to %d, want 200 (the target's rate)", o.sagaRate)
+	}
+	if _, err := parseFlags([]string{"-saga-rate", "3"}, &stderr); err == nil {
+		t.Fatal("-saga-rate 3 accepted: its quarter-rate phase would start no saga")
+	}
 	if p := payloadOf(123456); len(p) != payloadSize || !json.Valid(p) {
 		t.Fatalf("payload %q: %d bytes, valid JSON %v", p, len(p), json.Valid(p))
 	}

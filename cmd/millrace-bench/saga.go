@@ -36,7 +36,6 @@ const (
 	sagaStarters      = 4    // goroutines starting sagas
 	sagaStartBatch    = 50   // sagas started per transaction in the throughput phase
 	sagaMaxInFlight   = 3000 // started and not ended, at most, in the throughput phase
-	sagaLatencyRate   = 200  // sagas started per second in the latency phase
 	sagaLatencyPhases = 3    // latency phases, their median reported
 	sagaBatchSize     = 500  // replies or commands per transaction
 	sagaBatchWorkers  = 4    // batches in flight per consumer
@@ -72,7 +71,7 @@ type sagaOrder struct {
 // outbox, the relay, the broker and the inbox, with the orchestrator
 // (RunBatched), the participants (batched too) and the relay in this
 // process; and saga_latency_p50_ms / p99 from start to completion at a
-// steady sagaLatencyRate sagas per second.
+// steady rate (-saga-rate, 200 by default) sagas per second.
 func (b *bench) benchSagas(ctx context.Context) error {
 	n, err := b.sagaPhase(ctx, "throughput", 0)
 	if err != nil {
@@ -125,7 +124,7 @@ func (b *bench) benchSagaLatency(ctx context.Context) error {
 	b.config["saga_steps"] = 3
 	b.config["saga_partitions"] = sagaPartitions
 	b.config["saga_batch_size"] = sagaBatchSize
-	b.config["saga_latency_rate_per_s"] = sagaLatencyRate
+	b.config["saga_latency_rate_per_s"] = b.opts.sagaRate
 	return nil
 }
 
@@ -145,8 +144,25 @@ func (b *bench) sagaLatency(ctx context.Context) error {
 		config   map[string]any
 	}
 	var runs []run
+	if !b.opts.quick {
+		// One phase at a quarter of the rate first: the machine is far from
+		// saturated there, so its latency is the hops' own cost, without
+		// the queueing for a CPU that the 200/s phases add on a slow day.
+		if _, err := b.sagaPhase(ctx, "latency", b.opts.sagaRate/4); err != nil {
+			return err
+		}
+		low := map[string]any{"rate_per_s": b.opts.sagaRate / 4,
+			"p50_ms": b.results["saga_latency_p50_ms"], "p99_ms": b.results["saga_latency_p99_ms"]}
+		for k, v := range b.config {
+			if strings.HasPrefix(k, "saga_latency_cpu_") || strings.HasPrefix(k, "saga_latency_wakeups_") {
+				low[strings.TrimPrefix(k, "saga_latency_")] = v
+			}
+		}
+		b.config["saga_latency_low_rate"] = low
+		b.progress("sagas (latency): at %d sagas/s: p50 %.1f ms, p99 %.1f ms", b.opts.sagaRate/4, low["p50_ms"], low["p99_ms"])
+	}
 	for i := range phases {
-		if _, err := b.sagaPhase(ctx, "latency", sagaLatencyRate); err != nil {
+		if _, err := b.sagaPhase(ctx, "latency", b.opts.sagaRate); err != nil {
 			return err
 		}
 		r := run{p50: b.results["saga_latency_p50_ms"], p99: b.results["saga_latency_p99_ms"], results: map[string]float64{}, config: map[string]any{}}
