@@ -13,6 +13,7 @@ package pipeline
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -88,18 +89,79 @@ func (t *Tx) Flush(ctx context.Context) error {
 	return br.Close()
 }
 
+// Query sends Before ahead of its statement, in the same round trip; the
+// batch is closed with the rows.
 func (t *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if err := t.Flush(ctx); err != nil {
+	if len(t.Before) == 0 {
+		return t.Tx.Query(ctx, sql, args...)
+	}
+	b := &pgx.Batch{}
+	b.Queue(sql, args...)
+	br := t.SendBatch(ctx, b)
+	rows, err := br.Query()
+	if err != nil {
+		_ = br.Close()
 		return nil, err
 	}
-	return t.Tx.Query(ctx, sql, args...)
+	return &batchRows{Rows: rows, br: br}, nil
 }
 
+// QueryRow is Query's one row, as pgx's: pgx.ErrNoRows when there is none.
 func (t *Tx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if err := t.Flush(ctx); err != nil {
-		return errRow{err}
+	if len(t.Before) == 0 {
+		return t.Tx.QueryRow(ctx, sql, args...)
 	}
-	return t.Tx.QueryRow(ctx, sql, args...)
+	rows, err := t.Query(ctx, sql, args...)
+	return &batchRow{rows: rows, err: err}
+}
+
+// batchRows are the rows of a batch's last statement; closing them closes
+// the batch.
+type batchRows struct {
+	pgx.Rows
+	br  pgx.BatchResults
+	err error
+}
+
+func (r *batchRows) Close() {
+	r.Rows.Close()
+	if r.br == nil {
+		return
+	}
+	if err := r.br.Close(); err != nil && r.err == nil {
+		r.err = err
+	}
+	r.br = nil
+}
+
+func (r *batchRows) Err() error {
+	if err := r.Rows.Err(); err != nil {
+		return err
+	}
+	return r.err
+}
+
+type batchRow struct {
+	rows pgx.Rows
+	err  error
+}
+
+func (r *batchRow) Scan(dest ...any) error {
+	if r.err != nil {
+		return r.err
+	}
+	defer r.rows.Close()
+	if !r.rows.Next() {
+		if err := r.rows.Err(); err != nil {
+			return err
+		}
+		return pgx.ErrNoRows
+	}
+	if err := r.rows.Scan(dest...); err != nil {
+		return err
+	}
+	r.rows.Close()
+	return r.rows.Err()
 }
 
 func (t *Tx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
@@ -166,8 +228,12 @@ func (b errBatch) Close() error                     { return b.err }
 // succeeds cannot stop the COMMIT behind it: a check that must keep the
 // transaction from committing belongs in the statement itself, as an
 // error of its own, not in its Read.
+//
+// Its BEGIN is not sent on its own either: it goes in the round trip of
+// the transaction's first statement (queued ahead of Before), and a
+// transaction that sends nothing sends no BEGIN.
 func BeginFunc(ctx context.Context, pool *pgxpool.Pool, f func(*Tx) error) error {
-	return BeginWith(ctx, pool, func(ctx context.Context, c *pgx.Conn) (pgx.Tx, error) { return c.Begin(ctx) }, f)
+	return BeginWith(ctx, pool, func(_ context.Context, c *pgx.Conn) (pgx.Tx, error) { return &lazyTx{conn: c}, nil }, f)
 }
 
 // BeginWith is BeginFunc with the transaction begun by begin on the
@@ -189,6 +255,10 @@ func BeginWith(ctx context.Context, pool *pgxpool.Pool, begin func(context.Conte
 		return err
 	}
 	t := &Tx{Tx: tx, commits: true}
+	_, lazy := tx.(*lazyTx)
+	if lazy {
+		t.Before = []Statement{{SQL: beginSQL}}
+	}
 	committed := false
 	defer func() {
 		if !committed {
@@ -206,6 +276,11 @@ func BeginWith(ctx context.Context, pool *pgxpool.Pool, begin func(context.Conte
 	}
 	before := t.Before
 	t.Before = nil
+	if lazy && len(before) == 1 && before[0].SQL == beginSQL {
+		// Nothing was sent, nothing is queued: no transaction to end.
+		committed = true
+		return tx.Commit(ctx)
+	}
 	b := &pgx.Batch{}
 	for _, s := range before {
 		b.Queue(s.SQL, s.Args...)
@@ -285,4 +360,143 @@ func (d deferred) Exec(_ context.Context, sql string, args ...any) (pgconn.Comma
 		return nil
 	}})
 	return pgconn.CommandTag{}, nil
+}
+
+// beginSQL is a lazy transaction's BEGIN, queued ahead of its first
+// statement.
+const beginSQL = "begin"
+
+// lazyTx is a transaction on a connection whose BEGIN the Tx that holds
+// it sends ahead of its first statement (BeginFunc queues it first in
+// Before): until then the connection is idle, and Commit and Rollback of a
+// transaction that never began send nothing. Its statements go to the
+// connection. A nested transaction (Begin) or LargeObjects, which pgx
+// builds only on a transaction of its own, take one round trip more: a
+// pgx transaction is made on the connection, already in the transaction,
+// with a no-op for its BEGIN.
+type lazyTx struct {
+	conn   *pgx.Conn
+	inner  pgx.Tx // made on first need by pgxTx
+	closed bool
+}
+
+var _ pgx.Tx = (*lazyTx)(nil)
+
+// inTx reports whether the connection is in a transaction block (begun,
+// or failed and not yet rolled back).
+func (l *lazyTx) inTx() bool { return l.conn.PgConn().TxStatus() != 'I' }
+
+func (l *lazyTx) pgxTx(ctx context.Context) (pgx.Tx, error) {
+	if l.closed {
+		return nil, pgx.ErrTxClosed
+	}
+	if l.inner == nil {
+		if !l.inTx() {
+			return nil, errors.New("pipeline: the transaction's BEGIN has not been sent")
+		}
+		tx, err := l.conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: "SELECT 1"})
+		if err != nil {
+			return nil, err
+		}
+		l.inner = tx
+	}
+	return l.inner, nil
+}
+
+func (l *lazyTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	tx, err := l.pgxTx(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return tx.Begin(ctx)
+}
+
+func (l *lazyTx) LargeObjects() pgx.LargeObjects {
+	tx, err := l.pgxTx(context.Background())
+	if err != nil {
+		return pgx.LargeObjects{} // its methods fail on a nil transaction
+	}
+	return tx.LargeObjects()
+}
+
+func (l *lazyTx) end(ctx context.Context, sql string) (pgconn.CommandTag, error) {
+	if l.closed {
+		return pgconn.CommandTag{}, pgx.ErrTxClosed
+	}
+	l.closed = true
+	if !l.inTx() {
+		return pgconn.CommandTag{}, nil // never began
+	}
+	return l.conn.Exec(ctx, sql)
+}
+
+func (l *lazyTx) Commit(ctx context.Context) error {
+	tag, err := l.end(ctx, "commit")
+	if err != nil {
+		return err
+	}
+	if tag.String() == "ROLLBACK" {
+		return pgx.ErrTxCommitRollback
+	}
+	return nil
+}
+
+// Rollback rolls back; a failure leaves the connection in its transaction,
+// which the pool's Release then destroys.
+func (l *lazyTx) Rollback(ctx context.Context) error {
+	_, err := l.end(ctx, "rollback")
+	return err
+}
+
+func (l *lazyTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	if l.closed {
+		return 0, pgx.ErrTxClosed
+	}
+	return l.conn.CopyFrom(ctx, table, columns, src)
+}
+
+func (l *lazyTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if l.closed {
+		return errBatch{err: pgx.ErrTxClosed}
+	}
+	return l.conn.SendBatch(ctx, b)
+}
+
+func (l *lazyTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if l.closed {
+		return nil, pgx.ErrTxClosed
+	}
+	return l.conn.Prepare(ctx, name, sql)
+}
+
+func (l *lazyTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if l.closed {
+		return pgconn.CommandTag{}, pgx.ErrTxClosed
+	}
+	return l.conn.Exec(ctx, sql, args...)
+}
+
+func (l *lazyTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if l.closed {
+		return nil, pgx.ErrTxClosed
+	}
+	return l.conn.Query(ctx, sql, args...)
+}
+
+func (l *lazyTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if l.closed {
+		return errRow{pgx.ErrTxClosed}
+	}
+	return l.conn.QueryRow(ctx, sql, args...)
+}
+
+func (l *lazyTx) Conn() *pgx.Conn { return l.conn }
+
+// Conn returns the transaction's connection, having sent what is queued
+// (a lazy transaction's BEGIN among it): a statement run on the connection
+// itself then runs in the transaction, after them. A failure of theirs
+// leaves the transaction failed, so that its commit fails.
+func (t *Tx) Conn() *pgx.Conn {
+	_ = t.Flush(context.Background())
+	return t.Tx.Conn()
 }

@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -203,8 +204,8 @@ func TestBeginFuncCommitsWithQueuedStatements(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := trips.N() - before; got != 3 {
-		t.Errorf("%d round trips; want 3: BEGIN, the first insert, then the queued ones with COMMIT", got)
+	if got := trips.N() - before; got != 2 {
+		t.Errorf("%d round trips; want 2: BEGIN with the first insert, then the queued ones with COMMIT", got)
 	}
 	if got := rows(); got != "1,2,3" {
 		t.Errorf("committed rows %q; want 1,2,3", got)
@@ -275,6 +276,134 @@ func TestBeginFuncCommitsWithQueuedStatements(t *testing.T) {
 		t.Errorf("rows %q after a failed commit; want none", got)
 	}
 	idle("after a failed commit")
+}
+
+// BeginFunc's BEGIN goes in the round trip of the transaction's first
+// statement, whichever call sends it; a transaction that sends nothing
+// sends no BEGIN; and what runs is a transaction all the same: another
+// connection does not see it until COMMIT, and a rollback takes back
+// everything, a statement run on the connection itself included.
+func TestBeginFuncSendsBeginWithTheFirstStatement(t *testing.T) {
+	t.Parallel()
+	db, tbl := logTable(t)
+	ctx := context.Background()
+	trips := &pgtest.RoundTrips{}
+	pool, err := pgtest.ConnectTraced(ctx, pgtest.URL(), 1, trips)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	insert := `INSERT INTO ` + tbl + ` VALUES ($1)`
+	count := func() int {
+		t.Helper()
+		var n int
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+tbl).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	rollback := errors.New("roll back")
+	// Warm the connection's statement cache, so that only the
+	// transactions' own round trips are counted.
+	for range 2 {
+		_ = BeginFunc(ctx, pool, func(tx *Tx) error {
+			_, _ = tx.Exec(ctx, insert, 0)
+			var n int
+			_ = tx.QueryRow(ctx, `SELECT count(*) FROM `+tbl).Scan(&n)
+			_ = tx.QueryRow(ctx, `SELECT n FROM `+tbl+` WHERE n < 0`).Scan(&n)
+			return rollback
+		})
+	}
+
+	for _, c := range []struct {
+		name  string
+		f     func(tx *Tx) error
+		trips int64 // BEGIN included, COMMIT or ROLLBACK included
+		rows  int   // committed
+	}{
+		{"nothing sent", func(*Tx) error { return nil }, 0, 0},
+		{"failing before sending", func(*Tx) error { return rollback }, 0, 0},
+		{"Exec then commit", func(tx *Tx) error { _, err := tx.Exec(ctx, insert, 1); return err }, 2, 1},
+		{"Exec then rollback", func(tx *Tx) error {
+			if _, err := tx.Exec(ctx, insert, 1); err != nil {
+				return err
+			}
+			if n := count(); n != 0 {
+				t.Errorf("another connection sees %d rows of an uncommitted transaction", n)
+			}
+			return rollback
+		}, 2, 0},
+		{"QueryRow first", func(tx *Tx) error {
+			var n int
+			if err := tx.QueryRow(ctx, `WITH i AS (`+insert+` RETURNING n) SELECT count(*) FROM i`, 1).Scan(&n); err != nil || n != 1 {
+				return fmt.Errorf("QueryRow: %d, %v", n, err)
+			}
+			return nil
+		}, 2, 1},
+		{"QueryRow with no row", func(tx *Tx) error {
+			var n int
+			if err := tx.QueryRow(ctx, `SELECT n FROM `+tbl+` WHERE n < 0`).Scan(&n); !errors.Is(err, pgx.ErrNoRows) {
+				return fmt.Errorf("QueryRow of no row: %v; want pgx.ErrNoRows", err)
+			}
+			_, err := tx.Exec(ctx, insert, 1)
+			return err
+		}, 3, 1},
+		{"Query first, with a queued statement", func(tx *Tx) error {
+			tx.Before = append(tx.Before, Statement{SQL: insert, Args: []any{1}})
+			rows, err := tx.Query(ctx, `SELECT n FROM `+tbl)
+			if err != nil {
+				return err
+			}
+			ns, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+			if err != nil || len(ns) != 1 || ns[0] != 1 {
+				return fmt.Errorf("Query after a queued insert: %v, %v; want [1]", ns, err)
+			}
+			return nil
+		}, 2, 1},
+		{"the connection itself", func(tx *Tx) error {
+			_, err := tx.Conn().Exec(ctx, insert, 1)
+			if err == nil && count() != 0 {
+				t.Error("a statement on tx.Conn() ran outside the transaction")
+			}
+			return rollback
+		}, 3, 0},
+		{"a nested transaction rolled back", func(tx *Tx) error {
+			if _, err := tx.Exec(ctx, insert, 1); err != nil {
+				return err
+			}
+			sub, err := tx.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			if _, err := sub.Exec(ctx, insert, 2); err != nil {
+				return err
+			}
+			return sub.Rollback(ctx)
+		}, 6, 1},
+	} {
+		before := trips.N()
+		err := BeginFunc(ctx, pool, c.f)
+		if err != nil && err != rollback {
+			t.Errorf("%s: %v", c.name, err)
+		}
+		if got := trips.N() - before; got != c.trips {
+			t.Errorf("%s: %d round trips; want %d", c.name, got, c.trips)
+		}
+		if got := count(); got != c.rows {
+			t.Errorf("%s: %d rows committed; want %d", c.name, got, c.rows)
+		}
+		if _, err := db.Pool.Exec(ctx, `TRUNCATE `+tbl); err != nil {
+			t.Fatal(err)
+		}
+		conn, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := conn.Conn().PgConn().TxStatus(); st != 'I' {
+			t.Errorf("%s: the connection went back in transaction status %q", c.name, st)
+		}
+		conn.Release()
+	}
 }
 
 // logTable is a fresh schema holding one table of ints, its name quoted.
