@@ -66,8 +66,10 @@ type RelayConfig struct {
 	Workers int
 	// PollInterval is how often the relay looks for events when it has no
 	// hint of new ones. Defaults to 500ms. After finding work it looks
-	// again sooner (from 1ms, doubling up to PollInterval), so the tail of
-	// a burst is not left waiting for the next poll.
+	// again at once, then one worker looks again sooner (from 4ms, doubling
+	// up to PollInterval), so an event that no NOTIFY announced (a Writer
+	// sends at most one per NotifyInterval) is not left waiting for the
+	// next poll.
 	PollInterval time.Duration
 	// PollOnly turns off LISTEN/NOTIFY: the relay only polls, and needs no
 	// connection beyond the pool's. Use it behind a connection pooler in
@@ -191,6 +193,10 @@ type Relay struct {
 	channel                                           string
 
 	wake chan struct{}
+	// trail asks worker 0, the only one that looks again on a short timer
+	// after work (see work), to start its short looks again: another
+	// worker found work.
+	trail chan struct{}
 }
 
 // NewRelay returns a Relay. It does not touch the database or the broker
@@ -215,6 +221,7 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 		log:     cfg.Logger.With(watermill.LogFields{"component": "outbox.Relay", "schema": schema}),
 		channel: notifyChannel(schema),
 		wake:    make(chan struct{}, 1),
+		trail:   make(chan struct{}, 1),
 	}
 	// The lanes of a batch are locked first, in a statement of their own,
 	// so that the claim's snapshot is taken after the locks are held: it
@@ -373,6 +380,14 @@ func (r *Relay) probe(ctx context.Context) error {
 // temporary error: the broker (or the database) is unavailable.
 var errOutage = errors.New("outbox: publish unavailable")
 
+// trailStart is the first of the short looks for events after work was
+// found (see work): twice a Writer's default NotifyInterval, so that an
+// event written in the interval after an announced one, and so not
+// announced itself, waits for no longer than that; a look at 1ms, then 2,
+// mostly found nothing, since events that come faster than one per
+// NotifyInterval bring a NOTIFY of their own within it.
+const trailStart = 4 * time.Millisecond
+
 func (r *Relay) work(ctx context.Context, worker int) {
 	// A batch works on a window of LanesPerBatch lanes; the window moves on
 	// after every batch, and the worker sleeps only after a whole ring of
@@ -381,6 +396,18 @@ func (r *Relay) work(ctx context.Context, worker int) {
 	windowsPerRing := (Lanes + window - 1) / window
 	offset := rand.IntN(Lanes)
 	idle := r.cfg.PollInterval
+	// After work is found, events may follow that no NOTIFY announces (a
+	// Writer sends at most one per NotifyInterval): they are looked for
+	// again on a short timer, from trailStart and doubling. Worker 0 alone
+	// does that, also after another worker's batch: each look that finds
+	// nothing is a round trip, and with every worker looking, a trickle of
+	// events cost the database more in looks than in events. The others
+	// sleep until a NOTIFY or PollInterval.
+	trails := worker == 0
+	var trail <-chan struct{}
+	if trails {
+		trail = r.trail
+	}
 	outages, empty := 0, 0
 	backlog := false // the last batch was full: lock windows, skip the look for work
 	for ctx.Err() == nil {
@@ -402,7 +429,15 @@ func (r *Relay) work(ctx context.Context, worker int) {
 			continue
 		case n > 0:
 			outages, empty = 0, 0
-			idle = time.Millisecond
+			if trails {
+				idle = trailStart
+			} else {
+				idle = r.cfg.PollInterval
+				select {
+				case r.trail <- struct{}{}:
+				default:
+				}
+			}
 			continue
 		}
 		outages = 0
@@ -411,10 +446,20 @@ func (r *Relay) work(ctx context.Context, worker int) {
 		}
 		empty = 0
 		t := time.NewTimer(idle)
-		select {
-		case <-ctx.Done():
-		case <-r.wake:
-		case <-t.C:
+	sleep:
+		for {
+			select {
+			case <-ctx.Done():
+			case <-r.wake:
+			case <-trail:
+				// Another worker's batch found work and looked again at
+				// once: the short looks start over.
+				idle = trailStart
+				t.Reset(idle)
+				continue
+			case <-t.C:
+			}
+			break sleep
 		}
 		t.Stop()
 		idle = min(idle*2, r.cfg.PollInterval)
