@@ -35,7 +35,11 @@ type RunConfig struct {
 	// MaxBatch is the most commands in one transaction. Defaults to 500.
 	MaxBatch int
 	// Workers is the number of batch transactions in flight at once.
-	// Defaults to 2.
+	// Defaults to 1: while a batch's transaction runs, the next batch
+	// gathers what arrives, so batches grow with the load. More workers
+	// help when a batch waits on something other than this machine's CPU:
+	// handlers that wait on I/O, round trips to a distant database (see
+	// saga.BatchConfig.Workers for what one worker gave on two cores).
 	Workers int
 	// OnBatch, when set, is called with the size of each batch
 	// transaction, before it runs (for metrics). Defaults to nil.
@@ -71,7 +75,7 @@ func (p *Participant) RunBatched(ctx context.Context, cfg RunConfig) error {
 		cfg.MaxBatch = 500
 	}
 	if cfg.Workers == 0 {
-		cfg.Workers = 2
+		cfg.Workers = 1
 	}
 	if cfg.PoisonTopic == "" {
 		cfg.PoisonTopic = cfg.Topic + ".poison"

@@ -43,7 +43,13 @@ type BatchConfig struct {
 	// first, with a Subscriber that delivers one message at a time (not
 	// used with a kafka.BatchSubscriber). Defaults to 1ms.
 	BatchWait time.Duration
-	// Workers is the number of batches in flight at once. Defaults to 2.
+	// Workers is the number of batches in flight at once. Defaults to 1:
+	// while a batch's transaction runs, the next batch gathers what
+	// arrives, so batches grow with the load. More workers help when a
+	// batch waits on something other than this machine's CPU (round trips
+	// to a distant database); on two cores shared with PostgreSQL and the
+	// broker, one worker per consumer completed 1.7x the sagas per second
+	// of two, at a lower latency (the bench's saga group).
 	Workers int
 }
 
@@ -75,7 +81,7 @@ func (o *Orchestrator) RunBatched(ctx context.Context, cfg BatchConfig) error {
 		cfg.BatchWait = time.Millisecond
 	}
 	if cfg.Workers <= 0 {
-		cfg.Workers = 2
+		cfg.Workers = 1
 	}
 	topics := o.ReplyTopics()
 	if len(topics) == 0 {

@@ -38,7 +38,6 @@ const (
 	sagaMaxInFlight   = 3000 // started and not ended, at most, in the throughput phase
 	sagaLatencyPhases = 3    // latency phases, their median reported
 	sagaBatchSize     = 500  // replies or commands per transaction
-	sagaBatchWorkers  = 4    // batches in flight per consumer
 )
 
 // Quick mode (BENCH_QUICK=1) measures sagas_per_s on a fixed number of
@@ -385,7 +384,7 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 		go func() {
 			defer wg.Done()
 			fail(p.RunBatched(rctx, compensation.RunConfig{Subscriber: sub, Topic: topics[s], Poison: pub,
-				MaxBatch: sagaBatchSize, Workers: sagaBatchWorkers}))
+				MaxBatch: sagaBatchSize}))
 		}()
 	}
 	sub, err := subscriber()
@@ -397,7 +396,7 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 	go func() { defer wg.Done(); _ = rig.o.Run(rctx) }()
 	go func() {
 		defer wg.Done()
-		fail(rig.o.RunBatched(rctx, saga.BatchConfig{Subscriber: sub, Poison: pub, BatchSize: sagaBatchSize, Workers: sagaBatchWorkers}))
+		fail(rig.o.RunBatched(rctx, saga.BatchConfig{Subscriber: sub, Poison: pub, BatchSize: sagaBatchSize}))
 	}()
 
 	var result float64
