@@ -48,8 +48,9 @@ type BatchConfig struct {
 	// arrives, so batches grow with the load. More workers help when a
 	// batch waits on something other than this machine's CPU (round trips
 	// to a distant database); on two cores shared with PostgreSQL and the
-	// broker, one worker per consumer completed 1.7x the sagas per second
-	// of two, at a lower latency (the bench's saga group).
+	// broker, one worker per consumer completed more sagas per second than
+	// two or four in each run compared, at a lower latency (the bench's
+	// saga group; the CHANGELOG has the figures).
 	Workers int
 }
 
