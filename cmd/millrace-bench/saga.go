@@ -404,15 +404,11 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 		stmts, pgStat := readPgStatements(ctx, pool)
 		profile := b.opts.sagaProfile != "" && name == "throughput"
 		if profile {
-			f, err := os.Create(b.opts.sagaProfile)
+			stop, err := startProfile(b.opts.sagaProfile)
 			if err != nil {
 				return 0, err
 			}
-			defer f.Close()
-			if err := pprof.StartCPUProfile(f); err != nil {
-				return 0, err
-			}
-			defer pprof.StopCPUProfile()
+			defer stop()
 		}
 		cpu := b.startCPU(ctx, pool)
 		var total int
@@ -454,16 +450,12 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 		var p50, p99 time.Duration
 		var sagas int
 		if b.opts.latProfile != "" {
-			f, err := os.Create(b.opts.latProfile)
+			stop, err := startProfile(b.opts.latProfile)
 			if err != nil {
 				return 0, err
 			}
-			defer f.Close()
-			if err := pprof.StartCPUProfile(f); err != nil {
-				return 0, err
-			}
 			b.opts.latProfile = "" // the first phase only
-			defer pprof.StopCPUProfile()
+			defer stop()
 		}
 		cpu := b.startCPU(ctx, pool)
 		trips0 := trips.N()
@@ -495,6 +487,20 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 		return 0, runErr
 	}
 	return result, nil
+}
+
+// startProfile starts a CPU profile of this process into path; stop ends
+// it (more than once is fine) and closes the file.
+func startProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
 
 // createTopics creates the topics with the given number of partitions and

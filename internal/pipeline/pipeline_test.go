@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/internal/sqlident"
@@ -150,15 +151,8 @@ func TestTxReadsQueuedResults(t *testing.T) {
 // any transaction either way.
 func TestBeginFuncCommitsWithQueuedStatements(t *testing.T) {
 	t.Parallel()
-	db, tbl := logTable(t)
+	db, tbl, pool, trips := tracedLog(t)
 	ctx := context.Background()
-	trips := &pgtest.RoundTrips{}
-	// One connection: one left in a transaction would be the next call's.
-	pool, err := pgtest.ConnectTraced(ctx, pgtest.URL(), 1, trips)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
 	insert := `INSERT INTO ` + tbl + ` VALUES ($1)`
 	rows := func() string {
 		t.Helper()
@@ -192,7 +186,7 @@ func TestBeginFuncCommitsWithQueuedStatements(t *testing.T) {
 
 	before := trips.N()
 	var committing bool
-	err = BeginFunc(ctx, pool, func(tx *Tx) error {
+	err := BeginFunc(ctx, pool, func(tx *Tx) error {
 		_, committing = Committing(tx)
 		if _, err := tx.Exec(ctx, insert, 1); err != nil { // sent at once: nothing queued
 			return err
@@ -285,14 +279,8 @@ func TestBeginFuncCommitsWithQueuedStatements(t *testing.T) {
 // everything, a statement run on the connection itself included.
 func TestBeginFuncSendsBeginWithTheFirstStatement(t *testing.T) {
 	t.Parallel()
-	db, tbl := logTable(t)
+	db, tbl, pool, trips := tracedLog(t)
 	ctx := context.Background()
-	trips := &pgtest.RoundTrips{}
-	pool, err := pgtest.ConnectTraced(ctx, pgtest.URL(), 1, trips)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
 	insert := `INSERT INTO ` + tbl + ` VALUES ($1)`
 	count := func() int {
 		t.Helper()
@@ -404,6 +392,20 @@ func TestBeginFuncSendsBeginWithTheFirstStatement(t *testing.T) {
 		}
 		conn.Release()
 	}
+}
+
+// tracedLog is logTable with a pool of one connection (one left in a
+// transaction would be the next call's) whose round trips are counted.
+func tracedLog(t *testing.T) (*pgtest.DB, string, *pgxpool.Pool, *pgtest.RoundTrips) {
+	t.Helper()
+	db, tbl := logTable(t)
+	trips := &pgtest.RoundTrips{}
+	pool, err := pgtest.ConnectTraced(context.Background(), pgtest.URL(), 1, trips)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return db, tbl, pool, trips
 }
 
 // logTable is a fresh schema holding one table of ints, its name quoted.
