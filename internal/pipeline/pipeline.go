@@ -500,3 +500,10 @@ func (t *Tx) Conn() *pgx.Conn {
 	_ = t.Flush(context.Background())
 	return t.Tx.Conn()
 }
+
+// LargeObjects returns the transaction's large objects, having sent what is
+// queued (a lazy transaction's BEGIN among it), as Conn does.
+func (t *Tx) LargeObjects() pgx.LargeObjects {
+	_ = t.Flush(context.Background())
+	return t.Tx.LargeObjects()
+}

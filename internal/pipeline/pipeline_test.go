@@ -355,6 +355,18 @@ func TestBeginFuncSendsBeginWithTheFirstStatement(t *testing.T) {
 			}
 			return rollback
 		}, 3, 0},
+		{"large objects", func(tx *Tx) error {
+			lo := tx.LargeObjects()
+			oid, err := lo.Create(ctx, 0)
+			if err != nil {
+				return err
+			}
+			if err := lo.Unlink(ctx, oid); err != nil {
+				return err
+			}
+			_, err = tx.Exec(ctx, insert, 1)
+			return err
+		}, 6, 1},
 		{"a nested transaction rolled back", func(tx *Tx) error {
 			if _, err := tx.Exec(ctx, insert, 1); err != nil {
 				return err
