@@ -403,9 +403,8 @@ func (r *Relay) work(ctx context.Context, worker int) {
 	// nothing is a round trip, and with every worker looking, a trickle of
 	// events cost the database more in looks than in events. The others
 	// sleep until a NOTIFY or PollInterval.
-	trails := worker == 0
-	var trail <-chan struct{}
-	if trails {
+	var trail <-chan struct{} // nil, never ready, but for worker 0
+	if worker == 0 {
 		trail = r.trail
 	}
 	outages, empty := 0, 0
@@ -429,7 +428,7 @@ func (r *Relay) work(ctx context.Context, worker int) {
 			continue
 		case n > 0:
 			outages, empty = 0, 0
-			if trails {
+			if trail != nil {
 				idle = trailStart
 			} else {
 				idle = r.cfg.PollInterval

@@ -153,7 +153,7 @@ func (b *bench) sagaLatency(ctx context.Context) error {
 		low := map[string]any{"rate_per_s": b.opts.sagaRate / 4,
 			"p50_ms": b.results["saga_latency_p50_ms"], "p99_ms": b.results["saga_latency_p99_ms"]}
 		for k, v := range b.config {
-			if strings.HasPrefix(k, "saga_latency_cpu_") || strings.HasPrefix(k, "saga_latency_wakeups_") {
+			if latencyMeter(k) {
 				low[strings.TrimPrefix(k, "saga_latency_")] = v
 			}
 		}
@@ -171,10 +171,7 @@ func (b *bench) sagaLatency(ctx context.Context) error {
 			}
 		}
 		for k, v := range b.config {
-			if strings.HasPrefix(k, "saga_hop_") || strings.HasPrefix(k, "saga_latency_cpu_") {
-				r.config[k] = v
-			}
-			if strings.HasPrefix(k, "saga_latency_wakeups_") {
+			if strings.HasPrefix(k, "saga_hop_") || latencyMeter(k) {
 				r.config[k] = v
 			}
 		}
@@ -195,6 +192,12 @@ func (b *bench) sagaLatency(ctx context.Context) error {
 	maps.Copy(b.config, mid.config)
 	b.config["saga_latency_phases"] = pairs
 	return nil
+}
+
+// latencyMeter reports whether config key k is a latency phase's CPU or
+// wake-ups per saga.
+func latencyMeter(k string) bool {
+	return strings.HasPrefix(k, "saga_latency_cpu_") || strings.HasPrefix(k, "saga_latency_wakeups_")
 }
 
 // recordSagaCPU records in config the CPU per saga of a phase that ran
