@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/millrace"
-	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/internal/backoff"
+	"github.com/millrace/millrace/internal/dedupmark"
 	"github.com/millrace/millrace/internal/fetch"
 	"github.com/millrace/millrace/internal/pipeline"
 	"github.com/millrace/millrace/internal/poison"
@@ -162,6 +162,14 @@ func (p *Participant) RunBatched(ctx context.Context, cfg RunConfig) error {
 // runBatch handles msgs in one transaction: marks, then HandleBatchTx for
 // the new ones. It returns the permanent errors of the messages it took
 // out (by UUID); any error means nothing was applied.
+//
+// Duplicates are rare (a redelivery after a crash or a rebalance), so the
+// marks go first in their strict form (internal/dedupmark), in the round
+// trip of BEGIN and the barrier claims: a batch costs a round trip less
+// than marking first and reading the answer. A duplicate fails that round
+// trip and the transaction rolls back: a batch of one was applied before,
+// nothing to do; a bigger batch is marked again the careful way (MarkTx),
+// and only its new commands are handled.
 func (p *Participant) runBatch(ctx context.Context, msgs []*message.Message) (map[string]error, error) {
 	bad := map[string]error{}
 	todo := make([]*message.Message, 0, len(msgs))
@@ -172,42 +180,56 @@ func (p *Participant) runBatch(ctx context.Context, msgs []*message.Message) (ma
 		}
 		todo = append(todo, m)
 	}
-	if len(todo) == 1 {
-		// One command (most batches at a low rate): its mark goes in the
-		// round trip of BEGIN, and its last writes with the COMMIT.
-		m := todo[0]
-		err := pipeline.BeginWith(ctx, p.pool, func(ctx context.Context, c *pgx.Conn) (pgx.Tx, error) {
-			tx, _, err := p.dedup.BeginMarked(ctx, c, m) // a duplicate: no tx, nothing to do
-			if errors.Is(err, inbox.ErrNoEventID) {
-				bad[m.UUID] = err
-				return nil, nil
-			}
-			return tx, err
-		}, func(tx *pipeline.Tx) error { return p.HandleBatchTx(ctx, tx, todo) })
-		if err != nil {
-			return nil, err
+	var (
+		mark pipeline.Statement
+		err  error
+	)
+	for {
+		mark.SQL, mark.Args, err = dedupmark.Strict(p.dedup, todo)
+		var be *millrace.BatchError
+		if !errors.As(err, &be) {
+			break
 		}
+		// Take the named ones out and mark the rest.
+		for _, e := range be.Errors {
+			bad[e.UUID] = e.Err
+		}
+		todo = withoutBad(todo, bad)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if len(todo) == 0 {
 		return bad, nil
 	}
-	// HandleBatchTx leaves its last writes queued: they go out with the
-	// COMMIT, in one round trip.
-	err := pipeline.BeginFunc(ctx, p.pool, func(tx *pipeline.Tx) error {
-		var fresh []bool
-		for {
-			var err error
-			fresh, err = p.dedup.MarkTx(ctx, tx, todo...)
-			var be *millrace.BatchError
-			if !errors.As(err, &be) {
-				if err != nil {
-					return err
-				}
-				break
-			}
-			// tx is untouched: take the named ones out and mark the rest.
-			for _, e := range be.Errors {
-				bad[e.UUID] = e.Err
-			}
-			todo = withoutBad(todo, bad)
+	mark.Read = func(br pgx.BatchResults) error {
+		_, err := br.Exec()
+		if dedupmark.IsDuplicate(err) {
+			return errMarkedBefore
+		}
+		if err != nil {
+			return fmt.Errorf("compensation: %s: record %d marks: %w", p.name, len(todo), err)
+		}
+		return nil
+	}
+	// HandleBatchTx's first statement (the claims) carries BEGIN and the
+	// marks; its last writes go out with the COMMIT.
+	err = pipeline.BeginFunc(ctx, p.pool, func(tx *pipeline.Tx) error {
+		tx.Before = append(tx.Before, mark)
+		return p.HandleBatchTx(ctx, tx, todo)
+	})
+	switch {
+	case err == nil:
+		return bad, nil
+	case !errors.Is(err, errMarkedBefore):
+		return nil, err
+	case len(todo) == 1:
+		return bad, nil // applied before
+	}
+	err = pipeline.BeginFunc(ctx, p.pool, func(tx *pipeline.Tx) error {
+		fresh, err := p.dedup.MarkTx(ctx, tx, todo...)
+		if err != nil {
+			return err
 		}
 		run := todo[:0:0]
 		for i, m := range todo {
@@ -225,6 +247,10 @@ func (p *Participant) runBatch(ctx context.Context, msgs []*message.Message) (ma
 	}
 	return bad, nil
 }
+
+// errMarkedBefore says a strict mark of runBatch found an event id
+// recorded before.
+var errMarkedBefore = errors.New("compensation: a command of the batch was applied before")
 
 func withoutBad(msgs []*message.Message, bad map[string]error) []*message.Message {
 	out := msgs[:0:0]

@@ -15,6 +15,7 @@ import (
 	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/compensation"
 	"github.com/millrace/millrace/internal/kafkatest"
+	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/kafka"
 )
 
@@ -216,5 +217,60 @@ func (r *runRig) waitHandled(t *testing.T, n int) {
 			t.Fatalf("%d of %d commands handled", got, n)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A command alone costs one round trip for BEGIN, its dedup mark, its
+// barrier claim and the savepoint, its function's own (two here), and one
+// for the answer, the reply and the COMMIT; a redelivery costs the round
+// trip its mark fails in and the rollback, and changes nothing.
+func TestRunBatchedOneCommandRoundTrips(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 4)
+	trips := &pgtest.RoundTrips{}
+	pool, err := pgtest.ConnectTraced(context.Background(), pgtest.URL(), 2, trips)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	p, err := compensation.NewParticipant(pool, compensation.Config{Schema: b.db.Schema, Name: "payments"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := compensation.Register(p, "reserve_credit", b.reserve, b.release); err != nil {
+		t.Fatal(err)
+	}
+	b.p = p
+	r := newRunRig(t, b, 1)
+	r.run(t, nil)
+	publish := func(m *message.Message) {
+		t.Helper()
+		if err := r.pub.Publish(r.topic, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first := action(uuid.NewString(), 1)
+	start := trips.N()
+	publish(first)
+	r.waitHandled(t, 1)
+	if got := trips.N() - start; got != 4 {
+		t.Errorf("a command alone took %d round trips; want 4 (claim with mark, the function's two, reply with commit)", got)
+	}
+	second := action(uuid.NewString(), 1)
+	start = trips.N()
+	publish(first) // again: a duplicate
+	publish(second)
+	r.waitHandled(t, 2)
+	if got := trips.N() - start; got != 2+4 {
+		t.Errorf("a redelivery and a new command took %d round trips; want 6", got)
+	}
+	for _, m := range []*message.Message{first, second} {
+		id := m.Metadata.Get(millrace.MetadataSagaID)
+		if n := b.effects(t, id, "reserve"); n != 1 {
+			t.Errorf("saga %s: %d effects, want 1", id, n)
+		}
+		if rs := b.replies(t, id); len(rs) != 1 {
+			t.Errorf("saga %s: %d replies, want 1", id, len(rs))
+		}
 	}
 }

@@ -2,7 +2,6 @@ package inbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -10,10 +9,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/internal/dedupmark"
 	"github.com/millrace/millrace/internal/sqlident"
 )
 
@@ -45,6 +44,9 @@ type Deduplicator struct {
 	// markManySQL records many marks in one statement and returns the
 	// event ids it recorded (processed_event's primary key decides).
 	markManySQL string
+	// markStrictSQL records many ids and fails on any recorded before
+	// (internal/dedupmark).
+	markStrictSQL string
 }
 
 // NewDeduplicator returns a Deduplicator. It does not touch the database.
@@ -79,6 +81,7 @@ func NewDeduplicator(pool *pgxpool.Pool, cfg DedupConfig) (*Deduplicator, error)
 		markManySQL: fmt.Sprintf(`INSERT INTO %s (consumer, event_id) SELECT $1, e FROM unnest($2::uuid[]) e
 ON CONFLICT DO NOTHING
 RETURNING event_id`, sqlident.Table(schema, "processed_event")),
+		markStrictSQL: fmt.Sprintf(`INSERT INTO %s (consumer, event_id) SELECT $1, e FROM unnest($2::uuid[]) e`, sqlident.Table(schema, "processed_event")),
 		beginAndMark: fmt.Sprintf(`BEGIN; EXECUTE %s('%s', '%%s')`,
 			"millrace_mark_"+sqlident.Hash(schema), strings.ReplaceAll(cfg.Consumer, "'", "''")),
 	}, nil
@@ -165,8 +168,7 @@ func (d *Deduplicator) beginMarked(ctx context.Context, conn *pgx.Conn, id uuid.
 		// The failed INSERT left the transaction block aborted: end it
 		// before the connection goes back to the pool.
 		_, _ = conn.Exec(ctx, "ROLLBACK")
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "23505" /* unique_violation */ {
+		if dedupmark.IsDuplicate(err) {
 			return nil, false, nil
 		}
 		return nil, false, fmt.Errorf("inbox: consumer %s, event %s: begin and record: %w", d.consumer, id, err)
@@ -183,18 +185,9 @@ func (d *Deduplicator) beginMarked(ctx context.Context, conn *pgx.Conn, id uuid.
 // a *millrace.BatchError naming each such message by its UUID, each error
 // wrapping ErrNoEventID and millrace.Permanent, and tx is untouched.
 func (d *Deduplicator) MarkTx(ctx context.Context, tx pgx.Tx, msgs ...*message.Message) ([]bool, error) {
-	ids := make([]uuid.UUID, len(msgs))
-	var bad []millrace.MessageError
-	for i, msg := range msgs {
-		id, err := eventID(d.eventID, msg)
-		if err != nil {
-			bad = append(bad, millrace.MessageError{UUID: msg.UUID, Err: err})
-			continue
-		}
-		ids[i] = id
-	}
-	if len(bad) > 0 {
-		return nil, &millrace.BatchError{Errors: bad}
+	ids, err := d.eventIDs(msgs)
+	if err != nil {
+		return nil, err
 	}
 	fresh := make([]bool, len(msgs))
 	if len(msgs) == 0 {
@@ -219,6 +212,36 @@ func (d *Deduplicator) MarkTx(ctx context.Context, tx pgx.Tx, msgs ...*message.M
 		}
 	}
 	return fresh, nil
+}
+
+// eventIDs reads the event ids of msgs; any message without a usable one
+// makes it return a *millrace.BatchError naming each such message.
+func (d *Deduplicator) eventIDs(msgs []*message.Message) ([]uuid.UUID, error) {
+	ids := make([]uuid.UUID, len(msgs))
+	var bad []millrace.MessageError
+	for i, msg := range msgs {
+		id, err := eventID(d.eventID, msg)
+		if err != nil {
+			bad = append(bad, millrace.MessageError{UUID: msg.UUID, Err: err})
+			continue
+		}
+		ids[i] = id
+	}
+	if len(bad) > 0 {
+		return nil, &millrace.BatchError{Errors: bad}
+	}
+	return ids, nil
+}
+
+func init() {
+	dedupmark.Strict = func(dedup any, msgs []*message.Message) (string, []any, error) {
+		d := dedup.(*Deduplicator)
+		ids, err := d.eventIDs(msgs)
+		if err != nil {
+			return "", nil, err
+		}
+		return d.markStrictSQL, []any{d.consumer, ids}, nil
+	}
 }
 
 // Consumer returns the consumer name.
