@@ -48,8 +48,11 @@ type RunConfig struct {
 
 // RunBatched consumes cfg.Topic and handles its commands many per
 // transaction until ctx ends: the inbox dedup marks of a batch in one
-// statement (Deduplicator.MarkTx, consumer: the participant's name), then
-// HandleBatchTx for the commands not seen before, in the same transaction.
+// statement (consumer: the participant's name), then HandleBatchTx for the
+// commands not seen before, in the same transaction. The marks go in the
+// round trip of BEGIN and the barrier claims, in a form that fails on a
+// command applied before; a batch that holds one is rolled back and marked
+// again with Deduplicator.MarkTx, so that only its new commands run.
 // With a kafka.BatchSubscriber, a batch is what the partitions have
 // fetched, up to MaxBatch, closed as soon as nothing more is ready; with
 // another subscriber, the messages it has delivered and that are ready.
