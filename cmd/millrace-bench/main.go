@@ -83,12 +83,15 @@ type options struct {
 	brokers     string
 }
 
+// defaultOut is where a full run writes its figures.
+const defaultOut = "bench/results.json"
+
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o := &options{}
 	fs := flag.NewFlagSet("millrace-bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var only string
-	fs.StringVar(&o.out, "out", "bench/results.json", "write the figures as JSON to this file")
+	fs.StringVar(&o.out, "out", "", "write the figures as JSON to this file (default bench/results.json, but no file with -only: a part of the figures does not replace the committed whole)")
 	fs.StringVar(&only, "only", "", "comma-separated figure groups to run: "+strings.Join(groups, ",")+" (default: all of them), or "+strings.Join(extraGroups, ",")+" (only when named)")
 	fs.IntVar(&o.n, "n", 0, "backlog size for relay, forwarder, raw and cdc; consumer reads n/4 (default 200000; 20000 with BENCH_QUICK=1)")
 	fs.DurationVar(&o.duration, "duration", 0, "length of each timed phase of latency, write, dedup, inbox and cdc (default 10s; 3s with BENCH_QUICK=1)")
@@ -133,6 +136,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.n < 1 || o.duration <= 0 || o.sagaRate < 4 {
 		return nil, errors.New("-n and -duration must be positive, -saga-rate at least 4")
+	}
+	if o.out == "" && only == "" {
+		o.out = defaultOut
 	}
 	o.only = groups
 	if only != "" {
@@ -193,6 +199,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	b.config["wall_s"] = round(time.Since(started).Seconds(), 1)
 	printTable(stdout, b)
+	if o.out == "" {
+		fmt.Fprintf(stdout, "\nno file written: -only without -out (wall time %s)\n", time.Since(started).Round(time.Second))
+		return nil
+	}
 	if err := b.writeJSON(o.out); err != nil {
 		return err
 	}

@@ -99,6 +99,12 @@ func TestFlags(t *testing.T) {
 	if _, err := parseFlags([]string{"-only", "nope"}, &stderr); err == nil {
 		t.Fatal("unknown group accepted")
 	}
+	if o.out != "" {
+		t.Fatalf("-only without -out writes %q; want no file, so that a part does not replace the committed results", o.out)
+	}
+	if full, err := parseFlags(nil, &stderr); err != nil || full.out != defaultOut {
+		t.Fatalf("a full run writes %q (%v); want %s", full.out, err, defaultOut)
+	}
 	if o.sagaRate != 200 {
 		t.Fatalf("-saga-rate defaults to %d, want 200 (the target's rate)", o.sagaRate)
 	}
