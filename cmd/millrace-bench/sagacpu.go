@@ -31,6 +31,9 @@ type cpuMeter struct {
 type usage struct {
 	cpu   [3]time.Duration
 	wakes [3]int64
+	// pgWakes are the wake-ups of the cluster's processes by pid
+	// (wakes[2] is their sum since the start, in stop's usage).
+	pgWakes map[int]int64
 }
 
 // procStat returns a process's parent pid, its own CPU time and the CPU
@@ -86,18 +89,18 @@ func processCPU(pid int) time.Duration {
 // cluster reads a PostgreSQL cluster: the CPU time of its postmaster,
 // every process it runs now (backends, WAL writer, checkpointer,
 // autovacuum...) and those that ended (counted in the postmaster's
-// children's time once reaped), and the wake-ups of the processes it runs
-// now (those of an ended process are lost: read it while the phase's
-// connections are open). Reading the CPU of one pool's backends alone
-// missed every connection that closed before the reading: pgx closes a
-// connection whose query a cancelled context interrupted, which is how
-// every phase stops.
-func cluster(postmaster int) (cpu time.Duration, wakes int64) {
+// children's time once reaped), and the wake-ups of each process it runs
+// now, by pid (those of an ended process are lost: wakesSince counts what
+// the processes alive at the end did). Reading the CPU of one pool's
+// backends alone missed every connection that closed before the reading:
+// pgx closes a connection whose query a cancelled context interrupted,
+// which is how every phase stops.
+func cluster(postmaster int) (cpu time.Duration, wakes map[int]int64) {
 	_, own, reaped, ok := procStat(postmaster)
 	if !ok {
-		return 0, 0
+		return 0, nil
 	}
-	cpu, wakes = own+reaped, wakeups(postmaster)
+	cpu, wakes = own+reaped, map[int]int64{postmaster: wakeups(postmaster)}
 	dir, err := os.ReadDir("/proc")
 	if err != nil {
 		return cpu, wakes
@@ -109,10 +112,27 @@ func cluster(postmaster int) (cpu time.Duration, wakes int64) {
 		}
 		if ppid, own, _, ok := procStat(pid); ok && ppid == postmaster {
 			cpu += own
-			wakes += wakeups(pid)
+			wakes[pid] = wakeups(pid)
 		}
 	}
 	return cpu, wakes
+}
+
+// wakesSince returns the wake-ups that the processes of end did since
+// start: for one read in both, the difference; for one new since start (or
+// whose pid was reused: fewer than before), all of its own. A process that
+// ended between the readings is not in end, and its wake-ups are lost:
+// the sum never goes down because another client's backends ended during
+// the phase, as a difference of two sums did on a shared server.
+func wakesSince(start, end map[int]int64) int64 {
+	var n int64
+	for pid, w := range end {
+		if s, ok := start[pid]; ok && s <= w {
+			w -= s
+		}
+		n += w
+	}
+	return n
 }
 
 // postmasterPID returns the pid of the PostgreSQL server pool talks to
@@ -158,7 +178,7 @@ func (m *cpuMeter) read() usage {
 		u.cpu[1], u.wakes[1] = processCPU(m.brokerPID), wakeups(m.brokerPID)
 	}
 	if m.postmaster != 0 {
-		u.cpu[2], u.wakes[2] = cluster(m.postmaster)
+		u.cpu[2], u.pgWakes = cluster(m.postmaster)
 	}
 	return u
 }
@@ -172,6 +192,7 @@ func (m *cpuMeter) stop() usage {
 		u.cpu[i] -= m.start.cpu[i]
 		u.wakes[i] -= m.start.wakes[i]
 	}
+	u.wakes[2] = wakesSince(m.start.pgWakes, u.pgWakes)
 	return u
 }
 

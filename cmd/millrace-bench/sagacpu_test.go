@@ -26,7 +26,7 @@ func TestClusterCPUCountsEndedBackends(t *testing.T) {
 	if pm == 0 {
 		t.Fatalf("PostgreSQL at %s does not run on this machine: the bench cannot read its CPU (scripts/pg-up.sh starts one that does)", pgtest.URL())
 	}
-	cpu0, _ := cluster(pm)
+	cpu0, w0 := cluster(pm)
 
 	conn, err := pgx.Connect(ctx, pgtest.URL())
 	if err != nil {
@@ -42,8 +42,14 @@ func TestClusterCPUCountsEndedBackends(t *testing.T) {
 	// A backend whose next message is already there when it finishes
 	// does not sleep: fewer wake-ups than round trips, but some. (Its own:
 	// the cluster's sum drops when other tests' backends end.)
-	if got := wakeups(pid) - wakes0; got < 20 {
-		t.Errorf("the backend's wake-ups grew by %d over 200 round trips, want at least 20", got)
+	own := wakeups(pid) - wakes0
+	if own < 20 {
+		t.Errorf("the backend's wake-ups grew by %d over 200 round trips, want at least 20", own)
+	}
+	// The cluster's count holds them, whatever other tests' backends did
+	// (those that ended drop out; they cannot make it go down).
+	if _, w1 := cluster(pm); wakesSince(w0, w1) < own {
+		t.Errorf("the cluster's wake-ups grew by %d, less than the %d of one of its backends", wakesSince(w0, w1), own)
 	}
 	// Work for the backend alone, then close its connection.
 	if _, err := conn.Exec(ctx, `SELECT count(*) FROM generate_series(1, 5000000)`); err != nil {
@@ -68,5 +74,20 @@ func TestClusterCPUCountsEndedBackends(t *testing.T) {
 	cpu1, _ := cluster(pm)
 	if got := cpu1 - cpu0; got < used {
 		t.Errorf("the cluster's CPU grew by %s, less than the %s of the backend that ended", got, used)
+	}
+}
+
+// wakesSince counts the processes alive at the second reading: a
+// difference for one read twice, everything for a new one or a reused pid,
+// nothing for one that ended.
+func TestWakesSince(t *testing.T) {
+	t.Parallel()
+	start := map[int]int64{1: 100, 2: 50, 3: 900}
+	end := map[int]int64{1: 130, 4: 7, 3: 10} // 2 ended; 4 is new; 3's pid was reused
+	if got, want := wakesSince(start, end), int64(30+7+10); got != want {
+		t.Errorf("wakesSince = %d, want %d", got, want)
+	}
+	if got := wakesSince(nil, nil); got != 0 {
+		t.Errorf("wakesSince of nothing = %d", got)
 	}
 }
