@@ -233,16 +233,6 @@ func (b errBatch) Close() error                     { return b.err }
 // the transaction's first statement (queued ahead of Before), and a
 // transaction that sends nothing sends no BEGIN.
 func BeginFunc(ctx context.Context, pool *pgxpool.Pool, f func(*Tx) error) error {
-	return BeginWith(ctx, pool, func(_ context.Context, c *pgx.Conn) (pgx.Tx, error) { return &lazyTx{conn: c}, nil }, f)
-}
-
-// BeginWith is BeginFunc with the transaction begun by begin on the
-// connection: a BEGIN that carries a first statement in its round trip
-// (the inbox Deduplicator's BeginMarked). A nil Tx from begin, with no
-// error, says there is nothing to do: f does not run, and BeginWith
-// returns nil. begin must leave the connection out of any transaction
-// when it returns no Tx.
-func BeginWith(ctx context.Context, pool *pgxpool.Pool, begin func(context.Context, *pgx.Conn) (pgx.Tx, error), f func(*Tx) error) error {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return err
@@ -250,15 +240,8 @@ func BeginWith(ctx context.Context, pool *pgxpool.Pool, begin func(context.Conte
 	// Release destroys a connection left in a transaction, so one whose
 	// rollback failed does not go back to the pool.
 	defer conn.Release()
-	tx, err := begin(ctx, conn.Conn())
-	if err != nil || tx == nil {
-		return err
-	}
-	t := &Tx{Tx: tx, commits: true}
-	_, lazy := tx.(*lazyTx)
-	if lazy {
-		t.Before = []Statement{{SQL: beginSQL}}
-	}
+	tx := &lazyTx{conn: conn.Conn()}
+	t := &Tx{Tx: tx, commits: true, Before: []Statement{{SQL: beginSQL}}}
 	committed := false
 	defer func() {
 		if !committed {
@@ -276,7 +259,7 @@ func BeginWith(ctx context.Context, pool *pgxpool.Pool, begin func(context.Conte
 	}
 	before := t.Before
 	t.Before = nil
-	if lazy && len(before) == 1 && before[0].SQL == beginSQL {
+	if len(before) == 1 && before[0].SQL == beginSQL {
 		// Nothing was sent, nothing is queued: no transaction to end.
 		committed = true
 		return tx.Commit(ctx)
