@@ -91,7 +91,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs := flag.NewFlagSet("millrace-bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var only string
-	fs.StringVar(&o.out, "out", "", "write the figures as JSON to this file (default bench/results.json, but no file with -only: a part of the figures does not replace the committed whole)")
+	fs.StringVar(&o.out, "out", "", "write the figures as JSON to this file (default "+defaultOut+", but no file with -only: a part of the figures does not replace the committed whole)")
 	fs.StringVar(&only, "only", "", "comma-separated figure groups to run: "+strings.Join(groups, ",")+" (default: all of them), or "+strings.Join(extraGroups, ",")+" (only when named)")
 	fs.IntVar(&o.n, "n", 0, "backlog size for relay, forwarder, raw and cdc; consumer reads n/4 (default 200000; 20000 with BENCH_QUICK=1)")
 	fs.DurationVar(&o.duration, "duration", 0, "length of each timed phase of latency, write, dedup, inbox and cdc (default 10s; 3s with BENCH_QUICK=1)")
