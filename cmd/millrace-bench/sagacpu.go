@@ -95,15 +95,32 @@ func processCPU(pid int) time.Duration {
 // backends alone missed every connection that closed before the reading:
 // pgx closes a connection whose query a cancelled context interrupted,
 // which is how every phase stops.
+//
+// A child reaped while the others are read would be in neither the
+// postmaster's children's time read before nor among the live processes
+// (other clients' backends end at any time on a shared server), so a
+// reading is taken again when the postmaster reaped during it.
 func cluster(postmaster int) (cpu time.Duration, wakes map[int]int64) {
+	for try := 0; ; try++ {
+		cpu, wakes, reaped := clusterOnce(postmaster)
+		if wakes == nil {
+			return 0, nil
+		}
+		if _, _, after, ok := procStat(postmaster); !ok || after == reaped || try == 9 {
+			return cpu, wakes
+		}
+	}
+}
+
+func clusterOnce(postmaster int) (cpu time.Duration, wakes map[int]int64, reaped time.Duration) {
 	_, own, reaped, ok := procStat(postmaster)
 	if !ok {
-		return 0, nil
+		return 0, nil, 0
 	}
 	cpu, wakes = own+reaped, map[int]int64{postmaster: wakeups(postmaster)}
 	dir, err := os.ReadDir("/proc")
 	if err != nil {
-		return cpu, wakes
+		return cpu, wakes, reaped
 	}
 	for _, e := range dir {
 		pid, err := strconv.Atoi(e.Name())
@@ -115,7 +132,7 @@ func cluster(postmaster int) (cpu time.Duration, wakes map[int]int64) {
 			wakes[pid] = wakeups(pid)
 		}
 	}
-	return cpu, wakes
+	return cpu, wakes, reaped
 }
 
 // wakesSince returns the wake-ups that the processes of end did since
