@@ -69,7 +69,9 @@ type RelayConfig struct {
 	// again at once, then one worker looks again sooner (from 4ms, doubling
 	// up to PollInterval), so an event that no NOTIFY announced (a Writer
 	// sends at most one per NotifyInterval) is not left waiting for the
-	// next poll.
+	// next poll. These looks, which no NOTIFY announced, first ask
+	// whether anything is claimable (one round trip, no transaction), and
+	// begin a batch only when something is.
 	PollInterval time.Duration
 	// PollOnly turns off LISTEN/NOTIFY: the relay only polls, and needs no
 	// connection beyond the pool's. Use it behind a connection pooler in
@@ -188,6 +190,7 @@ type Relay struct {
 	schema string
 
 	lockLanes, lockWindow, claim, claimNoted, unclaim string
+	anyClaimable                                      string
 	begin                                             pgx.TxOptions
 	beginStatements                                   []string // sent in the round trip of the first lock; begin is them as one query
 	channel                                           string
@@ -257,6 +260,10 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 SELECT lane FROM got WHERE (SELECT v FROM noted) IS NOT NULL
 UNION ALL
 SELECT NULL::smallint WHERE NOT EXISTS (SELECT 1 FROM got) AND (SELECT count(*) FROM head) >= $3`, pending, lanes, Lanes, claimable(pending, "$4"), noteLanes)
+	// anyClaimable is the look of a speculative batch (see work), outside
+	// a transaction: whether the pending set holds anything the claim could
+	// take, in any lane. $1 whether dead letters hold their keys.
+	r.anyClaimable = fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s q WHERE %s)`, pending, claimable(pending, "$1"))
 	r.lockWindow = fmt.Sprintf(`SELECT lane FROM %s ORDER BY (lane + $1) %% %d LIMIT $2 FOR NO KEY UPDATE SKIP LOCKED`, lanes, Lanes)
 	// The claim takes a batch out of the pending set and marks it published
 	// in one statement, before publishing: the transaction commits only
@@ -409,9 +416,23 @@ func (r *Relay) work(ctx context.Context, worker int) {
 	}
 	outages, empty := 0, 0
 	backlog := false // the last batch was full: lock windows, skip the look for work
+	// A look that no NOTIFY announced (on a timer, or again at once after
+	// a batch that was not full) is speculative: it first asks, outside a
+	// transaction, whether anything is claimable. Under a trickle of
+	// events most such looks find nothing, and a look that finds nothing
+	// costs two round trips (BEGIN with the look, then ROLLBACK); the
+	// question costs one. Under a steady flow the look again at once
+	// mostly finds work, and the question would be a round trip more: it
+	// asks only while the last look again at once found nothing (askAgain).
+	speculative, again, askAgain := false, false, false
 	for ctx.Err() == nil {
-		n, err := r.runBatch(ctx, offset, backlog)
+		n, err := r.runBatch(ctx, offset, backlog, speculative)
+		if again {
+			askAgain = n == 0 && (err == nil || errors.Is(err, errNothingPending))
+		}
 		backlog = n >= r.cfg.BatchSize
+		again = n > 0 && !backlog
+		speculative = again && askAgain
 		offset = (offset + window) % Lanes
 		if errors.Is(err, errNothingPending) {
 			// No free lane has work: the other windows have none either.
@@ -450,6 +471,7 @@ func (r *Relay) work(ctx context.Context, worker int) {
 			select {
 			case <-ctx.Done():
 			case <-r.wake:
+				speculative = false
 			case <-trail:
 				// Another worker's batch found work and looked again at
 				// once: the short looks start over.
@@ -457,6 +479,7 @@ func (r *Relay) work(ctx context.Context, worker int) {
 				t.Reset(idle)
 				continue
 			case <-t.C:
+				speculative = true
 			}
 			break sleep
 		}
@@ -532,7 +555,7 @@ type pendingRow struct {
 // claim), so a stopping relay never waits for a connection. Once claimed,
 // the batch outlives ctx: it is published and marked even while Run is
 // stopping, so a graceful stop adds no duplicates.
-func (r *Relay) runBatch(ctx context.Context, offset int, backlog bool) (int, error) {
+func (r *Relay) runBatch(ctx context.Context, offset int, backlog, speculative bool) (int, error) {
 	if ctx.Err() != nil {
 		return 0, nil
 	}
@@ -555,7 +578,7 @@ func (r *Relay) runBatch(ctx context.Context, offset int, backlog bool) (int, er
 		tx.Exec(rctx, "ROLLBACK") //nolint:errcheck // a failure closes the connection
 	}()
 
-	_, rows, err := r.takeBatch(ctx, tx, offset, backlog)
+	_, rows, err := r.takeBatch(ctx, tx, offset, backlog, speculative)
 	if errors.Is(err, errNothingPending) {
 		return 0, err
 	}
@@ -722,13 +745,26 @@ func (u *unclaimed) add(id int64, blocked, dead bool, nextAt *time.Time, err *st
 // every lane busy, and cost the drain a second walk of the pending set's
 // head per batch.
 //
+// A speculative batch (nothing announced work) first asks whether
+// anything is claimable, outside the transaction, and returns
+// errNothingPending at once when nothing is.
+//
 // It begins the transaction on tx, a connection out of one. BEGIN goes out
 // with the first lock; the look for work (lockLanes) takes its claim with
 // it too (claimNoted), so a batch that finds work makes one round trip
 // where it made three. A window's claim takes its lanes as a parameter,
 // in a round trip of its own.
-func (r *Relay) takeBatch(ctx context.Context, tx *pgx.Conn, offset int, backlog bool) ([]int16, []pendingRow, error) {
+func (r *Relay) takeBatch(ctx context.Context, tx *pgx.Conn, offset int, backlog, speculative bool) ([]int16, []pendingRow, error) {
 	hold := !r.cfg.SkipDeadLetteredKeys
+	if speculative && !backlog {
+		var found bool
+		if err := tx.QueryRow(ctx, r.anyClaimable, hold).Scan(&found); err != nil {
+			return nil, nil, fmt.Errorf("outbox: look for work: %w", err)
+		}
+		if !found {
+			return nil, nil, errNothingPending
+		}
+	}
 	if !backlog {
 		// The look for work and the claim in the lanes it locked.
 		b := r.batch(true)

@@ -91,7 +91,7 @@ func TestEmptyClaimAllocatesLittle(t *testing.T) {
 		}
 		var before, after runtime.MemStats
 		runtime.ReadMemStats(&before)
-		_, rows, err := r.takeBatch(ctx, c.Conn(), 0, true) // a window of lanes, and their claim
+		_, rows, err := r.takeBatch(ctx, c.Conn(), 0, true, false) // a window of lanes, and their claim
 		runtime.ReadMemStats(&after)
 		c.Conn().Exec(ctx, "ROLLBACK") //nolint:errcheck
 		c.Release()
@@ -125,7 +125,7 @@ func TestBatchLocksOnlyTheLanesWithWork(t *testing.T) {
 	// takeBatch begins the batch's transaction on a connection out of
 	// one: its BEGIN goes out with the first lock.
 	take := func(tx *pgx.Conn, offset int) ([]int16, error) {
-		lanes, _, err := r.takeBatch(ctx, tx, offset, false)
+		lanes, _, err := r.takeBatch(ctx, tx, offset, false, false)
 		if st := tx.PgConn().TxStatus(); st != 'T' {
 			t.Fatalf("after takeBatch the connection is in transaction status %q; want in a transaction", st)
 		}
@@ -176,7 +176,7 @@ func TestBatchLocksOnlyTheLanesWithWork(t *testing.T) {
 		t.Fatal(err)
 	}
 	other = begin()
-	lanes, _, err = small.takeBatch(ctx, other, int(lane), false)
+	lanes, _, err = small.takeBatch(ctx, other, int(lane), false, false)
 	if err != nil || len(lanes) != 10 || slices.Contains(lanes, lane) {
 		t.Fatalf("the backlog's head held: lanes %v, %v; want a window of 10 others", lanes, err)
 	}
@@ -185,9 +185,65 @@ func TestBatchLocksOnlyTheLanesWithWork(t *testing.T) {
 	// A worker draining a backlog (its last batch was full) locks a window
 	// without looking for work first.
 	other = begin()
-	lanes, _, err = r.takeBatch(ctx, other, int(lane), true)
+	lanes, _, err = r.takeBatch(ctx, other, int(lane), true, false)
 	if err != nil || len(lanes) != 10 || slices.Contains(lanes, lane) {
 		t.Fatalf("draining: lanes %v, %v; want a window of 10 lanes not held", lanes, err)
+	}
+}
+
+// A speculative batch (no NOTIFY announced work: after a batch that was
+// not full, or on a timer) asks first, outside a transaction, whether
+// anything is claimable: nothing, or nothing but an event waiting out its
+// retry, costs that one round trip and leaves no transaction to roll back;
+// work is claimed as by any batch.
+func TestSpeculativeLookAsksFirst(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	r, err := NewRelay(db.Pool, RelayConfig{Schema: db.Schema, Publisher: discard{}, LanesPerBatch: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewWriter(db.Pool, WriterConfig{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	take := func(wantTx byte) ([]int16, []pendingRow, error) {
+		c, err := db.Pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Release()
+		defer c.Conn().Exec(ctx, "ROLLBACK") //nolint:errcheck
+		lanes, rows, err := r.takeBatch(ctx, c.Conn(), 0, false, true)
+		if st := c.Conn().PgConn().TxStatus(); st != wantTx {
+			t.Fatalf("after a speculative takeBatch the connection is in transaction status %q; want %q", st, wantTx)
+		}
+		return lanes, rows, err
+	}
+	if lanes, _, err := take('I'); err != errNothingPending || len(lanes) != 0 {
+		t.Fatalf("empty outbox: lanes %v, %v; want none, errNothingPending", lanes, err)
+	}
+
+	if _, err := w.Write(ctx, Event{Topic: "t", PartitionKey: "k", Payload: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `UPDATE "`+db.Schema+`".outbox_pending SET blocked = true, next_attempt_at = now() + interval '1 hour'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write(ctx, Event{Topic: "t", PartitionKey: "k", Payload: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if lanes, _, err := take('I'); err != errNothingPending || len(lanes) != 0 {
+		t.Fatalf("an event waiting out its retry and one held behind it: lanes %v, %v; want none, errNothingPending", lanes, err)
+	}
+
+	if _, err := w.Write(ctx, Event{Topic: "t", PartitionKey: "k2", Payload: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	lanes, rows, err := take('T')
+	if err != nil || len(lanes) != 1 || lanes[0] != Lane("k2") || len(rows) != 1 || rows[0].key != "k2" {
+		t.Fatalf("one event claimable: lanes %v, %d rows, %v; want [%d] and its event", lanes, len(rows), err, Lane("k2"))
 	}
 }
 
@@ -231,7 +287,7 @@ func TestHeldEventsAtTheHeadDoNotHideOtherWork(t *testing.T) {
 	defer c.Release()
 	tx := c.Conn()
 	defer tx.Exec(ctx, "ROLLBACK") //nolint:errcheck
-	lanes, rows, err := r.takeBatch(ctx, tx, 0, false)
+	lanes, rows, err := r.takeBatch(ctx, tx, 0, false, false)
 	if err != nil || !slices.Contains(lanes, Lane(key)) {
 		t.Fatalf("lanes %v, %v; want the lane of %s (%d)", lanes, err, key, Lane(key))
 	}
