@@ -69,9 +69,10 @@ type RelayConfig struct {
 	// again at once, then one worker looks again sooner (from 4ms, doubling
 	// up to PollInterval), so an event that no NOTIFY announced (a Writer
 	// sends at most one per NotifyInterval) is not left waiting for the
-	// next poll. These looks, which no NOTIFY announced, first ask
-	// whether anything is claimable (one round trip, no transaction), and
-	// begin a batch only when something is.
+	// next poll. The looks on these timers first ask whether anything is
+	// claimable (one round trip, no transaction), and begin a batch only
+	// when something is; so does the look again at once while the last
+	// one found nothing.
 	PollInterval time.Duration
 	// PollOnly turns off LISTEN/NOTIFY: the relay only polls, and needs no
 	// connection beyond the pool's. Use it behind a connection pooler in

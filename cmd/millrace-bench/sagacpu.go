@@ -99,7 +99,8 @@ func processCPU(pid int) time.Duration {
 // A child reaped while the others are read would be in neither the
 // postmaster's children's time read before nor among the live processes
 // (other clients' backends end at any time on a shared server), so a
-// reading is taken again when the postmaster reaped during it.
+// reading is taken again when the postmaster reaped during it (ten
+// readings at most: the last one stands).
 func cluster(postmaster int) (cpu time.Duration, wakes map[int]int64) {
 	for try := 0; ; try++ {
 		cpu, wakes, reaped := clusterOnce(postmaster)
