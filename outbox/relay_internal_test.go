@@ -114,14 +114,7 @@ func TestBatchLocksOnlyTheLanesWithWork(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	ctx := context.Background()
-	r, err := NewRelay(db.Pool, RelayConfig{Schema: db.Schema, Publisher: discard{}, LanesPerBatch: 10})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := NewWriter(db.Pool, WriterConfig{Schema: db.Schema})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, w := relayAndWriter(t, db, RelayConfig{LanesPerBatch: 10})
 	// takeBatch begins the batch's transaction on a connection out of
 	// one: its BEGIN goes out with the first lock.
 	take := func(tx *pgx.Conn, offset int) ([]int16, error) {
@@ -200,14 +193,7 @@ func TestSpeculativeLookAsksFirst(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	ctx := context.Background()
-	r, err := NewRelay(db.Pool, RelayConfig{Schema: db.Schema, Publisher: discard{}, LanesPerBatch: 10})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := NewWriter(db.Pool, WriterConfig{Schema: db.Schema})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, w := relayAndWriter(t, db, RelayConfig{LanesPerBatch: 10})
 	take := func(wantTx byte) ([]int16, []pendingRow, error) {
 		c, err := db.Pool.Acquire(ctx)
 		if err != nil {
@@ -254,14 +240,7 @@ func TestHeldEventsAtTheHeadDoNotHideOtherWork(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	ctx := context.Background()
-	r, err := NewRelay(db.Pool, RelayConfig{Schema: db.Schema, Publisher: discard{}, BatchSize: 5})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := NewWriter(db.Pool, WriterConfig{Schema: db.Schema})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, w := relayAndWriter(t, db, RelayConfig{BatchSize: 5})
 	var held []Event
 	for range 20 {
 		held = append(held, Event{Topic: "t", PartitionKey: "dead-key", Payload: []byte(`{}`)})
@@ -294,4 +273,20 @@ func TestHeldEventsAtTheHeadDoNotHideOtherWork(t *testing.T) {
 	if err != nil || len(rows) != 1 || rows[0].key != key {
 		t.Fatalf("claimed %d rows, %v; want the one event of %s", len(rows), err, key)
 	}
+}
+
+// relayAndWriter returns a relay of cfg, publishing nowhere, and a Writer,
+// both on db's schema.
+func relayAndWriter(t *testing.T, db *pgtest.DB, cfg RelayConfig) (*Relay, *Writer) {
+	t.Helper()
+	cfg.Schema, cfg.Publisher = db.Schema, discard{}
+	r, err := NewRelay(db.Pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewWriter(db.Pool, WriterConfig{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, w
 }
