@@ -430,3 +430,72 @@ func logTable(t *testing.T) (*pgtest.DB, string) {
 	}
 	return db, tbl
 }
+
+// A statement between GenericPlans' two runs on its generic plan at every
+// execution, where PostgreSQL plans it again for each array it is given;
+// the transaction's own plan_cache_mode is back behind it.
+func TestGenericPlans(t *testing.T) {
+	t.Parallel()
+	_, tbl := logTable(t)
+	ctx := context.Background()
+	pool := pgtest.Pool(t, 1)
+	// A thousand rows and an index: the generic plan of a lookup by array
+	// guesses ten elements, the plan for one element costs less.
+	if _, err := pool.Exec(ctx, `INSERT INTO `+tbl+` SELECT generate_series(1, 1000); CREATE INDEX ON `+tbl+` (n); ANALYZE `+tbl); err != nil {
+		t.Fatal(err)
+	}
+	lookup := func(wrap bool, i int) {
+		t.Helper()
+		q := Statement{SQL: `SELECT count(*) FROM ` + tbl + ` WHERE n = ANY($1::int[]) /* ` + fmt.Sprint(wrap) + ` */`, Args: []any{[]int32{int32(i)}}}
+		var mode string
+		err := BeginFunc(ctx, pool, func(tx *Tx) error {
+			if wrap {
+				tx.Before = append(tx.Before, GenericPlans(q)...)
+			} else {
+				tx.Before = append(tx.Before, q)
+			}
+			return tx.QueryRow(ctx, `SELECT current_setting('plan_cache_mode')`).Scan(&mode)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if mode != "auto" {
+			t.Fatalf("plan_cache_mode is %q behind the statement, want the connection's auto", mode)
+		}
+	}
+	const n = 12
+	for i := range n {
+		lookup(true, i)
+		lookup(false, i)
+	}
+	if g, c := pgtest.Plans(t, pool, `% /* true */`); g != n || c != 0 {
+		t.Errorf("between GenericPlans' statements: %d generic plans and %d custom, want %d and 0", g, c, n)
+	}
+	// Without them PostgreSQL plans the lookup for each value: what the
+	// two statements are for.
+	if g, c := pgtest.Plans(t, pool, `% /* false */`); c != n {
+		t.Errorf("alone: %d generic plans and %d custom, want %d custom", g, c, n)
+	}
+	// A connection's own mode, set for the session, is what the
+	// transaction gets back.
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	var mode string
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET plan_cache_mode = force_custom_plan`); err != nil {
+			return err
+		}
+		for _, s := range GenericPlans() {
+			if _, err := tx.Exec(ctx, s.SQL); err != nil {
+				return err
+			}
+		}
+		return tx.QueryRow(ctx, `SHOW plan_cache_mode`).Scan(&mode)
+	})
+	if err != nil || mode != "force_custom_plan" {
+		t.Fatalf("after GenericPlans under a session's force_custom_plan: %q, %v", mode, err)
+	}
+}
