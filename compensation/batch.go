@@ -187,7 +187,7 @@ func (p *Participant) handleRound(ctx context.Context, tx pgx.Tx, items []*item)
 	// transaction (pipeline.BeginFunc), with the COMMIT.
 	before := []pipeline.Statement{{SQL: release}}
 	if len(fin.sagaIDs) > 0 {
-		before = append(before, pipeline.GenericPlans(pipeline.Statement{SQL: p.sql.finishMany, Args: fin.args()})...)
+		before = append(before, pipeline.Statement{SQL: p.sql.finishMany, Args: fin.args()})
 	}
 	err = pipeline.WriteLast(ctx, tx, before, fmt.Sprintf("compensation: %s: replies of a batch of %d", p.name, len(items)), func(wtx pgx.Tx) error {
 		_, err := p.writer.WriteTx(ctx, wtx, events...)

@@ -365,9 +365,8 @@ func (o *Orchestrator) handleRepliesTx(ctx context.Context, tx pgx.Tx, msgs []*m
 // markThenLock is a batch's transaction as the inbox's MarkTx sees it: its
 // first Query (the dedup marks) takes the lock of the batch's sagas (lock,
 // on ids) behind it in the same round trip, and the locked rows are read
-// when the marks' rows are closed, the lock on its generic plan
-// (pipeline.GenericPlans). sent says it did; locked and err are then the
-// lock's outcome.
+// when the marks' rows are closed. sent says it did; locked and err are
+// then the lock's outcome.
 type markThenLock struct {
 	pgx.Tx
 	lock   string
@@ -384,9 +383,7 @@ func (t *markThenLock) Query(ctx context.Context, sql string, args ...any) (pgx.
 	t.sent = true
 	b := &pgx.Batch{}
 	b.Queue(sql, args...)
-	b.Queue(pipeline.PlanGeneric)
 	b.Queue(t.lock, t.ids)
-	b.Queue(pipeline.PlanRestore)
 	br := t.Tx.SendBatch(ctx, b)
 	rows, err := br.Query()
 	if err != nil {
@@ -414,15 +411,9 @@ func (r *markRows) Close() {
 	if err := r.Rows.Err(); err != nil {
 		r.t.err = err // the lock did not run
 	} else {
-		_, err := br.Exec() // PlanGeneric
+		rows, err := br.Query()
 		if err == nil {
-			var rows pgx.Rows
-			if rows, err = br.Query(); err == nil {
-				r.t.locked, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (*Instance, error) { return scanInstance(row) })
-			}
-		}
-		if err == nil {
-			_, err = br.Exec() // PlanRestore
+			r.t.locked, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (*Instance, error) { return scanInstance(row) })
 		}
 		r.t.err = err
 	}
@@ -477,14 +468,14 @@ func (o *Orchestrator) saveMany(ctx context.Context, tx pgx.Tx, ms []*machine, e
 		// The statement itself fails if it saved fewer rows than it was
 		// given (the rows are locked in this transaction: only a bug
 		// would), so that the COMMIT queued behind it does not run.
-		before = append(before, pipeline.GenericPlans(pipeline.Statement{SQL: o.sql.updateMany,
+		before = append(before, pipeline.Statement{SQL: o.sql.updateMany,
 			Args: []any{ids, statuses, phases, steps, stepStates, datas, wakeups, deadlines, attempts, lastErrors, updated, endeds, n},
 			Read: func(br pgx.BatchResults) error {
 				if _, err := br.Exec(); err != nil {
 					saveErr = fmt.Errorf("saga: save %d sagas: %w", n, err)
 				}
 				return saveErr
-			}})...)
+			}})
 	}
 	if len(hist) > 0 {
 		sql, args := o.historyStatement(hist)

@@ -184,24 +184,3 @@ func (r *RoundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.Tra
 }
 func (r *RoundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
 func (r *RoundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
-
-// Plans returns how many times the idle connections of pool ran the
-// prepared statements whose text is like pattern (LIKE, with % and _) on
-// a generic plan and on a plan made for their values: PostgreSQL counts
-// both per connection, in pg_prepared_statements. A connection in use is
-// not counted: call it when the pool's work is done.
-func Plans(t testing.TB, pool *pgxpool.Pool, pattern string) (generic, custom int64) {
-	t.Helper()
-	ctx := context.Background()
-	for _, c := range pool.AcquireAllIdle(ctx) {
-		var g, cu int64
-		err := c.QueryRow(ctx, `SELECT coalesce(sum(generic_plans), 0), coalesce(sum(custom_plans), 0)
-  FROM pg_prepared_statements WHERE statement LIKE $1`, pattern).Scan(&g, &cu)
-		c.Release()
-		if err != nil {
-			t.Fatalf("pgtest: plans of %q: %v", pattern, err)
-		}
-		generic, custom = generic+g, custom+cu
-	}
-	return generic, custom
-}

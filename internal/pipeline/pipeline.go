@@ -490,37 +490,3 @@ func (t *Tx) LargeObjects() pgx.LargeObjects {
 	_ = t.Flush(context.Background())
 	return t.Tx.LargeObjects()
 }
-
-// GenericPlans returns stmts between two statements that have PostgreSQL
-// run them on their prepared statement's generic plan (plan_cache_mode
-// force_generic_plan) and then give the transaction back the mode it had.
-//
-// It is for a statement over arrays of rows (unnest($1::text[], ...),
-// id = ANY($1)): PostgreSQL plans a prepared statement again at every
-// execution while a plan made for the values at hand looks cheaper than
-// the generic one, and for arrays it always does, since the generic plan
-// guesses ten elements and a batch of one or two has fewer. In the saga
-// bench at 200 sagas a second, planning the orchestrator's lock and save
-// of a batch's sagas and the barrier's answers cost 0.13 to 0.33 ms a
-// time, as much as running them; their generic plan, an index lookup
-// per element, is the plan they got anyway.
-//
-// The two statements cost no round trip, only their execution (about
-// 0.01 ms each): they go in the round trip of the statements they
-// bracket.
-func GenericPlans(stmts ...Statement) []Statement {
-	out := make([]Statement, 0, len(stmts)+2)
-	out = append(out, Statement{SQL: PlanGeneric})
-	out = append(out, stmts...)
-	return append(out, Statement{SQL: PlanRestore})
-}
-
-// PlanGeneric and PlanRestore are GenericPlans' statements, for a batch
-// built by hand. PlanGeneric keeps the transaction's mode in a setting of
-// millrace's own (the inner set_config runs first: its result is an
-// argument of the outer one) and PlanRestore sets it back; both are local
-// to the transaction, as SET LOCAL is.
-const (
-	PlanGeneric = `SELECT set_config('plan_cache_mode', 'force_generic_plan' || left(set_config('millrace.plan_cache_mode', current_setting('plan_cache_mode'), true), 0), true)`
-	PlanRestore = `SELECT set_config('plan_cache_mode', coalesce(nullif(current_setting('millrace.plan_cache_mode', true), ''), 'auto'), true)`
-)
