@@ -160,7 +160,7 @@ func (d *DeadLetters) DiscardTx(ctx context.Context, tx pgx.Tx, eventIDs ...stri
 }
 
 func (d *DeadLetters) exec(ctx context.Context, tx pgx.Tx, sql, what string, eventIDs []string) (int, error) {
-	ids := make([]uuid.UUID, len(eventIDs))
+	ids := make([][16]byte, len(eventIDs)) // as in Deduplicator.eventIDs
 	for i, s := range eventIDs {
 		id, err := uuid.Parse(s)
 		if err != nil {

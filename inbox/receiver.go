@@ -6,7 +6,6 @@ import (
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -137,7 +136,7 @@ func (r *Receiver) ReceiveTx(ctx context.Context, tx pgx.Tx, msgs ...*message.Me
 // call (permanently) and leaves a caller's transaction as it was.
 func (r *Receiver) args(msgs []*message.Message) ([]any, error) {
 	n := len(msgs)
-	ids := make([]uuid.UUID, n)
+	ids := make([][16]byte, n) // as in Deduplicator.eventIDs
 	topics := make([]string, n)
 	keys := make([]string, n)
 	payloads := make([][]byte, n)

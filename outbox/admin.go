@@ -291,8 +291,10 @@ func (a *Admin) deadLetterOp(ctx context.Context, db dbtx, op, sql string, event
 	return n, nil
 }
 
-func parseEventIDs(op string, eventIDs []string) ([]uuid.UUID, error) {
-	ids := make([]uuid.UUID, 0, len(eventIDs))
+// parseEventIDs parses event ids into [16]byte, which pgx encodes as a
+// uuid directly (see columns).
+func parseEventIDs(op string, eventIDs []string) ([][16]byte, error) {
+	ids := make([][16]byte, 0, len(eventIDs))
 	for _, s := range eventIDs {
 		id, err := uuid.Parse(s)
 		if err != nil {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace/internal/sqlident"
@@ -184,3 +185,17 @@ func (r *RoundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.Tra
 }
 func (r *RoundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
 func (r *RoundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// EncodeAllocs returns the allocations pgx makes to encode v as a value of
+// the type oid in binary, the format of a prepared statement's arguments.
+func EncodeAllocs(t testing.TB, oid uint32, v any) float64 {
+	t.Helper()
+	m := pgtype.NewMap()
+	var buf []byte
+	var err error
+	allocs := testing.AllocsPerRun(50, func() { buf, err = m.Encode(oid, pgtype.BinaryFormatCode, v, buf[:0]) })
+	if err != nil {
+		t.Fatalf("pgtest: encode %T as OID %d: %v", v, oid, err)
+	}
+	return allocs
+}
