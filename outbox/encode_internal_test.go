@@ -66,3 +66,61 @@ func BenchmarkHeaders(b *testing.B) {
 		}
 	})
 }
+
+// decodeHeaders gives what encoding/json gives whenever it decodes, and
+// leaves to encoding/json what it does not (escapes, other JSON, text
+// that is not UTF-8). The seeds run in go test; go test -fuzz tries more.
+func FuzzDecodeHeaders(f *testing.F) {
+	for _, s := range []string{
+		`{}`, ` { } `, `{"a": "b"}`, `{"a":"b","c":"d"}`, "{\n\t\"a\" :\r\"b\" ,\"\":\"\"}",
+		`{"a": "b", "a": "c"}`, `{"日本": "語", "emoji": "😀"}`, `{"q": "say \"hi\""}`, `{"u": "\u00e9"}`,
+		`{"a": 1}`, `{"a": null}`, `{"a": "b",}`, `{"a" "b"}`, `{"a": "b"} x`, `["a"]`, `"a"`, ``, `{`,
+		"{\"a\": \"\x01\"}", "{\"a\": \"\xff\"}", `{"a": "b"`, `{"a": {"b": "c"}}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		got, ok := decodeHeaders(b)
+		if !ok {
+			return
+		}
+		var want map[string]string
+		if err := json.Unmarshal(b, &want); err != nil {
+			t.Fatalf("%q: decodeHeaders decoded %q, encoding/json failed: %v", b, got, err)
+		}
+		if !maps.Equal(got, want) || got == nil {
+			t.Fatalf("%q: decodeHeaders decoded %q, encoding/json %q", b, got, want)
+		}
+	})
+}
+
+// The headers PostgreSQL prints for the writer's metadata take the fast
+// way: no escapes in them.
+func TestDecodeHeadersTakesPlainMetadata(t *testing.T) {
+	for _, s := range []string{`{}`, `{"step": "credit", "saga_id": "s-1", "attempt": "1"}`} {
+		if _, ok := decodeHeaders([]byte(s)); !ok {
+			t.Errorf("%s: left to encoding/json", s)
+		}
+	}
+}
+
+func BenchmarkDecodeHeaders(b *testing.B) {
+	headers := []byte(`{"step": "credit", "attempt": "1", "saga_id": "s-12345", "event_id": "0190c0d2-7e2a-7c3e-9d2b-3f4a5b6c7d8e", "operation": "action", "saga_type": "order", "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "partition_key": "s-12345"}`)
+	b.Run("decodeHeaders", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, ok := decodeHeaders(headers); !ok {
+				b.Fatal("not decoded")
+			}
+		}
+	})
+	b.Run("json.Unmarshal", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			var md map[string]string
+			if err := json.Unmarshal(headers, &md); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
