@@ -17,8 +17,8 @@ import (
 // HandleBatchTx handles msgs in tx, as HandleTx would one after the other,
 // in fewer round trips: the barrier rows of the whole batch are claimed in
 // one statement, their answers written in one more, and the replies in one
-// outbox write with it; each function that runs costs one round trip for
-// its savepoint beside its own statements. It is for consumers that take
+// outbox write with it; each function's savepoint goes in the round trip
+// of its first statement. It is for consumers that take
 // messages in batches (the saga orchestrator's way of reaching the
 // throughput target); the same guarantees hold, and its answers are
 // identical to HandleTx's.
@@ -46,6 +46,11 @@ func (p *Participant) HandleBatchTx(ctx context.Context, tx pgx.Tx, msgs []*mess
 	}
 	if len(bad) > 0 {
 		return &millrace.BatchError{Errors: bad}
+	}
+	// The functions get the transaction as a pipeline.Tx, and find it so in
+	// ctx: the savepoints between them are queued on it (handleRound).
+	if _, ok := tx.(*pipeline.Tx); !ok {
+		tx = &pipeline.Tx{Tx: tx}
 	}
 	ctx, restore := withTx(ctx, tx, msgs...)
 	defer restore()
@@ -136,16 +141,17 @@ func (p *Participant) handleRound(ctx context.Context, tx pgx.Tx, items []*item)
 
 	// The savepoint is clean until a function runs; before the next one
 	// runs it is released and taken again, so a business failure rolls back
-	// that function's writes only.
+	// that function's writes only. The two statements are queued on the
+	// batch's pipeline.Tx, which the functions get: they go in the round
+	// trip of the next function's first statement (or of whatever comes
+	// next), not in one of their own.
+	ptx := tx.(*pipeline.Tx) // HandleBatchTx made it one
 	dirty := false
 	resetSavepoint := func() error {
-		if !dirty {
-			return nil
+		if dirty {
+			ptx.Before = append(ptx.Before, pipeline.Statement{SQL: release}, pipeline.Statement{SQL: savepoint})
+			dirty = false
 		}
-		if _, err := tx.Exec(ctx, release+"; "+savepoint); err != nil {
-			return fmt.Errorf("compensation: %s: savepoint: %w", p.name, err)
-		}
-		dirty = false
 		return nil
 	}
 	var fin finishColumns

@@ -12,6 +12,7 @@ import (
 
 	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/compensation"
+	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/outbox"
 )
 
@@ -157,6 +158,61 @@ func TestFunctionsFindTheTransactionInContext(t *testing.T) {
 	for _, m := range append(batch, bare) {
 		if _, ok := millrace.TxFromContext(m.Context()); ok {
 			t.Fatalf("message %s still carries the transaction", m.UUID)
+		}
+	}
+}
+
+// A batch's functions cost their own round trips and no more: the
+// savepoint between two functions goes in the round trip of the next
+// one's first statement. A business failure among them still rolls back
+// its own writes only.
+func TestHandleBatchTxSavepointsShareRoundTrips(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 4)
+	trips := &pgtest.RoundTrips{}
+	pool, err := pgtest.ConnectTraced(context.Background(), pgtest.URL(), 1, trips)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	p, err := compensation.NewParticipant(pool, compensation.Config{Schema: b.db.Schema, Name: "payments"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	must(t, compensation.Register(p, "reserve_credit", b.reserve, b.release))
+	const n = 10
+	sagas := make([]string, n)
+	batch := make([]*message.Message, n)
+	for i := range batch {
+		sagas[i] = uuid.NewString()
+		batch[i] = action(sagas[i], 1)
+	}
+	failing := sagas[4]
+	b.setFailAction(func(call compensation.Call) error {
+		if call.SagaID == failing {
+			return compensation.Fail("insufficient credit")
+		}
+		return nil
+	})
+	ctx := context.Background()
+	start := trips.N()
+	must(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return p.HandleBatchTx(ctx, tx, batch) }))
+	// BEGIN, the claims with the first savepoint, two statements per
+	// function, the failed function's rollback to its savepoint, the
+	// answers with the replies, COMMIT.
+	if got, want := trips.N()-start, int64(1+1+2*n+1+1+1); got != want {
+		t.Errorf("a batch of %d commands took %d round trips; want %d", n, got, want)
+	}
+	for _, id := range sagas {
+		want := 1
+		if id == failing {
+			want = 0
+		}
+		if got := b.effects(t, id, "reserve"); got != want {
+			t.Errorf("saga %s: %d effects, want %d", id, got, want)
+		}
+		if rs := b.replies(t, id); len(rs) != 1 {
+			t.Errorf("saga %s: %d replies, want 1", id, len(rs))
 		}
 	}
 }

@@ -179,8 +179,9 @@
 // round trip for the barrier's answer and the reply (pipelined), and the
 // commit: one round trip more than a dedup handler that replies through the
 // outbox. HandleBatchTx takes many commands in one transaction: one claim
-// statement and one answer-and-replies round trip per batch, one savepoint
-// round trip per function that runs, one commit; a batch consumer writes
+// statement and one answer-and-replies round trip per batch, the savepoint
+// between two functions in the round trip of the next one's first
+// statement, one commit; a batch consumer writes
 // the batch's dedup marks in one statement before it. In RunBatched and
 // the Batcher, the answers and replies go out with the COMMIT, in one
 // round trip, and RunBatched sends a batch's marks with its BEGIN and its
