@@ -12,7 +12,6 @@ import (
 
 	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/compensation"
-	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/outbox"
 )
 
@@ -169,17 +168,7 @@ func TestFunctionsFindTheTransactionInContext(t *testing.T) {
 func TestHandleBatchTxSavepointsShareRoundTrips(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
-	trips := &pgtest.RoundTrips{}
-	pool, err := pgtest.ConnectTraced(context.Background(), pgtest.URL(), 1, trips)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	p, err := compensation.NewParticipant(pool, compensation.Config{Schema: b.db.Schema, Name: "payments"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	must(t, compensation.Register(p, "reserve_credit", b.reserve, b.release))
+	p, pool, trips := b.tracedParticipant(t, 1)
 	const n = 10
 	sagas := make([]string, n)
 	batch := make([]*message.Message, n)

@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/millrace/millrace"
@@ -79,6 +80,26 @@ CREATE TABLE `+b.reservation+` (saga_id text NOT NULL, step text NOT NULL, amoun
 	h := mw(func(msg *message.Message) ([]*message.Message, error) { return nil, p.Handle(msg) })
 	b.handle = func(msg *message.Message) error { _, err := h(msg); return err }
 	return b
+}
+
+// tracedParticipant is the bundle's participant again, on a pool of
+// maxConns connections whose round trips are counted.
+func (b *bundle) tracedParticipant(t testing.TB, maxConns int32) (*compensation.Participant, *pgxpool.Pool, *pgtest.RoundTrips) {
+	t.Helper()
+	trips := &pgtest.RoundTrips{}
+	pool, err := pgtest.ConnectTraced(context.Background(), pgtest.URL(), maxConns, trips)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	p, err := compensation.NewParticipant(pool, compensation.Config{Schema: b.db.Schema, Name: "payments"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := compensation.Register(p, "reserve_credit", b.reserve, b.release); err != nil {
+		t.Fatal(err)
+	}
+	return p, pool, trips
 }
 
 func (b *bundle) reserve(ctx context.Context, tx pgx.Tx, call compensation.Call, cmd reserveCredit) (reserved, error) {

@@ -15,7 +15,6 @@ import (
 	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/compensation"
 	"github.com/millrace/millrace/internal/kafkatest"
-	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/kafka"
 )
 
@@ -234,19 +233,7 @@ func (r *runRig) waitHandled(t *testing.T, n int) {
 func TestRunBatchedOneCommandRoundTrips(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
-	trips := &pgtest.RoundTrips{}
-	pool, err := pgtest.ConnectTraced(context.Background(), pgtest.URL(), 2, trips)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	p, err := compensation.NewParticipant(pool, compensation.Config{Schema: b.db.Schema, Name: "payments"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := compensation.Register(p, "reserve_credit", b.reserve, b.release); err != nil {
-		t.Fatal(err)
-	}
+	p, _, trips := b.tracedParticipant(t, 2)
 	b.p = p
 	r := newRunRig(t, b, 1)
 	r.run(t, nil)
