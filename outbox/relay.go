@@ -907,12 +907,8 @@ func (p *pendingRow) message() *message.Message {
 		payload, contentType = p.payloadBytes, millrace.ContentTypeBinary
 	}
 	msg := message.NewMessage(p.eventID, payload)
-	if len(p.headers) > 2 { // "{}" is the common case; skip decoding it
-		if md, ok := decodeHeaders(p.headers); ok {
-			msg.Metadata = md
-		} else if err := json.Unmarshal(p.headers, &md); err == nil {
-			msg.Metadata = md
-		}
+	if md := p.metadata(); md != nil {
+		msg.Metadata = md
 	}
 	msg.Metadata.Set(millrace.MetadataEventID, p.eventID)
 	msg.Metadata.Set(millrace.MetadataPartitionKey, p.key)
@@ -930,6 +926,22 @@ func (p *pendingRow) message() *message.Message {
 		msg.Metadata.Set(millrace.MetadataAggregateID, p.aggID)
 	}
 	return msg
+}
+
+// metadata decodes the row's headers: nil for none ("{}", the common case,
+// is not decoded) or for a column that is not a JSON object of strings.
+func (p *pendingRow) metadata() map[string]string {
+	if len(p.headers) <= 2 {
+		return nil
+	}
+	if md, ok := decodeHeaders(p.headers); ok {
+		return md
+	}
+	var md map[string]string
+	if json.Unmarshal(p.headers, &md) != nil {
+		return nil
+	}
+	return md
 }
 
 // decodeHeaders decodes the headers column as PostgreSQL prints a jsonb

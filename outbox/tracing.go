@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"encoding/json"
 	"maps"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -43,11 +42,8 @@ func traceBatch(ctx context.Context, rows []pendingRow) func(failed int, outage 
 	}
 	var links []trace.Link
 	for i := range rows {
-		if len(rows[i].headers) <= 2 {
-			continue
-		}
-		var md map[string]string
-		if json.Unmarshal(rows[i].headers, &md) != nil {
+		md := rows[i].metadata()
+		if md == nil {
 			continue
 		}
 		if sc := tracing.SpanContext(md); sc.IsValid() {
