@@ -823,11 +823,7 @@ func (p *partition) newDelivery(recs []*kgo.Record) *delivery {
 		if msg.UUID == "" {
 			msg.UUID = RecordUUID(r.Topic, r.Partition, r.Offset)
 		}
-		ctx := context.WithValue(p.sub.ctx, partitionKey, r.Partition)
-		ctx = context.WithValue(ctx, offsetKey, r.Offset)
-		ctx = context.WithValue(ctx, timestampKey, r.Timestamp)
-		ctx = context.WithValue(ctx, keyKey, r.Key)
-		ctx, cancel := context.WithCancel(ctx)
+		ctx, cancel := context.WithCancel(context.WithValue(p.sub.ctx, recordKey{}, r))
 		msg.SetContext(ctx)
 		d.cancels = append(d.cancels, cancel)
 		d.entries = append(d.entries, entry{rec: r, msg: msg})
@@ -861,20 +857,21 @@ func consumerMessage(r *kgo.Record) *sarama.ConsumerMessage {
 	return cm
 }
 
-type ctxKey int
+// recordKey is the context key of a delivered message's record: one
+// value for its partition, offset, timestamp and key (four values took
+// four contexts and the allocations of their boxes, per message).
+type recordKey struct{}
 
-const (
-	partitionKey ctxKey = iota + 1
-	offsetKey
-	timestampKey
-	keyKey
-)
+func recordFromCtx(ctx context.Context) (*kgo.Record, bool) {
+	r, ok := ctx.Value(recordKey{}).(*kgo.Record)
+	return r, ok
+}
 
 // MessagePartitionFromCtx returns the partition of a message a Subscriber
 // (or watermill-kafka's subscriber) delivered.
 func MessagePartitionFromCtx(ctx context.Context) (int32, bool) {
-	if v, ok := ctx.Value(partitionKey).(int32); ok {
-		return v, true
+	if r, ok := recordFromCtx(ctx); ok {
+		return r.Partition, true
 	}
 	return wkafka.MessagePartitionFromCtx(ctx)
 }
@@ -882,8 +879,8 @@ func MessagePartitionFromCtx(ctx context.Context) (int32, bool) {
 // MessagePartitionOffsetFromCtx returns the offset of a message a
 // Subscriber (or watermill-kafka's subscriber) delivered.
 func MessagePartitionOffsetFromCtx(ctx context.Context) (int64, bool) {
-	if v, ok := ctx.Value(offsetKey).(int64); ok {
-		return v, true
+	if r, ok := recordFromCtx(ctx); ok {
+		return r.Offset, true
 	}
 	return wkafka.MessagePartitionOffsetFromCtx(ctx)
 }
@@ -891,8 +888,8 @@ func MessagePartitionOffsetFromCtx(ctx context.Context) (int64, bool) {
 // MessageTimestampFromCtx returns the record timestamp of a message a
 // Subscriber (or watermill-kafka's subscriber) delivered.
 func MessageTimestampFromCtx(ctx context.Context) (time.Time, bool) {
-	if v, ok := ctx.Value(timestampKey).(time.Time); ok {
-		return v, true
+	if r, ok := recordFromCtx(ctx); ok {
+		return r.Timestamp, true
 	}
 	return wkafka.MessageTimestampFromCtx(ctx)
 }
@@ -901,8 +898,8 @@ func MessageTimestampFromCtx(ctx context.Context) (time.Time, bool) {
 // watermill-kafka's subscriber) delivered: for what Publisher writes, the
 // message's millrace.MetadataPartitionKey.
 func MessageKeyFromCtx(ctx context.Context) ([]byte, bool) {
-	if v, ok := ctx.Value(keyKey).([]byte); ok {
-		return v, true
+	if r, ok := recordFromCtx(ctx); ok {
+		return r.Key, true
 	}
 	return wkafka.MessageKeyFromCtx(ctx)
 }
