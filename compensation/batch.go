@@ -147,12 +147,11 @@ func (p *Participant) handleRound(ctx context.Context, tx pgx.Tx, items []*item)
 	// next), not in one of their own.
 	ptx := tx.(*pipeline.Tx) // HandleBatchTx made it one
 	dirty := false
-	resetSavepoint := func() error {
+	resetSavepoint := func() {
 		if dirty {
 			ptx.Before = append(ptx.Before, pipeline.Statement{SQL: release}, pipeline.Statement{SQL: savepoint})
 			dirty = false
 		}
-		return nil
 	}
 	var fin finishColumns
 	events := make([]outbox.Event, 0, len(items))
@@ -172,7 +171,7 @@ func (p *Participant) handleRound(ctx context.Context, tx pgx.Tx, items []*item)
 			return fmt.Errorf("compensation: %s: claim of %s %s/%s returned no row", p.name, it.call.Operation, it.call.SagaID, it.call.Step)
 		}
 		ran := false
-		r, err := p.decide(ctx, tx, it, cl, func() error { ran = true; return resetSavepoint() })
+		r, err := p.decide(ctx, tx, it, cl, func() { ran = true; resetSavepoint() })
 		if err != nil {
 			return err
 		}

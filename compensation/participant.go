@@ -357,7 +357,7 @@ var emptyReply = []byte("{}")
 // decide answers a command from its claim, running the action or the
 // compensation when the barrier lets it; beforeRun, if not nil, is called
 // just before. A technical error of the function is returned.
-func (p *Participant) decide(ctx context.Context, tx pgx.Tx, it *item, cl claim, beforeRun func() error) (reply, error) {
+func (p *Participant) decide(ctx context.Context, tx pgx.Tx, it *item, cl claim, beforeRun func()) (reply, error) {
 	call := it.call
 	stored := func(outcome, reason string, payload []byte) reply {
 		if len(payload) == 0 {
@@ -368,9 +368,7 @@ func (p *Participant) decide(ctx context.Context, tx pgx.Tx, it *item, cl claim,
 	// run runs fn; count counts a run that did not fail technically.
 	run := func(count func(participant, command string), fn func() ([]byte, error)) (reply, error) {
 		if beforeRun != nil {
-			if err := beforeRun(); err != nil {
-				return reply{}, err
-			}
+			beforeRun()
 		}
 		payload, err := fn()
 		if err != nil {

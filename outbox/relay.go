@@ -12,7 +12,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -942,74 +941,6 @@ func (p *pendingRow) metadata() map[string]string {
 		return nil
 	}
 	return md
-}
-
-// decodeHeaders decodes the headers column as PostgreSQL prints a jsonb
-// object of strings, {"key": "value", ...}, when no string holds an
-// escape: false for anything else, which encoding/json decodes. In the
-// saga bench's profile encoding/json's decoding was 4% of the process's
-// CPU; for eight headers this takes 1.3µs and encoding/json 6.0µs
-// (BenchmarkDecodeHeaders).
-func decodeHeaders(b []byte) (map[string]string, bool) {
-	if !utf8.Valid(b) {
-		return nil, false // encoding/json replaces what is not UTF-8
-	}
-	i := skipSpace(b, 0)
-	if i == len(b) || b[i] != '{' {
-		return nil, false
-	}
-	md := make(map[string]string, 8)
-	if i = skipSpace(b, i+1); i < len(b) && b[i] == '}' {
-		return md, skipSpace(b, i+1) == len(b)
-	}
-	for {
-		k, j, ok := plainString(b, i)
-		if !ok {
-			return nil, false
-		}
-		if i = skipSpace(b, j); i == len(b) || b[i] != ':' {
-			return nil, false
-		}
-		v, j, ok := plainString(b, skipSpace(b, i+1))
-		if !ok {
-			return nil, false
-		}
-		md[k] = v
-		switch i = skipSpace(b, j); {
-		case i < len(b) && b[i] == ',':
-			i = skipSpace(b, i+1)
-		case i < len(b) && b[i] == '}':
-			return md, skipSpace(b, i+1) == len(b)
-		default:
-			return nil, false
-		}
-	}
-}
-
-// plainString reads the JSON string at b[i] when it holds no escape and
-// no control character, and returns it and the index after it.
-func plainString(b []byte, i int) (string, int, bool) {
-	if i == len(b) || b[i] != '"' {
-		return "", i, false
-	}
-	for j := i + 1; j < len(b); j++ {
-		switch c := b[j]; {
-		case c == '"':
-			return string(b[i+1 : j]), j + 1, true
-		case c == '\\' || c < 0x20:
-			return "", j, false
-		}
-	}
-	return "", len(b), false
-}
-
-// skipSpace returns the index of the first byte from b[i] that is not
-// JSON white space.
-func skipSpace(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
-		i++
-	}
-	return i
 }
 
 // publish sends rows, one Publish call per topic, each in id order (a
