@@ -144,4 +144,28 @@ VALUES ('a', 'order', 1, 'running', '{}', '{}', now(), now())`); err != nil {
 	if err := save("a", "missing"); err == nil || !strings.Contains(err.Error(), "saved 1 of 2 sagas") {
 		t.Fatalf("saving a saga that is not there: %v; want the statement to fail, saying saved 1 of 2", err)
 	}
+	// The failed statement wrote nothing: no row for the missing saga (the
+	// upsert's insert path), and the saga there kept its first save.
+	var missing bool
+	var version int64
+	if err := db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+inst+` WHERE id = 'missing'), (SELECT version FROM `+inst+` WHERE id = 'a')`).Scan(&missing, &version); err != nil {
+		t.Fatal(err)
+	}
+	if missing || version != 2 {
+		t.Fatalf("after the failed save: row for the missing saga %v, version of a %d; want none and 2", missing, version)
+	}
+}
+
+// The batch save's plan is the same whatever the tables hold: lookups in
+// saga_instance's primary key, never a join the planner could make a hash
+// of the whole table. A plan PostgreSQL keeps for a prepared statement is
+// made once, on the tables as they are then (here: new and empty), and
+// kept while they grow.
+func TestUpdateManyPlanHasNoJoin(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewWith(t, pgtest.Options{MaxConns: 1})
+	plan := db.GenericPlan(t, newStatements(db.Schema).updateMany, 13)
+	if !strings.Contains(plan, "Conflict Arbiter Indexes: saga_instance_pkey") || strings.Contains(plan, "Join") || strings.Contains(plan, "Seq Scan") {
+		t.Fatalf("the batch save's generic plan:\n%s\nwant an upsert on saga_instance_pkey, with no join and no sequential scan", plan)
+	}
 }

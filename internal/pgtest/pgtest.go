@@ -199,3 +199,46 @@ func EncodeAllocs(t testing.TB, oid uint32, v any) float64 {
 	}
 	return allocs
 }
+
+// GenericPlan returns the plan PostgreSQL keeps for sql as a prepared
+// statement once it stops planning it for each execution's arguments (the
+// generic plan: EXPLAIN EXECUTE under plan_cache_mode force_generic_plan),
+// on the tables as they are now. nparams is the number of sql's
+// parameters; each must have a type the statement fixes (a cast).
+func (db *DB) GenericPlan(t testing.TB, sql string, nparams int) string {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := db.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	args := ""
+	for i := range nparams {
+		if i > 0 {
+			args += ", "
+		}
+		args += "NULL"
+	}
+	c := conn.Conn()
+	defer c.Exec(ctx, "DEALLOCATE ALL; RESET plan_cache_mode") //nolint:errcheck // the pool's connection: a failure closes it
+	if _, err := c.Exec(ctx, "SET plan_cache_mode = force_generic_plan"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Exec(ctx, "PREPARE pgtest_generic_plan AS "+sql); err != nil {
+		t.Fatalf("pgtest: prepare: %v", err)
+	}
+	rows, err := c.Query(ctx, "EXPLAIN EXECUTE pgtest_generic_plan("+args+")", pgx.QueryExecModeSimpleProtocol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatalf("pgtest: explain: %v", err)
+	}
+	plan := ""
+	for _, l := range lines {
+		plan += l + "\n"
+	}
+	return plan
+}
