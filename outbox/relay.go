@@ -71,8 +71,8 @@ type RelayConfig struct {
 	// sends at most one per NotifyInterval) is not left waiting for the
 	// next poll. The looks on these timers first ask whether anything is
 	// claimable (one round trip, no transaction), and begin a batch only
-	// when something is; so does the look again at once while the last
-	// one found nothing.
+	// when something is. A batch that was not full asks the same in its
+	// COMMIT's round trip, and looks again at once only if something is.
 	PollInterval time.Duration
 	// PollOnly turns off LISTEN/NOTIFY: the relay only polls, and needs no
 	// connection beyond the pool's. Use it behind a connection pooler in
@@ -417,23 +417,19 @@ func (r *Relay) work(ctx context.Context, worker int) {
 	}
 	outages, empty := 0, 0
 	backlog := false // the last batch was full: lock windows, skip the look for work
-	// A look that no NOTIFY announced (on a timer, or again at once after
-	// a batch that was not full) is speculative: it first asks, outside a
-	// transaction, whether anything is claimable. Under a trickle of
-	// events most such looks find nothing, and a look that finds nothing
-	// costs two round trips (BEGIN with the look, then ROLLBACK); the
-	// question costs one. Under a steady flow the look again at once
-	// mostly finds work, and the question would be a round trip more: it
-	// asks only while the last look again at once found nothing (askAgain).
-	speculative, again, askAgain := false, false, false
+	// A look on a timer, that no NOTIFY announced, is speculative: it
+	// first asks, outside a transaction, whether anything is claimable.
+	// Under a trickle of events most such looks find nothing, and a look
+	// that finds nothing costs two round trips (BEGIN with the look, then
+	// ROLLBACK); the question costs one. After a batch that was not full
+	// the question goes out behind its COMMIT, in the same round trip
+	// (runBatch's more): the worker looks again at once only when the
+	// answer is yes, at no round trip when it is no.
+	speculative := false
 	for ctx.Err() == nil {
-		n, err := r.runBatch(ctx, offset, backlog, speculative)
-		if again {
-			askAgain = n == 0 && (err == nil || errors.Is(err, errNothingPending))
-		}
+		n, more, err := r.runBatch(ctx, offset, backlog, speculative)
+		speculative = false
 		backlog = n >= r.cfg.BatchSize
-		again = n > 0 && !backlog
-		speculative = again && askAgain
 		offset = (offset + window) % Lanes
 		if errors.Is(err, errNothingPending) {
 			// No free lane has work: the other windows have none either.
@@ -459,11 +455,16 @@ func (r *Relay) work(ctx context.Context, worker int) {
 				default:
 				}
 			}
-			continue
-		}
-		outages = 0
-		if empty++; empty < windowsPerRing {
-			continue
+			if more {
+				continue
+			}
+			// Nothing claimable after the batch: wait for a NOTIFY or
+			// the short looks.
+		default:
+			outages = 0
+			if empty++; empty < windowsPerRing {
+				continue
+			}
 		}
 		empty = 0
 		t := time.NewTimer(idle)
@@ -556,15 +557,19 @@ type pendingRow struct {
 // claim), so a stopping relay never waits for a connection. Once claimed,
 // the batch outlives ctx: it is published and marked even while Run is
 // stopping, so a graceful stop adds no duplicates.
-func (r *Relay) runBatch(ctx context.Context, offset int, backlog, speculative bool) (int, error) {
+//
+// more says whether to look again at once: after a full batch, yes; after
+// one that was not full, whether anything was claimable once it committed
+// (asked in the COMMIT's round trip; yes when the question failed).
+func (r *Relay) runBatch(ctx context.Context, offset int, backlog, speculative bool) (n int, more bool, err error) {
 	if ctx.Err() != nil {
-		return 0, nil
+		return 0, false, nil
 	}
 	// The batch's transaction runs on the connection itself, not in a
 	// pgx.Tx: its BEGIN goes out in the round trip of the lane locks.
 	conn, err := r.pool.Acquire(ctx)
 	if err != nil {
-		return 0, stopping(ctx, fmt.Errorf("outbox: begin: %w", err))
+		return 0, false, stopping(ctx, fmt.Errorf("outbox: begin: %w", err))
 	}
 	// Release destroys a connection still in a transaction (its rollback
 	// failed): it never goes back to the pool with locks held.
@@ -581,10 +586,10 @@ func (r *Relay) runBatch(ctx context.Context, offset int, backlog, speculative b
 
 	_, rows, err := r.takeBatch(ctx, tx, offset, backlog, speculative)
 	if errors.Is(err, errNothingPending) {
-		return 0, err
+		return 0, false, err
 	}
 	if err != nil || len(rows) == 0 {
-		return 0, stopping(ctx, err)
+		return 0, false, stopping(ctx, err)
 	}
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
 	defer cancel()
@@ -601,25 +606,59 @@ func (r *Relay) runBatch(ctx context.Context, offset int, backlog, speculative b
 			first = err
 			break
 		}
-		return 0, fmt.Errorf("%w: %d events: %v", errOutage, len(rows), first)
+		return 0, false, fmt.Errorf("%w: %d events: %v", errOutage, len(rows), first)
 	}
 	var back unclaimed
 	if len(failed) > 0 {
 		back = r.settleFailures(rows, failed)
 		if _, err := tx.Exec(bctx, r.unclaim, back.ids, back.blocked, back.dead, back.nextAt, back.errs, back.charge); err != nil {
-			return 0, fmt.Errorf("outbox: return %d failed events to the pending set: %w", len(back.ids), err)
+			return 0, false, fmt.Errorf("outbox: return %d failed events to the pending set: %w", len(back.ids), err)
 		}
 	}
-	if _, err := tx.Exec(bctx, "COMMIT"); err != nil {
-		return 0, fmt.Errorf("outbox: commit batch of %d: %w", len(rows), err)
+	more, err = r.commit(bctx, tx, len(rows) < r.cfg.BatchSize)
+	if err != nil {
+		return 0, false, fmt.Errorf("outbox: commit batch of %d: %w", len(rows), err)
 	}
 	r.cfg.Metrics.batch(len(rows)-len(back.ids), back.charged, back.died)
 	if outage != nil {
 		// What went out is marked; the rest waits, uncharged, while the
 		// worker backs off.
-		return len(rows), fmt.Errorf("%w: %d of %d events not sent: %v", errOutage, len(back.ids), len(rows), outage)
+		return len(rows), false, fmt.Errorf("%w: %d of %d events not sent: %v", errOutage, len(back.ids), len(rows), outage)
 	}
-	return len(rows), nil
+	return len(rows), more, nil
+}
+
+// commit commits the batch's transaction on tx. If ask, it asks in the
+// same round trip, after the COMMIT and outside the transaction, whether
+// anything is claimable (anyClaimable), and returns the answer; a failed
+// question (the COMMIT went through) answers yes, so that the worker looks
+// rather than sleeps. Without ask it answers yes.
+func (r *Relay) commit(ctx context.Context, tx *pgx.Conn, ask bool) (more bool, err error) {
+	if !ask {
+		_, err := tx.Exec(ctx, "COMMIT")
+		return true, err
+	}
+	// A wake-up signalled before the question is answered by it: taken
+	// here, it would only start a look that finds nothing. Events
+	// committed after the question bring a NOTIFY of their own, or are
+	// found by worker 0's short looks.
+	select {
+	case <-r.wake:
+	default:
+	}
+	b := &pgx.Batch{}
+	b.Queue("COMMIT")
+	b.Queue(r.anyClaimable, !r.cfg.SkipDeadLetteredKeys)
+	br := tx.SendBatch(ctx, b)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return false, err
+	}
+	if err := br.QueryRow().Scan(&more); err != nil {
+		r.log.Error("Relay could not ask for more work after a batch; looking again", err, nil)
+		return true, nil
+	}
+	return more, nil
 }
 
 // stopping returns err, or nil when ctx has ended: a step cut short by the

@@ -184,8 +184,8 @@ func TestBatchLocksOnlyTheLanesWithWork(t *testing.T) {
 	}
 }
 
-// A speculative batch (no NOTIFY announced work: after a batch that was
-// not full, or on a timer) asks first, outside a transaction, whether
+// A speculative batch (no NOTIFY announced work: a look on a timer) asks
+// first, outside a transaction, whether
 // anything is claimable: nothing, or nothing but an event waiting out its
 // retry, costs that one round trip and leaves no transaction to roll back;
 // work is claimed as by any batch.
@@ -289,4 +289,59 @@ func relayAndWriter(t *testing.T, db *pgtest.DB, cfg RelayConfig) (*Relay, *Writ
 		t.Fatal(err)
 	}
 	return r, w
+}
+
+// A batch that was not full asks whether anything is claimable in its
+// COMMIT's round trip, not in one of its own: a batch is two round trips
+// (the look with its claim, the COMMIT with the question), and its answer
+// says whether the worker looks again at once (more) or waits for a
+// NOTIFY. Before, the question (or the look again) was a third round trip
+// after every batch of a trickle.
+func TestBatchAsksForMoreWithItsCommit(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	trips := &pgtest.RoundTrips{}
+	pool, err := pgtest.ConnectTraced(ctx, pgtest.URL(), 2, trips)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	w, err := NewWriter(db.Pool, WriterConfig{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The publisher writes one event of another key while it publishes
+	// the first batch: it is pending once that batch commits.
+	var published []string
+	writeDuring := true
+	pub := publishFunc(func(_ string, ids ...string) {
+		published = append(published, ids...)
+		if writeDuring {
+			writeDuring = false
+			if _, err := w.Write(ctx, Event{Topic: "t", PartitionKey: "later", Payload: []byte(`{}`)}); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	r, err := NewRelay(pool, RelayConfig{Schema: db.Schema, Publisher: pub, Logger: watermill.NopLogger{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write(ctx, Event{Topic: "t", PartitionKey: "first", Payload: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	batch := func(wantMore bool) {
+		t.Helper()
+		before := trips.N()
+		n, more, err := r.runBatch(ctx, 0, false, false)
+		if got := trips.N() - before; err != nil || n != 1 || more != wantMore || got != 2 {
+			t.Fatalf("batch: %d events, more %v, %d round trips, %v; want 1 event, more %v, 2 round trips", n, more, got, err, wantMore)
+		}
+	}
+	batch(true)  // the event written while it published is claimable
+	batch(false) // nothing after the second
+	if len(published) != 2 {
+		t.Fatalf("published %d events; want 2", len(published))
+	}
 }
