@@ -200,10 +200,11 @@ func (b *bench) sagaLatency(ctx context.Context) error {
 	return nil
 }
 
-// latencyMeter reports whether config key k is a latency phase's CPU or
-// wake-ups per saga.
+// latencyMeter reports whether config key k is a latency phase's CPU,
+// wake-ups or round trips to PostgreSQL per saga.
 func latencyMeter(k string) bool {
-	return strings.HasPrefix(k, "saga_latency_cpu_") || strings.HasPrefix(k, "saga_latency_wakeups_")
+	return strings.HasPrefix(k, "saga_latency_cpu_") || strings.HasPrefix(k, "saga_latency_wakeups_") ||
+		k == "saga_latency_pg_round_trips_per_saga"
 }
 
 // recordSagaCPU records in config the CPU per saga of a phase that ran
