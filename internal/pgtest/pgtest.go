@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -241,4 +242,16 @@ func (db *DB) GenericPlan(t testing.TB, sql string, nparams int) string {
 		plan += l + "\n"
 	}
 	return plan
+}
+
+// CheckUpsertPlan fails t unless sql's generic plan (GenericPlan) is an
+// upsert arbitrated by index, with no join and no sequential scan: a plan
+// that reads the table only through that index, whatever it held when the
+// plan was made.
+func (db *DB) CheckUpsertPlan(t testing.TB, sql string, nparams int, index string) {
+	t.Helper()
+	plan := db.GenericPlan(t, sql, nparams)
+	if !strings.Contains(plan, "Conflict Arbiter Indexes: "+index) || strings.Contains(plan, "Join") || strings.Contains(plan, "Seq Scan") {
+		t.Fatalf("generic plan:\n%s\nwant an upsert arbitrated by %s, with no join and no sequential scan", plan, index)
+	}
 }
