@@ -92,7 +92,15 @@ if [ "$any" = 0 ] && [ -d "$dir" ]; then
 	rm -rf "$dir"
 fi
 mkdir -p "$dir"
-[ -f "$dir/cluster-id" ] || python3 -c 'import uuid,base64;print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))' >"$dir/cluster-id"
+# A cluster id is 16 random bytes in URL-safe base64. One that begins with
+# "-" would read as an option to the storage tool (one in 64 did): drawn again.
+[ -f "$dir/cluster-id" ] || python3 -c '
+import uuid, base64
+while True:
+    cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    if not cid.startswith("-"):
+        print(cid)
+        break' >"$dir/cluster-id"
 cid=$(cat "$dir/cluster-id")
 voters=""
 for n in "${nodes[@]}"; do voters="$voters${voters:+,}$n@127.0.0.1:$(cport_of "$n")"; done
