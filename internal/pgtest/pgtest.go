@@ -214,13 +214,7 @@ func (db *DB) GenericPlan(t testing.TB, sql string, nparams int) string {
 		t.Fatal(err)
 	}
 	defer conn.Release()
-	args := ""
-	for i := range nparams {
-		if i > 0 {
-			args += ", "
-		}
-		args += "NULL"
-	}
+	args := strings.TrimSuffix(strings.Repeat("NULL, ", nparams), ", ")
 	c := conn.Conn()
 	defer c.Exec(ctx, "DEALLOCATE ALL; RESET plan_cache_mode") //nolint:errcheck // the pool's connection: a failure closes it
 	if _, err := c.Exec(ctx, "SET plan_cache_mode = force_generic_plan"); err != nil {
@@ -237,11 +231,7 @@ func (db *DB) GenericPlan(t testing.TB, sql string, nparams int) string {
 	if err != nil {
 		t.Fatalf("pgtest: explain: %v", err)
 	}
-	plan := ""
-	for _, l := range lines {
-		plan += l + "\n"
-	}
-	return plan
+	return strings.Join(lines, "\n")
 }
 
 // CheckUpsertPlan fails t unless sql's generic plan (GenericPlan) is an
