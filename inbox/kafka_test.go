@@ -34,6 +34,16 @@ func kafkaPublisher(t testing.TB, brokers []string) *wkafka.Publisher {
 	return p
 }
 
+// createTopics creates the test's topics before anything is published to
+// them: a producer that creates a topic by publishing to it may be told,
+// on a cluster, that the topic does not exist yet, and give up.
+func createTopics(t testing.TB, brokers []string, topics ...string) {
+	t.Helper()
+	for _, topic := range topics {
+		kafkatest.CreateTopic(t, brokers, topic, -1, nil)
+	}
+}
+
 // collect subscribes to topic and gathers what arrives, until the test ends.
 type collector struct {
 	mu   sync.Mutex
@@ -84,6 +94,7 @@ func TestKafkaRouterDedupPoisonAndOutbox(t *testing.T) {
 	b := setup(t, 8)
 	brokers := kafkatest.Brokers(t)
 	topic, poisonTopic := kafkatest.Topic(), kafkatest.Topic()
+	createTopics(t, brokers, topic, poisonTopic)
 	pub := kafkaPublisher(t, brokers)
 
 	var sent []*message.Message
@@ -182,6 +193,7 @@ func TestKafkaRetryTopicAndDeadLetterTopic(t *testing.T) {
 	b := setup(t, 6)
 	brokers := kafkatest.Brokers(t)
 	topic, retryTopic, dlqTopic := kafkatest.Topic(), kafkatest.Topic(), kafkatest.Topic()
+	createTopics(t, brokers, topic, retryTopic, dlqTopic)
 	pub := kafkaPublisher(t, brokers)
 	flaky, broken := message.NewMessage(uuid.NewString(), []byte(`{}`)), message.NewMessage(uuid.NewString(), []byte(`{}`))
 	for _, m := range []*message.Message{flaky, broken, flaky} { // flaky is delivered twice on the main topic

@@ -129,6 +129,45 @@ func CreateTopic(t testing.TB, brokers []string, topic string, partitions int32,
 	if err := kerr.ErrorForCode(resp.Topics[0].ErrorCode); err != nil {
 		t.Fatalf("create topic %s: %v", topic, err)
 	}
+	waitTopicEverywhere(ctx, t, c, topic)
+}
+
+// waitTopicEverywhere waits until every broker of the cluster answers a
+// metadata request for topic with a leader for each partition. On a
+// cluster a broker learns of a new topic from the metadata log a moment
+// after the controller created it, and a producer that asks it first is
+// told the topic does not exist (a client with few retries gives up).
+func waitTopicEverywhere(ctx context.Context, t testing.TB, c *kgo.Client, topic string) {
+	t.Helper()
+	meta, err := kmsg.NewPtrMetadataRequest().RequestWith(ctx, c)
+	if err != nil {
+		t.Fatalf("metadata: %v", err)
+	}
+	for _, b := range meta.Brokers {
+		for {
+			req := kmsg.NewPtrMetadataRequest()
+			rt := kmsg.NewMetadataRequestTopic()
+			rt.Topic = kmsg.StringPtr(topic)
+			req.Topics = append(req.Topics, rt)
+			resp, err := req.RequestWith(ctx, c.Broker(int(b.NodeID)))
+			if err == nil && len(resp.Topics) == 1 && resp.Topics[0].ErrorCode == 0 && len(resp.Topics[0].Partitions) > 0 && ledEverywhere(resp.Topics[0].Partitions) {
+				break
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("broker %d does not serve topic %s: %v", b.NodeID, topic, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}
+
+func ledEverywhere(ps []kmsg.MetadataResponseTopicPartition) bool {
+	for _, p := range ps {
+		if p.ErrorCode != 0 || p.Leader < 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // SetTopicConfig sets one configuration of topic (IncrementalAlterConfigs)
