@@ -2,6 +2,7 @@ package kafkatest
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -139,22 +140,33 @@ func CreateTopic(t testing.TB, brokers []string, topic string, partitions int32,
 // told the topic does not exist (a client with few retries gives up).
 func waitTopicEverywhere(ctx context.Context, t testing.TB, c *kgo.Client, topic string) {
 	t.Helper()
+	untilEveryBroker(ctx, t, c, "serve topic "+topic, func(b *kgo.Broker) (bool, error) {
+		req := kmsg.NewPtrMetadataRequest()
+		rt := kmsg.NewMetadataRequestTopic()
+		rt.Topic = kmsg.StringPtr(topic)
+		req.Topics = append(req.Topics, rt)
+		resp, err := req.RequestWith(ctx, b)
+		return err == nil && len(resp.Topics) == 1 && resp.Topics[0].ErrorCode == 0 &&
+			len(resp.Topics[0].Partitions) > 0 && ledEverywhere(resp.Topics[0].Partitions), err
+	})
+}
+
+// untilEveryBroker asks each broker of the cluster, every 50 ms, until ok
+// says yes, and fails t (with what) when ctx ends first.
+func untilEveryBroker(ctx context.Context, t testing.TB, c *kgo.Client, what string, ok func(*kgo.Broker) (bool, error)) {
+	t.Helper()
 	meta, err := kmsg.NewPtrMetadataRequest().RequestWith(ctx, c)
 	if err != nil {
 		t.Fatalf("metadata: %v", err)
 	}
 	for _, b := range meta.Brokers {
 		for {
-			req := kmsg.NewPtrMetadataRequest()
-			rt := kmsg.NewMetadataRequestTopic()
-			rt.Topic = kmsg.StringPtr(topic)
-			req.Topics = append(req.Topics, rt)
-			resp, err := req.RequestWith(ctx, c.Broker(int(b.NodeID)))
-			if err == nil && len(resp.Topics) == 1 && resp.Topics[0].ErrorCode == 0 && len(resp.Topics[0].Partitions) > 0 && ledEverywhere(resp.Topics[0].Partitions) {
+			done, err := ok(c.Broker(int(b.NodeID)))
+			if done {
 				break
 			}
 			if ctx.Err() != nil {
-				t.Fatalf("broker %d does not serve topic %s: %v", b.NodeID, topic, err)
+				t.Fatalf("broker %d does not %s: %v", b.NodeID, what, err)
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
@@ -197,26 +209,14 @@ func SetTopicConfig(t testing.TB, brokers []string, topic, name, value string) {
 	if err := kerr.ErrorForCode(resp.Resources[0].ErrorCode); err != nil {
 		t.Fatalf("set %s of topic %s: %v", name, topic, err)
 	}
-	meta, err := kmsg.NewPtrMetadataRequest().RequestWith(ctx, c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, b := range meta.Brokers {
-		for {
-			dreq := kmsg.NewPtrDescribeConfigsRequest()
-			dr := kmsg.NewDescribeConfigsRequestResource()
-			dr.ResourceType, dr.ResourceName = kmsg.ConfigResourceTypeTopic, topic
-			dr.ConfigNames = []string{name}
-			dreq.Resources = append(dreq.Resources, dr)
-			dresp, err := dreq.RequestWith(ctx, c.Broker(int(b.NodeID)))
-			if err == nil && len(dresp.Resources) == 1 && len(dresp.Resources[0].Configs) == 1 &&
-				dresp.Resources[0].Configs[0].Value != nil && *dresp.Resources[0].Configs[0].Value == value {
-				break
-			}
-			if ctx.Err() != nil {
-				t.Fatalf("broker %d does not report %s of topic %s = %s: %v", b.NodeID, name, topic, value, err)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
+	untilEveryBroker(ctx, t, c, fmt.Sprintf("report %s of topic %s = %s", name, topic, value), func(b *kgo.Broker) (bool, error) {
+		dreq := kmsg.NewPtrDescribeConfigsRequest()
+		dr := kmsg.NewDescribeConfigsRequestResource()
+		dr.ResourceType, dr.ResourceName = kmsg.ConfigResourceTypeTopic, topic
+		dr.ConfigNames = []string{name}
+		dreq.Resources = append(dreq.Resources, dr)
+		dresp, err := dreq.RequestWith(ctx, b)
+		return err == nil && len(dresp.Resources) == 1 && len(dresp.Resources[0].Configs) == 1 &&
+			dresp.Resources[0].Configs[0].Value != nil && *dresp.Resources[0].Configs[0].Value == value, err
+	})
 }
