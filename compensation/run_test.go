@@ -236,7 +236,8 @@ func TestRunBatchedOneCommandRoundTrips(t *testing.T) {
 	p, _, trips := b.tracedParticipant(t, 2)
 	b.p = p
 	r := newRunRig(t, b, 1)
-	r.run(t, nil)
+	var batches atomic.Int32
+	r.run(t, func(int) { batches.Add(1) })
 	publish := func(m *message.Message) {
 		t.Helper()
 		if err := r.pub.Publish(r.topic, m); err != nil {
@@ -253,6 +254,13 @@ func TestRunBatchedOneCommandRoundTrips(t *testing.T) {
 	second := action(uuid.NewString(), 1)
 	start = trips.N()
 	publish(first) // again: a duplicate
+	// The new command goes out once the duplicate's batch has formed: in
+	// one batch with it, the pair would cost a batch's fallback instead.
+	for deadline := time.Now().Add(60 * time.Second); batches.Load() < 2; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the duplicate was not taken in a batch")
+		}
+	}
 	publish(second)
 	r.waitHandled(t, 2)
 	if got := trips.N() - start; got != 2+4 {
