@@ -178,64 +178,28 @@ func TestUpdateManyPlanHasNoJoin(t *testing.T) {
 // keeps the generic plan again.
 func TestLockManyKeepsItsGenericPlan(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewWith(t, pgtest.Options{MaxConns: 1})
+	db := pgtest.NewWith(t, pgtest.Options{MaxConns: 2})
 	ctx := context.Background()
 	sql := newStatements(db.Schema)
 	inst := sqlident.Table(db.Schema, "saga_instance")
-	conn, err := db.Pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	c := conn.Conn()
-	defer c.Exec(ctx, "DEALLOCATE ALL") //nolint:errcheck // a failure closes the connection
-	sd, err := c.Prepare(ctx, "lock_many", sql.lockMany)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// lock runs the prepared lock n times in a transaction it rolls back,
-	// and returns how many executions so far ran the generic plan.
-	lock := func(n int) (generic int64) {
-		t.Helper()
-		tx, err := c.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() { _ = tx.Rollback(ctx) }()
-		for range n {
-			if _, err := tx.Exec(ctx, sd.Name, []string{"s7", "s3"}); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if err := tx.QueryRow(ctx, `SELECT generic_plans FROM pg_prepared_statements WHERE name = $1`, sd.Name).Scan(&generic); err != nil {
-			t.Fatal(err)
-		}
-		return generic
-	}
+	lock := db.Prepare(t, sql.lockMany)
+	ids := []string{"s7", "s3"}
 	// Five plans for the arguments, then the generic plan.
-	if generic := lock(10); generic != 5 {
+	if generic := lock.Execute(10, ids); generic != 5 {
 		t.Fatalf("generic plans in 10 executions = %d, want 5", generic)
 	}
-	if _, err := c.Exec(ctx, `INSERT INTO `+inst+` (id, type, def_version, status, data, input, created_at, updated_at)
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO `+inst+` (id, type, def_version, status, data, input, created_at, updated_at)
 SELECT 's' || g, 'order', 1, 'running', '{}', '{}', now(), now() FROM generate_series(1, 5000) g`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Exec(ctx, `ANALYZE `+inst); err != nil {
+	if _, err := db.Pool.Exec(ctx, `ANALYZE `+inst); err != nil {
 		t.Fatal(err)
 	}
-	before := lock(100)
-	if after := lock(10); after-before != 10 {
+	before := lock.Execute(100, ids)
+	if after := lock.Execute(10, ids); after-before != 10 {
 		t.Fatalf("generic plans in the last 10 of 110 executions = %d, want 10", after-before)
 	}
-	rows, err := c.Query(ctx, `EXPLAIN EXECUTE lock_many('{s7,s3}')`, pgx.QueryExecModeSimpleProtocol)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	plan := strings.Join(lines, "\n")
+	plan := lock.Explain(`'{s7,s3}'`)
 	if !strings.Contains(plan, "saga_instance_pkey") || strings.Contains(plan, "Seq Scan") || strings.Contains(plan, "Join") {
 		t.Fatalf("plan after ANALYZE:\n%s\nwant a scan of saga_instance_pkey, with no join and no sequential scan", plan)
 	}

@@ -216,7 +216,7 @@ func (db *DB) GenericPlan(t testing.TB, sql string, nparams int) string {
 	defer conn.Release()
 	args := strings.TrimSuffix(strings.Repeat("NULL, ", nparams), ", ")
 	c := conn.Conn()
-	defer c.Exec(ctx, "DEALLOCATE ALL; RESET plan_cache_mode") //nolint:errcheck // the pool's connection: a failure closes it
+	defer c.Exec(ctx, "DEALLOCATE pgtest_generic_plan; RESET plan_cache_mode") //nolint:errcheck // the pool's connection: a failure closes it; not ALL, which would drop pgx's cached statements
 	if _, err := c.Exec(ctx, "SET plan_cache_mode = force_generic_plan"); err != nil {
 		t.Fatal(err)
 	}
@@ -243,5 +243,96 @@ func (db *DB) CheckUpsertPlan(t testing.TB, sql string, nparams int, index strin
 	plan := db.GenericPlan(t, sql, nparams)
 	if !strings.Contains(plan, "Conflict Arbiter Indexes: "+index) || strings.Contains(plan, "Join") || strings.Contains(plan, "Seq Scan") {
 		t.Fatalf("generic plan:\n%s\nwant an upsert arbitrated by %s, with no join and no sequential scan", plan, index)
+	}
+}
+
+// Prepared is a statement prepared on a connection of its own, to see
+// what PostgreSQL's plan cache does with it: Executions says how many of
+// its executions ran the generic plan.
+type Prepared struct {
+	t    testing.TB
+	conn *pgxpool.Conn
+	name string
+}
+
+// Prepare prepares sql on a connection of db's pool, held until the test
+// ends.
+func (db *DB) Prepare(t testing.TB, sql string) *Prepared {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := db.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sd, err := conn.Conn().Prepare(ctx, "pgtest_prepared", sql)
+	if err != nil {
+		conn.Release()
+		t.Fatalf("pgtest: prepare: %v", err)
+	}
+	t.Cleanup(func() {
+		// Only this statement: DEALLOCATE ALL would drop pgx's cached
+		// statements behind its back, and the pool's next user of the
+		// connection would find them gone.
+		_ = conn.Conn().Deallocate(context.Background(), sd.Name)
+		conn.Release()
+	})
+	return &Prepared{t: t, conn: conn, name: sd.Name}
+}
+
+// Execute executes the statement n times with args in a transaction it
+// rolls back, and returns how many of its executions so far (these and
+// earlier ones) ran the generic plan (pg_prepared_statements.generic_plans).
+func (p *Prepared) Execute(n int, args ...any) (generic int64) {
+	p.t.Helper()
+	ctx := context.Background()
+	tx, err := p.conn.Begin(ctx)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	for range n {
+		if _, err := tx.Exec(ctx, p.name, args...); err != nil {
+			p.t.Fatalf("pgtest: execute: %v", err)
+		}
+	}
+	if err := tx.QueryRow(ctx, `SELECT generic_plans FROM pg_prepared_statements WHERE name = $1`, p.name).Scan(&generic); err != nil {
+		p.t.Fatal(err)
+	}
+	return generic
+}
+
+// Explain returns the plan of an execution with args, given as SQL
+// literals ("'{a,b}'").
+func (p *Prepared) Explain(args ...string) string {
+	p.t.Helper()
+	rows, err := p.conn.Query(context.Background(), "EXPLAIN EXECUTE "+p.name+"("+strings.Join(args, ", ")+")", pgx.QueryExecModeSimpleProtocol)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		p.t.Fatalf("pgtest: explain: %v", err)
+	}
+	return strings.Join(lines, "\n")
+}
+
+// CheckKeepsGenericPlan fails t unless PostgreSQL, executing sql prepared
+// ten times with args, keeps its generic plan after the five plans it
+// makes for the arguments first (a statement planned again at every
+// execution pays for a plan each time), and unless that plan (GenericPlan,
+// sql's one parameter NULL) reads through index, with no sequential scan.
+// The tables must hold rows, analyzed: on empty ones any plan is as cheap
+// as the generic one. A statement of the form
+// "col = ANY($1)" usually is (a plan for a few values always looks
+// cheaper than the generic plan's array of unknown length); its array
+// through an InitPlan, "col = ANY(ARRAY(SELECT unnest($1::type[])))",
+// is of unknown length to both, and the generic plan is kept.
+func (db *DB) CheckKeepsGenericPlan(t testing.TB, sql, index string, arg any) {
+	t.Helper()
+	if generic := db.Prepare(t, sql).Execute(10, arg); generic != 5 {
+		t.Fatalf("generic plans in 10 executions = %d, want 5 (PostgreSQL plans it again for the arguments):\n%s", generic, sql)
+	}
+	if plan := db.GenericPlan(t, sql, 1); !strings.Contains(plan, index) || strings.Contains(plan, "Seq Scan") {
+		t.Fatalf("generic plan:\n%s\nwant a scan of %s, with no sequential scan", plan, index)
 	}
 }
