@@ -191,7 +191,7 @@ SELECT c.*, c.partition_key <> '' AND EXISTS (
  ORDER BY c.id`, table)
 	}
 	p.markDone = fmt.Sprintf(`UPDATE %s SET processed = true, processed_at = now(), next_attempt_at = NULL
- WHERE id = ANY($1)`, table)
+ WHERE id = %s`, table, sqlident.AnyParam("$1", "int8"))
 	p.markFailed = fmt.Sprintf(`UPDATE %s AS e SET attempts = f.attempts, last_error = f.err,
        next_attempt_at = now() + f.backoff_ms * interval '1 millisecond',
        dead_at = CASE WHEN f.dead THEN now() END

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace/internal/backoff"
+	"github.com/millrace/millrace/internal/sqlident"
 )
 
 // CDCRelayConfig configures a CDCRelay.
@@ -117,13 +118,16 @@ func NewCDCRelay(pool *pgxpool.Pool, cfg CDCRelayConfig) (*CDCRelay, error) {
 	// Which keys of a batch have events in the pending set: those keys'
 	// stream events go there too, behind them, so per-key order holds. It
 	// scans the pending set, empty or small while everything flows (a
-	// large replay makes it slower, not wrong).
+	// large replay makes it slower, not wrong). Its keys stay a plain
+	// parameter, planned for each batch: the scan then hashes them, where
+	// an InitPlan's array (sqlident.AnyParam) would be matched one key
+	// after another against each pending row.
 	c.heldKeys = fmt.Sprintf(`SELECT DISTINCT partition_key FROM %s WHERE partition_key = ANY($1)`, pending)
 	// Stream events handed to the polling half. One already published (a
 	// stream read again after a crash) is not handed over twice.
 	c.divert = fmt.Sprintf(`INSERT INTO %s (id, lane, partition_key)
-SELECT id, lane, partition_key FROM %s WHERE id = ANY($1) AND published_at IS NULL AND discarded_at IS NULL
-ON CONFLICT (id) DO NOTHING`, pending, events)
+SELECT id, lane, partition_key FROM %s WHERE id = %s AND published_at IS NULL AND discarded_at IS NULL
+ON CONFLICT (id) DO NOTHING`, pending, events, sqlident.AnyParam("$1", "int8"))
 	// The polling relay's unclaim, for events that never were claimed:
 	// an event already in the pending set (the stream read again) keeps
 	// its state there and is charged nothing again.
@@ -146,8 +150,8 @@ UPDATE %[2]s e SET published_at = NULL,
 	// relay's; the publication streams inserts only.
 	// Which events of a batch are marked published already (primary-key
 	// lookups), while the stream may repeat what a relay before published.
-	c.marked = fmt.Sprintf(`SELECT id FROM %s WHERE id = ANY($1) AND published_at IS NOT NULL`, events)
-	c.mark = fmt.Sprintf(`UPDATE %s SET published_at = now() WHERE id = ANY($1) AND published_at IS NULL`, events)
+	c.marked = fmt.Sprintf(`SELECT id FROM %s WHERE id = %s AND published_at IS NOT NULL`, events, sqlident.AnyParam("$1", "int8"))
+	c.mark = fmt.Sprintf(`UPDATE %s SET published_at = now() WHERE id = %s AND published_at IS NULL`, events, sqlident.AnyParam("$1", "int8"))
 	return c, nil
 }
 
