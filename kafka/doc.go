@@ -11,12 +11,17 @@
 // time and waits for each acknowledgement: about 7k messages/s against a
 // broker on loopback. Publisher here hands the whole call to franz-go's
 // idempotent producer, which packs the records into produce requests per
-// partition and pipelines them, and waits once. The relay publishes a
-// claimed batch in one call.
+// partition and pipelines them, and waits once. PublishTopics does the
+// same for several topics at once: since calls go out one at a time, a
+// Publish call per topic waits for a round of acknowledgements each
+// (tens of milliseconds with acks from all replicas of a real cluster).
+// The relay publishes a claimed batch in one call, PublishTopics when it
+// holds several topics.
 //
 //	p, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: []string{"127.0.0.1:9092"}}, logger)
 //	...
 //	err = p.Publish("orders", msgs...) // one batch, all acknowledged or listed in the error
+//	err = p.PublishTopics(map[string][]*message.Message{"orders": orders, "payments": payments})
 //
 // The defaults are meant for a real cluster: an idempotent producer, acks
 // from all in-sync replicas, sarama's hash partitioner (keys land where
@@ -26,7 +31,8 @@
 // # Order per key
 //
 // Publish guarantees that a message is never stored after an earlier
-// message of its partition key, in the same call, that failed. How:
+// message of its partition key, in the same call, that failed
+// (PublishTopics: of its topic and key). How:
 //
 //   - Publish calls go out one at a time. All records of a call are buffered
 //     before the first is sent (franz-go's manual flushing), then flushed.

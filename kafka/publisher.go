@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -274,18 +275,55 @@ func fnv32a(b []byte) uint32 {
 // marked permanent when retrying will not fix it. After Close, every message
 // fails with ErrClosed.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
-	if len(msgs) == 0 {
+	return p.publishTopics([]topicBatch{{topic: topic, msgs: msgs}})
+}
+
+// PublishTopics is Publish for several topics at once: the messages of
+// every topic of byTopic go out in one round to the brokers, where a
+// Publish call per topic waits for the acknowledgements of one before the
+// next is sent (a Publisher sends one call at a time). Each topic's
+// messages are as in Publish: a key's records keep their order and none
+// is stored after an earlier one of its key failed (a key is one per
+// topic: the same key in two topics is two keys). The error is a
+// *millrace.BatchError listing every failed message of every topic, or
+// nil. outbox.Relay uses it for a batch that holds several topics.
+func (p *Publisher) PublishTopics(byTopic map[string][]*message.Message) error {
+	topics := make([]string, 0, len(byTopic))
+	for t := range byTopic {
+		topics = append(topics, t)
+	}
+	slices.Sort(topics)
+	batches := make([]topicBatch, len(topics))
+	for i, t := range topics {
+		batches[i] = topicBatch{topic: t, msgs: byTopic[t]}
+	}
+	return p.publishTopics(batches)
+}
+
+// topicBatch is one topic's messages of a call.
+type topicBatch struct {
+	topic string
+	msgs  []*message.Message
+	out   []outcome // its part of the call's outcomes
+}
+
+func (p *Publisher) publishTopics(batches []topicBatch) error {
+	var all []*message.Message
+	for _, b := range batches {
+		all = append(all, b.msgs...)
+	}
+	if len(all) == 0 {
 		return nil
 	}
 	if p.closed.Load() {
-		return failAll(msgs, ErrClosed)
+		return failAll(all, ErrClosed)
 	}
 	p.sendMu.Lock()
 	defer p.sendMu.Unlock()
 	if p.closed.Load() {
-		return failAll(msgs, ErrClosed)
+		return failAll(all, ErrClosed)
 	}
-	err := p.publish(topic, msgs)
+	err := p.publish(batches, all)
 	if p.stale != "" {
 		p.renewClient()
 	}
@@ -299,11 +337,13 @@ type outcome struct {
 	size int32       // the record's batch size when alone
 }
 
-func (p *Publisher) publish(topic string, msgs []*message.Message) error {
-	limit := p.limitFor(topic)
-	out := make([]outcome, len(msgs))
+// publish sends the batches' messages, all of them (all, in the batches'
+// order) in the same rounds.
+func (p *Publisher) publish(batches []topicBatch, all []*message.Message) error {
+	out := make([]outcome, len(all))
 	// A key with a failed message holds its later messages of this call
 	// back, so they cannot overtake it (millrace.BatchError's contract).
+	// Keys are per topic: topicKey.
 	failedKeys := map[string]bool{}
 	hold := func(i int, key string, err error) {
 		out[i].err = err
@@ -319,64 +359,89 @@ func (p *Publisher) publish(topic string, msgs []*message.Message) error {
 		p.produce(out, round)
 		for _, i := range round {
 			if out[i].err != nil {
-				failedKeys[string(out[i].rec.Key)] = true
+				failedKeys[topicKey(out[i].rec.Topic, string(out[i].rec.Key))] = true
 			}
 		}
 		round, roundBytes = round[:0], 0
 	}
-	for i, msg := range msgs {
-		pm, err := p.marshaler.Marshal(topic, msg)
-		if err != nil {
-			hold(i, msg.Metadata.Get(millrace.MetadataPartitionKey),
-				millrace.Permanent(fmt.Errorf("%w %s: %w", ErrMarshal, msg.UUID, err)))
-			continue
-		}
-		rec, err := toRecord(topic, pm)
-		if err != nil {
-			hold(i, msg.Metadata.Get(millrace.MetadataPartitionKey),
-				millrace.Permanent(fmt.Errorf("%w %s: %w", ErrMarshal, msg.UUID, err)))
-			continue
-		}
-		key := string(rec.Key)
-		out[i].rec = rec
-		out[i].size = recordBatchSize(rec)
-		if failedKeys[key] {
-			out[i].err = temporary(fmt.Errorf("%w: message %s", ErrHeldBack, msg.UUID))
-			continue
-		}
-		if out[i].size > limit {
-			hold(i, key, millrace.Permanent(fmt.Errorf("%w: message %s needs %d bytes, topic %s takes %d",
-				ErrMessageTooLarge, msg.UUID, out[i].size, topic, limit)))
-			continue
-		}
-		if len(round) >= p.chunk || p.chunkBytes > 0 && roundBytes+int64(out[i].size) > p.chunkBytes {
-			flush()
-			if failedKeys[key] {
-				out[i].err = temporary(fmt.Errorf("%w: message %s", ErrHeldBack, msg.UUID))
+	i := 0
+	for b := range batches {
+		topic := batches[b].topic
+		limit := p.limitFor(topic)
+		batches[b].out = out[i : i+len(batches[b].msgs)]
+		for _, msg := range batches[b].msgs {
+			pm, err := p.marshaler.Marshal(topic, msg)
+			if err != nil {
+				hold(i, topicKey(topic, msg.Metadata.Get(millrace.MetadataPartitionKey)),
+					millrace.Permanent(fmt.Errorf("%w %s: %w", ErrMarshal, msg.UUID, err)))
+				i++
 				continue
 			}
+			rec, err := toRecord(topic, pm)
+			if err != nil {
+				hold(i, topicKey(topic, msg.Metadata.Get(millrace.MetadataPartitionKey)),
+					millrace.Permanent(fmt.Errorf("%w %s: %w", ErrMarshal, msg.UUID, err)))
+				i++
+				continue
+			}
+			key := topicKey(topic, string(rec.Key))
+			out[i].rec = rec
+			out[i].size = recordBatchSize(rec)
+			switch {
+			case failedKeys[key]:
+				out[i].err = temporary(fmt.Errorf("%w: message %s", ErrHeldBack, msg.UUID))
+			case out[i].size > limit:
+				hold(i, key, millrace.Permanent(fmt.Errorf("%w: message %s needs %d bytes, topic %s takes %d",
+					ErrMessageTooLarge, msg.UUID, out[i].size, topic, limit)))
+			default:
+				if len(round) >= p.chunk || p.chunkBytes > 0 && roundBytes+int64(out[i].size) > p.chunkBytes {
+					flush()
+					if failedKeys[key] {
+						out[i].err = temporary(fmt.Errorf("%w: message %s", ErrHeldBack, msg.UUID))
+						break
+					}
+				}
+				round = append(round, i)
+				roundBytes += int64(out[i].size)
+			}
+			i++
 		}
-		round = append(round, i)
-		roundBytes += int64(out[i].size)
 	}
 	flush()
-	p.isolate(topic, msgs, out)
+	for _, b := range batches {
+		p.isolate(b.topic, b.msgs, b.out)
+	}
 
 	var failed []millrace.MessageError
 	for i, o := range out {
 		if o.err != nil {
-			failed = append(failed, millrace.MessageError{UUID: msgs[i].UUID, Err: o.err})
+			failed = append(failed, millrace.MessageError{UUID: all[i].UUID, Err: o.err})
 		}
 	}
 	if len(failed) == 0 {
 		return nil
 	}
-	p.checkOrder(topic, msgs, out)
-	p.logger.Debug("Kafka batch partly failed", watermill.LogFields{
-		"topic": topic, "messages": len(msgs), "failed": len(failed),
-	})
+	for _, b := range batches {
+		n := 0
+		for _, o := range b.out {
+			if o.err != nil {
+				n++
+			}
+		}
+		if n == 0 {
+			continue
+		}
+		p.checkOrder(b.topic, b.msgs, b.out)
+		p.logger.Debug("Kafka batch partly failed", watermill.LogFields{
+			"topic": b.topic, "messages": len(b.msgs), "failed": n,
+		})
+	}
 	return &millrace.BatchError{Errors: failed}
 }
+
+// topicKey is a partition key of a topic: keys of different topics are
+// different keys.
+func topicKey(topic, key string) string { return topic + "\x00" + key }
 
 // produce buffers the records of out at idx and flushes them, then sets
 // their outcomes. Nothing is sent before all of them are buffered (manual
