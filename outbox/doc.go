@@ -76,8 +76,12 @@
 // that dies drops its locks with its connection.
 // Order is per topic and partition key: events of one topic and key are
 // published in commit order; events of one key written to two topics leave
-// grouped by topic (one Publish call per topic), as Kafka orders within a
-// topic partition only.
+// grouped by topic (one Publish call per topic, or one PublishTopics call
+// of a TopicsPublisher such as kafka.Publisher for the whole batch), as
+// Kafka orders within a topic partition only. A failed event holds back
+// its key's later events of its topic in the batch; once it is back in
+// the pending set, blocked, it holds its key's events of every topic until
+// it goes out.
 //
 // Pool sizing: a relay holds one pool connection per worker
 // (RelayConfig.Workers) for the length of a batch, and one more for LISTEN,

@@ -30,6 +30,20 @@ import (
 // is flat from 1,000 up).
 const MaxBatchSize = 10_000
 
+// TopicsPublisher is a publisher that also sends the messages of several
+// topics in one call (kafka.Publisher is one): the relay sends a batch
+// that holds several topics in one PublishTopics call rather than in a
+// Publish call per topic, one after the other; with Kafka, one round of
+// acknowledgements rather than one per topic. Each topic's messages are
+// in the batch's order. The error is read as Publish's: nil, a
+// *millrace.BatchError naming the failed messages by UUID, or an error
+// that fails the whole call (the relay then publishes the batch again a
+// topic at a time, to find what is at fault).
+type TopicsPublisher interface {
+	message.Publisher
+	PublishTopics(byTopic map[string][]*message.Message) error
+}
+
 // RelayConfig configures a Relay.
 //
 // Pool sizing: each worker holds one connection of the pool for the length
@@ -53,7 +67,9 @@ type RelayConfig struct {
 	// that is not permanent (an outage). Errors marked millrace.Permanent
 	// dead-letter their event at once; errors that say they are temporary
 	// (a Temporary() bool method returning true, or a net.Error) charge no
-	// attempt.
+	// attempt. A batch that holds several topics goes out in one call to a
+	// TopicsPublisher (kafka.Publisher is one), else in a Publish call per
+	// topic, one after the other.
 	Publisher message.Publisher
 	// BatchSize is the most events claimed and published at once; with
 	// Workers it bounds the relay's memory (make bench: ~33 MiB peak RSS at
@@ -176,8 +192,8 @@ func (c *RelayConfig) validate() error {
 // long as it takes to claim, publish and mark it, so a key's events are in
 // flight from one relay at a time and leave in id order: events of one topic
 // and partition key are published in commit order (order is per topic and
-// key; one Publish call per topic, as Kafka orders per topic partition
-// only). Claims go by state
+// key; one Publish call per topic, or one PublishTopics call for the
+// batch, as Kafka orders per topic partition only). Claims go by state
 // (what is in outbox_pending), never by a cursor, so a transaction that
 // commits late with a lower id is still published.
 //
@@ -683,7 +699,10 @@ type unclaimed struct {
 }
 
 // settleFailures decides what becomes of the events that did not go out.
-// The first failure of a key counts:
+// The first failure of a key counts (a key of a topic: as a publisher
+// holds a key back within a call, and a call is of one topic, or per topic
+// with PublishTopics; the pending set then holds the key's later events in
+// every topic while the failed one is blocked):
 //
 //   - permanent (millrace.IsPermanent): dead-lettered at once, one attempt
 //     charged, with its reason;
@@ -699,21 +718,22 @@ type unclaimed struct {
 func (r *Relay) settleFailures(rows []pendingRow, failed map[int64]error) unclaimed {
 	var u unclaimed
 	now := time.Now()
-	failedKeys := map[string]bool{}
+	failedKeys := map[string]bool{} // topic, NUL, key
 	for _, row := range rows {
 		err, bad := failed[row.id]
-		if failedKeys[row.key] {
+		key := row.topic + "\x00" + row.key
+		if failedKeys[key] {
 			if bad {
 				u.add(row.id, row.blocked, false, row.nextAttemptAt, nil, false)
 			} else {
-				r.log.Error("Outbox event published ahead of a failed event of its key", nil, watermill.LogFields{"event_id": row.eventID, "partition_key": row.key})
+				r.log.Error("Outbox event published ahead of a failed event of its key", nil, watermill.LogFields{"event_id": row.eventID, "topic": row.topic, "partition_key": row.key})
 			}
 			continue
 		}
 		if !bad {
 			continue
 		}
-		failedKeys[row.key] = true
+		failedKeys[key] = true
 		if errors.Is(err, errNotTried) {
 			u.add(row.id, row.blocked, false, row.nextAttemptAt, nil, false)
 			continue
@@ -982,9 +1002,10 @@ func (p *pendingRow) metadata() map[string]string {
 	return md
 }
 
-// publish sends rows, one Publish call per topic, each in id order (a
-// batch that interleaves topics still goes out in a few calls; Kafka orders
-// per topic and partition only), and returns the failures by row id. outage
+// publish sends rows, in one PublishTopics call to a TopicsPublisher, else
+// in one Publish call per topic, each topic's in id order (a batch that
+// interleaves topics still goes out in a few calls; Kafka orders per topic
+// and partition only), and returns the failures by row id. outage
 // is set when a publisher that fails whole calls is unavailable: the
 // one-at-a-time fallback stopped at a failure that is not permanent, and
 // the rows it did not try are failed with errNotTried.
@@ -992,6 +1013,18 @@ func (r *Relay) publish(rows []pendingRow) (failed map[int64]error, outage error
 	failed = map[int64]error{}
 	if sameTopic(rows) {
 		return failed, r.publishRun(rows, failed)
+	}
+	if tp, ok := r.cfg.Publisher.(TopicsPublisher); ok {
+		byTopic := map[string][]*message.Message{}
+		for i := range rows {
+			byTopic[rows[i].topic] = append(byTopic[rows[i].topic], rows[i].message())
+		}
+		err := tp.PublishTopics(byTopic)
+		if err == nil || r.batchFailures(rows, err, failed) {
+			return failed, nil
+		}
+		// The call failed whole: find what is at fault one topic at a
+		// time, as with a publisher without PublishTopics.
 	}
 	var topics []string
 	byTopic := map[string][]pendingRow{}
@@ -1013,6 +1046,42 @@ func (r *Relay) publish(rows []pendingRow) (failed map[int64]error, outage error
 	return failed, outage
 }
 
+// batchFailures records in failed what a publisher's *millrace.BatchError
+// err says of rows, the messages of its call, and reports whether err was
+// one. A BatchError that names a message the call did not hold, or none,
+// or one with no error, fails every row: its report cannot be trusted to
+// say what was delivered.
+func (r *Relay) batchFailures(rows []pendingRow, err error, failed map[int64]error) bool {
+	var be *millrace.BatchError
+	if !errors.As(err, &be) {
+		return false
+	}
+	byUUID := make(map[string]int64, len(rows))
+	for i := range rows {
+		byUUID[rows[i].eventID] = rows[i].id
+	}
+	for _, me := range be.Errors {
+		if _, ok := byUUID[me.UUID]; !ok || me.Err == nil {
+			whole := fmt.Errorf("outbox: the publisher's BatchError names message %q, which the call did not hold, or has no error for it; the whole call counts as failed: %w", me.UUID, err)
+			for i := range rows {
+				failed[rows[i].id] = whole
+			}
+			return true
+		}
+	}
+	if len(be.Errors) == 0 {
+		whole := fmt.Errorf("outbox: the publisher returned a BatchError naming no message; the whole call counts as failed: %w", err)
+		for i := range rows {
+			failed[rows[i].id] = whole
+		}
+		return true
+	}
+	for _, me := range be.Errors {
+		failed[byUUID[me.UUID]] = me.Err
+	}
+	return true
+}
+
 func sameTopic(rows []pendingRow) bool {
 	for i := range rows {
 		if rows[i].topic != rows[0].topic {
@@ -1030,37 +1099,7 @@ func (r *Relay) publishRun(rows []pendingRow, failed map[int64]error) (outage er
 		msgs[i] = rows[i].message()
 	}
 	err := r.cfg.Publisher.Publish(rows[0].topic, msgs...)
-	if err == nil {
-		return nil
-	}
-	var be *millrace.BatchError
-	if errors.As(err, &be) {
-		byUUID := make(map[string]int64, len(rows))
-		for i := range rows {
-			byUUID[rows[i].eventID] = rows[i].id
-		}
-		for _, me := range be.Errors {
-			if _, ok := byUUID[me.UUID]; !ok || me.Err == nil {
-				// The publisher names a message the call did not hold
-				// (or gives no error): its report cannot be trusted to
-				// say what was delivered, so nothing counts as delivered.
-				whole := fmt.Errorf("outbox: the publisher's BatchError names message %q, which the call did not hold, or has no error for it; the whole call counts as failed: %w", me.UUID, err)
-				for i := range rows {
-					failed[rows[i].id] = whole
-				}
-				return nil
-			}
-		}
-		if len(be.Errors) == 0 {
-			whole := fmt.Errorf("outbox: the publisher returned a BatchError naming no message; the whole call counts as failed: %w", err)
-			for i := range rows {
-				failed[rows[i].id] = whole
-			}
-			return nil
-		}
-		for _, me := range be.Errors {
-			failed[byUUID[me.UUID]] = me.Err
-		}
+	if err == nil || r.batchFailures(rows, err, failed) {
 		return nil
 	}
 	if len(rows) == 1 {

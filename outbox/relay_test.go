@@ -34,6 +34,10 @@ type recorder struct {
 
 func (r *recorder) Publish(topic string, msgs ...*message.Message) error {
 	r.calls.Add(1)
+	return r.publish(topic, msgs)
+}
+
+func (r *recorder) publish(topic string, msgs []*message.Message) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var be millrace.BatchError
