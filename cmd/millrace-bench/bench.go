@@ -334,6 +334,60 @@ func (p *countingPublisher) Publish(topic string, msgs ...*message.Message) erro
 	return err
 }
 
+// PublishTopics passes the relay's calls for several topics through.
+func (p *countingPublisher) PublishTopics(byTopic map[string][]*message.Message) error {
+	err := publishTopics(p.Publisher, byTopic)
+	n := 0
+	for _, msgs := range byTopic {
+		n += len(msgs)
+	}
+	p.n.Add(int64(n - failedCount(err, n)))
+	return err
+}
+
+// publishTopics sends byTopic in one call when pub is an
+// outbox.TopicsPublisher, else in a Publish call per topic, their
+// failures merged into one *millrace.BatchError. The bench's wrappers of
+// the relay's publisher pass PublishTopics through with it.
+func publishTopics(pub message.Publisher, byTopic map[string][]*message.Message) error {
+	if tp, ok := pub.(outbox.TopicsPublisher); ok {
+		return tp.PublishTopics(byTopic)
+	}
+	var failed []millrace.MessageError
+	for topic, msgs := range byTopic {
+		err := pub.Publish(topic, msgs...)
+		if err == nil {
+			continue
+		}
+		var be *millrace.BatchError
+		if !errors.As(err, &be) {
+			return err
+		}
+		failed = append(failed, be.Errors...)
+	}
+	if len(failed) > 0 {
+		return &millrace.BatchError{Errors: failed}
+	}
+	return nil
+}
+
+// failedUUIDs is the set of UUIDs a Publish error says failed, and false
+// when the error fails the whole call.
+func failedUUIDs(err error) (map[string]bool, bool) {
+	failed := map[string]bool{}
+	if err == nil {
+		return failed, true
+	}
+	var be *millrace.BatchError
+	if !errors.As(err, &be) {
+		return nil, false
+	}
+	for _, me := range be.Errors {
+		failed[me.UUID] = true
+	}
+	return failed, true
+}
+
 // failedCount is how many of n messages a Publish error says failed.
 func failedCount(err error, n int) int {
 	if err == nil {

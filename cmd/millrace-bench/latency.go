@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -53,27 +52,34 @@ type ackRecorder struct {
 
 func (p *ackRecorder) Publish(topic string, msgs ...*message.Message) error {
 	err := p.Publisher.Publish(topic, msgs...)
+	p.acked(map[string][]*message.Message{topic: msgs}, err)
+	return err
+}
+
+// PublishTopics passes the relay's calls for several topics through.
+func (p *ackRecorder) PublishTopics(byTopic map[string][]*message.Message) error {
+	err := publishTopics(p.Publisher, byTopic)
+	p.acked(byTopic, err)
+	return err
+}
+
+func (p *ackRecorder) acked(byTopic map[string][]*message.Message, err error) {
 	now := time.Now()
-	failed := map[string]bool{}
-	if err != nil {
-		var be *millrace.BatchError
-		if !errors.As(err, &be) {
-			return err // nothing acknowledged
-		}
-		for _, me := range be.Errors {
-			failed[me.UUID] = true
-		}
+	failed, ok := failedUUIDs(err)
+	if !ok {
+		return // nothing acknowledged
 	}
 	p.mu.Lock()
-	for _, m := range msgs {
-		if !failed[m.UUID] {
-			if _, seen := p.acks[m.UUID]; !seen {
-				p.acks[m.UUID] = now
+	defer p.mu.Unlock()
+	for _, msgs := range byTopic {
+		for _, m := range msgs {
+			if !failed[m.UUID] {
+				if _, seen := p.acks[m.UUID]; !seen {
+					p.acks[m.UUID] = now
+				}
 			}
 		}
 	}
-	p.mu.Unlock()
-	return err
 }
 
 func (p *ackRecorder) count() int {

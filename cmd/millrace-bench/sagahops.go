@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -70,25 +69,32 @@ type hopPublisher struct {
 
 func (p *hopPublisher) Publish(topic string, msgs ...*message.Message) error {
 	err := p.Publisher.Publish(topic, msgs...)
+	p.published(map[string][]*message.Message{topic: msgs}, err)
+	return err
+}
+
+// PublishTopics passes the relay's calls for several topics through.
+func (p *hopPublisher) PublishTopics(byTopic map[string][]*message.Message) error {
+	err := publishTopics(p.Publisher, byTopic)
+	p.published(byTopic, err)
+	return err
+}
+
+func (p *hopPublisher) published(byTopic map[string][]*message.Message, err error) {
 	now := time.Now()
-	failed := map[string]bool{}
-	if err != nil {
-		var be *millrace.BatchError
-		if !errors.As(err, &be) {
-			return err
-		}
-		for _, me := range be.Errors {
-			failed[me.UUID] = true
-		}
+	failed, ok := failedUUIDs(err)
+	if !ok {
+		return
 	}
 	p.rec.mu.Lock()
-	for _, m := range msgs {
-		if h := p.rec.msg(topic, m); !failed[m.UUID] && h.published.IsZero() {
-			h.published = now
+	defer p.rec.mu.Unlock()
+	for topic, msgs := range byTopic {
+		for _, m := range msgs {
+			if h := p.rec.msg(topic, m); !failed[m.UUID] && h.published.IsZero() {
+				h.published = now
+			}
 		}
 	}
-	p.rec.mu.Unlock()
-	return err
 }
 
 // subscriber wraps a consumer's subscriber; its batches pass through one
