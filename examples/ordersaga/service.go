@@ -307,30 +307,83 @@ type duplicating struct {
 }
 
 func (p *duplicating) Publish(topic string, msgs ...*message.Message) error {
-	if p.late != nil {
-		keep := msgs[:0:0]
-		for _, m := range msgs {
-			if !p.late(m) {
-				keep = append(keep, m)
-				continue
-			}
-			p.onLate(m)
-			p.held.Add(1)
-			go func() {
-				defer p.held.Done()
-				time.Sleep(stockLate) // the fault: a message that takes its time
-				for p.Publisher.Publish(topic, m) != nil {
-					time.Sleep(100 * time.Millisecond)
-				}
-			}()
-		}
-		if msgs = keep; len(msgs) == 0 {
-			return nil
-		}
+	if msgs = p.holdLate(topic, msgs); len(msgs) == 0 {
+		return nil
 	}
 	if err := p.Publisher.Publish(topic, msgs...); err != nil {
 		return err // a *millrace.BatchError passes through unchanged
 	}
+	if again := p.copies(msgs); len(again) > 0 && p.Publisher.Publish(topic, again...) == nil {
+		p.dups.Add(int64(len(again)))
+	}
+	return nil
+}
+
+// PublishTopics is Publish for a relay's batch of several topics, with
+// the same faults: the messages kept go to the Kafka publisher in one call
+// (outbox.TopicsPublisher), and so do the copies.
+func (p *duplicating) PublishTopics(byTopic map[string][]*message.Message) error {
+	tp, ok := p.Publisher.(outbox.TopicsPublisher)
+	if !ok {
+		for topic, msgs := range byTopic {
+			if err := p.Publish(topic, msgs...); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	kept := map[string][]*message.Message{}
+	for topic, msgs := range byTopic {
+		if msgs = p.holdLate(topic, msgs); len(msgs) > 0 {
+			kept[topic] = msgs
+		}
+	}
+	if len(kept) == 0 {
+		return nil
+	}
+	if err := tp.PublishTopics(kept); err != nil {
+		return err // a *millrace.BatchError passes through unchanged
+	}
+	again, n := map[string][]*message.Message{}, 0
+	for topic, msgs := range kept {
+		if c := p.copies(msgs); len(c) > 0 {
+			again[topic], n = c, n+len(c)
+		}
+	}
+	if n > 0 && tp.PublishTopics(again) == nil {
+		p.dups.Add(int64(n))
+	}
+	return nil
+}
+
+// holdLate returns msgs without those late selects, each of which it
+// publishes to topic on its own, stockLate later.
+func (p *duplicating) holdLate(topic string, msgs []*message.Message) []*message.Message {
+	if p.late == nil {
+		return msgs
+	}
+	keep := msgs[:0:0]
+	for _, m := range msgs {
+		if !p.late(m) {
+			keep = append(keep, m)
+			continue
+		}
+		p.onLate(m)
+		p.held.Add(1)
+		go func() {
+			defer p.held.Done()
+			time.Sleep(stockLate) // the fault: a message that takes its time
+			for p.Publisher.Publish(topic, m) != nil {
+				time.Sleep(100 * time.Millisecond)
+			}
+		}()
+	}
+	return keep
+}
+
+// copies returns a copy of every every-th message of msgs, counted across
+// calls.
+func (p *duplicating) copies(msgs []*message.Message) []*message.Message {
 	if p.every <= 0 {
 		return nil
 	}
@@ -340,10 +393,7 @@ func (p *duplicating) Publish(topic string, msgs ...*message.Message) error {
 			again = append(again, m.Copy())
 		}
 	}
-	if len(again) > 0 && p.Publisher.Publish(topic, again...) == nil {
-		p.dups.Add(int64(len(again)))
-	}
-	return nil
+	return again
 }
 
 // logger writes the demo's progress and fault lines, stamped with the time
