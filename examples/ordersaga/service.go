@@ -296,7 +296,7 @@ func connect(ctx context.Context, url, schema string, maxConns int32) (*pgxpool.
 // the broker's ack and marking the batch published. It also holds back the
 // messages late selects for stockLate, as a slow network would.
 type duplicating struct {
-	message.Publisher
+	*kafka.Publisher
 	every int64
 	n     atomic.Int64
 	dups  atomic.Int64
@@ -305,6 +305,9 @@ type duplicating struct {
 	onLate func(*message.Message)
 	held   sync.WaitGroup
 }
+
+// The relays send a batch of several topics through PublishTopics.
+var _ outbox.TopicsPublisher = (*duplicating)(nil)
 
 func (p *duplicating) Publish(topic string, msgs ...*message.Message) error {
 	if msgs = p.holdLate(topic, msgs); len(msgs) == 0 {
@@ -320,18 +323,10 @@ func (p *duplicating) Publish(topic string, msgs ...*message.Message) error {
 }
 
 // PublishTopics is Publish for a relay's batch of several topics, with
-// the same faults: the messages kept go to the Kafka publisher in one call
-// (outbox.TopicsPublisher), and so do the copies.
+// the same faults: the messages kept go to the Kafka publisher in one call,
+// and so do the copies. (It must be defined here: the Kafka publisher's
+// own, promoted, would skip the faults.)
 func (p *duplicating) PublishTopics(byTopic map[string][]*message.Message) error {
-	tp, ok := p.Publisher.(outbox.TopicsPublisher)
-	if !ok {
-		for topic, msgs := range byTopic {
-			if err := p.Publish(topic, msgs...); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
 	kept := map[string][]*message.Message{}
 	for topic, msgs := range byTopic {
 		if msgs = p.holdLate(topic, msgs); len(msgs) > 0 {
@@ -341,7 +336,7 @@ func (p *duplicating) PublishTopics(byTopic map[string][]*message.Message) error
 	if len(kept) == 0 {
 		return nil
 	}
-	if err := tp.PublishTopics(kept); err != nil {
+	if err := p.Publisher.PublishTopics(kept); err != nil {
 		return err // a *millrace.BatchError passes through unchanged
 	}
 	again, n := map[string][]*message.Message{}, 0
@@ -350,7 +345,7 @@ func (p *duplicating) PublishTopics(byTopic map[string][]*message.Message) error
 			again[topic], n = c, n+len(c)
 		}
 	}
-	if n > 0 && tp.PublishTopics(again) == nil {
+	if n > 0 && p.Publisher.PublishTopics(again) == nil {
 		p.dups.Add(int64(n))
 	}
 	return nil
