@@ -223,7 +223,14 @@ func (db *DB) GenericPlan(t testing.TB, sql string, nparams int) string {
 	if _, err := c.Exec(ctx, "PREPARE pgtest_generic_plan AS "+sql); err != nil {
 		t.Fatalf("pgtest: prepare: %v", err)
 	}
-	rows, err := c.Query(ctx, "EXPLAIN EXECUTE pgtest_generic_plan("+args+")", pgx.QueryExecModeSimpleProtocol)
+	return explain(t, c, "pgtest_generic_plan", args)
+}
+
+// explain returns the plan of EXECUTE name(args) on c, args as SQL
+// literals.
+func explain(t testing.TB, c *pgx.Conn, name, args string) string {
+	t.Helper()
+	rows, err := c.Query(context.Background(), "EXPLAIN EXECUTE "+name+"("+args+")", pgx.QueryExecModeSimpleProtocol)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -305,15 +312,7 @@ func (p *Prepared) Execute(n int, args ...any) (generic int64) {
 // literals ("'{a,b}'").
 func (p *Prepared) Explain(args ...string) string {
 	p.t.Helper()
-	rows, err := p.conn.Query(context.Background(), "EXPLAIN EXECUTE "+p.name+"("+strings.Join(args, ", ")+")", pgx.QueryExecModeSimpleProtocol)
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		p.t.Fatalf("pgtest: explain: %v", err)
-	}
-	return strings.Join(lines, "\n")
+	return explain(p.t, p.conn.Conn(), p.name, strings.Join(args, ", "))
 }
 
 // CheckKeepsGenericPlan fails t unless PostgreSQL, executing sql prepared
