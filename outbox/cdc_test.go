@@ -63,6 +63,13 @@ func cdcSetup(t testing.TB, db *pgtest.DB) *cdcBundle {
 			time.Sleep(50 * time.Millisecond)
 		}
 	})
+	t.Cleanup(func() {
+		// After the relays stopped, before the slot is dropped.
+		if t.Failed() {
+			logOutboxState(t, db)
+			logSlots(t, db)
+		}
+	})
 	w, err := outbox.NewWriter(db.Pool, outbox.WriterConfig{Schema: db.Schema, CDC: true})
 	if err != nil {
 		t.Fatal(err)
@@ -576,5 +583,29 @@ func TestCDCAndPollingRelaysAgree(t *testing.T) {
 				t.Fatalf("key %s event %d:\nCDC     %s\npolling %s", key, i, got[i], want[i])
 			}
 		}
+	}
+}
+
+// logSlots logs, for a CDC test that failed, where the database's
+// replication slots stand against the server's WAL: a CDC relay that
+// published nothing was either not streaming (inactive) or far behind.
+func logSlots(t testing.TB, db *pgtest.DB) {
+	rows, err := db.Pool.Query(context.Background(), `SELECT slot_name, active, coalesce(confirmed_flush_lsn::text, ''),
+		coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::bigint, coalesce(wal_status, '')
+		FROM pg_replication_slots WHERE database = current_database() ORDER BY slot_name`)
+	if err != nil {
+		t.Logf("slots not read: %v", err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var name, flushed, status string
+		var active bool
+		var behind int64
+		if err := rows.Scan(&name, &active, &flushed, &behind, &status); err != nil {
+			t.Logf("slots not read: %v", err)
+			return
+		}
+		t.Logf("slot %s: active %v, confirmed %s, %d bytes of WAL behind, wal_status %q", name, active, flushed, behind, status)
 	}
 }
