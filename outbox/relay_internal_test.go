@@ -376,46 +376,28 @@ INSERT INTO `+pending+` (id, lane, partition_key) SELECT id, lane, partition_key
 	}
 	defer conn.Release()
 	c := conn.Conn()
-	for name, sql := range map[string]string{"claim": r.claim, "claimNoted": r.claimNoted, "anyClaimable": r.anyClaimable} {
-		for _, s := range r.beginStatements {
+	for _, st := range []struct{ name, sql, args, want, table string }{
+		{"claim", r.claim, `'{0,1,2,3,4,5,6,7}', 2000, true`, "using outbox_event_pkey on outbox_event", "outbox_event"},
+		{"claimNoted", r.claimNoted, `2000, true`, "using outbox_event_pkey on outbox_event", "outbox_event"},
+		{"anyClaimable", r.anyClaimable, `true`, "using outbox_pending_pkey on outbox_pending q", "outbox_pending"},
+	} {
+		for _, s := range append(slices.Clone(r.beginStatements), `SET LOCAL plan_cache_mode = force_generic_plan`) {
 			if _, err := c.Exec(ctx, s); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if _, err := c.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
+		if _, err := c.Prepare(ctx, "pgtest_claim", st.sql); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := c.Prepare(ctx, "pgtest_claim", sql); err != nil {
-			t.Fatal(err)
-		}
-		args := `'{0,1,2,3,4,5,6,7}', 2000, true`
-		switch name {
-		case "claimNoted":
-			args = `2000, true`
-		case "anyClaimable":
-			args = `true`
-		}
-		rows, err := c.Query(ctx, "EXPLAIN EXECUTE pgtest_claim("+args+")", pgx.QueryExecModeSimpleProtocol)
-		if err != nil {
-			t.Fatal(err)
-		}
-		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
+		plan := pgtest.Explain(t, c, "pgtest_claim", st.args)
 		if _, err := c.Exec(ctx, "ROLLBACK"); err != nil {
 			t.Fatal(err)
 		}
 		if err := c.Deallocate(ctx, "pgtest_claim"); err != nil {
 			t.Fatal(err)
 		}
-		plan := strings.Join(lines, "\n")
-		want, table := "using outbox_event_pkey on outbox_event", "outbox_event"
-		if name == "anyClaimable" {
-			want, table = "using outbox_pending_pkey on outbox_pending q", "outbox_pending"
-		}
-		if !strings.Contains(plan, want) || strings.Contains(plan, "Seq Scan on "+table) {
-			t.Errorf("%s: generic plan on a fresh log of 20 events:\n%s\nwant %q, with no sequential scan of %s", name, plan, want, table)
+		if !strings.Contains(plan, st.want) || strings.Contains(plan, "Seq Scan on "+st.table) {
+			t.Errorf("%s: generic plan on a fresh log of 20 events:\n%s\nwant %q, with no sequential scan of %s", st.name, plan, st.want, st.table)
 		}
 	}
 }

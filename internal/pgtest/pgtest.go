@@ -223,12 +223,13 @@ func (db *DB) GenericPlan(t testing.TB, sql string, nparams int) string {
 	if _, err := c.Exec(ctx, "PREPARE pgtest_generic_plan AS "+sql); err != nil {
 		t.Fatalf("pgtest: prepare: %v", err)
 	}
-	return explain(t, c, "pgtest_generic_plan", args)
+	return Explain(t, c, "pgtest_generic_plan", args)
 }
 
-// explain returns the plan of EXECUTE name(args) on c, args as SQL
-// literals.
-func explain(t testing.TB, c *pgx.Conn, name, args string) string {
+// Explain returns the plan of EXECUTE name(args) on c, args as SQL
+// literals: for a statement prepared on a connection in a state of the
+// test's making (a transaction with its own settings).
+func Explain(t testing.TB, c *pgx.Conn, name, args string) string {
 	t.Helper()
 	rows, err := c.Query(context.Background(), "EXPLAIN EXECUTE "+name+"("+args+")", pgx.QueryExecModeSimpleProtocol)
 	if err != nil {
@@ -312,7 +313,7 @@ func (p *Prepared) Execute(n int, args ...any) (generic int64) {
 // literals ("'{a,b}'").
 func (p *Prepared) Explain(args ...string) string {
 	p.t.Helper()
-	return explain(p.t, p.conn.Conn(), p.name, strings.Join(args, ", "))
+	return Explain(p.t, p.conn.Conn(), p.name, strings.Join(args, ", "))
 }
 
 // CheckKeepsGenericPlan fails t unless PostgreSQL, executing sql prepared
