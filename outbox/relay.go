@@ -423,11 +423,12 @@ func (r *Relay) probe(ctx context.Context) error {
 var errOutage = errors.New("outbox: publish unavailable")
 
 // trailStart is the first of the short looks for events after work was
-// found (see work): twice a Writer's default NotifyInterval, so that an
-// event written in the interval after an announced one, and so not
-// announced itself, waits for no longer than that; a look at 1ms, then 2,
-// mostly found nothing, since events that come faster than one per
-// NotifyInterval bring a NOTIFY of their own within it.
+// found (see work): a few of a Writer's default NotifyInterval (1ms), so
+// that an event written in the interval after an announced one, and so
+// not announced itself, waits for no longer than that; a look at 1ms,
+// then 2, mostly found nothing (measured with the 2ms interval of the
+// time), since events that come faster than one per NotifyInterval bring
+// a NOTIFY of their own within it.
 const trailStart = 4 * time.Millisecond
 
 func (r *Relay) work(ctx context.Context, worker int) {

@@ -24,8 +24,14 @@ type WriterConfig struct {
 	// sends to relays. A hint is a pg_notify in the writing transaction; a
 	// NOTIFY in every transaction halves write throughput (it takes a
 	// global lock at commit), so hints are coalesced: at most one per
-	// interval per Writer, and relays poll as a fallback. Defaults to 2ms.
-	// A negative value turns hints off (for relays in poll-only mode).
+	// interval per Writer, and relays poll as a fallback. An event written
+	// within the interval after an announced one, and committed after the
+	// relay's batch for that one, waits for the next hint or the relay's
+	// short look (from 4ms after work); a shorter interval leaves fewer
+	// events to it. Defaults to 1ms (2ms before: in three-step sagas at 50
+	// a second, 1ms took the median round trip from 17-19 ms to 11-12,
+	// with no loss of throughput measured at 1,000 sagas a second). A
+	// negative value turns hints off (for relays in poll-only mode).
 	NotifyInterval time.Duration
 	// ValidateTopic, if set, checks each event's topic when it is written,
 	// against the rules of the transport the relay publishes to; an event
@@ -67,7 +73,7 @@ func NewWriter(pool *pgxpool.Pool, cfg WriterConfig) (*Writer, error) {
 		return nil, configError("WriterConfig.Schema: %w", err)
 	}
 	if cfg.NotifyInterval == 0 {
-		cfg.NotifyInterval = 2 * time.Millisecond
+		cfg.NotifyInterval = time.Millisecond
 	}
 	w := &Writer{
 		pool:           pool,

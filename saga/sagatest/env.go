@@ -67,7 +67,7 @@ func newEnv(ctx context.Context) (*env, error) {
 	}
 	// A hint per transaction: the relay wakes at once for every write, and
 	// polls rarely when idle. (A participant given a Writer of its own,
-	// which hints at most every 2ms, may wait for the poll.)
+	// which hints at most every 1ms by default, may wait for the poll.)
 	if e.writer, err = outbox.NewWriter(db.Pool, outbox.WriterConfig{Schema: db.Schema, NotifyInterval: time.Nanosecond}); err != nil {
 		closeDB()
 		return nil, err
