@@ -210,14 +210,24 @@ func latencyMeter(k string) bool {
 // recordSagaCPU records in config the CPU per saga of a phase that ran
 // sagas under cpuPrefix and its wake-ups per saga under wakePrefix (each
 // bench_process, broker, postgres), and returns both triples in that
-// order.
-func (b *bench) recordSagaCPU(cpuPrefix, wakePrefix string, sagas int, u usage) (cpu, wakes [3]float64) {
+// order. It records too, under cpuPrefix "other" and "steal", the
+// machine's busy CPU time that none of the three spent (other processes,
+// the kernel's interrupts; the cluster's brokers with KAFKA_BROKERS) and
+// the time the hypervisor stole, per saga: a phase that shared the CPUs
+// with something else says so.
+func (b *bench) recordSagaCPU(cpuPrefix, wakePrefix string, sagas int, u usage) (cpu, wakes [3]float64, other, steal float64) {
+	perSaga := func(d time.Duration) float64 { return round(float64(d)/float64(time.Millisecond)/float64(sagas), 3) }
 	for i, k := range []string{"bench_process", "broker", "postgres"} {
-		cpu[i] = round(float64(u.cpu[i])/float64(time.Millisecond)/float64(sagas), 3)
+		cpu[i] = perSaga(u.cpu[i])
 		wakes[i] = round(float64(u.wakes[i])/float64(sagas), 1)
 		b.config[cpuPrefix+k], b.config[wakePrefix+k] = cpu[i], wakes[i]
 	}
-	return cpu, wakes
+	if u.busy > 0 {
+		other = perSaga(max(0, u.busy-u.cpu[0]-u.cpu[1]-u.cpu[2]))
+		steal = perSaga(u.steal)
+		b.config[cpuPrefix+"other"], b.config[cpuPrefix+"steal"] = other, steal
+	}
+	return cpu, wakes, other, steal
 }
 
 // sagaCPU returns the CPU per saga of the last throughput phase: bench
@@ -437,9 +447,9 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 			b.progress("sagas: CPU profile of the throughput phase in %s (go tool pprof %s)", b.opts.sagaProfile, b.opts.sagaProfile)
 		}
 		if total > 0 {
-			v, w := b.recordSagaCPU("saga_cpu_ms_per_saga_", "saga_wakeups_per_saga_", total, used)
-			b.progress("sagas: %d completed; CPU per saga: %.2f ms here, %.2f ms broker, %.2f ms PostgreSQL; wake-ups per saga: %.1f here, %.1f broker, %.1f PostgreSQL (processes that ended not counted)",
-				total, v[0], v[1], v[2], w[0], w[1], w[2])
+			v, w, other, steal := b.recordSagaCPU("saga_cpu_ms_per_saga_", "saga_wakeups_per_saga_", total, used)
+			b.progress("sagas: %d completed; CPU per saga: %.2f ms here, %.2f ms broker, %.2f ms PostgreSQL, %.2f ms anything else, %.2f ms stolen; wake-ups per saga: %.1f here, %.1f broker, %.1f PostgreSQL (processes that ended not counted)",
+				total, v[0], v[1], v[2], other, steal, w[0], w[1], w[2])
 			if after, ok := readPgStatements(ctx, pool); ok && pgStat {
 				costMs, calls := pgCost(stmts, after, schema)
 				var parts []string
@@ -480,11 +490,11 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 			// At this rate a batch is a few messages: what a saga costs
 			// here, against the throughput phase's figures, is what bounds
 			// the latency on a machine this size.
-			v, w := b.recordSagaCPU("saga_latency_cpu_ms_per_saga_", "saga_latency_wakeups_per_saga_", sagas, used)
+			v, w, other, steal := b.recordSagaCPU("saga_latency_cpu_ms_per_saga_", "saga_latency_wakeups_per_saga_", sagas, used)
 			rt := round(float64(trips.N()-trips0)/float64(sagas), 1)
 			b.config["saga_latency_pg_round_trips_per_saga"] = rt
-			b.progress("sagas (latency): CPU per saga at %d sagas/s: %.2f ms here, %.2f ms broker, %.2f ms PostgreSQL; wake-ups per saga: %.1f here, %.1f broker, %.1f PostgreSQL; %.1f round trips to PostgreSQL per saga",
-				rate, v[0], v[1], v[2], w[0], w[1], w[2], rt)
+			b.progress("sagas (latency): CPU per saga at %d sagas/s: %.2f ms here, %.2f ms broker, %.2f ms PostgreSQL, %.2f ms anything else, %.2f ms stolen; wake-ups per saga: %.1f here, %.1f broker, %.1f PostgreSQL; %.1f round trips to PostgreSQL per saga",
+				rate, v[0], v[1], v[2], other, steal, w[0], w[1], w[2], rt)
 			err = b.sagaHops(ctx, rig)
 		}
 	}

@@ -34,6 +34,29 @@ type usage struct {
 	// pgWakes are the wake-ups of the cluster's processes by pid
 	// (wakes[2] is their sum since the start, in stop's usage).
 	pgWakes map[int]int64
+	// busy is the CPU time all the machine's CPUs spent running anything
+	// (the three above, other processes and the kernel's interrupts), and
+	// steal the time the hypervisor gave them to other guests: 0 where
+	// /proc/stat cannot be read.
+	busy, steal time.Duration
+}
+
+// machineCPU reads the first line of /proc/stat: the busy CPU time of
+// all the machine's CPUs (user, nice, system, irq and softirq; guest time
+// is in user) and their steal time.
+func machineCPU() (busy, steal time.Duration) {
+	data, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0
+	}
+	line, _, _ := strings.Cut(string(data), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return 0, 0
+	}
+	n := func(i int) time.Duration { v, _ := strconv.ParseInt(f[i], 10, 64); return time.Duration(v) }
+	tick := 10 * time.Millisecond // CLK_TCK 100, as procStat
+	return (n(1) + n(2) + n(3) + n(6) + n(7)) * tick, n(8) * tick
 }
 
 // procStat returns a process's parent pid, its own CPU time and the CPU
@@ -191,6 +214,7 @@ func (b *bench) startCPU(ctx context.Context, pool *pgxpool.Pool) *cpuMeter {
 
 func (m *cpuMeter) read() usage {
 	var u usage
+	u.busy, u.steal = machineCPU()
 	u.cpu[0], u.wakes[0] = selfUsage()
 	if m.brokerPID != 0 {
 		u.cpu[1], u.wakes[1] = processCPU(m.brokerPID), wakeups(m.brokerPID)
@@ -210,6 +234,8 @@ func (m *cpuMeter) stop() usage {
 		u.cpu[i] -= m.start.cpu[i]
 		u.wakes[i] -= m.start.wakes[i]
 	}
+	u.busy -= m.start.busy
+	u.steal -= m.start.steal
 	u.wakes[2] = wakesSince(m.start.pgWakes, u.pgWakes)
 	return u
 }

@@ -155,3 +155,23 @@ func ignoreStop(ctx context.Context, err error) error {
 	}
 	return err
 }
+
+// TestMachineCPUCountsThisProcess checks the meter of the machine's busy
+// CPU that the saga phases' "anything else" figure is taken from: it
+// grows by at least what this process spent (it holds every process),
+// within the ticks' granularity.
+func TestMachineCPUCountsThisProcess(t *testing.T) {
+	busy0, steal0 := machineCPU()
+	own0, _ := selfUsage()
+	for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); {
+	}
+	busy1, steal1 := machineCPU()
+	own, _ := selfUsage()
+	own -= own0
+	if busy0 == 0 || busy1-busy0 < own-30*time.Millisecond {
+		t.Errorf("the machine's busy CPU grew by %v while this process spent %v; want at least that (readings %v, %v)", busy1-busy0, own, busy0, busy1)
+	}
+	if steal1 < steal0 {
+		t.Errorf("stolen time went down: %v then %v", steal0, steal1)
+	}
+}
