@@ -20,13 +20,13 @@ import (
 // their own (speculative looks that ask first), and all its round trips
 // (a statement or a batch each).
 type looks struct {
-	lockLanes, anyClaimable string
-	n, asked, trips         atomic.Int64
+	lockLanes, claimableLanes string
+	n, asked, trips           atomic.Int64
 }
 
 func (l *looks) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	l.trips.Add(1)
-	if d.SQL == l.anyClaimable {
+	if d.SQL == l.claimableLanes {
 		l.asked.Add(1)
 	}
 	return ctx
@@ -146,7 +146,7 @@ func runTracedRelay(ctx context.Context, t *testing.T) (tracer *looks, w *Writer
 	if err != nil {
 		t.Fatal(err)
 	}
-	tracer = &looks{lockLanes: probe.lockLanes, anyClaimable: probe.anyClaimable}
+	tracer = &looks{lockLanes: probe.lockLanes, claimableLanes: probe.claimableLanes}
 	pool, err := pgtest.ConnectTraced(ctx, pgtest.URL(), 6, tracer)
 	if err != nil {
 		t.Fatal(err)
