@@ -289,13 +289,13 @@ SELECT NULL::smallint WHERE NOT EXISTS (SELECT 1 FROM got) AND (SELECT count(*) 
 	// transaction: the lanes of the first $2 events the claim could take,
 	// in id order (none: nothing is claimable). $1 whether dead letters
 	// hold their keys. It walks the pending set in id order rather than
-	// asking EXISTS: PostgreSQL drops
-	// the ORDER BY of an EXISTS and scans the table from its start, and the
-	// pending set's live rows are its newest, behind every page of the rows
-	// published since the last vacuum (measured over a relay's first minute
-	// at 1,000 events/s: 72-107 pages read per question on average; 4-7 in
-	// the primary key's order, which reads the live rows' pages and the few
-	// index pages before them).
+	// asking EXISTS: PostgreSQL drops the ORDER BY of an EXISTS and scans
+	// the table from its start, and the pending set's live rows are its
+	// newest, behind every page of the rows published since the last
+	// vacuum (measured over a relay's first minute at 1,000 events/s:
+	// 72-107 pages read per question on average; 4-7 in the primary key's
+	// order, which reads the live rows' pages and the few index pages
+	// before them).
 	r.claimableLanes = fmt.Sprintf(`SELECT coalesce(array_agg(h.lane), '{}') FROM (SELECT q.lane FROM %s q WHERE %s ORDER BY q.id LIMIT $2) h`, pending, claimable(pending, "$1"))
 	r.lockWindow = fmt.Sprintf(`SELECT lane FROM %s ORDER BY (lane + $1) %% %d LIMIT $2 FOR NO KEY UPDATE SKIP LOCKED`, lanes, Lanes)
 	// The claim takes a batch out of the pending set and marks it published
@@ -605,8 +605,9 @@ type pendingRow struct {
 // stopping, so a graceful stop adds no duplicates.
 //
 // more says whether to look again at once: after a full batch, yes; after
-// one that was not full, whether anything was claimable once it committed
-// (asked in the COMMIT's round trip; yes when the question failed).
+// one that was not full, whether anything was claimable once it committed,
+// outside the lanes its siblings hold (asked in the COMMIT's round trip;
+// yes when the question failed; see commit).
 func (r *Relay) runBatch(ctx context.Context, worker, offset int, backlog, speculative bool) (n int, more bool, err error) {
 	if ctx.Err() != nil {
 		return 0, false, nil
@@ -744,19 +745,15 @@ func (r *Relay) worthALook(worker int, lanes []int16) bool {
 	}
 	r.heldMu.Lock()
 	defer r.heldMu.Unlock()
-	for _, l := range lanes {
-		free := true
+	free := func(l int16) bool {
 		for w, held := range r.held {
 			if w != worker && slices.Contains(held, l) {
-				free = false
-				break
+				return false
 			}
 		}
-		if free {
-			return true
-		}
+		return true
 	}
-	return false
+	return slices.ContainsFunc(lanes, free)
 }
 
 // stopping returns err, or nil when ctx has ended: a step cut short by the

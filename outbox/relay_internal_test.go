@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/internal/sqlident"
@@ -294,6 +295,23 @@ func relayAndWriter(t *testing.T, db *pgtest.DB, cfg RelayConfig) (*Relay, *Writ
 	return r, w
 }
 
+// tracedPoolAndWriter returns a pool of two connections whose round trips
+// trips counts, for a relay, and a Writer on db's schema.
+func tracedPoolAndWriter(t *testing.T, db *pgtest.DB) (*pgxpool.Pool, *pgtest.RoundTrips, *Writer) {
+	t.Helper()
+	trips := &pgtest.RoundTrips{}
+	pool, err := pgtest.ConnectTraced(context.Background(), pgtest.URL(), 2, trips)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	w, err := NewWriter(db.Pool, WriterConfig{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pool, trips, w
+}
+
 // A batch that was not full asks whether anything is claimable in its
 // COMMIT's round trip, not in one of its own: a batch is two round trips
 // (the look with its claim, the COMMIT with the question), and its answer
@@ -304,16 +322,7 @@ func TestBatchAsksForMoreWithItsCommit(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	ctx := context.Background()
-	trips := &pgtest.RoundTrips{}
-	pool, err := pgtest.ConnectTraced(ctx, pgtest.URL(), 2, trips)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	w, err := NewWriter(db.Pool, WriterConfig{Schema: db.Schema})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool, trips, w := tracedPoolAndWriter(t, db)
 	// The publisher writes one event of another key while it publishes
 	// the first batch: it is pending once that batch commits.
 	var published []string
@@ -360,16 +369,7 @@ func TestWorkersLeaveTheirSiblingsLanesToThem(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	ctx := context.Background()
-	trips := &pgtest.RoundTrips{}
-	pool, err := pgtest.ConnectTraced(ctx, pgtest.URL(), 2, trips)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	w, err := NewWriter(db.Pool, WriterConfig{Schema: db.Schema})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool, trips, w := tracedPoolAndWriter(t, db)
 	other := "k2" // a key in another lane than "k"
 	for i := 3; Lane(other) == Lane("k"); i++ {
 		other = fmt.Sprintf("k%d", i)
@@ -408,6 +408,7 @@ func TestWorkersLeaveTheirSiblingsLanesToThem(t *testing.T) {
 			t.Errorf("worker 1's look with an event in a free lane too: %d events, %v; want 1", n, err)
 		}
 	})
+	var err error
 	r, err = NewRelay(pool, RelayConfig{Schema: db.Schema, Publisher: pub, Workers: 2, Logger: watermill.NopLogger{}})
 	if err != nil {
 		t.Fatal(err)

@@ -41,6 +41,9 @@ type usage struct {
 	busy, steal time.Duration
 }
 
+// clockTick is the unit of the CPU times in /proc (CLK_TCK 100).
+const clockTick = 10 * time.Millisecond
+
 // machineCPU reads the first line of /proc/stat: the busy CPU time of
 // all the machine's CPUs (user, nice, system, irq and softirq; guest time
 // is in user) and their steal time.
@@ -55,8 +58,7 @@ func machineCPU() (busy, steal time.Duration) {
 		return 0, 0
 	}
 	n := func(i int) time.Duration { v, _ := strconv.ParseInt(f[i], 10, 64); return time.Duration(v) }
-	tick := 10 * time.Millisecond // CLK_TCK 100, as procStat
-	return (n(1) + n(2) + n(3) + n(6) + n(7)) * tick, n(8) * tick
+	return (n(1) + n(2) + n(3) + n(6) + n(7)) * clockTick, n(8) * clockTick
 }
 
 // procStat returns a process's parent pid, its own CPU time and the CPU
@@ -76,8 +78,7 @@ func procStat(pid int) (ppid int, own, children time.Duration, ok bool) {
 		return 0, 0, 0, false
 	}
 	n := func(i int) int64 { v, _ := strconv.ParseInt(f[i], 10, 64); return v }
-	tick := 10 * time.Millisecond // clock ticks of 10ms (CLK_TCK 100)
-	return int(n(1)), time.Duration(n(11)+n(12)) * tick, time.Duration(n(13)+n(14)) * tick, true
+	return int(n(1)), time.Duration(n(11)+n(12)) * clockTick, time.Duration(n(13)+n(14)) * clockTick, true
 }
 
 // wakeups returns the voluntary context switches of every thread of a
