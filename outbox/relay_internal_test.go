@@ -508,3 +508,61 @@ INSERT INTO `+pending+` (id, lane, partition_key) SELECT id, lane, partition_key
 		}
 	}
 }
+
+// A batch's transaction runs with hash and merge joins off and, unless
+// SyncCommit, synchronous_commit off: all set by one statement behind
+// BEGIN, in the round trip of the batch's first lock, and for the
+// transaction only, since the pool's connections serve the service too.
+func TestBatchSettingsAreOneStatementForItsTransaction(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewWith(t, pgtest.Options{MaxConns: 2})
+	ctx := context.Background()
+	for _, sync := range []bool{false, true} {
+		r, err := NewRelay(db.Pool, RelayConfig{Schema: db.Schema, Publisher: discard{}, Logger: watermill.NopLogger{}, SyncCommit: sync})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := len(r.beginStatements); n != 2 {
+			t.Errorf("SyncCommit %v: %d statements begin a batch (%q), want BEGIN and one SELECT of the settings", sync, n, r.beginStatements)
+		}
+		conn, err := db.Pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := conn.Conn()
+		b := r.batch(true)
+		for _, s := range []string{"synchronous_commit", "enable_hashjoin", "enable_mergejoin"} {
+			b.Queue("SELECT current_setting('" + s + "')")
+		}
+		br := c.SendBatch(ctx, b)
+		for range r.beginStatements {
+			if _, err := br.Exec(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		want := map[bool]string{false: "off", true: "on"}[sync]
+		for _, w := range []struct{ name, want string }{{"synchronous_commit", want}, {"enable_hashjoin", "off"}, {"enable_mergejoin", "off"}} {
+			var got string
+			if err := br.QueryRow().Scan(&got); err != nil {
+				t.Fatal(err)
+			}
+			if got != w.want {
+				t.Errorf("SyncCommit %v: %s is %q in a batch's transaction, want %q", sync, w.name, got, w.want)
+			}
+		}
+		if err := br.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Exec(ctx, "ROLLBACK"); err != nil {
+			t.Fatal(err)
+		}
+		var after string
+		if err := c.QueryRow(ctx, "SELECT current_setting('synchronous_commit') || current_setting('enable_hashjoin')").Scan(&after); err != nil {
+			t.Fatal(err)
+		}
+		if after != "onon" {
+			t.Errorf("SyncCommit %v: after the batch's transaction the connection has synchronous_commit and enable_hashjoin %q, want both back on", sync, after)
+		}
+		conn.Release()
+	}
+}
