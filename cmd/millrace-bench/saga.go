@@ -201,10 +201,10 @@ func (b *bench) sagaLatency(ctx context.Context) error {
 }
 
 // latencyMeter reports whether config key k is a latency phase's CPU,
-// wake-ups or round trips to PostgreSQL per saga.
+// wake-ups, or round trips or statements to PostgreSQL per saga.
 func latencyMeter(k string) bool {
 	return strings.HasPrefix(k, "saga_latency_cpu_") || strings.HasPrefix(k, "saga_latency_wakeups_") ||
-		k == "saga_latency_pg_round_trips_per_saga"
+		k == "saga_latency_pg_round_trips_per_saga" || k == "saga_latency_pg_statements_per_saga"
 }
 
 // recordSagaCPU records in config the CPU per saga of a phase that ran
@@ -283,7 +283,7 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 	if name == "wait" {
 		conns += sagaStarters * sagaSignallers
 	}
-	trips := &pgtest.RoundTrips{}
+	trips := &pgtest.RoundTrips{Texts: true}
 	pool, schema, done, err := b.workspaceCounting(ctx, conns, trips)
 	if err != nil {
 		return 0, err
@@ -478,7 +478,7 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 			defer stop()
 		}
 		cpu := b.startCPU(ctx, pool)
-		trips0 := trips.N()
+		trips0, texts0 := trips.N(), trips.Statements()
 		p50, p99, sagas, err = rig.latency(rctx, rate, b.opts.duration)
 		b.results["saga_latency_p50_ms"], b.results["saga_latency_p99_ms"] = ms(p50), ms(p99)
 		// Read while the phase's connections are open: every saga has
@@ -493,8 +493,10 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 			v, w, other, steal := b.recordSagaCPU("saga_latency_cpu_ms_per_saga_", "saga_latency_wakeups_per_saga_", sagas, used)
 			rt := round(float64(trips.N()-trips0)/float64(sagas), 1)
 			b.config["saga_latency_pg_round_trips_per_saga"] = rt
-			b.progress("sagas (latency): CPU per saga at %d sagas/s: %.2f ms here, %.2f ms broker, %.2f ms PostgreSQL, %.2f ms anything else, %.2f ms stolen; wake-ups per saga: %.1f here, %.1f broker, %.1f PostgreSQL; %.1f round trips to PostgreSQL per saga",
-				rate, v[0], v[1], v[2], other, steal, w[0], w[1], w[2], rt)
+			stmts := statementsPerSaga(texts0, trips.Statements(), schema, sagas)
+			b.config["saga_latency_pg_statements_per_saga"] = stmts
+			b.progress("sagas (latency): CPU per saga at %d sagas/s: %.2f ms here, %.2f ms broker, %.2f ms PostgreSQL, %.2f ms anything else, %.2f ms stolen; wake-ups per saga: %.1f here, %.1f broker, %.1f PostgreSQL; %.1f round trips to PostgreSQL per saga, carrying %s",
+				rate, v[0], v[1], v[2], other, steal, w[0], w[1], w[2], rt, statementsLine(stmts))
 			err = b.sagaHops(ctx, rig)
 		}
 	}

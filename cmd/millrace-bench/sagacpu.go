@@ -299,27 +299,77 @@ func pgCost(before, after pgStatements, schema string) (ms map[string]float64, c
 		if s.calls <= 0 {
 			continue
 		}
-		group := ""
-		if strings.Contains(text, q+".") {
-			group = "other"
-			for _, g := range pgGroups {
-				if strings.Contains(text, fmt.Sprintf(g.match, q)) {
-					group = g.name
-					break
-				}
-			}
-		} else {
-			switch w := strings.ToUpper(strings.Fields(text + " x")[0]); w {
-			case "BEGIN", "COMMIT", "ROLLBACK", "SET", "SAVEPOINT", "RELEASE":
-				group = "begin_commit"
-			}
-		}
+		group := stmtGroup(text, q)
 		if group != "" {
 			ms[group] += s.ms
 			calls[group] += s.calls
 		}
 	}
 	return ms, calls
+}
+
+// stmtGroup is the group of a statement's text, q the quoted schema: the
+// first of pgGroups it matches if it names one of the schema's tables,
+// "other" if it names one but matches none, "begin_commit" for the
+// transaction statements and the relay's settings of its transactions,
+// which name no table, and "" for the rest.
+func stmtGroup(text, q string) string {
+	if strings.Contains(text, q+".") {
+		for _, g := range pgGroups {
+			if strings.Contains(text, fmt.Sprintf(g.match, q)) {
+				return g.name
+			}
+		}
+		return "other"
+	}
+	f := strings.Fields(strings.ToUpper(text) + " x x")
+	switch f[0] {
+	case "BEGIN", "COMMIT", "ROLLBACK", "SET", "SAVEPOINT", "RELEASE":
+		return "begin_commit"
+	case "SELECT":
+		if strings.HasPrefix(f[1], "SET_CONFIG(") {
+			return "begin_commit"
+		}
+	}
+	return ""
+}
+
+// statementsPerSaga is what a phase sent to PostgreSQL through its pool,
+// per saga: the statements that after (by text, pgtest.RoundTrips.Texts)
+// added to before, by stmtGroup ("other" for a statement that fits none),
+// and their "total".
+func statementsPerSaga(before, after map[string]int64, schema string, sagas int) map[string]float64 {
+	q := sqlident.Quote(schema)
+	n := map[string]int64{}
+	for text, c := range after {
+		c -= before[text]
+		if c <= 0 {
+			continue
+		}
+		g := stmtGroup(text, q)
+		if g == "" {
+			g = "other"
+		}
+		n[g] += c
+		n["total"] += c
+	}
+	out := map[string]float64{}
+	for g, c := range n {
+		out[g] = round(float64(c)/float64(sagas), 1)
+	}
+	return out
+}
+
+// statementsLine is statementsPerSaga's figures for a progress line: the
+// total, then each group in the order of pgGroups.
+func statementsLine(per map[string]float64) string {
+	parts := []string{fmt.Sprintf("%.1f statements", per["total"])}
+	for _, g := range append(pgStatementGroups(), "begin_commit", "other") {
+		if per[g] > 0 {
+			parts = append(parts, fmt.Sprintf("%s %.1f", g, per[g]))
+		}
+	}
+	return strings.Join(parts, ", ")
 }
 
 // pgStatementGroups are the names of pgGroups, in order.

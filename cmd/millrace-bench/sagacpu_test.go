@@ -2,14 +2,17 @@ package main
 
 import (
 	"context"
+	"maps"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/millrace/internal/pgtest"
+	"github.com/millrace/millrace/internal/sqlident"
 )
 
 // TestClusterCPUCountsEndedBackends checks the saga figures' PostgreSQL
@@ -173,5 +176,51 @@ func TestMachineCPUCountsThisProcess(t *testing.T) {
 	}
 	if steal1 < steal0 {
 		t.Errorf("stolen time went down: %v then %v", steal0, steal1)
+	}
+}
+
+// TestStatementsPerSagaByGroup checks the saga latency phases' count of
+// statements: each statement of a batch counts, not only the batch, and
+// each goes to the group of the table it names, the transaction's own
+// statements (the relay's settings among them) to begin_commit.
+func TestStatementsPerSagaByGroup(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db := pgtest.New(t)
+	trips := &pgtest.RoundTrips{Texts: true}
+	pool, err := pgtest.ConnectTraced(ctx, pgtest.URL(), 1, trips)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	q := sqlident.Quote(db.Schema)
+	before := trips.Statements()
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue("SELECT set_config('enable_hashjoin', 'off', true), set_config('synchronous_commit', 'off', true)")
+	b.Queue(`SELECT count(*) FROM ` + q + `."outbox_pending"`)
+	b.Queue(`SELECT count(*) FROM ` + q + `."saga_instance"`)
+	b.Queue(`SELECT count(*) FROM ` + q + `."processed_event"`)
+	b.Queue(`SELECT count(*) FROM ` + q + `."schema_migration"`)
+	b.Queue("SELECT 1")
+	if err := pool.SendBatch(ctx, b).Close(); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := pool.Exec(ctx, "ROLLBACK"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := trips.N(); n != 3 {
+		t.Errorf("%d round trips, want 3 (a batch and two statements)", n)
+	}
+	got := statementsPerSaga(before, trips.Statements(), db.Schema, 2)
+	want := map[string]float64{"total": 4.5, "begin_commit": 2, "relay_claim_mark": 0.5, "saga_load_save": 0.5, "inbox_dedup": 0.5, "other": 1}
+	if !maps.Equal(got, want) {
+		t.Errorf("statements per saga over 2 sagas: %v, want %v", got, want)
+	}
+	if line := statementsLine(got); !strings.HasPrefix(line, "4.5 statements, inbox_dedup 0.5, saga_load_save 0.5, relay_claim_mark 0.5, begin_commit 2.0, other 1.0") {
+		t.Errorf("progress line %q", line)
 	}
 }

@@ -9,8 +9,10 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -169,19 +171,57 @@ func RandomName(prefix string) string {
 
 // RoundTrips is a pgx tracer that counts the round trips of the
 // connections it is set on (ConnectTraced): each statement sent alone and
-// each batch.
-type RoundTrips struct{ n atomic.Int64 }
+// each batch. With Texts set, it also counts the statements, alone
+// or in a batch, by their text.
+type RoundTrips struct {
+	// Texts makes it count the statements by text; set it before the
+	// first statement.
+	Texts bool
+
+	n     atomic.Int64
+	mu    sync.Mutex
+	texts map[string]int64
+}
 
 // N is the number of round trips so far.
 func (r *RoundTrips) N() int64 { return r.n.Load() }
 
-func (r *RoundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+// Statements returns the statements so far by text (nil unless Texts).
+func (r *RoundTrips) Statements() map[string]int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return maps.Clone(r.texts)
+}
+
+func (r *RoundTrips) count(sqls ...string) {
+	if !r.Texts {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.texts == nil {
+		r.texts = map[string]int64{}
+	}
+	for _, sql := range sqls {
+		r.texts[sql]++
+	}
+}
+
+func (r *RoundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	r.n.Add(1)
+	r.count(d.SQL)
 	return ctx
 }
 func (r *RoundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (r *RoundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+func (r *RoundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
 	r.n.Add(1)
+	if r.Texts && d.Batch != nil {
+		sqls := make([]string, len(d.Batch.QueuedQueries))
+		for i, q := range d.Batch.QueuedQueries {
+			sqls[i] = q.SQL
+		}
+		r.count(sqls...)
+	}
 	return ctx
 }
 func (r *RoundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
