@@ -134,6 +134,10 @@ func TestCDCRelayDelivers(t *testing.T) {
 	eventually(t, 30*time.Second, "the slot active and its lag gauge reported", func() bool {
 		return strings.Contains(gather(t, reg), "millrace_outbox_cdc_slot_active 1")
 	})
+	// Every event went out in a batch (at least once).
+	if sizes := histogram(t, reg, "millrace_outbox_batch_size"); sizes.GetSampleSum() < float64(len(all)) || sizes.GetSampleCount() < 1 {
+		t.Errorf("batch_size histogram: %v events in %d batches, want at least %d events", sizes.GetSampleSum(), sizes.GetSampleCount(), len(all))
+	}
 }
 
 func gather(t *testing.T, reg *prometheus.Registry) string {

@@ -18,6 +18,7 @@ import (
 //	failures_total                 failed publish attempts of single events
 //	dead_lettered_total            events moved to the dead-letter state
 //	outages_total                  batches that failed as a whole (broker or database unavailable)
+//	batch_size                     events a batch published or tried to, one transaction (histogram)
 //	pending                        events waiting to be published (gauge; estimated above Admin's count limit)
 //	oldest_pending_age_seconds     age of the oldest waiting event (gauge; alert on this)
 //	dead_letters                   events in the dead-letter state (gauge)
@@ -37,6 +38,7 @@ type Metrics struct {
 	published, failures, deadLettered, outages prometheus.Counter
 	slotInvalidations                          prometheus.Counter
 	slotAgeSeconds                             prometheus.Gauge
+	batchSize                                  prometheus.Histogram
 
 	admin                         *Admin
 	pendingDesc, oldestDesc, dead *prometheus.Desc
@@ -64,6 +66,12 @@ func NewMetrics(admin *Admin, constLabels prometheus.Labels) *Metrics {
 		slotAgeSeconds: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "millrace", Subsystem: "outbox", Name: "cdc_slot_age_seconds", ConstLabels: constLabels,
 			Help: "Age of the oldest transaction a CDC relay has read from its slot and not yet confirmed (0 when caught up).",
+		}),
+		// 1, 2, 4, ... 4096: past RelayConfig.BatchSize's default (2000).
+		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "millrace", Subsystem: "outbox", Name: "batch_size", ConstLabels: constLabels,
+			Help:    "Events a relay batch published or tried to publish, in one transaction.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 13),
 		}),
 		lagDesc:     gauge("cdc_slot_lag_bytes", "WAL the server holds for the CDC replication slot."),
 		activeDesc:  gauge("cdc_slot_active", "1 while a CDC relay streams from the replication slot."),
@@ -134,12 +142,17 @@ func boolGauge(b bool) float64 {
 }
 
 func (m *Metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.published, m.failures, m.deadLettered, m.outages, m.slotInvalidations, m.slotAgeSeconds}
+	return []prometheus.Collector{m.published, m.failures, m.deadLettered, m.outages, m.slotInvalidations, m.slotAgeSeconds, m.batchSize}
 }
 
-func (m *Metrics) batch(published, failed, dead int) {
+// batch counts a committed batch of sent events (published of them
+// reached the broker).
+func (m *Metrics) batch(sent, published, failed, dead int) {
 	if m == nil {
 		return
+	}
+	if sent > 0 {
+		m.batchSize.Observe(float64(sent))
 	}
 	m.published.Add(float64(published))
 	m.failures.Add(float64(failed))

@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/internal/pgtest"
@@ -69,6 +70,12 @@ func TestMetrics(t *testing.T) {
 	if got := gauge("millrace_outbox_pending"); got != 0 {
 		t.Fatalf("pending after drain = %v, want 0", got)
 	}
+	// Each of the 31 events was sent once (the poison failed for good on
+	// its first attempt), in at least one batch.
+	sizes := histogram(t, reg, "millrace_outbox_batch_size")
+	if sizes.GetSampleSum() != 31 || sizes.GetSampleCount() < 1 || sizes.GetSampleCount() > 31 {
+		t.Fatalf("batch_size histogram %v, want 31 events over 1 to 31 batches", sizes)
+	}
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(`
 # HELP millrace_outbox_dead_lettered_total Outbox events moved to the dead-letter state.
 # TYPE millrace_outbox_dead_lettered_total counter
@@ -76,6 +83,22 @@ millrace_outbox_dead_lettered_total{service="test"} 1
 `), "millrace_outbox_dead_lettered_total"); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// histogram is the histogram name in reg (one series), or fails the test.
+func histogram(t *testing.T, reg prometheus.Gatherer, name string) *dto.Histogram {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetHistogram()
+		}
+	}
+	t.Fatalf("no histogram %s", name)
+	return nil
 }
 
 // counterOf picks one counter out of m by name suffix.
