@@ -75,6 +75,21 @@ func TestQuickRun(t *testing.T) {
 			t.Errorf("config.%s = %v, want a number > 0", k, cfg[k])
 		}
 	}
+	// What the latency phase's components sent: statements of every group
+	// (a group at 0 is a statement whose text no longer matches its
+	// group), and messages per transaction from the components' metrics.
+	stmts, _ := cfg["saga_latency_pg_statements_per_saga"].(map[string]any)
+	for _, g := range append(pgStatementGroups(), "begin_commit", "total") {
+		if v, _ := stmts[g].(float64); !(v > 0) {
+			t.Errorf("config.saga_latency_pg_statements_per_saga[%s] = %v, want a number > 0 (all: %v)", g, stmts[g], stmts)
+		}
+	}
+	per, _ := cfg["saga_latency_messages_per_transaction"].(map[string]any)
+	for _, k := range []string{"relay", "participants", "orchestrator"} {
+		if v, _ := per[k].(float64); !(v >= 1) {
+			t.Errorf("config.saga_latency_messages_per_transaction[%s] = %v, want a number >= 1 (all: %v)", k, per[k], per)
+		}
+	}
 	for _, k := range []string{"go", "time"} {
 		if s, _ := res[k].(string); s == "" {
 			t.Errorf("%s missing", k)

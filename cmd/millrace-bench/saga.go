@@ -201,10 +201,12 @@ func (b *bench) sagaLatency(ctx context.Context) error {
 }
 
 // latencyMeter reports whether config key k is a latency phase's CPU,
-// wake-ups, or round trips or statements to PostgreSQL per saga.
+// wake-ups, round trips or statements to PostgreSQL per saga, or messages
+// per transaction.
 func latencyMeter(k string) bool {
 	return strings.HasPrefix(k, "saga_latency_cpu_") || strings.HasPrefix(k, "saga_latency_wakeups_") ||
-		k == "saga_latency_pg_round_trips_per_saga" || k == "saga_latency_pg_statements_per_saga"
+		k == "saga_latency_pg_round_trips_per_saga" || k == "saga_latency_pg_statements_per_saga" ||
+		k == "saga_latency_messages_per_transaction"
 }
 
 // recordSagaCPU records in config the CPU per saga of a phase that ran
@@ -246,6 +248,9 @@ type sagaRig struct {
 	effect string
 	// hops, in the latency phase only, records the hops of each round trip.
 	hops *hopRecorder
+	// batches counts the transactions of the relay, the participants and
+	// the orchestrator, and the messages they carried.
+	batches *batchMeter
 	// wait: the middle step is a wait step, and whoever starts a saga then
 	// signals its event (each in a transaction of its own, as a webhook
 	// would); the wait phase only.
@@ -322,7 +327,8 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 	if err != nil {
 		return 0, err
 	}
-	rig.o, err = saga.New(pool, saga.Config{Schema: schema, Writer: w})
+	rig.batches = newBatchMeter()
+	rig.o, err = saga.New(pool, saga.Config{Schema: schema, Writer: w, Metrics: rig.batches.orchestrator})
 	if err != nil {
 		return 0, err
 	}
@@ -339,7 +345,7 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 		rig.hops = newHopRecorder(topics["reply"])
 		relayPub = rig.hops.publisher(pub)
 	}
-	relay, err := outbox.NewRelay(pool, outbox.RelayConfig{Schema: schema, Publisher: relayPub})
+	relay, err := outbox.NewRelay(pool, outbox.RelayConfig{Schema: schema, Publisher: relayPub, Metrics: rig.batches.relay})
 	if err != nil {
 		return 0, err
 	}
@@ -404,7 +410,7 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 		go func() {
 			defer wg.Done()
 			fail(p.RunBatched(rctx, compensation.RunConfig{Subscriber: sub, Topic: topics[s], Poison: pub,
-				MaxBatch: sagaBatchSize}))
+				MaxBatch: sagaBatchSize, OnBatch: rig.batches.onBatch}))
 		}()
 	}
 	sub, err := subscriber()
@@ -479,6 +485,10 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 		}
 		cpu := b.startCPU(ctx, pool)
 		trips0, texts0 := trips.N(), trips.Statements()
+		batches0, berr := rig.batches.read()
+		if berr != nil {
+			return 0, berr
+		}
 		p50, p99, sagas, err = rig.latency(rctx, rate, b.opts.duration)
 		b.results["saga_latency_p50_ms"], b.results["saga_latency_p99_ms"] = ms(p50), ms(p99)
 		// Read while the phase's connections are open: every saga has
@@ -497,6 +507,13 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 			b.config["saga_latency_pg_statements_per_saga"] = stmts
 			b.progress("sagas (latency): CPU per saga at %d sagas/s: %.2f ms here, %.2f ms broker, %.2f ms PostgreSQL, %.2f ms anything else, %.2f ms stolen; wake-ups per saga: %.1f here, %.1f broker, %.1f PostgreSQL; %.1f round trips to PostgreSQL per saga, carrying %s",
 				rate, v[0], v[1], v[2], other, steal, w[0], w[1], w[2], rt, statementsLine(stmts))
+			batches1, berr := rig.batches.read()
+			if berr != nil {
+				return 0, berr
+			}
+			mean := meanBatches(batches0, batches1)
+			b.config["saga_latency_messages_per_transaction"] = mean
+			b.progress("sagas (latency): %s", batchesLine(mean))
 			err = b.sagaHops(ctx, rig)
 		}
 	}
