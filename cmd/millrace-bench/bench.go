@@ -86,7 +86,10 @@ func newBench(ctx context.Context, o *options, stderr io.Writer) (*bench, error)
 		return nil, err
 	}
 	b.config["machine_wakeup_round_trip_us"] = round(float64(wake)/float64(time.Microsecond), 1)
-	b.progress("machine: a round trip to another process (two wake-ups) takes %s (median of %d)", wake.Round(time.Microsecond/10), wakeupRoundTrips)
+	probe := cpuProbe()
+	b.config["machine_cpu_probe_ms"] = ms(probe)
+	b.progress("machine: a round trip to another process (two wake-ups) takes %s (median of %d); the CPU probe takes %s (median of %d)",
+		wake.Round(time.Microsecond/10), wakeupRoundTrips, probe.Round(time.Microsecond), cpuProbeRuns)
 
 	if env := devkafka.EnvBrokers(); env != nil {
 		b.brokers = env

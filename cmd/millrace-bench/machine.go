@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"os"
 	"slices"
@@ -75,4 +76,55 @@ func machineWakeup(ctx context.Context) (time.Duration, error) {
 	ds = ds[100:] // the first ones warm up
 	slices.Sort(ds)
 	return ds[len(ds)/2], nil
+}
+
+// cpuProbeRuns is how many times cpuProbe runs its workload.
+const cpuProbeRuns = 9
+
+// cpuProbe times a fixed piece of single-threaded work, of the kind the
+// saga rig's processes do between round trips (filling a hash map,
+// sorting, hashing bytes), and returns the median of cpuProbeRuns runs,
+// about 5 ms each on an idle core of the machine it was written on. The
+// same build's saga figures moved by a factor of two within minutes on
+// this bench's virtual machines, with PostgreSQL's execution time per
+// saga moving with them: the figure, read before each saga latency phase,
+// says how fast the CPUs were then (lower is faster).
+func cpuProbe() time.Duration {
+	ds := make([]time.Duration, cpuProbeRuns)
+	for i := range ds {
+		t := time.Now()
+		cpuProbeWork()
+		ds[i] = time.Since(t)
+	}
+	slices.Sort(ds)
+	return ds[len(ds)/2]
+}
+
+// cpuProbeSink keeps cpuProbeWork's result alive.
+var cpuProbeSink uint64
+
+func cpuProbeWork() {
+	const n = 1 << 15
+	x := uint64(88172645463325252)
+	next := func() uint64 { // xorshift64: the same numbers every run
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		return x
+	}
+	m := make(map[uint64]uint32, n/4) // grows: rehashes, as maps do
+	s := make([]uint64, n)
+	for i := range s {
+		s[i] = next()
+		m[s[i]%(n/2)]++
+	}
+	slices.Sort(s)
+	buf := make([]byte, 8*n)
+	for i, v := range s {
+		for j := range 8 {
+			buf[8*i+j] = byte(v >> (8 * j))
+		}
+	}
+	sum := sha256.Sum256(buf)
+	cpuProbeSink += uint64(len(m)) + uint64(sum[0])
 }

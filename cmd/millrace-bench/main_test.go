@@ -70,10 +70,14 @@ func TestQuickRun(t *testing.T) {
 	// local PostgreSQL all did work, and the machine's wake-up was timed.
 	for _, k := range []string{"saga_cpu_ms_per_saga_bench_process", "saga_cpu_ms_per_saga_broker", "saga_cpu_ms_per_saga_postgres",
 		"saga_wakeups_per_saga_bench_process", "saga_wakeups_per_saga_broker",
-		"saga_latency_cpu_ms_per_saga_postgres", "saga_latency_wakeups_per_saga_postgres", "machine_wakeup_round_trip_us"} {
+		"saga_latency_cpu_ms_per_saga_postgres", "saga_latency_wakeups_per_saga_postgres", "machine_wakeup_round_trip_us", "machine_cpu_probe_ms"} {
 		if v, _ := cfg[k].(float64); !(v > 0) {
 			t.Errorf("config.%s = %v, want a number > 0", k, cfg[k])
 		}
+	}
+	// Each latency phase (one in quick mode) has the CPU probe read before it.
+	if probes, _ := cfg["saga_latency_phase_cpu_probe_ms"].([]any); len(probes) != 1 || !(probes[0].(float64) > 0) {
+		t.Errorf("config.saga_latency_phase_cpu_probe_ms = %v, want one time > 0", cfg["saga_latency_phase_cpu_probe_ms"])
 	}
 	// What the latency phase's components sent: statements of every group
 	// (a group at 0 is a statement whose text no longer matches its

@@ -153,11 +153,12 @@ func (b *bench) sagaLatency(ctx context.Context) error {
 		// One phase at a quarter of the rate first: the machine is far from
 		// saturated there, so its latency is the hops' own cost, without
 		// the queueing for a CPU that the 200/s phases add on a slow day.
+		probe := ms(cpuProbe())
 		if _, err := b.sagaPhase(ctx, "latency", b.opts.sagaRate/4); err != nil {
 			return err
 		}
 		low := map[string]any{"rate_per_s": b.opts.sagaRate / 4,
-			"p50_ms": b.results["saga_latency_p50_ms"], "p99_ms": b.results["saga_latency_p99_ms"]}
+			"p50_ms": b.results["saga_latency_p50_ms"], "p99_ms": b.results["saga_latency_p99_ms"], "cpu_probe_ms": probe}
 		for k, v := range b.config {
 			if latencyMeter(k) {
 				low[strings.TrimPrefix(k, "saga_latency_")] = v
@@ -166,7 +167,12 @@ func (b *bench) sagaLatency(ctx context.Context) error {
 		b.config["saga_latency_low_rate"] = low
 		b.progress("sagas (latency): at %d sagas/s: p50 %.1f ms, p99 %.1f ms", b.opts.sagaRate/4, low["p50_ms"], low["p99_ms"])
 	}
+	var probes []float64
 	for i := range phases {
+		// How fast the CPUs are as the phase begins (the rig of the phase
+		// before has stopped).
+		probe := cpuProbe()
+		probes = append(probes, ms(probe))
 		if _, err := b.sagaPhase(ctx, "latency", b.opts.sagaRate); err != nil {
 			return err
 		}
@@ -182,7 +188,7 @@ func (b *bench) sagaLatency(ctx context.Context) error {
 			}
 		}
 		runs = append(runs, r)
-		b.progress("sagas (latency): phase %d of %d: p50 %.1f ms, p99 %.1f ms", i+1, phases, r.p50, r.p99)
+		b.progress("sagas (latency): phase %d of %d: p50 %.1f ms, p99 %.1f ms (CPU probe before it: %s)", i+1, phases, r.p50, r.p99, probe.Round(time.Microsecond))
 	}
 	var pairs [][2]float64
 	p99s := make([]float64, len(runs))
@@ -197,6 +203,7 @@ func (b *bench) sagaLatency(ctx context.Context) error {
 	maps.Copy(b.results, mid.results)
 	maps.Copy(b.config, mid.config)
 	b.config["saga_latency_phases"] = pairs
+	b.config["saga_latency_phase_cpu_probe_ms"] = probes
 	return nil
 }
 
