@@ -612,7 +612,7 @@ func (c *CDCRelay) publishRows(ctx context.Context, s *cdcStream) error {
 	if err != nil {
 		return fmt.Errorf("outbox: CDC: %w", err)
 	}
-	c.cfg.Metrics.batch(len(published)+len(back.ids), len(published), back.charged, back.died)
+	c.cfg.Metrics.batch(len(published), back)
 	if len(back.ids) > 0 || len(diverted) > 0 {
 		c.sweeper.signal()
 	}

@@ -145,18 +145,19 @@ func (m *Metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.published, m.failures, m.deadLettered, m.outages, m.slotInvalidations, m.slotAgeSeconds, m.batchSize}
 }
 
-// batch counts a committed batch of sent events (published of them
-// reached the broker).
-func (m *Metrics) batch(sent, published, failed, dead int) {
+// batch counts a committed batch: published events reached the broker,
+// back went back to the pending set (failed, some dead-lettered); the
+// batch sent both.
+func (m *Metrics) batch(published int, back unclaimed) {
 	if m == nil {
 		return
 	}
-	if sent > 0 {
+	if sent := published + len(back.ids); sent > 0 {
 		m.batchSize.Observe(float64(sent))
 	}
 	m.published.Add(float64(published))
-	m.failures.Add(float64(failed))
-	m.deadLettered.Add(float64(dead))
+	m.failures.Add(float64(back.charged))
+	m.deadLettered.Add(float64(back.died))
 }
 
 func (m *Metrics) outage() {

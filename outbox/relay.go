@@ -678,7 +678,7 @@ func (r *Relay) runBatch(ctx context.Context, worker, offset int, backlog, specu
 	if err != nil {
 		return 0, false, fmt.Errorf("outbox: commit batch of %d: %w", len(rows), err)
 	}
-	r.cfg.Metrics.batch(len(rows), len(rows)-len(back.ids), back.charged, back.died)
+	r.cfg.Metrics.batch(len(rows)-len(back.ids), back)
 	if outage != nil {
 		// What went out is marked; the rest waits, uncharged, while the
 		// worker backs off.

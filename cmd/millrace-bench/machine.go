@@ -84,7 +84,7 @@ const cpuProbeRuns = 9
 // cpuProbe times a fixed piece of single-threaded work, of the kind the
 // saga rig's processes do between round trips (filling a hash map,
 // sorting, hashing bytes), and returns the median of cpuProbeRuns runs,
-// about 5 ms each on an idle core of the machine it was written on. The
+// about 4 ms each on an idle core of the machine it was written on. The
 // same build's saga figures moved by a factor of two within minutes on
 // this bench's virtual machines, with PostgreSQL's execution time per
 // saga moving with them: the figure, read before each saga latency phase,

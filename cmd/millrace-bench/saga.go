@@ -467,7 +467,7 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 				costMs, calls := pgCost(stmts, after, schema)
 				var parts []string
 				perGroup := map[string]float64{}
-				for _, g := range append(pgStatementGroups(), "other", "begin_commit") {
+				for _, g := range reportedGroups() {
 					if calls[g] == 0 {
 						continue
 					}

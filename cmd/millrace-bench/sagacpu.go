@@ -364,13 +364,17 @@ func statementsPerSaga(before, after map[string]int64, schema string, sagas int)
 // total, then each group in the order of pgGroups.
 func statementsLine(per map[string]float64) string {
 	parts := []string{fmt.Sprintf("%.1f statements", per["total"])}
-	for _, g := range append(pgStatementGroups(), "begin_commit", "other") {
+	for _, g := range reportedGroups() {
 		if per[g] > 0 {
 			parts = append(parts, fmt.Sprintf("%s %.1f", g, per[g]))
 		}
 	}
 	return strings.Join(parts, ", ")
 }
+
+// reportedGroups are every group stmtGroup names, in the order the
+// progress lines give them: pgGroups, then begin_commit and other.
+func reportedGroups() []string { return append(pgStatementGroups(), "begin_commit", "other") }
 
 // pgStatementGroups are the names of pgGroups, in order.
 func pgStatementGroups() []string {

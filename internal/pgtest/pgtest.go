@@ -193,34 +193,32 @@ func (r *RoundTrips) Statements() map[string]int64 {
 	return maps.Clone(r.texts)
 }
 
-func (r *RoundTrips) count(sqls ...string) {
-	if !r.Texts {
-		return
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
+// countLocked counts a statement; r.mu is held.
+func (r *RoundTrips) countLocked(sql string) {
 	if r.texts == nil {
 		r.texts = map[string]int64{}
 	}
-	for _, sql := range sqls {
-		r.texts[sql]++
-	}
+	r.texts[sql]++
 }
 
 func (r *RoundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	r.n.Add(1)
-	r.count(d.SQL)
+	if r.Texts {
+		r.mu.Lock()
+		r.countLocked(d.SQL)
+		r.mu.Unlock()
+	}
 	return ctx
 }
 func (r *RoundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 func (r *RoundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
 	r.n.Add(1)
 	if r.Texts && d.Batch != nil {
-		sqls := make([]string, len(d.Batch.QueuedQueries))
-		for i, q := range d.Batch.QueuedQueries {
-			sqls[i] = q.SQL
+		r.mu.Lock()
+		for _, q := range d.Batch.QueuedQueries {
+			r.countLocked(q.SQL)
 		}
-		r.count(sqls...)
+		r.mu.Unlock()
 	}
 	return ctx
 }
