@@ -12,8 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/compensation"
+	"github.com/millrace/millrace/core"
 )
 
 func must(t testing.TB, err error) {
@@ -43,7 +43,7 @@ func TestDuplicateActionRepliesTheSame(t *testing.T) {
 		t.Fatalf("replies = %d, want 3: %+v", len(rs), rs)
 	}
 	for i, r := range rs {
-		if r.Outcome != millrace.OutcomeSuccess || r.Payload != rs[0].Payload || r.Operation != millrace.OperationAction ||
+		if r.Outcome != core.OutcomeSuccess || r.Payload != rs[0].Payload || r.Operation != core.OperationAction ||
 			r.Step != "credit" || r.SagaID != saga || r.Key != saga {
 			t.Fatalf("reply %d = %+v, want the first reply's outcome and payload %+v", i, r, rs[0])
 		}
@@ -51,7 +51,7 @@ func TestDuplicateActionRepliesTheSame(t *testing.T) {
 			t.Fatalf("reply %d attempt = %s, want %s (the command's attempt)", i, r.Attempt, want)
 		}
 	}
-	if !strings.Contains(rs[0].Payload, compensation.IdempotencyKey(saga, "credit", millrace.OperationAction)) {
+	if !strings.Contains(rs[0].Payload, compensation.IdempotencyKey(saga, "credit", core.OperationAction)) {
 		t.Fatalf("reply payload %s lacks the idempotency key", rs[0].Payload)
 	}
 	if got := b.metric(t, "duplicates_total"); got != 2 {
@@ -70,11 +70,11 @@ func TestEmptyCompensationThenLateAction(t *testing.T) {
 	if b.compensateCalls.Load() != 0 {
 		t.Fatal("the compensation function ran with no action")
 	}
-	if outcome, empty, ok := b.barrier(t, saga, millrace.OperationCompensation); !ok || outcome != millrace.OutcomeSuccess || !empty {
+	if outcome, empty, ok := b.barrier(t, saga, core.OperationCompensation); !ok || outcome != core.OutcomeSuccess || !empty {
 		t.Fatalf("compensation row: %q empty=%v found=%v, want success, empty", outcome, empty, ok)
 	}
 	rs := b.replies(t, saga)
-	if len(rs) != 1 || rs[0].Outcome != millrace.OutcomeSuccess || rs[0].Operation != millrace.OperationCompensation {
+	if len(rs) != 1 || rs[0].Outcome != core.OutcomeSuccess || rs[0].Operation != core.OperationCompensation {
 		t.Fatalf("replies = %+v, want one compensation success", rs)
 	}
 
@@ -92,7 +92,7 @@ func TestEmptyCompensationThenLateAction(t *testing.T) {
 		t.Fatalf("late action replies = %+v, want 2", rs)
 	}
 	for _, r := range rs {
-		if r.Outcome != millrace.OutcomeCancelled || r.Operation != millrace.OperationAction || r.Reason == "" {
+		if r.Outcome != core.OutcomeCancelled || r.Operation != core.OperationAction || r.Reason == "" {
 			t.Fatalf("late action reply = %+v, want cancelled with a reason", r)
 		}
 	}
@@ -122,17 +122,17 @@ func TestCompensationDeliveredTwice(t *testing.T) {
 	if a, c, d := b.metric(t, "actions_total"), b.metric(t, "compensations_total"), b.metric(t, "duplicates_total"); a != 1 || c != 1 || d != 1 {
 		t.Fatalf("metrics: actions %v, compensations %v, duplicates %v; want 1, 1, 1", a, c, d)
 	}
-	if outcome, empty, _ := b.barrier(t, saga, millrace.OperationCompensation); outcome != millrace.OutcomeSuccess || empty {
+	if outcome, empty, _ := b.barrier(t, saga, core.OperationCompensation); outcome != core.OutcomeSuccess || empty {
 		t.Fatalf("compensation row %q empty=%v, want success, not empty", outcome, empty)
 	}
 	rs := b.replies(t, saga)
-	if len(rs) != 3 || rs[1].Outcome != millrace.OutcomeSuccess || rs[2].Outcome != millrace.OutcomeSuccess || rs[1].Payload != rs[2].Payload {
+	if len(rs) != 3 || rs[1].Outcome != core.OutcomeSuccess || rs[2].Outcome != core.OutcomeSuccess || rs[1].Payload != rs[2].Payload {
 		t.Fatalf("replies = %+v", rs)
 	}
 	// An action after its compensation (a duplicate of attempt 1) still
 	// answers with its first reply: it ran, and was compensated.
 	must(t, b.handle(action(saga, 3)))
-	if rs := b.replies(t, saga); rs[3].Outcome != millrace.OutcomeSuccess || rs[3].Payload != rs[0].Payload || b.actionCalls.Load() != 1 {
+	if rs := b.replies(t, saga); rs[3].Outcome != core.OutcomeSuccess || rs[3].Payload != rs[0].Payload || b.actionCalls.Load() != 1 {
 		t.Fatalf("action after compensation: %+v, calls %d", rs[3], b.actionCalls.Load())
 	}
 }
@@ -152,9 +152,9 @@ func TestCompensationSeesActionReply(t *testing.T) {
 		}))
 	saga := uuid.NewString()
 	a := action(saga, 1)
-	a.Metadata.Set(millrace.MetadataSagaCommand, "ship")
+	a.Metadata.Set(core.MetadataSagaCommand, "ship")
 	c := compensationOf(saga, 1)
-	c.Metadata.Set(millrace.MetadataSagaCommand, "ship")
+	c.Metadata.Set(core.MetadataSagaCommand, "ship")
 	must(t, b.handle(a))
 	must(t, b.handle(c))
 	if string(got) != `{"booking":"b-`+saga+`"}` {
@@ -184,12 +184,12 @@ func TestActionBusinessFailure(t *testing.T) {
 		t.Fatalf("replies %+v", rs)
 	}
 	for _, r := range rs {
-		if r.Outcome != millrace.OutcomeFailure || !strings.HasPrefix(r.Reason, "insufficient credit") || r.Payload != "{}" {
+		if r.Outcome != core.OutcomeFailure || !strings.HasPrefix(r.Reason, "insufficient credit") || r.Payload != "{}" {
 			t.Fatalf("reply %+v, want failure: insufficient credit", r)
 		}
 	}
 	must(t, b.handle(compensationOf(saga, 1)))
-	if _, empty, _ := b.barrier(t, saga, millrace.OperationCompensation); !empty || b.compensateCalls.Load() != 0 {
+	if _, empty, _ := b.barrier(t, saga, core.OperationCompensation); !empty || b.compensateCalls.Load() != 0 {
 		t.Fatalf("compensation of a failed action: empty=%v calls=%d; want empty, no call", empty, b.compensateCalls.Load())
 	}
 	if got := b.metric(t, "business_failures_total"); got != 1 {
@@ -218,12 +218,12 @@ func TestTechnicalErrorIsRetriedWithoutReply(t *testing.T) {
 	if rs := b.replies(t, saga); len(rs) != 0 {
 		t.Fatalf("a technical error replied: %+v", rs)
 	}
-	if _, _, ok := b.barrier(t, saga, millrace.OperationAction); ok {
+	if _, _, ok := b.barrier(t, saga, core.OperationAction); ok {
 		t.Fatal("a technical error left a barrier row")
 	}
 	must(t, b.handle(msg.Copy())) // the redelivery
 	must(t, b.handle(msg.Copy())) // and a duplicate of it: the inbox drops it
-	if rs := b.replies(t, saga); len(rs) != 1 || rs[0].Outcome != millrace.OutcomeSuccess {
+	if rs := b.replies(t, saga); len(rs) != 1 || rs[0].Outcome != core.OutcomeSuccess {
 		t.Fatalf("replies = %+v, want one success", rs)
 	}
 	if n := b.effects(t, saga, "reserve"); n != 1 {
@@ -248,7 +248,7 @@ func TestCompensationBusinessFailureIsRetried(t *testing.T) {
 		must(t, b.handle(compensationOf(saga, attempt)))
 	}
 	rs := b.replies(t, saga)[1:]
-	want := []string{millrace.OutcomeFailure, millrace.OutcomeFailure, millrace.OutcomeSuccess, millrace.OutcomeSuccess}
+	want := []string{core.OutcomeFailure, core.OutcomeFailure, core.OutcomeSuccess, core.OutcomeSuccess}
 	for i, r := range rs {
 		if r.Outcome != want[i] {
 			t.Fatalf("compensation replies %+v, want outcomes %v", rs, want)

@@ -9,7 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/pipeline"
 	"github.com/millrace/millrace/outbox"
 )
@@ -26,8 +26,8 @@ import (
 // Messages of one saga step are handled in the order given; the functions
 // run in message order. Before anything is written, every message is
 // parsed: if any is malformed (see HandleTx), HandleBatchTx returns a
-// *millrace.BatchError naming each bad message by its UUID, each error
-// millrace.Permanent, and tx is untouched: take them out (poison them) and
+// *core.BatchError naming each bad message by its UUID, each error
+// core.Permanent, and tx is untouched: take them out (poison them) and
 // call again with the rest. Any other error is technical: roll tx back.
 // Deduplicating redelivered messages (the inbox's marks) is the caller's
 // part, in tx; without it the barrier still keeps the effects once, and a
@@ -35,17 +35,17 @@ import (
 // ignores).
 func (p *Participant) HandleBatchTx(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
 	items := make([]*item, 0, len(msgs))
-	var bad []millrace.MessageError
+	var bad []core.MessageError
 	for _, msg := range msgs {
 		it, err := p.item(msg)
 		if err != nil {
-			bad = append(bad, millrace.MessageError{UUID: msg.UUID, Err: err})
+			bad = append(bad, core.MessageError{UUID: msg.UUID, Err: err})
 			continue
 		}
 		items = append(items, it)
 	}
 	if len(bad) > 0 {
-		return &millrace.BatchError{Errors: bad}
+		return &core.BatchError{Errors: bad}
 	}
 	// The functions get the transaction as a pipeline.Tx, and find it so in
 	// ctx: the savepoints between them are queued on it (handleRound).
@@ -91,9 +91,9 @@ func (p *Participant) handleRound(ctx context.Context, tx pgx.Tx, items []*item)
 	})
 	var comp, act claimColumns
 	for _, it := range sorted {
-		if it.call.Operation == millrace.OperationCompensation {
+		if it.call.Operation == core.OperationCompensation {
 			comp.add(it.call, "", "", it.call.Attempt)
-			act.add(it.call, millrace.OutcomeCancelled, lateReason, 0)
+			act.add(it.call, core.OutcomeCancelled, lateReason, 0)
 		} else {
 			act.add(it.call, "", "", it.call.Attempt)
 		}
@@ -159,7 +159,7 @@ func (p *Participant) handleRound(ctx context.Context, tx pgx.Tx, items []*item)
 		k := rowKey{it.call.SagaID, it.call.Step}
 		a, ok := acts[k]
 		cl := a
-		if it.call.Operation == millrace.OperationCompensation {
+		if it.call.Operation == core.OperationCompensation {
 			c, okc := comps[k]
 			ok = ok && okc
 			cl = claim{inserted: c.inserted, outcome: c.outcome, reply: c.reply, reason: c.reason,

@@ -10,8 +10,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/compensation"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/outbox"
 )
 
@@ -49,7 +49,7 @@ func TestHandleBatchTxMatchesHandleTx(t *testing.T) {
 	must(t, compensation.Register(batched.p, "refuse", refuse, nil))
 	script := func() []*message.Message {
 		r := action("saga-refused", 1)
-		r.Metadata.Set(millrace.MetadataSagaCommand, "refuse")
+		r.Metadata.Set(core.MetadataSagaCommand, "refuse")
 		return append(scripted(), action("saga-wrote", 1), r)
 	}
 	for _, m := range script() {
@@ -70,7 +70,7 @@ func TestHandleBatchTxMatchesHandleTx(t *testing.T) {
 				t.Fatalf("saga %s: %s effects single %d, batched %d", saga, kind, x, y)
 			}
 		}
-		for _, op := range []string{millrace.OperationAction, millrace.OperationCompensation} {
+		for _, op := range []string{core.OperationAction, core.OperationCompensation} {
 			o1, e1, ok1 := single.barrier(t, saga, op)
 			o2, e2, ok2 := batched.barrier(t, saga, op)
 			if o1 != o2 || e1 != e2 || ok1 != ok2 {
@@ -89,7 +89,7 @@ func TestHandleBatchTxRefusesBadMessages(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 2)
 	bad1, bad2 := action("s-1", 1), action("s-2", 1)
-	bad1.Metadata.Set(millrace.MetadataSagaCommand, "nope")
+	bad1.Metadata.Set(core.MetadataSagaCommand, "nope")
 	bad2.Payload = []byte("{")
 	ctx := context.Background()
 	tx, err := b.db.Pool.Begin(ctx)
@@ -98,11 +98,11 @@ func TestHandleBatchTxRefusesBadMessages(t *testing.T) {
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
 	err = b.p.HandleBatchTx(ctx, tx, []*message.Message{action("s-0", 1), bad1, bad2})
-	var be *millrace.BatchError
+	var be *core.BatchError
 	if !errors.As(err, &be) || len(be.Errors) != 2 || be.Errors[0].UUID != bad1.UUID || be.Errors[1].UUID != bad2.UUID {
 		t.Fatalf("err = %v, want a BatchError naming the two bad messages", err)
 	}
-	if !errors.Is(err, compensation.ErrUnknownCommand) || !errors.Is(err, compensation.ErrInvalidCommand) || !millrace.IsPermanent(be.Errors[0].Err) {
+	if !errors.Is(err, compensation.ErrUnknownCommand) || !errors.Is(err, compensation.ErrInvalidCommand) || !core.IsPermanent(be.Errors[0].Err) {
 		t.Fatalf("err = %v: want ErrUnknownCommand and ErrInvalidCommand, permanent", err)
 	}
 	// tx is untouched and usable.
@@ -127,17 +127,17 @@ func TestFunctionsFindTheTransactionInContext(t *testing.T) {
 	}
 	pub := w.ContextPublisher()
 	must(t, compensation.Register(b.p, "emit", func(ctx context.Context, tx pgx.Tx, call compensation.Call, _ struct{}) (struct{}, error) {
-		if c, ok := millrace.TxFromContext(ctx); !ok || c != tx {
+		if c, ok := core.TxFromContext(ctx); !ok || c != tx {
 			return struct{}{}, errors.New("ctx does not carry the transaction")
 		}
 		ev := message.NewMessage(uuid.NewString(), []byte(`{}`))
-		ev.Metadata.Set(millrace.MetadataPartitionKey, call.SagaID)
+		ev.Metadata.Set(core.MetadataPartitionKey, call.SagaID)
 		ev.SetContext(call.Message.Context())
 		return struct{}{}, pub.Publish("emitted", ev)
 	}, nil))
 	emit := func(saga string) *message.Message {
 		m := action(saga, 1)
-		m.Metadata.Set(millrace.MetadataSagaCommand, "emit")
+		m.Metadata.Set(core.MetadataSagaCommand, "emit")
 		return m
 	}
 	ctx := context.Background()
@@ -155,7 +155,7 @@ func TestFunctionsFindTheTransactionInContext(t *testing.T) {
 		t.Fatalf("emitted events = %d, want 5", n)
 	}
 	for _, m := range append(batch, bare) {
-		if _, ok := millrace.TxFromContext(m.Context()); ok {
+		if _, ok := core.TxFromContext(m.Context()); ok {
 			t.Fatalf("message %s still carries the transaction", m.UUID)
 		}
 	}

@@ -8,7 +8,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/pipeline"
 )
 
@@ -36,7 +36,7 @@ type BatchConfig struct {
 //
 // A batch that fails (a technical error, a malformed command) is run again
 // one command per transaction, so that each command gets its own result: a
-// millrace.Permanent error for a malformed one, the technical error for a
+// core.Permanent error for a malformed one, the technical error for a
 // failing one, nil for the others.
 //
 // A Batcher writes no inbox dedup marks: the barrier already keeps each
@@ -64,7 +64,7 @@ type waiter struct {
 // NewBatcher returns a Batcher for p's commands.
 func (p *Participant) NewBatcher(cfg BatchConfig) (*Batcher, error) {
 	if cfg.MaxBatch < 0 || cfg.Transactions < 0 {
-		return nil, fmt.Errorf("%w: compensation: BatchConfig values must not be negative", millrace.ErrConfig)
+		return nil, fmt.Errorf("%w: compensation: BatchConfig values must not be negative", core.ErrConfig)
 	}
 	if cfg.MaxBatch == 0 {
 		cfg.MaxBatch = 100
@@ -120,7 +120,7 @@ func (b *Batcher) run(batch []*waiter) []error {
 	if err == nil {
 		return errs
 	}
-	var be *millrace.BatchError
+	var be *core.BatchError
 	if len(batch) == 1 && !errors.As(err, &be) {
 		errs[0] = err
 		return errs

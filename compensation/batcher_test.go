@@ -10,8 +10,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 
-	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/compensation"
+	"github.com/millrace/millrace/core"
 )
 
 // Concurrent callers of a Batcher share transactions; each gets its own
@@ -21,7 +21,7 @@ import (
 func TestBatcherGroupsCommandsAndKeepsResultsApart(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 8)
-	if _, err := b.p.NewBatcher(compensation.BatchConfig{MaxBatch: -1}); !errors.Is(err, millrace.ErrConfig) {
+	if _, err := b.p.NewBatcher(compensation.BatchConfig{MaxBatch: -1}); !errors.Is(err, core.ErrConfig) {
 		t.Fatalf("negative MaxBatch: %v", err)
 	}
 	bt, err := b.p.NewBatcher(compensation.BatchConfig{MaxBatch: 50, Transactions: 2})
@@ -63,7 +63,7 @@ func TestBatcherGroupsCommandsAndKeepsResultsApart(t *testing.T) {
 		})
 	}
 	bad := action(uuid.NewString(), 1)
-	bad.Metadata.Set(millrace.MetadataSagaAttempt, "x")
+	bad.Metadata.Set(core.MetadataSagaAttempt, "x")
 	start := time.Now()
 	for i, id := range ids {
 		work <- action(id, 1)
@@ -83,7 +83,7 @@ func TestBatcherGroupsCommandsAndKeepsResultsApart(t *testing.T) {
 		case errors.Is(r.err, errTechnical):
 			technical++
 			retry = append(retry, r.msg)
-		case r.msg == bad && errors.Is(r.err, compensation.ErrInvalidCommand) && millrace.IsPermanent(r.err):
+		case r.msg == bad && errors.Is(r.err, compensation.ErrInvalidCommand) && core.IsPermanent(r.err):
 			permanent++
 		default:
 			t.Fatalf("message %s: %v", r.msg.UUID, r.err)

@@ -8,8 +8,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/compensation"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/outbox"
 )
@@ -77,7 +77,7 @@ func BenchmarkDedupHandler(b *testing.B) {
 	}
 	h := d.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		tx, _ := inbox.TxFromContext(msg.Context())
-		return nil, benchEffect(msg.Context(), tx, bb.effect, msg.Metadata.Get(millrace.MetadataSagaID))
+		return nil, benchEffect(msg.Context(), tx, bb.effect, msg.Metadata.Get(core.MetadataSagaID))
 	})
 	runParallel(b, func(msg *message.Message) error { _, err := h(msg); return err })
 }
@@ -94,12 +94,12 @@ func BenchmarkDedupHandlerWithReply(b *testing.B) {
 	}
 	h := d.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		tx, _ := inbox.TxFromContext(msg.Context())
-		ctx, saga := msg.Context(), msg.Metadata.Get(millrace.MetadataSagaID)
+		ctx, saga := msg.Context(), msg.Metadata.Get(core.MetadataSagaID)
 		if err := benchEffect(ctx, tx, bb.effect, saga); err != nil {
 			return nil, err
 		}
 		_, err := w.WriteTx(ctx, tx, outbox.Event{Topic: replyTopic, PartitionKey: saga, Payload: []byte(`{"amount":40}`),
-			Metadata: map[string]string{millrace.MetadataSagaID: saga, millrace.MetadataSagaOutcome: millrace.OutcomeSuccess}})
+			Metadata: map[string]string{core.MetadataSagaID: saga, core.MetadataSagaOutcome: core.OutcomeSuccess}})
 		return nil, err
 	})
 	runParallel(b, func(msg *message.Message) error { _, err := h(msg); return err })

@@ -10,7 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 )
 
 // Call describes the command a participant function is running for. It is
@@ -26,7 +26,7 @@ type Call struct {
 	// Attempt is the command's attempt number, from 1. Every attempt is a
 	// new message; the barrier runs the function for one of them only.
 	Attempt int
-	// Operation is millrace.OperationAction or millrace.OperationCompensation.
+	// Operation is core.OperationAction or core.OperationCompensation.
 	Operation string
 	// Command is the command's name, which the participant routed on.
 	Command string
@@ -60,7 +60,7 @@ func IdempotencyKey(sagaID, step, operation string) string {
 // ErrInvalidCommand is returned for a command message whose saga metadata
 // is missing or malformed, whose payload does not decode into the
 // command's type, or whose reply the outbox Writer refuses (its reply
-// topic, say). It comes wrapped as millrace.Permanent, naming the message
+// topic, say). It comes wrapped as core.Permanent, naming the message
 // and the fault, so the inbox's ShouldRetry skips retrying it and a
 // PoisonQueue dead-letters it with the reason.
 var ErrInvalidCommand = errors.New("compensation: invalid command message")
@@ -79,36 +79,36 @@ const maxIdentifier = 200
 func parseCall(msg *message.Message) (Call, error) {
 	md := msg.Metadata
 	c := Call{
-		SagaID:     md.Get(millrace.MetadataSagaID),
-		SagaType:   md.Get(millrace.MetadataSagaType),
-		Step:       md.Get(millrace.MetadataSagaStep),
-		Operation:  md.Get(millrace.MetadataSagaOperation),
-		Command:    md.Get(millrace.MetadataSagaCommand),
-		ReplyTopic: md.Get(millrace.MetadataSagaReplyTopic),
+		SagaID:     md.Get(core.MetadataSagaID),
+		SagaType:   md.Get(core.MetadataSagaType),
+		Step:       md.Get(core.MetadataSagaStep),
+		Operation:  md.Get(core.MetadataSagaOperation),
+		Command:    md.Get(core.MetadataSagaCommand),
+		ReplyTopic: md.Get(core.MetadataSagaReplyTopic),
 		Message:    msg,
 	}
 	for _, f := range []struct {
 		key, value string
 		required   bool
 	}{
-		{millrace.MetadataSagaID, c.SagaID, true},
-		{millrace.MetadataSagaType, c.SagaType, false},
-		{millrace.MetadataSagaStep, c.Step, true},
-		{millrace.MetadataSagaCommand, c.Command, true},
-		{millrace.MetadataSagaReplyTopic, c.ReplyTopic, true},
+		{core.MetadataSagaID, c.SagaID, true},
+		{core.MetadataSagaType, c.SagaType, false},
+		{core.MetadataSagaStep, c.Step, true},
+		{core.MetadataSagaCommand, c.Command, true},
+		{core.MetadataSagaReplyTopic, c.ReplyTopic, true},
 	} {
 		if err := checkIdentifier(f.value, f.required); err != nil {
 			return c, invalid(msg, "metadata %s %q: %v", f.key, f.value, err)
 		}
 	}
-	if c.Operation != millrace.OperationAction && c.Operation != millrace.OperationCompensation {
-		return c, invalid(msg, "metadata %s is %q, want %q or %q", millrace.MetadataSagaOperation,
-			c.Operation, millrace.OperationAction, millrace.OperationCompensation)
+	if c.Operation != core.OperationAction && c.Operation != core.OperationCompensation {
+		return c, invalid(msg, "metadata %s is %q, want %q or %q", core.MetadataSagaOperation,
+			c.Operation, core.OperationAction, core.OperationCompensation)
 	}
-	a := md.Get(millrace.MetadataSagaAttempt)
+	a := md.Get(core.MetadataSagaAttempt)
 	n, err := strconv.Atoi(a)
 	if err != nil || n < 1 {
-		return c, invalid(msg, "metadata %s is %q, want a positive decimal number", millrace.MetadataSagaAttempt, a)
+		return c, invalid(msg, "metadata %s is %q, want a positive decimal number", core.MetadataSagaAttempt, a)
 	}
 	c.Attempt = n
 	c.IdempotencyKey = IdempotencyKey(c.SagaID, c.Step, c.Operation)
@@ -130,7 +130,7 @@ func checkIdentifier(s string, required bool) error {
 }
 
 func invalid(msg *message.Message, format string, args ...any) error {
-	return millrace.Permanent(fmt.Errorf("%w: message %q: %s", ErrInvalidCommand, msg.UUID, fmt.Sprintf(format, args...)))
+	return core.Permanent(fmt.Errorf("%w: message %q: %s", ErrInvalidCommand, msg.UUID, fmt.Sprintf(format, args...)))
 }
 
 // cleanReason makes a business failure's reason storable: valid UTF-8,

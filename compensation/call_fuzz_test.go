@@ -8,7 +8,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 )
 
 // parseCall accepts a command only with storable metadata (valid UTF-8, no
@@ -28,15 +28,15 @@ func FuzzParseCall(f *testing.F) {
 	f.Fuzz(func(t *testing.T, sagaID, sagaType, step, attempt, operation, command, replyTopic string) {
 		msg := message.NewMessage("m-1", nil)
 		for k, v := range map[string]string{
-			millrace.MetadataSagaID: sagaID, millrace.MetadataSagaType: sagaType, millrace.MetadataSagaStep: step,
-			millrace.MetadataSagaAttempt: attempt, millrace.MetadataSagaOperation: operation,
-			millrace.MetadataSagaCommand: command, millrace.MetadataSagaReplyTopic: replyTopic,
+			core.MetadataSagaID: sagaID, core.MetadataSagaType: sagaType, core.MetadataSagaStep: step,
+			core.MetadataSagaAttempt: attempt, core.MetadataSagaOperation: operation,
+			core.MetadataSagaCommand: command, core.MetadataSagaReplyTopic: replyTopic,
 		} {
 			msg.Metadata.Set(k, v)
 		}
 		call, err := parseCall(msg)
 		if err != nil {
-			if !errors.Is(err, ErrInvalidCommand) || !millrace.IsPermanent(err) || !strings.Contains(err.Error(), `"m-1"`) {
+			if !errors.Is(err, ErrInvalidCommand) || !core.IsPermanent(err) || !strings.Contains(err.Error(), `"m-1"`) {
 				t.Fatalf("error %v: want a permanent ErrInvalidCommand naming the message", err)
 			}
 			return
@@ -49,7 +49,7 @@ func FuzzParseCall(f *testing.F) {
 		if call.SagaID == "" || call.Step == "" || call.Command == "" || call.ReplyTopic == "" {
 			t.Fatalf("accepted a command missing a required key: %+v", call)
 		}
-		if call.Attempt < 1 || (call.Operation != millrace.OperationAction && call.Operation != millrace.OperationCompensation) {
+		if call.Attempt < 1 || (call.Operation != core.OperationAction && call.Operation != core.OperationCompensation) {
 			t.Fatalf("accepted attempt %d, operation %q", call.Attempt, call.Operation)
 		}
 		if call.IdempotencyKey != IdempotencyKey(call.SagaID, call.Step, call.Operation) {
@@ -62,14 +62,14 @@ func FuzzParseCall(f *testing.F) {
 // compensation, and between steps whose names would run together.
 func TestIdempotencyKey(t *testing.T) {
 	t.Parallel()
-	a := IdempotencyKey("s", "step", millrace.OperationAction)
-	if a != IdempotencyKey("s", "step", millrace.OperationAction) || a == IdempotencyKey("s", "step", millrace.OperationCompensation) ||
+	a := IdempotencyKey("s", "step", core.OperationAction)
+	if a != IdempotencyKey("s", "step", core.OperationAction) || a == IdempotencyKey("s", "step", core.OperationCompensation) ||
 		IdempotencyKey("ab", "c", "action") == IdempotencyKey("a", "bc", "action") {
 		t.Fatal("idempotency keys collide or vary")
 	}
 	// Pinned: a participant in another language computes the same, e.g.
 	// Python's uuid.uuid5(UUID('6d1b8f8e-5c3a-4a8e-9f0e-6a1f3b2c7d40'), 'order-1\x00credit\x00action').
-	if k := IdempotencyKey("order-1", "credit", millrace.OperationAction); k != "9b8bdfcb-79ed-5876-a2ea-b11a89b809b2" {
+	if k := IdempotencyKey("order-1", "credit", core.OperationAction); k != "9b8bdfcb-79ed-5876-a2ea-b11a89b809b2" {
 		t.Fatalf("IdempotencyKey changed: %s", k)
 	}
 }

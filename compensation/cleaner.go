@@ -8,7 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/logging"
 	"github.com/millrace/millrace/internal/periodic"
 	"github.com/millrace/millrace/internal/sqlident"
@@ -66,14 +66,14 @@ type Cleaner struct {
 // NewCleaner returns a Cleaner. It does not touch the database.
 func NewCleaner(pool *pgxpool.Pool, cfg CleanerConfig) (*Cleaner, error) {
 	if pool == nil {
-		return nil, fmt.Errorf("%w: compensation: nil pool", millrace.ErrConfig)
+		return nil, fmt.Errorf("%w: compensation: nil pool", core.ErrConfig)
 	}
 	schema, err := sqlident.Schema(cfg.Schema)
 	if err != nil {
-		return nil, fmt.Errorf("%w: compensation: %v", millrace.ErrConfig, err)
+		return nil, fmt.Errorf("%w: compensation: %v", core.ErrConfig, err)
 	}
 	if cfg.Window < 0 || cfg.BatchSize < 0 || cfg.Interval < 0 {
-		return nil, fmt.Errorf("%w: compensation: CleanerConfig: Window, BatchSize and Interval must not be negative", millrace.ErrConfig)
+		return nil, fmt.Errorf("%w: compensation: CleanerConfig: Window, BatchSize and Interval must not be negative", core.ErrConfig)
 	}
 	if cfg.Window == 0 {
 		cfg.Window = 7 * 24 * time.Hour

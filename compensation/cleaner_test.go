@@ -8,14 +8,14 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/compensation"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/sqlident"
 )
 
 func TestCleanerConfig(t *testing.T) {
 	t.Parallel()
-	if _, err := compensation.NewCleaner(nil, compensation.CleanerConfig{}); !errors.Is(err, millrace.ErrConfig) {
+	if _, err := compensation.NewCleaner(nil, compensation.CleanerConfig{}); !errors.Is(err, core.ErrConfig) {
 		t.Fatalf("nil pool: %v", err)
 	}
 	b := setup(t, 2)
@@ -24,7 +24,7 @@ func TestCleanerConfig(t *testing.T) {
 		if cfg.Schema == "" {
 			cfg.Schema = b.db.Schema
 		}
-		if _, err := compensation.NewCleaner(b.db.Pool, cfg); !errors.Is(err, millrace.ErrConfig) {
+		if _, err := compensation.NewCleaner(b.db.Pool, cfg); !errors.Is(err, core.ErrConfig) {
 			t.Fatalf("%+v: %v, want ErrConfig", cfg, err)
 		}
 	}
@@ -52,13 +52,13 @@ func TestCleanerRemovesOnlyEndedSagas(t *testing.T) {
 	}
 	must(t, b.handle(compensationOf(empty, 1))) // an empty compensation: two rows, action cancelled
 	for _, s := range []string{old, old2, empty} {
-		age(s, millrace.OperationAction, 3*window)
-		age(s, millrace.OperationCompensation, 2*window)
+		age(s, core.OperationAction, 3*window)
+		age(s, core.OperationCompensation, 2*window)
 	}
 	// The action is old, its compensation recent: the saga has not ended.
-	age(straddling, millrace.OperationAction, 3*window)
+	age(straddling, core.OperationAction, 3*window)
 	// A second step of old2, also old.
-	must(t, b.handle(command(old2, "stock", millrace.OperationAction, 1, `{}`)))
+	must(t, b.handle(command(old2, "stock", core.OperationAction, 1, `{}`)))
 	if _, err := b.db.Pool.Exec(ctx, `UPDATE `+barrier+` SET updated_at = now() - interval '30 days' WHERE saga_id = $1 AND step = 'stock'`, old2); err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +111,7 @@ func TestCleanerRunCleansAndStops(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
 	waitFor(t, 30*time.Second, "the default 7-day window to remove the 8-day-old saga", func() bool {
-		_, _, ok := b.barrier(t, saga, millrace.OperationAction)
+		_, _, ok := b.barrier(t, saga, core.OperationAction)
 		return !ok
 	})
 	cancel()

@@ -9,8 +9,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/compensation"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/childtest"
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/internal/sqlident"
@@ -84,7 +84,7 @@ func TestParticipantKilledMidHandler(t *testing.T) {
 	}
 	check := func(stage string, wantRows, wantEffects, wantReplies int) {
 		t.Helper()
-		if n := barrierRows(millrace.OperationAction) + barrierRows(millrace.OperationCompensation); n != wantRows {
+		if n := barrierRows(core.OperationAction) + barrierRows(core.OperationCompensation); n != wantRows {
 			t.Fatalf("%s: %d barrier rows, want %d", stage, n, wantRows)
 		}
 		if n := b.count(t, `SELECT count(*) FROM `+b.effect+` WHERE saga_id = $1`, saga); n != wantEffects {
@@ -96,14 +96,14 @@ func TestParticipantKilledMidHandler(t *testing.T) {
 	}
 
 	a := action(saga, 1)
-	killChild(t, b.db.Schema, saga, millrace.OperationAction, a.UUID)
+	killChild(t, b.db.Schema, saga, core.OperationAction, a.UUID)
 	check("killed mid-action", 0, 0, 0)
 	must(t, b.handle(a)) // the redelivery
 	must(t, b.handle(a.Copy()))
 	check("action redelivered", 1, 1, 1)
 
 	c := compensationOf(saga, 1)
-	killChild(t, b.db.Schema, saga, millrace.OperationCompensation, c.UUID)
+	killChild(t, b.db.Schema, saga, core.OperationCompensation, c.UUID)
 	check("killed mid-compensation", 1, 1, 1)
 	must(t, b.handle(c))
 	check("compensation redelivered", 2, 2, 2)

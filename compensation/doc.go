@@ -146,7 +146,7 @@
 // nothing is replied, and the message is retried by Retry and redelivery.
 // A command that cannot be understood or answered (bad metadata, an
 // unknown command, a payload that does not decode, a reply topic the
-// participant's outbox Writer refuses) fails with a millrace.Permanent error
+// participant's outbox Writer refuses) fails with a core.Permanent error
 // wrapping ErrInvalidCommand or ErrUnknownCommand before anything is
 // written, and goes to the poison topic with the reason.
 //

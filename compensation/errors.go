@@ -20,7 +20,7 @@ func (e *FailureError) Error() string { return "business failure: " + e.Reason }
 func (e *FailureError) Is(target error) bool { return target == ErrFailure }
 
 // Fail returns the business failure reason. An action that returns it (or
-// an error wrapping it) replies millrace.OutcomeFailure with the reason, and
+// an error wrapping it) replies core.OutcomeFailure with the reason, and
 // nothing it wrote takes effect. Since it had no effect it is not final:
 // the barrier records the failure with its attempt, answers that attempt
 // and earlier ones (sent again, or late) with it, and runs the action again

@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/compensation"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/migrations"
 )
 
@@ -86,12 +86,12 @@ INSERT INTO `+account+` VALUES ('alice', 100)`); err != nil {
 	send := func(sagaID, operation string, attempt, amount int) {
 		sent++ // every command is a new message
 		msg := message.NewMessage(fmt.Sprintf("0190a6b4-6b1c-7c4e-9a55-%012d", sent), fmt.Appendf(nil, `{"account":"alice","amount":%d}`, amount))
-		msg.Metadata.Set(millrace.MetadataSagaID, sagaID)
-		msg.Metadata.Set(millrace.MetadataSagaStep, "credit")
-		msg.Metadata.Set(millrace.MetadataSagaAttempt, fmt.Sprint(attempt))
-		msg.Metadata.Set(millrace.MetadataSagaOperation, operation)
-		msg.Metadata.Set(millrace.MetadataSagaCommand, "reserve_credit")
-		msg.Metadata.Set(millrace.MetadataSagaReplyTopic, "orders.replies")
+		msg.Metadata.Set(core.MetadataSagaID, sagaID)
+		msg.Metadata.Set(core.MetadataSagaStep, "credit")
+		msg.Metadata.Set(core.MetadataSagaAttempt, fmt.Sprint(attempt))
+		msg.Metadata.Set(core.MetadataSagaOperation, operation)
+		msg.Metadata.Set(core.MetadataSagaCommand, "reserve_credit")
+		msg.Metadata.Set(core.MetadataSagaReplyTopic, "orders.replies")
 		if _, err := handle(msg); err != nil {
 			log.Fatal(err)
 		}
@@ -105,12 +105,12 @@ INSERT INTO `+account+` VALUES ('alice', 100)`); err != nil {
 		}
 		fmt.Printf("%s %s #%d: %s %s%s, credit %d\n", sagaID, operation, attempt, outcome, payload, reason, credit)
 	}
-	send("order-1", millrace.OperationAction, 1, 30)       // runs
-	send("order-1", millrace.OperationAction, 2, 30)       // a retry: the same answer, not run again
-	send("order-1", millrace.OperationCompensation, 1, 30) // undoes it
-	send("order-2", millrace.OperationCompensation, 1, 50) // empty: its action never ran
-	send("order-2", millrace.OperationAction, 1, 50)       // late: cancelled, not run
-	send("order-3", millrace.OperationAction, 1, 500)      // a business failure
+	send("order-1", core.OperationAction, 1, 30)       // runs
+	send("order-1", core.OperationAction, 2, 30)       // a retry: the same answer, not run again
+	send("order-1", core.OperationCompensation, 1, 30) // undoes it
+	send("order-2", core.OperationCompensation, 1, 50) // empty: its action never ran
+	send("order-2", core.OperationAction, 1, 50)       // late: cancelled, not run
+	send("order-3", core.OperationAction, 1, 500)      // a business failure
 	// Output:
 	// order-1 action #1: success {"left":70}, credit 70
 	// order-1 action #2: success {"left":70}, credit 70

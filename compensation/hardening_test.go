@@ -17,8 +17,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/compensation"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/kafka"
 	"github.com/millrace/millrace/outbox"
 )
@@ -39,9 +39,9 @@ func TestRefusedReplyTopicIsPermanent(t *testing.T) {
 
 	saga := uuid.NewString()
 	msg := action(saga, 1)
-	msg.Metadata.Set(millrace.MetadataSagaReplyTopic, "order saga/replies")
+	msg.Metadata.Set(core.MetadataSagaReplyTopic, "order saga/replies")
 	err = pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error { return p.HandleTx(ctx, tx, msg) })
-	if !millrace.IsPermanent(err) || !errors.Is(err, compensation.ErrInvalidCommand) ||
+	if !core.IsPermanent(err) || !errors.Is(err, compensation.ErrInvalidCommand) ||
 		!strings.Contains(err.Error(), "order saga/replies") || !strings.Contains(err.Error(), msg.UUID) {
 		t.Fatalf("HandleTx = %v, want a permanent ErrInvalidCommand naming the message and the topic", err)
 	}
@@ -49,8 +49,8 @@ func TestRefusedReplyTopicIsPermanent(t *testing.T) {
 	err = pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
 		return p.HandleBatchTx(ctx, tx, []*message.Message{good, msg})
 	})
-	var be *millrace.BatchError
-	if !errors.As(err, &be) || len(be.Errors) != 1 || be.Errors[0].UUID != msg.UUID || !millrace.IsPermanent(be.Errors[0].Err) {
+	var be *core.BatchError
+	if !errors.As(err, &be) || len(be.Errors) != 1 || be.Errors[0].UUID != msg.UUID || !core.IsPermanent(be.Errors[0].Err) {
 		t.Fatalf("HandleBatchTx = %v, want a BatchError naming the refused command only", err)
 	}
 	if n := b.actionCalls.Load(); n != 0 {
@@ -115,11 +115,11 @@ func TestFailedActionRunsAgain(t *testing.T) {
 			if n := b.actionCalls.Load() - calls; n != 1 {
 				t.Fatalf("action ran %d times, want 1 (not after its compensation)", n)
 			}
-			if outcome, _, _ := b.barrier(t, saga, millrace.OperationAction); outcome != millrace.OutcomeCancelled {
+			if outcome, _, _ := b.barrier(t, saga, core.OperationAction); outcome != core.OutcomeCancelled {
 				t.Fatalf("action row %q after the compensation of a failure, want cancelled", outcome)
 			}
 			rs := b.replies(t, saga)
-			if last := rs[len(rs)-1]; last.Attempt != "2" || last.Outcome != millrace.OutcomeCancelled {
+			if last := rs[len(rs)-1]; last.Attempt != "2" || last.Outcome != core.OutcomeCancelled {
 				t.Fatalf("replies %+v, want attempt 2 cancelled", rs)
 			}
 		})

@@ -15,8 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/compensation"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/leaktest"
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/internal/sqlident"
@@ -149,22 +149,22 @@ func (b *bundle) setFailCompensation(f func(call compensation.Call) error) {
 // command builds a command message by hand, as an orchestrator would.
 func command(sagaID, step, operation string, attempt int, payload string) *message.Message {
 	msg := message.NewMessage(uuid.NewString(), []byte(payload))
-	msg.Metadata.Set(millrace.MetadataSagaID, sagaID)
-	msg.Metadata.Set(millrace.MetadataSagaType, "order")
-	msg.Metadata.Set(millrace.MetadataSagaStep, step)
-	msg.Metadata.Set(millrace.MetadataSagaAttempt, strconv.Itoa(attempt))
-	msg.Metadata.Set(millrace.MetadataSagaOperation, operation)
-	msg.Metadata.Set(millrace.MetadataSagaCommand, "reserve_credit")
-	msg.Metadata.Set(millrace.MetadataSagaReplyTopic, replyTopic)
+	msg.Metadata.Set(core.MetadataSagaID, sagaID)
+	msg.Metadata.Set(core.MetadataSagaType, "order")
+	msg.Metadata.Set(core.MetadataSagaStep, step)
+	msg.Metadata.Set(core.MetadataSagaAttempt, strconv.Itoa(attempt))
+	msg.Metadata.Set(core.MetadataSagaOperation, operation)
+	msg.Metadata.Set(core.MetadataSagaCommand, "reserve_credit")
+	msg.Metadata.Set(core.MetadataSagaReplyTopic, replyTopic)
 	return msg
 }
 
 func action(sagaID string, attempt int) *message.Message {
-	return command(sagaID, "credit", millrace.OperationAction, attempt, `{"account":"a-1","amount":40}`)
+	return command(sagaID, "credit", core.OperationAction, attempt, `{"account":"a-1","amount":40}`)
 }
 
 func compensationOf(sagaID string, attempt int) *message.Message {
-	return command(sagaID, "credit", millrace.OperationCompensation, attempt, `{"account":"a-1","amount":40}`)
+	return command(sagaID, "credit", core.OperationCompensation, attempt, `{"account":"a-1","amount":40}`)
 }
 
 // replyRow is one reply the participant wrote to the outbox.

@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/internal/logging"
 	"github.com/millrace/millrace/internal/pipeline"
@@ -88,22 +88,22 @@ type Participant struct {
 // NewParticipant returns a Participant. It does not touch the database.
 func NewParticipant(pool *pgxpool.Pool, cfg Config) (*Participant, error) {
 	if pool == nil {
-		return nil, fmt.Errorf("%w: compensation: nil pool", millrace.ErrConfig)
+		return nil, fmt.Errorf("%w: compensation: nil pool", core.ErrConfig)
 	}
 	schema, err := sqlident.Schema(cfg.Schema)
 	if err != nil {
-		return nil, fmt.Errorf("%w: compensation: %v", millrace.ErrConfig, err)
+		return nil, fmt.Errorf("%w: compensation: %v", core.ErrConfig, err)
 	}
 	if cfg.Name == "" {
-		return nil, fmt.Errorf("%w: compensation: Config.Name is required", millrace.ErrConfig)
+		return nil, fmt.Errorf("%w: compensation: Config.Name is required", core.ErrConfig)
 	}
 	dedup, err := inbox.NewDeduplicator(pool, inbox.DedupConfig{Schema: schema, Consumer: cfg.Name})
 	if err != nil {
-		return nil, fmt.Errorf("%w: compensation: Config.Name: %v", millrace.ErrConfig, err)
+		return nil, fmt.Errorf("%w: compensation: Config.Name: %v", core.ErrConfig, err)
 	}
 	if cfg.Writer == nil {
 		if cfg.Writer, err = outbox.NewWriter(pool, outbox.WriterConfig{Schema: schema}); err != nil {
-			return nil, fmt.Errorf("%w: compensation: %v", millrace.ErrConfig, err)
+			return nil, fmt.Errorf("%w: compensation: %v", core.ErrConfig, err)
 		}
 	}
 	if cfg.Logger == nil {
@@ -134,13 +134,13 @@ func (p *Participant) Name() string { return p.name }
 //
 // Go methods cannot have type parameters, so Register is a function.
 // It refuses an empty name, a nil action or a name registered before, with
-// an error wrapping millrace.ErrConfig.
+// an error wrapping core.ErrConfig.
 func Register[Cmd, Reply any](p *Participant, name string, action ActionFunc[Cmd, Reply], compensate CompensateFunc[Cmd]) error {
 	if err := checkIdentifier(name, true); err != nil {
-		return fmt.Errorf("%w: compensation: command name %q: %v", millrace.ErrConfig, name, err)
+		return fmt.Errorf("%w: compensation: command name %q: %v", core.ErrConfig, name, err)
 	}
 	if action == nil {
-		return fmt.Errorf("%w: compensation: command %q: nil action", millrace.ErrConfig, name)
+		return fmt.Errorf("%w: compensation: command %q: nil action", core.ErrConfig, name)
 	}
 	c := &command{
 		decode: func(payload []byte) (any, error) {
@@ -158,7 +158,7 @@ func Register[Cmd, Reply any](p *Participant, name string, action ActionFunc[Cmd
 			}
 			b, err := json.Marshal(reply)
 			if err != nil {
-				return nil, millrace.Permanent(fmt.Errorf("compensation: command %q: encode reply: %w", name, err))
+				return nil, core.Permanent(fmt.Errorf("compensation: command %q: encode reply: %w", name, err))
 			}
 			return b, nil
 		},
@@ -171,20 +171,20 @@ func Register[Cmd, Reply any](p *Participant, name string, action ActionFunc[Cmd
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if _, dup := p.commands[name]; dup {
-		return fmt.Errorf("%w: compensation: command %q registered twice", millrace.ErrConfig, name)
+		return fmt.Errorf("%w: compensation: command %q registered twice", core.ErrConfig, name)
 	}
 	p.commands[name] = c
 	return nil
 }
 
 // Handle handles one command message with the transaction the inbox's
-// dedup middleware put in its context (millrace.TxFromContext): it is a
+// dedup middleware put in its context (core.TxFromContext): it is a
 // Watermill NoPublishHandlerFunc for Router.AddConsumerHandler, behind
 // PoisonQueue, Retry and the dedup middleware in that order (AddToRouter
 // does this wiring). Without a transaction in the context it fails with
 // outbox.ErrNoTx.
 func (p *Participant) Handle(msg *message.Message) error {
-	tx, ok := millrace.TxFromContext(msg.Context())
+	tx, ok := core.TxFromContext(msg.Context())
 	if !ok {
 		return fmt.Errorf("compensation: message %s: %w", msg.UUID, outbox.ErrNoTx)
 	}
@@ -198,7 +198,7 @@ func (p *Participant) Handle(msg *message.Message) error {
 //
 // A message with bad saga metadata, an unknown command, a payload that
 // does not decode or a reply topic the Writer refuses
-// (WriterConfig.ValidateTopic) fails with a millrace.Permanent error
+// (WriterConfig.ValidateTopic) fails with a core.Permanent error
 // (ErrInvalidCommand, ErrUnknownCommand) before anything is written. A technical error of the
 // function is returned as is: roll tx back and retry the message. A
 // business failure (Fail) is not an error here: it is replied.
@@ -212,7 +212,7 @@ func (p *Participant) HandleTx(ctx context.Context, tx pgx.Tx, msg *message.Mess
 	ctx, restore := withTx(ctx, tx, msg)
 	defer restore()
 	b := &pgx.Batch{}
-	if it.call.Operation == millrace.OperationCompensation {
+	if it.call.Operation == core.OperationCompensation {
 		// The compensation's row first, then the action's: every transaction
 		// that touches both locks them in this order, so two compensations
 		// of one step never deadlock.
@@ -224,7 +224,7 @@ func (p *Participant) HandleTx(ctx context.Context, tx pgx.Tx, msg *message.Mess
 	b.Queue(savepoint)
 	var cl claim
 	br := tx.SendBatch(ctx, b)
-	if it.call.Operation == millrace.OperationCompensation {
+	if it.call.Operation == core.OperationCompensation {
 		err = br.QueryRow().Scan(&cl.inserted, &cl.outcome, &cl.reply, &cl.reason)
 		if err == nil {
 			err = br.QueryRow().Scan(&cl.actInserted, &cl.actOutcome, &cl.actReply)
@@ -267,7 +267,7 @@ func (p *Participant) HandleTx(ctx context.Context, tx pgx.Tx, msg *message.Mess
 		if errors.As(err, &ee) {
 			// The Writer refused the reply before sending it: the same
 			// command fails the same way on every retry.
-			err = millrace.Permanent(fmt.Errorf("%w: message %q: %w", ErrInvalidCommand, msg.UUID, err))
+			err = core.Permanent(fmt.Errorf("%w: message %q: %w", ErrInvalidCommand, msg.UUID, err))
 		}
 		return err
 	}
@@ -276,19 +276,19 @@ func (p *Participant) HandleTx(ctx context.Context, tx pgx.Tx, msg *message.Mess
 
 // withTx returns ctx carrying tx, and puts tx in msg's context too until
 // restore is called, so that the functions find the transaction where the
-// inbox's handlers do (millrace.TxFromContext, the outbox's
+// inbox's handlers do (core.TxFromContext, the outbox's
 // ContextPublisher).
 func withTx(ctx context.Context, tx pgx.Tx, msgs ...*message.Message) (context.Context, func()) {
-	if cur, ok := millrace.TxFromContext(ctx); !ok || cur != tx {
-		ctx = millrace.ContextWithTx(ctx, tx)
+	if cur, ok := core.TxFromContext(ctx); !ok || cur != tx {
+		ctx = core.ContextWithTx(ctx, tx)
 	}
 	var restores []func()
 	for _, m := range msgs {
 		orig := m.Context()
-		if cur, ok := millrace.TxFromContext(orig); ok && cur == tx {
+		if cur, ok := core.TxFromContext(orig); ok && cur == tx {
 			continue
 		}
-		m.SetContext(millrace.ContextWithTx(orig, tx))
+		m.SetContext(core.ContextWithTx(orig, tx))
 		restores = append(restores, func() { m.SetContext(orig) })
 	}
 	return ctx, func() {
@@ -316,7 +316,7 @@ func (p *Participant) item(msg *message.Message) (*item, error) {
 	c := p.commands[call.Command]
 	p.mu.RUnlock()
 	if c == nil {
-		return nil, millrace.Permanent(fmt.Errorf("%w: %q (message %q, participant %s)", ErrUnknownCommand, call.Command, msg.UUID, p.name))
+		return nil, core.Permanent(fmt.Errorf("%w: %q (message %q, participant %s)", ErrUnknownCommand, call.Command, msg.UUID, p.name))
 	}
 	cmd, err := c.decode(msg.Payload)
 	if err != nil {
@@ -325,7 +325,7 @@ func (p *Participant) item(msg *message.Message) (*item, error) {
 	// A reply the Writer refuses (a reply topic the transport does not
 	// allow) would fail the same way on every retry.
 	if err := p.writer.Validate(outbox.Event{Topic: call.ReplyTopic, PartitionKey: call.SagaID, Payload: emptyReply}); err != nil {
-		return nil, invalid(msg, "metadata %s %q: the outbox refuses it as the reply's topic: %v", millrace.MetadataSagaReplyTopic, call.ReplyTopic, err)
+		return nil, invalid(msg, "metadata %s %q: the outbox refuses it as the reply's topic: %v", core.MetadataSagaReplyTopic, call.ReplyTopic, err)
 	}
 	return &item{msg: msg, call: call, c: c, cmd: cmd}, nil
 }
@@ -379,52 +379,52 @@ func (p *Participant) decide(ctx context.Context, tx pgx.Tx, it *item, cl claim,
 			count(p.name, call.Command)
 			p.metrics.failure(p.name, call.Command, call.Operation)
 			p.logger.Debug("Business failure", watermill.LogFields{"saga_id": call.SagaID, "step": call.Step, "operation": call.Operation, "reason": f.Reason})
-			return reply{outcome: millrace.OutcomeFailure, reason: cleanReason(f.Reason), payload: emptyReply, failed: true, finish: true}, nil
+			return reply{outcome: core.OutcomeFailure, reason: cleanReason(f.Reason), payload: emptyReply, failed: true, finish: true}, nil
 		}
 		count(p.name, call.Command)
 		if payload == nil {
 			payload = emptyReply
 		}
-		return reply{outcome: millrace.OutcomeSuccess, payload: payload, finish: true}, nil
+		return reply{outcome: core.OutcomeSuccess, payload: payload, finish: true}, nil
 	}
 
-	if call.Operation == millrace.OperationAction {
+	if call.Operation == core.OperationAction {
 		switch {
 		case cl.inserted:
 			return run(p.metrics.action, func() ([]byte, error) { return it.c.action(ctx, tx, call, it.cmd) })
-		case cl.outcome == millrace.OutcomeCancelled:
+		case cl.outcome == core.OutcomeCancelled:
 			p.metrics.late(p.name, call.Command)
 			p.logger.Debug("Late action cancelled", watermill.LogFields{"saga_id": call.SagaID, "step": call.Step, "attempt": call.Attempt})
 			return stored(cl.outcome, cl.reason, nil), nil
-		case cl.outcome == millrace.OutcomeSuccess, cl.outcome == millrace.OutcomeFailure:
+		case cl.outcome == core.OutcomeSuccess, cl.outcome == core.OutcomeFailure:
 			p.metrics.duplicate(p.name, call.Command, call.Operation)
 			return stored(cl.outcome, cl.reason, cl.reply), nil
 		}
 		return reply{}, fmt.Errorf("compensation: %s: action %s/%s has outcome %q in the barrier", p.name, call.SagaID, call.Step, cl.outcome)
 	}
 
-	if !cl.inserted && cl.outcome == millrace.OutcomeSuccess {
+	if !cl.inserted && cl.outcome == core.OutcomeSuccess {
 		// Compensated before: the same answer again.
 		p.metrics.duplicate(p.name, call.Command, call.Operation)
 		return stored(cl.outcome, "", cl.reply), nil
 	}
 	switch cl.actOutcome {
-	case millrace.OutcomeSuccess:
+	case core.OutcomeSuccess:
 		if cl.actInserted {
 			break // cannot happen: an inserted action row is cancelled
 		}
 		if it.c.compensate == nil {
 			p.metrics.compensation(p.name, call.Command)
-			return reply{outcome: millrace.OutcomeSuccess, payload: emptyReply, finish: true}, nil
+			return reply{outcome: core.OutcomeSuccess, payload: emptyReply, finish: true}, nil
 		}
 		call.ActionReply = cl.actReply
 		return run(p.metrics.compensation, func() ([]byte, error) { return nil, it.c.compensate(ctx, tx, call, it.cmd) })
-	case millrace.OutcomeCancelled, millrace.OutcomeFailure:
+	case core.OutcomeCancelled, core.OutcomeFailure:
 		// Empty: the action never ran (its row now blocks it), or it failed
 		// and had no effect.
 		p.metrics.empty(p.name, call.Command)
 		p.logger.Debug("Empty compensation", watermill.LogFields{"saga_id": call.SagaID, "step": call.Step, "action_outcome": cl.actOutcome})
-		return reply{outcome: millrace.OutcomeSuccess, payload: emptyReply, finish: true, empty: true}, nil
+		return reply{outcome: core.OutcomeSuccess, payload: emptyReply, finish: true, empty: true}, nil
 	}
 	return reply{}, fmt.Errorf("compensation: %s: action %s/%s has outcome %q in the barrier", p.name, call.SagaID, call.Step, cl.actOutcome)
 }
@@ -438,17 +438,17 @@ const replyEventType = "saga.reply"
 // replyEvent is the outbox event of r.
 func (p *Participant) replyEvent(call Call, r reply) outbox.Event {
 	md := map[string]string{
-		millrace.MetadataSagaID:        call.SagaID,
-		millrace.MetadataSagaType:      call.SagaType,
-		millrace.MetadataSagaStep:      call.Step,
-		millrace.MetadataSagaAttempt:   strconv.Itoa(call.Attempt),
-		millrace.MetadataSagaOperation: call.Operation,
-		millrace.MetadataSagaCommand:   call.Command,
-		millrace.MetadataSagaOutcome:   r.outcome,
-		millrace.MetadataContentType:   millrace.ContentTypeJSON,
+		core.MetadataSagaID:        call.SagaID,
+		core.MetadataSagaType:      call.SagaType,
+		core.MetadataSagaStep:      call.Step,
+		core.MetadataSagaAttempt:   strconv.Itoa(call.Attempt),
+		core.MetadataSagaOperation: call.Operation,
+		core.MetadataSagaCommand:   call.Command,
+		core.MetadataSagaOutcome:   r.outcome,
+		core.MetadataContentType:   core.ContentTypeJSON,
 	}
 	if r.reason != "" {
-		md[millrace.MetadataSagaReason] = r.reason
+		md[core.MetadataSagaReason] = r.reason
 	}
 	return outbox.Event{
 		Topic:         call.ReplyTopic,
@@ -500,13 +500,13 @@ type RouterConfig struct {
 func (p *Participant) AddToRouter(r *message.Router, cfg RouterConfig) (*message.Handler, error) {
 	switch {
 	case r == nil:
-		return nil, fmt.Errorf("%w: compensation: nil router", millrace.ErrConfig)
+		return nil, fmt.Errorf("%w: compensation: nil router", core.ErrConfig)
 	case cfg.Topic == "":
-		return nil, fmt.Errorf("%w: compensation: RouterConfig.Topic is required", millrace.ErrConfig)
+		return nil, fmt.Errorf("%w: compensation: RouterConfig.Topic is required", core.ErrConfig)
 	case cfg.Subscriber == nil:
-		return nil, fmt.Errorf("%w: compensation: RouterConfig.Subscriber is required", millrace.ErrConfig)
+		return nil, fmt.Errorf("%w: compensation: RouterConfig.Subscriber is required", core.ErrConfig)
 	case cfg.Poison == nil:
-		return nil, fmt.Errorf("%w: compensation: RouterConfig.Poison is required", millrace.ErrConfig)
+		return nil, fmt.Errorf("%w: compensation: RouterConfig.Poison is required", core.ErrConfig)
 	}
 	if cfg.PoisonTopic == "" {
 		cfg.PoisonTopic = cfg.Topic + ".poison"
@@ -520,9 +520,9 @@ func (p *Participant) AddToRouter(r *message.Router, cfg RouterConfig) (*message
 		retry = *cfg.Retry
 	}
 	poisonPub := poison.Publisher(cfg.Poison, p.logger, func(*message.Message) { p.metrics.poisoned(p.name) })
-	poison, err := middleware.PoisonQueueWithFilter(poisonPub, cfg.PoisonTopic, millrace.IsPermanent)
+	poison, err := middleware.PoisonQueueWithFilter(poisonPub, cfg.PoisonTopic, core.IsPermanent)
 	if err != nil {
-		return nil, fmt.Errorf("%w: compensation: %v", millrace.ErrConfig, err)
+		return nil, fmt.Errorf("%w: compensation: %v", core.ErrConfig, err)
 	}
 	if cfg.Batch != nil {
 		b, err := p.NewBatcher(*cfg.Batch)

@@ -15,8 +15,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/compensation"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/sqlident"
 )
 
@@ -169,7 +169,7 @@ func property(t *testing.T, batched bool) {
 					case errors.Is(err, errTechnical), isDeadlock(err):
 						queue = append(queue, ms...) // redelivered later
 					case err != nil:
-						t.Errorf("saga %s: %v", ms[0].Metadata.Get(millrace.MetadataSagaID), err)
+						t.Errorf("saga %s: %v", ms[0].Metadata.Get(core.MetadataSagaID), err)
 					default:
 						for _, m := range ms {
 							delivered[m.UUID] = true
@@ -199,7 +199,7 @@ func property(t *testing.T, batched bool) {
 			rs := b.replies(t, p.id)
 			done := false
 			for _, r := range rs {
-				done = done || (r.Operation == millrace.OperationCompensation && r.Outcome == millrace.OutcomeSuccess)
+				done = done || (r.Operation == core.OperationCompensation && r.Outcome == core.OutcomeSuccess)
 			}
 			if !done {
 				p.comps++
@@ -215,11 +215,11 @@ func property(t *testing.T, batched bool) {
 	for _, p := range plans {
 		reserve, release := b.effects(t, p.id, "reserve"), b.effects(t, p.id, "release")
 		held := b.count(t, `SELECT count(*) FROM `+b.reservation+` WHERE saga_id = $1`, p.id)
-		actionOutcome, _, actionRow := b.barrier(t, p.id, millrace.OperationAction)
+		actionOutcome, _, actionRow := b.barrier(t, p.id, core.OperationAction)
 		rs := b.replies(t, p.id)
 		var actionReplies []replyRow
 		for _, r := range rs {
-			if r.Operation == millrace.OperationAction {
+			if r.Operation == core.OperationAction {
 				actionReplies = append(actionReplies, r)
 			}
 		}
@@ -231,7 +231,7 @@ func property(t *testing.T, batched bool) {
 		if reserve > 1 || release > reserve {
 			fail("an effect applied twice, or undone without being applied")
 		}
-		if reserve == 1 && (!actionRow || actionOutcome != millrace.OutcomeSuccess) {
+		if reserve == 1 && (!actionRow || actionOutcome != core.OutcomeSuccess) {
 			fail("an effect without its barrier record")
 		}
 		if p.compensationSent {
@@ -239,7 +239,7 @@ func property(t *testing.T, batched bool) {
 				fail("compensated saga with a net effect")
 			}
 		} else {
-			success := len(actionReplies) > 0 && actionReplies[0].Outcome == millrace.OutcomeSuccess
+			success := len(actionReplies) > 0 && actionReplies[0].Outcome == core.OutcomeSuccess
 			if success != (held == 1) || held != reserve || success == p.failAction {
 				fail("uncompensated saga: effect does not match the action's reply")
 			}
@@ -254,14 +254,14 @@ func property(t *testing.T, batched bool) {
 				continue
 			}
 			prev := actionReplies[i-1]
-			if prev.Outcome == millrace.OutcomeFailure {
+			if prev.Outcome == core.OutcomeFailure {
 				a, _ := strconv.Atoi(prev.Attempt)
 				failedAttempt = max(failedAttempt, a)
 			}
 			if r.Outcome == prev.Outcome && r.Payload == prev.Payload {
 				continue
 			}
-			if a, _ := strconv.Atoi(r.Attempt); prev.Outcome != millrace.OutcomeFailure || (r.Outcome != millrace.OutcomeCancelled && a <= failedAttempt) {
+			if a, _ := strconv.Atoi(r.Attempt); prev.Outcome != core.OutcomeFailure || (r.Outcome != core.OutcomeCancelled && a <= failedAttempt) {
 				fail("the action's replies disagree")
 			}
 		}

@@ -20,8 +20,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/compensation"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/childtest"
 	"github.com/millrace/millrace/internal/devkafka"
 	"github.com/millrace/millrace/internal/kafkatest"
@@ -197,7 +197,7 @@ func TestParticipantsScaledWhileCommandsFlow(t *testing.T) {
 	go func() {
 		for m := range ch {
 			mu.Lock()
-			arrived[m.Metadata.Get(millrace.MetadataSagaID)+"/"+m.Metadata.Get(millrace.MetadataSagaOperation)] = true
+			arrived[m.Metadata.Get(core.MetadataSagaID)+"/"+m.Metadata.Get(core.MetadataSagaOperation)] = true
 			mu.Unlock()
 			m.Ack()
 		}
@@ -207,14 +207,14 @@ func TestParticipantsScaledWhileCommandsFlow(t *testing.T) {
 	const sagas, compensateEvery, window = 600, 3, 100
 	var cmds []*message.Message
 	for i := range sagas {
-		cmds = append(cmds, groupCommand(fmt.Sprintf("saga-%04d", i), millrace.OperationAction, replies))
+		cmds = append(cmds, groupCommand(fmt.Sprintf("saga-%04d", i), core.OperationAction, replies))
 		if j := i - 30; j >= 0 && j%compensateEvery == 0 {
-			cmds = append(cmds, groupCommand(fmt.Sprintf("saga-%04d", j), millrace.OperationCompensation, replies))
+			cmds = append(cmds, groupCommand(fmt.Sprintf("saga-%04d", j), core.OperationCompensation, replies))
 		}
 	}
 	for j := sagas - 30; j < sagas; j++ {
 		if j%compensateEvery == 0 {
-			cmds = append(cmds, groupCommand(fmt.Sprintf("saga-%04d", j), millrace.OperationCompensation, replies))
+			cmds = append(cmds, groupCommand(fmt.Sprintf("saga-%04d", j), core.OperationCompensation, replies))
 		}
 	}
 	applied := func() int { return b.count(t, `SELECT count(*) FROM `+b.effect) }
@@ -330,8 +330,8 @@ func TestParticipantsScaledWhileCommandsFlow(t *testing.T) {
 // saga id as partition key and its reply going to replies.
 func groupCommand(saga, operation, replies string) *message.Message {
 	m := command(saga, "credit", operation, 1, `{"account":"a-1","amount":40}`)
-	m.Metadata.Set(millrace.MetadataSagaReplyTopic, replies)
-	m.Metadata.Set(millrace.MetadataPartitionKey, saga)
+	m.Metadata.Set(core.MetadataSagaReplyTopic, replies)
+	m.Metadata.Set(core.MetadataPartitionKey, saga)
 	return m
 }
 

@@ -11,7 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/backoff"
 	"github.com/millrace/millrace/internal/dedupmark"
 	"github.com/millrace/millrace/internal/fetch"
@@ -68,11 +68,11 @@ type RunConfig struct {
 func (p *Participant) RunBatched(ctx context.Context, cfg RunConfig) error {
 	switch {
 	case cfg.Subscriber == nil || cfg.Poison == nil:
-		return fmt.Errorf("%w: compensation: RunConfig.Subscriber and Poison are required", millrace.ErrConfig)
+		return fmt.Errorf("%w: compensation: RunConfig.Subscriber and Poison are required", core.ErrConfig)
 	case cfg.Topic == "":
-		return fmt.Errorf("%w: compensation: RunConfig.Topic is required", millrace.ErrConfig)
+		return fmt.Errorf("%w: compensation: RunConfig.Topic is required", core.ErrConfig)
 	case cfg.MaxBatch < 0 || cfg.Workers < 0:
-		return fmt.Errorf("%w: compensation: RunConfig values must not be negative", millrace.ErrConfig)
+		return fmt.Errorf("%w: compensation: RunConfig values must not be negative", core.ErrConfig)
 	}
 	if cfg.MaxBatch == 0 {
 		cfg.MaxBatch = 500
@@ -189,7 +189,7 @@ func (p *Participant) runBatch(ctx context.Context, msgs []*message.Message) (ma
 	)
 	for {
 		mark.SQL, mark.Args, err = dedupmark.Strict(p.dedup, todo)
-		var be *millrace.BatchError
+		var be *core.BatchError
 		if !errors.As(err, &be) {
 			break
 		}

@@ -12,8 +12,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/google/uuid"
 
-	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/compensation"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/kafkatest"
 	"github.com/millrace/millrace/kafka"
 )
@@ -44,7 +44,7 @@ func TestRunBatchedTakesWholeFetches(t *testing.T) {
 	var msgs []*message.Message
 	for i, id := range ids {
 		m := action(id, 1)
-		m.Metadata.Set(millrace.MetadataPartitionKey, id)
+		m.Metadata.Set(core.MetadataPartitionKey, id)
 		msgs = append(msgs, m)
 		if i%10 == 0 {
 			msgs = append(msgs, m) // again, right behind it
@@ -52,7 +52,7 @@ func TestRunBatchedTakesWholeFetches(t *testing.T) {
 	}
 	msgs = append(msgs, msgs[:20]...) // and again, later
 	bad := action(uuid.NewString(), 1)
-	bad.Metadata.Set(millrace.MetadataSagaAttempt, "x")
+	bad.Metadata.Set(core.MetadataSagaAttempt, "x")
 	msgs = append(msgs, bad)
 	if err := r.pub.Publish(r.topic, msgs...); err != nil {
 		t.Fatal(err)
@@ -126,7 +126,7 @@ func TestRunBatchedOneCommandAtATime(t *testing.T) {
 	publish(bad)
 	r.expectPoisoned(t, bad)
 	last := action(uuid.NewString(), 1)
-	ids = append(ids, last.Metadata.Get(millrace.MetadataSagaID))
+	ids = append(ids, last.Metadata.Get(core.MetadataSagaID))
 	publish(last)
 	r.waitHandled(t, len(ids))
 	for _, id := range ids {
@@ -267,7 +267,7 @@ func TestRunBatchedOneCommandRoundTrips(t *testing.T) {
 		t.Errorf("a redelivery and a new command took %d round trips; want 6", got)
 	}
 	for _, m := range []*message.Message{first, second} {
-		id := m.Metadata.Get(millrace.MetadataSagaID)
+		id := m.Metadata.Get(core.MetadataSagaID)
 		if n := b.effects(t, id, "reserve"); n != 1 {
 			t.Errorf("saga %s: %d effects, want 1", id, n)
 		}

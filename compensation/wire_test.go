@@ -14,8 +14,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/google/uuid"
 
-	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/compensation"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/internal/kafkatest"
 	"github.com/millrace/millrace/kafka"
@@ -117,7 +117,7 @@ func wireProtocol(t *testing.T, batched bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pq, err := middleware.PoisonQueueWithFilter(pub, poisonTopic, millrace.IsPermanent)
+	pq, err := middleware.PoisonQueueWithFilter(pub, poisonTopic, core.IsPermanent)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,10 +218,10 @@ func addToRouter(t *testing.T, batch *compensation.BatchConfig) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.p.AddToRouter(router, compensation.RouterConfig{Topic: "credit"}); !errors.Is(err, millrace.ErrConfig) {
+	if _, err := b.p.AddToRouter(router, compensation.RouterConfig{Topic: "credit"}); !errors.Is(err, core.ErrConfig) {
 		t.Fatalf("no subscriber: %v, want ErrConfig", err)
 	}
-	if _, err := b.p.AddToRouter(router, compensation.RouterConfig{Topic: "credit", Subscriber: ps}); !errors.Is(err, millrace.ErrConfig) {
+	if _, err := b.p.AddToRouter(router, compensation.RouterConfig{Topic: "credit", Subscriber: ps}); !errors.Is(err, core.ErrConfig) {
 		t.Fatalf("no poison publisher: %v, want ErrConfig", err)
 	}
 	if _, err := b.p.AddToRouter(router, compensation.RouterConfig{Topic: "credit", Subscriber: ps, Poison: ps, Batch: batch}); err != nil {
@@ -246,15 +246,15 @@ func addToRouter(t *testing.T, batch *compensation.BatchConfig) {
 		m.Metadata.Set("test_case", reason)
 		bads[m.UUID] = m
 	}
-	mk("missing saga id", func(m *message.Message) { m.Metadata.Set(millrace.MetadataSagaID, "") })
-	mk("NUL in step", func(m *message.Message) { m.Metadata.Set(millrace.MetadataSagaStep, "a\x00b") })
-	mk("invalid UTF-8 saga id", func(m *message.Message) { m.Metadata.Set(millrace.MetadataSagaID, "\xff\xfe") })
-	mk("bad operation", func(m *message.Message) { m.Metadata.Set(millrace.MetadataSagaOperation, "undo") })
-	mk("bad attempt", func(m *message.Message) { m.Metadata.Set(millrace.MetadataSagaAttempt, "0") })
-	mk("no reply topic", func(m *message.Message) { m.Metadata.Set(millrace.MetadataSagaReplyTopic, "") })
-	mk("unknown command", func(m *message.Message) { m.Metadata.Set(millrace.MetadataSagaCommand, "nope") })
+	mk("missing saga id", func(m *message.Message) { m.Metadata.Set(core.MetadataSagaID, "") })
+	mk("NUL in step", func(m *message.Message) { m.Metadata.Set(core.MetadataSagaStep, "a\x00b") })
+	mk("invalid UTF-8 saga id", func(m *message.Message) { m.Metadata.Set(core.MetadataSagaID, "\xff\xfe") })
+	mk("bad operation", func(m *message.Message) { m.Metadata.Set(core.MetadataSagaOperation, "undo") })
+	mk("bad attempt", func(m *message.Message) { m.Metadata.Set(core.MetadataSagaAttempt, "0") })
+	mk("no reply topic", func(m *message.Message) { m.Metadata.Set(core.MetadataSagaReplyTopic, "") })
+	mk("unknown command", func(m *message.Message) { m.Metadata.Set(core.MetadataSagaCommand, "nope") })
 	mk("bad payload", func(m *message.Message) { m.Payload = []byte(`{"amount":"forty"}`) })
-	mk("long saga id", func(m *message.Message) { m.Metadata.Set(millrace.MetadataSagaID, strings.Repeat("x", 201)) })
+	mk("long saga id", func(m *message.Message) { m.Metadata.Set(core.MetadataSagaID, strings.Repeat("x", 201)) })
 	all := []*message.Message{good}
 	for _, m := range bads {
 		all = append(all, m)
@@ -299,20 +299,20 @@ func TestConfigErrors(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 2)
 	for _, cfg := range []compensation.Config{{}, {Name: "x", Schema: "Bad;"}} {
-		if _, err := compensation.NewParticipant(b.db.Pool, cfg); !errors.Is(err, millrace.ErrConfig) {
+		if _, err := compensation.NewParticipant(b.db.Pool, cfg); !errors.Is(err, core.ErrConfig) {
 			t.Fatalf("%+v: %v, want ErrConfig", cfg, err)
 		}
 	}
-	if _, err := compensation.NewParticipant(nil, compensation.Config{Name: "x"}); !errors.Is(err, millrace.ErrConfig) {
+	if _, err := compensation.NewParticipant(nil, compensation.Config{Name: "x"}); !errors.Is(err, core.ErrConfig) {
 		t.Fatalf("nil pool: %v", err)
 	}
-	if err := compensation.Register(b.p, "reserve_credit", b.reserve, nil); !errors.Is(err, millrace.ErrConfig) {
+	if err := compensation.Register(b.p, "reserve_credit", b.reserve, nil); !errors.Is(err, core.ErrConfig) {
 		t.Fatalf("registered twice: %v", err)
 	}
-	if err := compensation.Register[struct{}, struct{}](b.p, "x", nil, nil); !errors.Is(err, millrace.ErrConfig) {
+	if err := compensation.Register[struct{}, struct{}](b.p, "x", nil, nil); !errors.Is(err, core.ErrConfig) {
 		t.Fatalf("nil action: %v", err)
 	}
-	if err := compensation.Register(b.p, "", b.reserve, nil); !errors.Is(err, millrace.ErrConfig) {
+	if err := compensation.Register(b.p, "", b.reserve, nil); !errors.Is(err, core.ErrConfig) {
 		t.Fatalf("empty name: %v", err)
 	}
 	// Handle without the dedup middleware's transaction.

@@ -14,7 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/sqlident"
 	"github.com/millrace/millrace/outbox"
 	"github.com/millrace/millrace/saga"
@@ -168,24 +168,24 @@ func New(pool *pgxpool.Pool, cfg Config) (*Console, error) {
 // newSingle returns the console of one schema.
 func newSingle(pool *pgxpool.Pool, cfg Config) (*Console, error) {
 	if pool == nil {
-		return nil, fmt.Errorf("%w: console: New needs a pool", millrace.ErrConfig)
+		return nil, fmt.Errorf("%w: console: New needs a pool", core.ErrConfig)
 	}
 	schema, err := sqlident.Schema(cfg.Schema)
 	if err != nil {
-		return nil, fmt.Errorf("%w: console: %v", millrace.ErrConfig, err)
+		return nil, fmt.Errorf("%w: console: %v", core.ErrConfig, err)
 	}
 	cfg.Prefix = strings.TrimSuffix(cfg.Prefix, "/")
 	if cfg.Prefix != "" && (!strings.HasPrefix(cfg.Prefix, "/") || strings.ContainsAny(cfg.Prefix, "?#{}")) {
-		return nil, fmt.Errorf("%w: console: Prefix %q must be a path starting with /", millrace.ErrConfig, cfg.Prefix)
+		return nil, fmt.Errorf("%w: console: Prefix %q must be a path starting with /", core.ErrConfig, cfg.Prefix)
 	}
 	if cfg.PageSize < 0 || cfg.PageSize > 1000 {
-		return nil, fmt.Errorf("%w: console: PageSize must be in 1..1000, got %d", millrace.ErrConfig, cfg.PageSize)
+		return nil, fmt.Errorf("%w: console: PageSize must be in 1..1000, got %d", core.ErrConfig, cfg.PageSize)
 	}
 	if cfg.PageSize == 0 {
 		cfg.PageSize = 50
 	}
 	if cfg.LagStallAfter < 0 {
-		return nil, fmt.Errorf("%w: console: LagStallAfter must not be negative", millrace.ErrConfig)
+		return nil, fmt.Errorf("%w: console: LagStallAfter must not be negative", core.ErrConfig)
 	}
 	if cfg.LagStallAfter == 0 {
 		cfg.LagStallAfter = time.Minute
@@ -202,25 +202,25 @@ func newSingle(pool *pgxpool.Pool, cfg Config) (*Console, error) {
 			return nil, err
 		}
 	} else if len(cfg.CSRFKey) < 32 {
-		return nil, fmt.Errorf("%w: console: CSRFKey must be at least 32 bytes", millrace.ErrConfig)
+		return nil, fmt.Errorf("%w: console: CSRFKey must be at least 32 bytes", core.ErrConfig)
 	}
 	for _, name := range cfg.InboxConsumers {
 		if name == "" {
-			return nil, fmt.Errorf("%w: console: InboxConsumers has an empty name", millrace.ErrConfig)
+			return nil, fmt.Errorf("%w: console: InboxConsumers has an empty name", core.ErrConfig)
 		}
 	}
 	admin, err := outbox.NewAdmin(pool, outbox.AdminConfig{Schema: schema})
 	if err != nil {
-		return nil, fmt.Errorf("%w: console: %v", millrace.ErrConfig, err)
+		return nil, fmt.Errorf("%w: console: %v", core.ErrConfig, err)
 	}
 	var requests *saga.Operator
 	operator, err := saga.NewOperator(pool, saga.OperatorConfig{Schema: schema})
 	if err != nil {
-		return nil, fmt.Errorf("%w: console: %v", millrace.ErrConfig, err)
+		return nil, fmt.Errorf("%w: console: %v", core.ErrConfig, err)
 	}
 	if cfg.Sagas == nil {
 		if cfg.Sagas, err = saga.New(pool, saga.Config{Schema: schema}); err != nil {
-			return nil, fmt.Errorf("%w: console: %v", millrace.ErrConfig, err)
+			return nil, fmt.Errorf("%w: console: %v", core.ErrConfig, err)
 		}
 		requests = operator
 	}

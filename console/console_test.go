@@ -16,8 +16,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/console"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/internal/leaktest"
 	"github.com/millrace/millrace/internal/opstest"
@@ -162,7 +162,7 @@ func (b *bundle) inboxDead(consumer string) []inbox.DeadEvent {
 	if err != nil {
 		b.t.Fatal(err)
 	}
-	list, err := dl.List(context.Background(), millrace.ListParams{Limit: 1000})
+	list, err := dl.List(context.Background(), core.ListParams{Limit: 1000})
 	if err != nil {
 		b.t.Fatal(err)
 	}
@@ -479,11 +479,11 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		{"page size", console.Config{PageSize: -1}},
 		{"empty consumer", console.Config{InboxConsumers: []string{""}}},
 	} {
-		if _, err := console.New(db.Pool, tc.cfg); !errors.Is(err, millrace.ErrConfig) {
+		if _, err := console.New(db.Pool, tc.cfg); !errors.Is(err, core.ErrConfig) {
 			t.Errorf("%s: err %v, want ErrConfig", tc.name, err)
 		}
 	}
-	if _, err := console.New(nil, console.Config{}); !errors.Is(err, millrace.ErrConfig) {
+	if _, err := console.New(nil, console.Config{}); !errors.Is(err, core.ErrConfig) {
 		t.Errorf("nil pool: err %v, want ErrConfig", err)
 	}
 }

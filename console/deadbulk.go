@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/internal/poison"
 	"github.com/millrace/millrace/kafka"
@@ -109,8 +109,8 @@ func (f deadFilter) Describe() string {
 	return strings.Join(parts, ", ")
 }
 
-func (f deadFilter) deadQuery() millrace.DeadLetterQuery {
-	return millrace.DeadLetterQuery{Topic: f.Topic, PartitionKey: f.Key, Error: f.Error, DeadBefore: f.before}
+func (f deadFilter) deadQuery() core.DeadLetterQuery {
+	return core.DeadLetterQuery{Topic: f.Topic, PartitionKey: f.Key, Error: f.Error, DeadBefore: f.before}
 }
 
 func (f deadFilter) poisonQuery() poison.Query {

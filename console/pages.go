@@ -14,7 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/outbox"
 	"github.com/millrace/millrace/saga"
@@ -425,7 +425,7 @@ func (c *Console) inboxDead(w http.ResponseWriter, r *http.Request) {
 		c.render(w, r, http.StatusOK, "inbox_dead", "Inbox dead letters: "+d.Consumer, "inbox", d)
 		return
 	}
-	list, err := dl.List(ctx, millrace.ListParams{Limit: c.cfg.PageSize + 1})
+	list, err := dl.List(ctx, core.ListParams{Limit: c.cfg.PageSize + 1})
 	if err != nil {
 		c.dbFail(w, r, err)
 		return

@@ -12,7 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/sqlident"
 	"github.com/millrace/millrace/migrations"
 )
@@ -43,10 +43,10 @@ type serviceLink struct {
 
 func newServices(pool *pgxpool.Pool, cfg Config) (*Console, error) {
 	if pool == nil {
-		return nil, fmt.Errorf("%w: console: New needs a pool", millrace.ErrConfig)
+		return nil, fmt.Errorf("%w: console: New needs a pool", core.ErrConfig)
 	}
 	if cfg.Schema != "" || cfg.Sagas != nil || cfg.InboxConsumers != nil {
-		return nil, fmt.Errorf("%w: console: with Services or DiscoverServices, set Schema, Sagas and InboxConsumers per Service", millrace.ErrConfig)
+		return nil, fmt.Errorf("%w: console: with Services or DiscoverServices, set Schema, Sagas and InboxConsumers per Service", core.ErrConfig)
 	}
 	// Resolve the shared defaults once, so that every service's console
 	// signs with the same CSRF key.
@@ -72,17 +72,17 @@ func newServices(pool *pgxpool.Pool, cfg Config) (*Console, error) {
 // add builds svc's console. Called with mu held, or before s is shared.
 func (s *serviceSet) add(svc Service) error {
 	if !serviceName.MatchString(svc.Name) {
-		return fmt.Errorf("%w: console: service name %q: use letters, digits, '.', '-' and '_' (at most 63)", millrace.ErrConfig, svc.Name)
+		return fmt.Errorf("%w: console: service name %q: use letters, digits, '.', '-' and '_' (at most 63)", core.ErrConfig, svc.Name)
 	}
 	if _, dup := s.byName[svc.Name]; dup {
-		return fmt.Errorf("%w: console: two services named %q", millrace.ErrConfig, svc.Name)
+		return fmt.Errorf("%w: console: two services named %q", core.ErrConfig, svc.Name)
 	}
 	if svc.Schema == "" {
 		svc.Schema = svc.Name
 	}
 	schema, err := sqlident.Schema(svc.Schema)
 	if err != nil {
-		return fmt.Errorf("%w: console: service %s: %v", millrace.ErrConfig, svc.Name, err)
+		return fmt.Errorf("%w: console: service %s: %v", core.ErrConfig, svc.Name, err)
 	}
 	cfg := s.cfg
 	cfg.Services, cfg.DiscoverServices = nil, false

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/console"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/opstest"
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/outbox"
@@ -122,7 +122,7 @@ func TestServicesConfigRefused(t *testing.T) {
 		"duplicate":              {Services: []console.Service{{Name: "a"}, {Name: "a", Schema: "b"}}},
 		"bad schema":             {Services: []console.Service{{Name: "a", Schema: `x"y`}}},
 	} {
-		if _, err := console.New(db.Pool, cfg); !errors.Is(err, millrace.ErrConfig) {
+		if _, err := console.New(db.Pool, cfg); !errors.Is(err, core.ErrConfig) {
 			t.Errorf("%s: %v, want ErrConfig", name, err)
 		}
 	}

@@ -4,14 +4,14 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/bulk"
 )
 
 // DeadLetterQuery selects an inbox's dead letters for a bulk requeue or
 // discard (DeadLetters.DryRun, RequeueMatching, DiscardMatching); see
-// millrace.DeadLetterQuery. It is the outbox's query too.
-type DeadLetterQuery = millrace.DeadLetterQuery
+// core.DeadLetterQuery. It is the outbox's query too.
+type DeadLetterQuery = core.DeadLetterQuery
 
 // DeadLetterDryRun is what a bulk action on a DeadLetterQuery would act on.
 type DeadLetterDryRun struct {
@@ -26,7 +26,7 @@ func (d *DeadLetters) walk(ctx context.Context, q DeadLetterQuery) func(func([]D
 	match := bulk.Match(q.Error, q.DeadBefore)
 	return func(fn func([]DeadEvent) error) error {
 		return bulk.Walk(func(after int64) ([]DeadEvent, error) {
-			return d.List(ctx, millrace.ListParams{Topic: q.Topic, PartitionKey: q.PartitionKey, Limit: bulk.PageSize, AfterID: after})
+			return d.List(ctx, core.ListParams{Topic: q.Topic, PartitionKey: q.PartitionKey, Limit: bulk.PageSize, AfterID: after})
 		}, func(e DeadEvent) int64 { return e.ID },
 			func(e DeadEvent) bool { return match(e.LastError, e.DeadAt) }, fn)
 	}

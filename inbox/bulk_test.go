@@ -11,7 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
 )
 
@@ -36,9 +36,9 @@ func TestDeadLettersInBulk(t *testing.T) {
 			Handler: func(_ context.Context, _ pgx.Tx, m *message.Message) error {
 				i := slices.IndexFunc(ms[consumer], func(x *message.Message) bool { return x.UUID == m.UUID })
 				if i < 3 {
-					return millrace.Permanent(fmt.Errorf("payments: timeout after %ds", i+1))
+					return core.Permanent(fmt.Errorf("payments: timeout after %ds", i+1))
 				}
-				return millrace.Permanent(errors.New("malformed order"))
+				return core.Permanent(errors.New("malformed order"))
 			}})
 		if _, err := p.ProcessOnce(ctx); err != nil {
 			t.Fatal(err)
@@ -61,7 +61,7 @@ func TestDeadLettersInBulk(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		list, err := d.List(ctx, millrace.ListParams{})
+		list, err := d.List(ctx, core.ListParams{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -8,7 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/logging"
 	"github.com/millrace/millrace/internal/periodic"
 	"github.com/millrace/millrace/internal/sqlident"
@@ -55,14 +55,14 @@ type Cleaner struct {
 // NewCleaner returns a Cleaner. It does not touch the database.
 func NewCleaner(pool *pgxpool.Pool, cfg CleanerConfig) (*Cleaner, error) {
 	if pool == nil {
-		return nil, fmt.Errorf("%w: nil pool", millrace.ErrConfig)
+		return nil, fmt.Errorf("%w: nil pool", core.ErrConfig)
 	}
 	schema, err := configSchema(cfg.Schema)
 	if err != nil {
 		return nil, err
 	}
 	if cfg.Retention < 0 || cfg.BatchSize < 0 || cfg.Interval < 0 {
-		return nil, fmt.Errorf("%w: negative CleanerConfig value", millrace.ErrConfig)
+		return nil, fmt.Errorf("%w: negative CleanerConfig value", core.ErrConfig)
 	}
 	if cfg.Retention == 0 {
 		cfg.Retention = 7 * 24 * time.Hour

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/sqlident"
 )
 
@@ -79,17 +79,17 @@ func NewDeadLetters(pool *pgxpool.Pool, cfg DeadLetterConfig) (*DeadLetters, err
 // order: at most p.Limit (default 100), after p.AfterID, of p.Topic and
 // p.PartitionKey when set. Page by passing the last ID of one page as the
 // next page's AfterID. A negative Limit or AfterID is an error wrapping
-// millrace.ErrInvalidListParams. It takes the same params, with the same
+// core.ErrInvalidListParams. It takes the same params, with the same
 // meaning, as outbox.Admin.ListDeadLetters.
-func (d *DeadLetters) List(ctx context.Context, p millrace.ListParams) ([]DeadEvent, error) {
+func (d *DeadLetters) List(ctx context.Context, p core.ListParams) ([]DeadEvent, error) {
 	if d.pool == nil {
-		return nil, fmt.Errorf("%w: DeadLetters made without a pool; use the ...Tx methods", millrace.ErrConfig)
+		return nil, fmt.Errorf("%w: DeadLetters made without a pool; use the ...Tx methods", core.ErrConfig)
 	}
 	return d.listQ(ctx, d.pool, p)
 }
 
 // ListTx is List in the caller's transaction.
-func (d *DeadLetters) ListTx(ctx context.Context, tx pgx.Tx, p millrace.ListParams) ([]DeadEvent, error) {
+func (d *DeadLetters) ListTx(ctx context.Context, tx pgx.Tx, p core.ListParams) ([]DeadEvent, error) {
 	return d.listQ(ctx, tx, p)
 }
 
@@ -98,7 +98,7 @@ type querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
-func (d *DeadLetters) listQ(ctx context.Context, tx querier, p millrace.ListParams) ([]DeadEvent, error) {
+func (d *DeadLetters) listQ(ctx context.Context, tx querier, p core.ListParams) ([]DeadEvent, error) {
 	p, err := p.Normalize()
 	if err != nil {
 		return nil, fmt.Errorf("inbox: list dead letters of %s: %w", d.consumer, err)
@@ -132,7 +132,7 @@ func (d *DeadLetters) listQ(ctx context.Context, tx querier, p millrace.ListPara
 // eligible at once (their last error is kept). Ids that are not dead
 // letters of the consumer are ignored; the count says how many were
 // requeued. An id that is not a UUID fails the whole call, before anything
-// is sent, with an error wrapping millrace.ErrInvalidEventID. This is how
+// is sent, with an error wrapping core.ErrInvalidEventID. This is how
 // outbox.Admin treats ids too.
 func (d *DeadLetters) Requeue(ctx context.Context, eventIDs ...string) (int, error) {
 	return d.exec(ctx, nil, d.requeue, "requeue", eventIDs)
@@ -148,7 +148,7 @@ func (d *DeadLetters) RequeueTx(ctx context.Context, tx pgx.Tx, eventIDs ...stri
 // (and discarded) without running the handler, stay deduplicated until
 // retention removes them, and no longer hold their key. Ids are treated as
 // by Requeue: unknown ones are ignored, and one that is not a UUID fails
-// the call with millrace.ErrInvalidEventID before anything is sent.
+// the call with core.ErrInvalidEventID before anything is sent.
 func (d *DeadLetters) Discard(ctx context.Context, eventIDs ...string) (int, error) {
 	return d.exec(ctx, nil, d.discard, "discard", eventIDs)
 }
@@ -164,7 +164,7 @@ func (d *DeadLetters) exec(ctx context.Context, tx pgx.Tx, sql, what string, eve
 	for i, s := range eventIDs {
 		id, err := uuid.Parse(s)
 		if err != nil {
-			return 0, fmt.Errorf("inbox: %s dead letters of %s: event id %q: %w: %v", what, d.consumer, s, millrace.ErrInvalidEventID, err)
+			return 0, fmt.Errorf("inbox: %s dead letters of %s: event id %q: %w: %v", what, d.consumer, s, core.ErrInvalidEventID, err)
 		}
 		ids[i] = id
 	}
@@ -179,7 +179,7 @@ func (d *DeadLetters) exec(ctx context.Context, tx pgx.Tx, sql, what string, eve
 		tag, err = tx.Exec(ctx, sql, d.consumer, ids)
 	} else {
 		if d.pool == nil {
-			return 0, fmt.Errorf("%w: DeadLetters made without a pool; use the ...Tx methods", millrace.ErrConfig)
+			return 0, fmt.Errorf("%w: DeadLetters made without a pool; use the ...Tx methods", core.ErrConfig)
 		}
 		tag, err = d.pool.Exec(ctx, sql, d.consumer, ids)
 	}

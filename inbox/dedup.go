@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/dedupmark"
 	"github.com/millrace/millrace/internal/sqlident"
 )
@@ -52,7 +52,7 @@ type Deduplicator struct {
 // NewDeduplicator returns a Deduplicator. It does not touch the database.
 func NewDeduplicator(pool *pgxpool.Pool, cfg DedupConfig) (*Deduplicator, error) {
 	if pool == nil {
-		return nil, fmt.Errorf("%w: nil pool", millrace.ErrConfig)
+		return nil, fmt.Errorf("%w: nil pool", core.ErrConfig)
 	}
 	schema, err := configSchema(cfg.Schema)
 	if err != nil {
@@ -65,7 +65,7 @@ func NewDeduplicator(pool *pgxpool.Pool, cfg DedupConfig) (*Deduplicator, error)
 		cfg.EventID = DefaultEventID
 	}
 	if strings.Contains(cfg.Consumer, "\\") {
-		return nil, fmt.Errorf("%w: DedupConfig.Consumer %q must not contain a backslash", millrace.ErrConfig, cfg.Consumer)
+		return nil, fmt.Errorf("%w: DedupConfig.Consumer %q must not contain a backslash", core.ErrConfig, cfg.Consumer)
 	}
 	// The transaction begins and records the mark in one round trip: the
 	// mark is part of the BEGIN query, sent with the simple protocol, so
@@ -101,7 +101,7 @@ RETURNING event_id`, sqlident.Table(schema, "processed_event")),
 //     outbox instead for exactly-once output).
 //
 // A message without a usable id fails with an error wrapping ErrNoEventID
-// that is millrace.Permanent. Place the middleware innermost: PoisonQueue
+// that is core.Permanent. Place the middleware innermost: PoisonQueue
 // outermost, then Retry (with ShouldRetry), then this. The message's
 // context is restored before Middleware returns, so a retry starts clean.
 func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
@@ -127,7 +127,7 @@ func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
 				rollback(ctx, tx)
 			}
 		}()
-		msg.SetContext(millrace.ContextWithTx(ctx, tx))
+		msg.SetContext(core.ContextWithTx(ctx, tx))
 		defer msg.SetContext(ctx)
 		out, err := h(msg)
 		if err != nil {
@@ -147,7 +147,7 @@ func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
 // message in a transaction it begins itself. fresh is false for an id
 // recorded before (a duplicate): then no transaction is left open and tx
 // is nil. A message without a usable id fails as with MarkTx, with an
-// error wrapping ErrNoEventID that is millrace.Permanent, and conn is
+// error wrapping ErrNoEventID that is core.Permanent, and conn is
 // untouched. Commit or roll back tx as any other.
 func (d *Deduplicator) BeginMarked(ctx context.Context, conn *pgx.Conn, msg *message.Message) (tx pgx.Tx, fresh bool, err error) {
 	id, err := eventID(d.eventID, msg)
@@ -182,8 +182,8 @@ func (d *Deduplicator) beginMarked(ctx context.Context, conn *pgx.Conn, id uuid.
 // and for a repeat of an earlier message of msgs. Apply the new ones in tx;
 // rolled back, tx takes the marks with it. Before anything is written,
 // every event id is read: if any message has no usable one, MarkTx returns
-// a *millrace.BatchError naming each such message by its UUID, each error
-// wrapping ErrNoEventID and millrace.Permanent, and tx is untouched.
+// a *core.BatchError naming each such message by its UUID, each error
+// wrapping ErrNoEventID and core.Permanent, and tx is untouched.
 func (d *Deduplicator) MarkTx(ctx context.Context, tx pgx.Tx, msgs ...*message.Message) ([]bool, error) {
 	ids, err := d.eventIDs(msgs)
 	if err != nil {
@@ -215,23 +215,23 @@ func (d *Deduplicator) MarkTx(ctx context.Context, tx pgx.Tx, msgs ...*message.M
 }
 
 // eventIDs reads the event ids of msgs; any message without a usable one
-// makes it return a *millrace.BatchError naming each such message. They
+// makes it return a *core.BatchError naming each such message. They
 // are [16]byte, which pgx encodes as a uuid directly (a uuid.UUID goes
 // through its driver.Valuer and a failed binary encoding of its string,
 // 17 times slower).
 func (d *Deduplicator) eventIDs(msgs []*message.Message) ([][16]byte, error) {
 	ids := make([][16]byte, len(msgs))
-	var bad []millrace.MessageError
+	var bad []core.MessageError
 	for i, msg := range msgs {
 		id, err := eventID(d.eventID, msg)
 		if err != nil {
-			bad = append(bad, millrace.MessageError{UUID: msg.UUID, Err: err})
+			bad = append(bad, core.MessageError{UUID: msg.UUID, Err: err})
 			continue
 		}
 		ids[i] = id
 	}
 	if len(bad) > 0 {
-		return nil, &millrace.BatchError{Errors: bad}
+		return nil, &core.BatchError{Errors: bad}
 	}
 	return ids, nil
 }

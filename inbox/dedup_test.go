@@ -16,7 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/google/uuid"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/internal/childtest"
 	"github.com/millrace/millrace/internal/pgtest"
@@ -46,17 +46,17 @@ func (b *bundle) effectHandler(t testing.TB) message.HandlerFunc {
 func TestDedupConfig(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewWith(t, pgtest.Options{NoMigrate: true})
-	if _, err := inbox.NewDeduplicator(db.Pool, inbox.DedupConfig{}); !errors.Is(err, millrace.ErrConfig) {
+	if _, err := inbox.NewDeduplicator(db.Pool, inbox.DedupConfig{}); !errors.Is(err, core.ErrConfig) {
 		t.Fatalf("no consumer: %v, want ErrConfig", err)
 	}
 	if _, err := inbox.NewDeduplicator(db.Pool, inbox.DedupConfig{Consumer: "c", Schema: "Bad;Schema"}); err == nil {
 		t.Fatal("bad schema accepted")
 	}
-	if _, err := inbox.NewDeduplicator(nil, inbox.DedupConfig{Consumer: "c"}); !errors.Is(err, millrace.ErrConfig) {
+	if _, err := inbox.NewDeduplicator(nil, inbox.DedupConfig{Consumer: "c"}); !errors.Is(err, core.ErrConfig) {
 		t.Fatalf("nil pool: %v", err)
 	}
 	for _, bad := range []string{`back\slash`, "nul\x00", "bad\xffutf8"} {
-		if _, err := inbox.NewDeduplicator(db.Pool, inbox.DedupConfig{Consumer: bad}); !errors.Is(err, millrace.ErrConfig) {
+		if _, err := inbox.NewDeduplicator(db.Pool, inbox.DedupConfig{Consumer: bad}); !errors.Is(err, core.ErrConfig) {
 			t.Fatalf("consumer %q: %v, want ErrConfig", bad, err)
 		}
 	}
@@ -85,7 +85,7 @@ func TestDedupEachEventOnceUnderConcurrentRedelivery(t *testing.T) {
 			for i := w; i < events*deliveries; i += workers {
 				id := ids[(i*7919)%events]
 				msg := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
-				msg.Metadata.Set(millrace.MetadataEventID, id)
+				msg.Metadata.Set(core.MetadataEventID, id)
 				msg.UUID = id
 				if _, err := h(msg); err != nil {
 					errs <- err
@@ -154,7 +154,7 @@ func TestDedupFailedHandlerRunsAgain(t *testing.T) {
 	// The same through PoisonQueue(Retry(dedup(handler))).
 	calls.Store(0)
 	poison := &recordingPublisher{}
-	pq, err := middleware.PoisonQueueWithFilter(poison, "poison", millrace.IsPermanent)
+	pq, err := middleware.PoisonQueueWithFilter(poison, "poison", core.IsPermanent)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,12 +210,12 @@ func TestDedupNoEventID(t *testing.T) {
 		message.NewMessage("x", nil),
 		func() *message.Message {
 			m := message.NewMessage(uuid.NewString(), nil)
-			m.Metadata.Set(millrace.MetadataEventID, "garbage") // metadata wins and is bad
+			m.Metadata.Set(core.MetadataEventID, "garbage") // metadata wins and is bad
 			return m
 		}(),
 	} {
 		_, err := h(msg)
-		if !errors.Is(err, inbox.ErrNoEventID) || !millrace.IsPermanent(err) {
+		if !errors.Is(err, inbox.ErrNoEventID) || !core.IsPermanent(err) {
 			t.Fatalf("message %q: err = %v; want a permanent ErrNoEventID", msg.UUID, err)
 		}
 		if !strings.Contains(err.Error(), fmt.Sprintf("%q", msg.UUID)) {

@@ -37,15 +37,15 @@
 //
 // # Event ids
 //
-// The event id comes from metadata "event_id" (millrace.MetadataEventID,
+// The event id comes from metadata "event_id" (core.MetadataEventID,
 // set by the outbox relay), else the Watermill message UUID; set
 // DedupConfig.EventID to choose otherwise. It must be a UUID. A message
 // without a usable id fails with an error wrapping ErrNoEventID that names
-// the message and is millrace.Permanent; it is never passed silently.
+// the message and is core.Permanent; it is never passed silently.
 // inbox.ShouldRetry skips retrying it, and PoisonQueue publishes it to the
 // poison topic with the reason in metadata "reason_poisoned". With plain
 // PoisonQueue every error that outlives Retry is poisoned; with
-// PoisonQueueWithFilter(pub, topic, millrace.IsPermanent) only permanent
+// PoisonQueueWithFilter(pub, topic, core.IsPermanent) only permanent
 // ones are, and the others are nacked for redelivery.
 //
 // A retry topic and a dead-letter topic chain the same way: the main
@@ -65,7 +65,7 @@
 // to text and jsonb columns, which cannot hold NUL and would turn invalid
 // UTF-8 into U+FFFD: a message with such text is refused, not changed,
 // with an error wrapping ErrUnstorable that names the message and the
-// field and is millrace.Permanent (ShouldRetry stops, a PoisonQueue takes
+// field and is core.Permanent (ShouldRetry stops, a PoisonQueue takes
 // it). Every message of a call is checked before anything is sent, so
 // nothing of a refused call is stored and a caller's transaction given to
 // ReceiveTx is left as it was. What is stored comes back to the handler
@@ -78,7 +78,7 @@
 // row processed in that transaction. A failure rolls back that row's writes
 // and records attempts, last_error and next_attempt_at (capped exponential
 // backoff from RetryMin to RetryMax, as the outbox Relay names them); after
-// MaxAttempts, or at once for a millrace.Permanent error, the row is
+// MaxAttempts, or at once for a core.Permanent error, the row is
 // dead-lettered. A handler that swallows an SQL error and returns nil has
 // left the transaction aborted: the Processor sees it, rolls back to the
 // row's savepoint and charges the row an attempt with that reason, and the
@@ -96,16 +96,16 @@
 //
 // DeadLetters (Processor.DeadLetters, or NewDeadLetters) lists, requeues
 // and discards an inbox's dead letters, with the outbox Admin's shapes:
-// List takes millrace.ListParams (Limit, default 100; AfterID to page by
+// List takes core.ListParams (Limit, default 100; AfterID to page by
 // DeadEvent.ID; Topic and PartitionKey filters; a negative value is an
-// error wrapping millrace.ErrInvalidListParams). Requeue and Discard take
+// error wrapping core.ErrInvalidListParams). Requeue and Discard take
 // event ids and return how many they changed; ids that are not dead
 // letters of the inbox are ignored, and an id that is not a UUID fails the
-// whole call with an error wrapping millrace.ErrInvalidEventID before
+// whole call with an error wrapping core.ErrInvalidEventID before
 // anything is sent, so RequeueTx and DiscardTx leave the caller's
 // transaction usable.
 //
-// In bulk, by a query (millrace.DeadLetterQuery, the outbox's too: topic,
+// In bulk, by a query (core.DeadLetterQuery, the outbox's too: topic,
 // partition key, a SQL LIKE match on the last error, died before a time):
 // DryRun counts what it selects and lists the first page, changing
 // nothing; RequeueMatching and DiscardMatching act on it through List and
@@ -116,7 +116,7 @@
 // # Configuration errors
 //
 // Every constructor checks its Config and returns an error wrapping
-// millrace.ErrConfig (a nil pool, a missing or unstorable Consumer, an
+// core.ErrConfig (a nil pool, a missing or unstorable Consumer, an
 // invalid Schema, a negative value, RetryMax below RetryMin).
 // inbox.ErrConfig is the same value, kept for existing callers.
 //

@@ -10,29 +10,29 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/sqlident"
 )
 
 // ErrNoEventID is returned for a message that carries no usable event id:
 // the id function failed or gave something that is not a UUID. It always
-// comes wrapped as millrace.Permanent, naming the message's UUID, so that
+// comes wrapped as core.Permanent, naming the message's UUID, so that
 // retrying is skipped (see ShouldRetry) and Watermill's PoisonQueue
 // middleware dead-letters the message with the reason in its metadata.
 var ErrNoEventID = errors.New("inbox: message has no usable event id")
 
-// ErrConfig is millrace.ErrConfig, which every constructor's error for an
+// ErrConfig is core.ErrConfig, which every constructor's error for an
 // invalid Config wraps.
 //
-// Deprecated: test for millrace.ErrConfig; this is the same value.
-var ErrConfig = millrace.ErrConfig
+// Deprecated: test for core.ErrConfig; this is the same value.
+var ErrConfig = core.ErrConfig
 
 // configSchema returns the configured schema name validated (the default when
 // empty); an invalid name is a config error.
 func configSchema(name string) (string, error) {
 	s, err := sqlident.Schema(name)
 	if err != nil {
-		return "", fmt.Errorf("%w: %v", millrace.ErrConfig, err)
+		return "", fmt.Errorf("%w: %v", core.ErrConfig, err)
 	}
 	return s, nil
 }
@@ -40,11 +40,11 @@ func configSchema(name string) (string, error) {
 // EventIDFunc returns the event id of a message, which must be a UUID.
 type EventIDFunc func(msg *message.Message) (string, error)
 
-// DefaultEventID takes the id from metadata millrace.MetadataEventID
+// DefaultEventID takes the id from metadata core.MetadataEventID
 // ("event_id", set by the outbox relay), falling back to the Watermill
 // message UUID when that metadata is absent.
 func DefaultEventID(msg *message.Message) (string, error) {
-	if id := msg.Metadata.Get(millrace.MetadataEventID); id != "" {
+	if id := msg.Metadata.Get(core.MetadataEventID); id != "" {
 		return id, nil
 	}
 	return msg.UUID, nil
@@ -55,26 +55,26 @@ func DefaultEventID(msg *message.Message) (string, error) {
 func eventID(fn EventIDFunc, msg *message.Message) (uuid.UUID, error) {
 	s, err := fn(msg)
 	if err != nil {
-		return uuid.UUID{}, millrace.Permanent(fmt.Errorf("%w: message %q: %v", ErrNoEventID, msg.UUID, err))
+		return uuid.UUID{}, core.Permanent(fmt.Errorf("%w: message %q: %v", ErrNoEventID, msg.UUID, err))
 	}
 	if s == "" {
-		return uuid.UUID{}, millrace.Permanent(fmt.Errorf("%w: message %q has neither %s metadata nor a UUID", ErrNoEventID, msg.UUID, millrace.MetadataEventID))
+		return uuid.UUID{}, core.Permanent(fmt.Errorf("%w: message %q has neither %s metadata nor a UUID", ErrNoEventID, msg.UUID, core.MetadataEventID))
 	}
 	id, err := uuid.Parse(s)
 	if err != nil {
-		return uuid.UUID{}, millrace.Permanent(fmt.Errorf("%w: message %q: event id %q is not a UUID", ErrNoEventID, msg.UUID, s))
+		return uuid.UUID{}, core.Permanent(fmt.Errorf("%w: message %q: event id %q is not a UUID", ErrNoEventID, msg.UUID, s))
 	}
 	return id, nil
 }
 
 // ShouldRetry is a ready-made middleware.Retry ShouldRetry: it stops
-// retrying permanent errors (millrace.IsPermanent), such as ErrNoEventID,
+// retrying permanent errors (core.IsPermanent), such as ErrNoEventID,
 // so they reach the PoisonQueue middleware at once.
-func ShouldRetry(p middleware.RetryParams) bool { return !millrace.IsPermanent(p.Err) }
+func ShouldRetry(p middleware.RetryParams) bool { return !core.IsPermanent(p.Err) }
 
 // TxFromContext returns the transaction that the Deduplicator's middleware
 // or the Processor put in a message's context (msg.Context()). A handler
 // writes its effects with it, and emits events with outbox.Writer.WriteTx
 // or the outbox's ContextPublisher, so that everything commits with the
 // dedup mark.
-func TxFromContext(ctx context.Context) (pgx.Tx, bool) { return millrace.TxFromContext(ctx) }
+func TxFromContext(ctx context.Context) (pgx.Tx, bool) { return core.TxFromContext(ctx) }

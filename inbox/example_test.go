@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/migrations"
 	"github.com/millrace/millrace/outbox"
@@ -56,7 +56,7 @@ func Example_consumeProcessProduce() {
 	}
 	handle := func(msg *message.Message) ([]*message.Message, error) {
 		tx, _ := inbox.TxFromContext(msg.Context())
-		orderID := msg.Metadata.Get(millrace.MetadataAggregateID)
+		orderID := msg.Metadata.Get(core.MetadataAggregateID)
 		if _, err := tx.Exec(msg.Context(), `INSERT INTO `+payment+` (order_id) VALUES ($1)`, orderID); err != nil {
 			return nil, err
 		}
@@ -70,7 +70,7 @@ func Example_consumeProcessProduce() {
 	h := dedup.Middleware(handle)
 
 	msg := message.NewMessage("0190a6b4-6b1c-7c4e-9a55-3f1d2e4c5b6a", []byte(`{}`))
-	msg.Metadata.Set(millrace.MetadataAggregateID, "order-42")
+	msg.Metadata.Set(core.MetadataAggregateID, "order-42")
 	for range 2 { // the broker delivers it twice
 		if _, err := h(msg.Copy()); err != nil {
 			log.Fatal(err)

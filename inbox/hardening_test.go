@@ -15,7 +15,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
 )
 
@@ -30,7 +30,7 @@ func TestProcessorOrderByKeyHeldKeyDoesNotStopInbox(t *testing.T) {
 		fail error
 		held string // SQL condition the head row must meet afterwards
 	}{
-		{"dead head", millrace.Permanent(errors.New("malformed")), "dead_at IS NOT NULL"},
+		{"dead head", core.Permanent(errors.New("malformed")), "dead_at IS NOT NULL"},
 		{"backing off head", errors.New("downstream unavailable"), "dead_at IS NULL AND next_attempt_at > now()"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -52,7 +52,7 @@ func TestProcessorOrderByKeyHeldKeyDoesNotStopInbox(t *testing.T) {
 					if m.UUID == head {
 						return tc.fail
 					}
-					return b.apply(ctx, tx, m.UUID, m.Metadata.Get(millrace.MetadataPartitionKey))
+					return b.apply(ctx, tx, m.UUID, m.Metadata.Get(core.MetadataPartitionKey))
 				},
 			})
 			ctx := context.Background()
@@ -153,14 +153,14 @@ func TestReceiverRefusesBytesItCannotStore(t *testing.T) {
 		"NUL in metadata key":             func(m *message.Message) { m.Metadata.Set("tr\x00ace", "a") },
 		"invalid UTF-8 in metadata value": func(m *message.Message) { m.Metadata.Set("trace", "a\xffb") },
 		"invalid UTF-8 in metadata key":   func(m *message.Message) { m.Metadata.Set("tr\xc3ace", "a") },
-		"NUL in partition key":            func(m *message.Message) { m.Metadata.Set(millrace.MetadataPartitionKey, "k\x00") },
-		"invalid UTF-8 in partition key":  func(m *message.Message) { m.Metadata.Set(millrace.MetadataPartitionKey, "k\xfe") },
+		"NUL in partition key":            func(m *message.Message) { m.Metadata.Set(core.MetadataPartitionKey, "k\x00") },
+		"invalid UTF-8 in partition key":  func(m *message.Message) { m.Metadata.Set(core.MetadataPartitionKey, "k\xfe") },
 	} {
 		good := message.NewMessage(uuid.NewString(), []byte(`{}`))
 		bad := message.NewMessage(uuid.NewString(), []byte(`{}`))
 		mutate(bad)
 		_, err := r.Receive(ctx, good, bad)
-		if err == nil || !millrace.IsPermanent(err) || !errors.Is(err, inbox.ErrUnstorable) || !strings.Contains(err.Error(), bad.UUID) {
+		if err == nil || !core.IsPermanent(err) || !errors.Is(err, inbox.ErrUnstorable) || !strings.Contains(err.Error(), bad.UUID) {
 			t.Errorf("%s: Receive = %v; want a permanent ErrUnstorable naming the message", name, err)
 		}
 		tx, err := b.db.Pool.Begin(ctx)
@@ -182,7 +182,7 @@ func TestReceiverRefusesBytesItCannotStore(t *testing.T) {
 	// metadata in any valid UTF-8.
 	m := message.NewMessage(uuid.NewString(), []byte{0, 0xff, 0xfe, '\\', 'u', '0', '0', '0', '0'})
 	m.Metadata.Set("héader ✓", "välue \U0001F600 \\u0000 \"quoted\" \t\n")
-	m.Metadata.Set(millrace.MetadataPartitionKey, "ключ")
+	m.Metadata.Set(core.MetadataPartitionKey, "ключ")
 	if n, err := r.Receive(ctx, m); err != nil || n != 1 {
 		t.Fatalf("Receive = %d, %v", n, err)
 	}
@@ -217,7 +217,7 @@ func TestDeadLettersInvalidAndUnknownIDs(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := newProcessor(t, b, inbox.ProcessorConfig{Handler: func(_ context.Context, _ pgx.Tx, m *message.Message) error {
-		return millrace.Permanent(errors.New("no"))
+		return core.Permanent(errors.New("no"))
 	}})
 	if _, err := p.ProcessOnce(ctx); err != nil {
 		t.Fatal(err)
@@ -231,7 +231,7 @@ func TestDeadLettersInvalidAndUnknownIDs(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n, err := op(tx, ms[0].UUID, "not-a-uuid"); n != 0 || !errors.Is(err, millrace.ErrInvalidEventID) || !strings.Contains(err.Error(), "not-a-uuid") {
+		if n, err := op(tx, ms[0].UUID, "not-a-uuid"); n != 0 || !errors.Is(err, core.ErrInvalidEventID) || !strings.Contains(err.Error(), "not-a-uuid") {
 			t.Errorf("%s(bad id) = %d, %v; want ErrInvalidEventID naming the id", name, n, err)
 		}
 		if n, err := op(tx, uuid.NewString()); n != 0 || err != nil {
@@ -245,10 +245,10 @@ func TestDeadLettersInvalidAndUnknownIDs(t *testing.T) {
 		}
 		_ = tx.Rollback(ctx)
 	}
-	if _, err := dl.Requeue(ctx, "nope"); !errors.Is(err, millrace.ErrInvalidEventID) {
+	if _, err := dl.Requeue(ctx, "nope"); !errors.Is(err, core.ErrInvalidEventID) {
 		t.Errorf("Requeue(bad id) = %v; want ErrInvalidEventID", err)
 	}
-	if _, err := dl.Discard(ctx, "nope"); !errors.Is(err, millrace.ErrInvalidEventID) {
+	if _, err := dl.Discard(ctx, "nope"); !errors.Is(err, core.ErrInvalidEventID) {
 		t.Errorf("Discard(bad id) = %v; want ErrInvalidEventID", err)
 	}
 	if n, err := dl.Requeue(ctx); n != 0 || err != nil {
@@ -314,7 +314,7 @@ func TestProcessorOrderByKeyHoldsBehindRowsOutsideTheBatch(t *testing.T) {
 	}
 }
 
-// Dead letters list with millrace.ListParams, as outbox.Admin does: pages
+// Dead letters list with core.ListParams, as outbox.Admin does: pages
 // by AfterID, filters by topic and key, refuses negative values.
 func TestDeadLettersListParams(t *testing.T) {
 	t.Parallel()
@@ -326,7 +326,7 @@ func TestDeadLettersListParams(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := newProcessor(t, b, inbox.ProcessorConfig{Handler: func(context.Context, pgx.Tx, *message.Message) error {
-		return millrace.Permanent(errors.New("no"))
+		return core.Permanent(errors.New("no"))
 	}})
 	if _, err := p.ProcessOnce(ctx); err != nil {
 		t.Fatal(err)
@@ -342,25 +342,25 @@ func TestDeadLettersListParams(t *testing.T) {
 		}
 		return out
 	}
-	page1, err := dl.List(ctx, millrace.ListParams{Limit: 2})
+	page1, err := dl.List(ctx, core.ListParams{Limit: 2})
 	if err != nil || fmt.Sprint(ids(page1)) != fmt.Sprint([]string{ms[0].UUID, ms[1].UUID}) {
 		t.Fatalf("page 1 = %v, %v", ids(page1), err)
 	}
-	page2, err := dl.List(ctx, millrace.ListParams{Limit: 2, AfterID: page1[1].ID})
+	page2, err := dl.List(ctx, core.ListParams{Limit: 2, AfterID: page1[1].ID})
 	if err != nil || fmt.Sprint(ids(page2)) != fmt.Sprint([]string{ms[2].UUID, ms[3].UUID}) {
 		t.Fatalf("page 2 = %v, %v", ids(page2), err)
 	}
-	page3, err := dl.List(ctx, millrace.ListParams{Limit: 2, AfterID: page2[1].ID})
+	page3, err := dl.List(ctx, core.ListParams{Limit: 2, AfterID: page2[1].ID})
 	if err != nil || fmt.Sprint(ids(page3)) != fmt.Sprint([]string{ms[4].UUID}) {
 		t.Fatalf("page 3 = %v, %v", ids(page3), err)
 	}
-	if got, err := dl.List(ctx, millrace.ListParams{Topic: "payments"}); err != nil || len(got) != 1 || got[0].EventID != ms[4].UUID || got[0].Topic != "payments" {
+	if got, err := dl.List(ctx, core.ListParams{Topic: "payments"}); err != nil || len(got) != 1 || got[0].EventID != ms[4].UUID || got[0].Topic != "payments" {
 		t.Fatalf("by topic = %+v, %v", got, err)
 	}
-	if got, err := dl.List(ctx, millrace.ListParams{PartitionKey: "k1"}); err != nil || fmt.Sprint(ids(got)) != fmt.Sprint([]string{ms[1].UUID, ms[3].UUID}) {
+	if got, err := dl.List(ctx, core.ListParams{PartitionKey: "k1"}); err != nil || fmt.Sprint(ids(got)) != fmt.Sprint([]string{ms[1].UUID, ms[3].UUID}) {
 		t.Fatalf("by key = %v, %v", ids(got), err)
 	}
-	if got, err := dl.List(ctx, millrace.ListParams{Topic: "payments", PartitionKey: "k1"}); err != nil || len(got) != 0 {
+	if got, err := dl.List(ctx, core.ListParams{Topic: "payments", PartitionKey: "k1"}); err != nil || len(got) != 0 {
 		t.Fatalf("by topic and key = %v, %v", ids(got), err)
 	}
 	tx, err := b.db.Pool.Begin(ctx)
@@ -368,17 +368,17 @@ func TestDeadLettersListParams(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	if got, err := dl.ListTx(ctx, tx, millrace.ListParams{}); err != nil || len(got) != 5 {
+	if got, err := dl.ListTx(ctx, tx, core.ListParams{}); err != nil || len(got) != 5 {
 		t.Fatalf("ListTx = %d, %v; want all 5 (default limit)", len(got), err)
 	}
-	for _, bad := range []millrace.ListParams{{Limit: -1}, {AfterID: -1}} {
-		if _, err := dl.List(ctx, bad); !errors.Is(err, millrace.ErrInvalidListParams) {
+	for _, bad := range []core.ListParams{{Limit: -1}, {AfterID: -1}} {
+		if _, err := dl.List(ctx, bad); !errors.Is(err, core.ErrInvalidListParams) {
 			t.Fatalf("List(%+v) = %v, want ErrInvalidListParams", bad, err)
 		}
 	}
 }
 
-// Every inbox constructor wraps millrace.ErrConfig (inbox.ErrConfig is the
+// Every inbox constructor wraps core.ErrConfig (inbox.ErrConfig is the
 // same value), also for a schema or consumer name the tables cannot hold.
 func TestConfigErrorsWrapMillraceErrConfig(t *testing.T) {
 	t.Parallel()
@@ -394,8 +394,8 @@ func TestConfigErrorsWrapMillraceErrConfig(t *testing.T) {
 		"dedup schema":          second(inbox.NewDeduplicator(b.db.Pool, inbox.DedupConfig{Schema: "Bad-Schema", Consumer: "c"})),
 		"cleaner":               second(inbox.NewCleaner(b.db.Pool, inbox.CleanerConfig{Retention: -1})),
 	} {
-		if !errors.Is(err, millrace.ErrConfig) || !errors.Is(err, inbox.ErrConfig) {
-			t.Errorf("%s: %v, want millrace.ErrConfig", name, err)
+		if !errors.Is(err, core.ErrConfig) || !errors.Is(err, inbox.ErrConfig) {
+			t.Errorf("%s: %v, want core.ErrConfig", name, err)
 		}
 	}
 }
@@ -426,12 +426,12 @@ func TestProcessorOrderByKeyThreeProcessorsRandomFailures(t *testing.T) {
 		n, _ := tries.LoadOrStore(m.UUID, new(atomic.Int32))
 		try := n.(*atomic.Int32).Add(1)
 		if m.UUID == dead && try == 1 {
-			return millrace.Permanent(errors.New("bad until requeued"))
+			return core.Permanent(errors.New("bad until requeued"))
 		}
 		if rand.IntN(5) == 0 {
 			return errors.New("transient")
 		}
-		return b.apply(ctx, tx, m.UUID, m.Metadata.Get(millrace.MetadataPartitionKey))
+		return b.apply(ctx, tx, m.UUID, m.Metadata.Get(core.MetadataPartitionKey))
 	}
 	cfg := inbox.ProcessorConfig{Handler: handler, OrderByKey: true, BatchSize: 25, RetryMin: time.Millisecond, RetryMax: 2 * time.Millisecond, MaxAttempts: 1000}
 	var ps []*inbox.Processor

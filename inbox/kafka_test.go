@@ -15,7 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/google/uuid"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/internal/kafkatest"
 	"github.com/millrace/millrace/kafka"
@@ -100,7 +100,7 @@ func TestKafkaRouterDedupPoisonAndOutbox(t *testing.T) {
 	var sent []*message.Message
 	for i := range n {
 		m := message.NewMessage(uuid.NewString(), []byte(`{"order":1}`))
-		m.Metadata.Set(millrace.MetadataPartitionKey, "order-"+string(rune('a'+i%5)))
+		m.Metadata.Set(core.MetadataPartitionKey, "order-"+string(rune('a'+i%5)))
 		sent = append(sent, m)
 	}
 	bad := message.NewMessage("order-without-id", []byte(`{}`))
@@ -138,7 +138,7 @@ func TestKafkaRouterDedupPoisonAndOutbox(t *testing.T) {
 			return err
 		}
 		out := message.NewMessage(uuid.NewString(), []byte(`{"charged":true}`))
-		out.Metadata.Set(millrace.MetadataPartitionKey, msg.Metadata.Get(millrace.MetadataPartitionKey))
+		out.Metadata.Set(core.MetadataPartitionKey, msg.Metadata.Get(core.MetadataPartitionKey))
 		out.SetContext(msg.Context()) // carries the dedup transaction
 		return emit.Publish("payments", out)
 	})

@@ -9,7 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/internal/sqlident"
 )
@@ -87,9 +87,9 @@ func TestMarkTxAppliesEachEventOnce(t *testing.T) {
 	}
 	defer tx.Rollback(ctx)
 	_, err = d.MarkTx(ctx, tx, message.NewMessage(uuid.NewString(), nil), bad)
-	var be *millrace.BatchError
+	var be *core.BatchError
 	if !errors.As(err, &be) || len(be.Errors) != 1 || be.Errors[0].UUID != bad.UUID ||
-		!errors.Is(be.Errors[0].Err, inbox.ErrNoEventID) || !millrace.IsPermanent(be.Errors[0].Err) {
+		!errors.Is(be.Errors[0].Err, inbox.ErrNoEventID) || !core.IsPermanent(be.Errors[0].Err) {
 		t.Fatalf("MarkTx with a bad id = %v, want a BatchError naming it", err)
 	}
 	// tx is untouched: it still works, and no mark was written.
@@ -155,7 +155,7 @@ func TestBeginMarkedRecordsTheMarkWithBegin(t *testing.T) {
 	}
 
 	bad := message.NewMessage("not-a-uuid", nil)
-	if _, _, err := d.BeginMarked(ctx, conn, bad); !errors.Is(err, inbox.ErrNoEventID) || !millrace.IsPermanent(err) {
+	if _, _, err := d.BeginMarked(ctx, conn, bad); !errors.Is(err, inbox.ErrNoEventID) || !core.IsPermanent(err) {
 		t.Fatalf("no usable id: %v; want ErrNoEventID, permanent", err)
 	}
 	if st := conn.PgConn().TxStatus(); st != 'I' {

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/backoff"
 	"github.com/millrace/millrace/internal/logging"
 	"github.com/millrace/millrace/internal/sqlident"
@@ -23,7 +23,7 @@ import (
 // marks the message processed: write the effects with tx (it is also in
 // msg.Context(), for the outbox's ContextPublisher). An error rolls back
 // what the handler wrote and schedules a retry; an error wrapped with
-// millrace.Permanent dead-letters the message at once.
+// core.Permanent dead-letters the message at once.
 type HandlerFunc func(ctx context.Context, tx pgx.Tx, msg *message.Message) error
 
 // ProcessorConfig configures a Processor.
@@ -92,7 +92,7 @@ type Processor struct {
 // NewProcessor returns a Processor. It does not touch the database.
 func NewProcessor(pool *pgxpool.Pool, cfg ProcessorConfig) (*Processor, error) {
 	if pool == nil {
-		return nil, fmt.Errorf("%w: nil pool", millrace.ErrConfig)
+		return nil, fmt.Errorf("%w: nil pool", core.ErrConfig)
 	}
 	schema, err := configSchema(cfg.Schema)
 	if err != nil {
@@ -103,9 +103,9 @@ func NewProcessor(pool *pgxpool.Pool, cfg ProcessorConfig) (*Processor, error) {
 	}
 	switch {
 	case cfg.Handler == nil:
-		return nil, fmt.Errorf("%w: ProcessorConfig.Handler is required", millrace.ErrConfig)
+		return nil, fmt.Errorf("%w: ProcessorConfig.Handler is required", core.ErrConfig)
 	case cfg.BatchSize < 0 || cfg.Workers < 0 || cfg.MaxAttempts < 0 || cfg.PollInterval < 0 || cfg.RetryMin < 0 || cfg.RetryMax < 0:
-		return nil, fmt.Errorf("%w: negative ProcessorConfig value", millrace.ErrConfig)
+		return nil, fmt.Errorf("%w: negative ProcessorConfig value", core.ErrConfig)
 	}
 	if cfg.BatchSize == 0 {
 		cfg.BatchSize = 100
@@ -130,7 +130,7 @@ func NewProcessor(pool *pgxpool.Pool, cfg ProcessorConfig) (*Processor, error) {
 		cfg.RetryMax = 5 * time.Minute
 	}
 	if cfg.RetryMax < cfg.RetryMin {
-		return nil, fmt.Errorf("%w: ProcessorConfig.RetryMax %v < RetryMin %v", millrace.ErrConfig, cfg.RetryMax, cfg.RetryMin)
+		return nil, fmt.Errorf("%w: ProcessorConfig.RetryMax %v < RetryMin %v", core.ErrConfig, cfg.RetryMax, cfg.RetryMin)
 	}
 	table := sqlident.Table(schema, "inbox_event")
 	dead, err := NewDeadLetters(pool, DeadLetterConfig{Schema: schema, Consumer: cfg.Consumer})
@@ -329,7 +329,7 @@ func (p *Processor) ProcessOnce(ctx context.Context) (int, error) {
 		if p.cfg.OnError != nil && msg != nil {
 			p.cfg.OnError(msg, attempt, err)
 		}
-		dead := attempt >= p.cfg.MaxAttempts || millrace.IsPermanent(err)
+		dead := attempt >= p.cfg.MaxAttempts || core.IsPermanent(err)
 		fields := watermill.LogFields{"event_id": r.eventID, "attempt": attempt}
 		if dead {
 			p.cfg.Logger.Error("Inbox message dead-lettered", err, fields)
@@ -392,9 +392,9 @@ func (r row) message(ctx context.Context, tx pgx.Tx) (*message.Message, error) {
 	msg := message.NewMessage(r.eventID, r.payload)
 	if r.metadata != "" && r.metadata != "{}" {
 		if err := json.Unmarshal([]byte(r.metadata), &msg.Metadata); err != nil {
-			return nil, millrace.Permanent(fmt.Errorf("inbox: event %s: metadata: %w", r.eventID, err))
+			return nil, core.Permanent(fmt.Errorf("inbox: event %s: metadata: %w", r.eventID, err))
 		}
 	}
-	msg.SetContext(millrace.ContextWithTx(ctx, tx))
+	msg.SetContext(core.ContextWithTx(ctx, tx))
 	return msg, nil
 }

@@ -13,7 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
 )
 
@@ -60,7 +60,7 @@ func msgs(n int, key func(i int) string) []*message.Message {
 	for i := range out {
 		out[i] = message.NewMessage(uuid.NewString(), fmt.Appendf(nil, `{"n":%d}`, i))
 		if key != nil {
-			out[i].Metadata.Set(millrace.MetadataPartitionKey, key(i))
+			out[i].Metadata.Set(core.MetadataPartitionKey, key(i))
 		}
 	}
 	return out
@@ -72,7 +72,7 @@ func TestReceiverStoresOnceAndKeepsBytes(t *testing.T) {
 	r := newReceiver(t, b, "c")
 	bin := message.NewMessage(uuid.NewString(), []byte{0, 0xff, 'x', 0})
 	bin.Metadata.Set("trace", "abc")
-	bin.Metadata.Set(millrace.MetadataPartitionKey, "k1")
+	bin.Metadata.Set(core.MetadataPartitionKey, "k1")
 	if err := r.Handle(bin); err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +213,7 @@ func TestProcessorFailuresAndDeadLetters(t *testing.T) {
 			case m.UUID == flaky && !fixed.Load():
 				return errors.New("downstream unavailable")
 			case m.UUID == permanent:
-				return millrace.Permanent(errors.New("malformed order"))
+				return core.Permanent(errors.New("malformed order"))
 			}
 			return nil
 		},
@@ -243,7 +243,7 @@ func TestProcessorFailuresAndDeadLetters(t *testing.T) {
 	if onError.Load() != 4 {
 		t.Fatalf("OnError called %d times, want 4 (3 flaky + 1 permanent)", onError.Load())
 	}
-	dead, err := p.DeadLetters().List(ctx, millrace.ListParams{Limit: 10})
+	dead, err := p.DeadLetters().List(ctx, core.ListParams{Limit: 10})
 	if err != nil || len(dead) != 2 {
 		t.Fatalf("List = %v, %v", dead, err)
 	}
@@ -288,7 +288,7 @@ func TestProcessorFailuresAndDeadLetters(t *testing.T) {
 	if got := b.count(t, `SELECT count(*) FROM `+b.table("inbox_event")+` WHERE discarded_at IS NOT NULL AND event_id = $1`, permanent); got != 1 {
 		t.Fatal("discarded row not marked discarded")
 	}
-	if dead, err := p.DeadLetters().List(ctx, millrace.ListParams{}); err != nil || len(dead) != 0 {
+	if dead, err := p.DeadLetters().List(ctx, core.ListParams{}); err != nil || len(dead) != 0 {
 		t.Fatalf("List after = %v, %v", dead, err)
 	}
 }
@@ -314,12 +314,12 @@ func TestProcessorOrderByKey(t *testing.T) {
 		if m.UUID == blocker && !release.Load() {
 			return errors.New("not yet")
 		}
-		if err := b.apply(ctx, tx, m.UUID, m.Metadata.Get(millrace.MetadataPartitionKey)); err != nil {
+		if err := b.apply(ctx, tx, m.UUID, m.Metadata.Get(core.MetadataPartitionKey)); err != nil {
 			return err
 		}
 		mu.Lock()
 		defer mu.Unlock()
-		k := m.Metadata.Get(millrace.MetadataPartitionKey)
+		k := m.Metadata.Get(core.MetadataPartitionKey)
 		seen[k] = append(seen[k], m.UUID) // a rolled-back batch may record twice; see below
 		return nil
 	}
@@ -367,14 +367,14 @@ func TestProcessorConfig(t *testing.T) {
 		{Consumer: "c", Handler: h, BatchSize: -1},
 		{Consumer: "c", Handler: h, RetryMin: time.Minute, RetryMax: time.Second},
 	} {
-		if _, err := inbox.NewProcessor(b.db.Pool, cfg); !errors.Is(err, millrace.ErrConfig) {
+		if _, err := inbox.NewProcessor(b.db.Pool, cfg); !errors.Is(err, core.ErrConfig) {
 			t.Errorf("%+v: %v, want ErrConfig", cfg, err)
 		}
 	}
-	if _, err := inbox.NewReceiver(b.db.Pool, inbox.ReceiverConfig{}); !errors.Is(err, millrace.ErrConfig) {
+	if _, err := inbox.NewReceiver(b.db.Pool, inbox.ReceiverConfig{}); !errors.Is(err, core.ErrConfig) {
 		t.Errorf("receiver without consumer: %v", err)
 	}
-	if _, err := inbox.NewCleaner(b.db.Pool, inbox.CleanerConfig{Retention: -1}); !errors.Is(err, millrace.ErrConfig) {
+	if _, err := inbox.NewCleaner(b.db.Pool, inbox.CleanerConfig{Retention: -1}); !errors.Is(err, core.ErrConfig) {
 		t.Errorf("cleaner: %v", err)
 	}
 }

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/sqlident"
 )
 
@@ -18,13 +18,13 @@ import (
 // Processor's OrderByKey is set.
 type PartitionKeyFunc func(msg *message.Message) string
 
-// DefaultPartitionKey returns metadata millrace.MetadataPartitionKey, else
-// millrace.MetadataAggregateID, else "" (no order).
+// DefaultPartitionKey returns metadata core.MetadataPartitionKey, else
+// core.MetadataAggregateID, else "" (no order).
 func DefaultPartitionKey(msg *message.Message) string {
-	if k := msg.Metadata.Get(millrace.MetadataPartitionKey); k != "" {
+	if k := msg.Metadata.Get(core.MetadataPartitionKey); k != "" {
 		return k
 	}
-	return msg.Metadata.Get(millrace.MetadataAggregateID)
+	return msg.Metadata.Get(core.MetadataAggregateID)
 }
 
 // ReceiverConfig configures a Receiver.
@@ -97,7 +97,7 @@ func (r *Receiver) Handle(msg *message.Message) error {
 // and returns how many were new (the others were stored before).
 func (r *Receiver) Receive(ctx context.Context, msgs ...*message.Message) (int, error) {
 	if r.pool == nil {
-		return 0, fmt.Errorf("%w: Receive needs a Receiver made with a pool; use ReceiveTx", millrace.ErrConfig)
+		return 0, fmt.Errorf("%w: Receive needs a Receiver made with a pool; use ReceiveTx", core.ErrConfig)
 	}
 	if len(msgs) == 0 {
 		return 0, nil
@@ -160,7 +160,7 @@ func (r *Receiver) args(msgs []*message.Message) ([]any, error) {
 		if len(msg.Metadata) > 0 {
 			b, err := json.Marshal(msg.Metadata)
 			if err != nil {
-				return nil, millrace.Permanent(fmt.Errorf("inbox: message %q: metadata: %w", msg.UUID, err))
+				return nil, core.Permanent(fmt.Errorf("inbox: message %q: metadata: %w", msg.UUID, err))
 			}
 			metas[i] = string(b)
 		}

@@ -13,7 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/google/uuid"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
 )
 
@@ -64,7 +64,7 @@ func TestReceiverRefusalGoesToPoisonQueue(t *testing.T) {
 	nulHeader := message.NewMessage(uuid.NewString(), []byte(`{}`))
 	nulHeader.Metadata.Set("traceparent", "00-\x00")
 	good := message.NewMessage(uuid.NewString(), []byte(`{}`))
-	good.Metadata.Set(millrace.MetadataPartitionKey, "k")
+	good.Metadata.Set(core.MetadataPartitionKey, "k")
 	onBadTopic := message.NewMessage(uuid.NewString(), []byte(`{}`))
 	if err := pubsub.Publish("orders", nulHeader, good); err != nil {
 		t.Fatal(err)

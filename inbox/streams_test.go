@@ -13,7 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/internal/streamtest"
@@ -82,7 +82,7 @@ func relayToInbox(t *testing.T, topic string, pub message.Publisher, sub message
 	h := router.AddConsumerHandler("billing", topic, sub, func(msg *message.Message) error {
 		var body struct{ Seq int }
 		if err := json.Unmarshal(msg.Payload, &body); err != nil {
-			return millrace.Permanent(err)
+			return core.Permanent(err)
 		}
 		mu.Lock()
 		fail := body.Seq%7 == 0 && !failed[msg.UUID]
@@ -97,7 +97,7 @@ func relayToInbox(t *testing.T, topic string, pub message.Publisher, sub message
 			return errors.New("no tx")
 		}
 		_, err := tx.Exec(msg.Context(), `INSERT INTO `+ordered+` (event_id, key, seq) VALUES ($1, $2, $3)`,
-			msg.Metadata.Get(millrace.MetadataEventID), msg.Metadata.Get(millrace.MetadataPartitionKey), body.Seq)
+			msg.Metadata.Get(core.MetadataEventID), msg.Metadata.Get(core.MetadataPartitionKey), body.Seq)
 		return err
 	})
 	counting := func(next message.HandlerFunc) message.HandlerFunc {

@@ -6,7 +6,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/tracing"
 )
 
@@ -22,7 +22,7 @@ func traceDedup(msg *message.Message, consumer string, eventID uuid.UUID) func(e
 	orig := msg.Context()
 	ctx, span := tracing.Start(orig, "millrace.inbox.handle", trace.SpanKindConsumer, msg.Metadata,
 		attribute.String("millrace.consumer", consumer), attribute.String("millrace.event_id", eventID.String()),
-		attribute.String("millrace.partition_key", msg.Metadata.Get(millrace.MetadataPartitionKey)))
+		attribute.String("millrace.partition_key", msg.Metadata.Get(core.MetadataPartitionKey)))
 	msg.SetContext(ctx)
 	return func(err *error) {
 		msg.SetContext(orig)

@@ -8,7 +8,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 )
 
 // ErrUnstorable is returned by the Receiver for a message the inbox cannot
@@ -17,7 +17,7 @@ import (
 // text and jsonb columns, which refuse NUL and would turn invalid UTF-8
 // into U+FFFD; the payload is stored byte for byte whatever it holds. The
 // error names the message and the field, and always comes wrapped as
-// millrace.Permanent: retrying cannot help, so ShouldRetry stops and a
+// core.Permanent: retrying cannot help, so ShouldRetry stops and a
 // PoisonQueue takes the message. Nothing of the call is stored.
 var ErrUnstorable = errors.New("inbox: message cannot be stored unchanged")
 
@@ -37,7 +37,7 @@ func textProblem(s string) string {
 // text fields of msg cannot be stored unchanged.
 func checkStorable(msg *message.Message, topic, key string) error {
 	fail := func(what, s string, problem string) error {
-		return millrace.Permanent(fmt.Errorf("%w: message %q: %s %q %s", ErrUnstorable, msg.UUID, what, s, problem))
+		return core.Permanent(fmt.Errorf("%w: message %q: %s %q %s", ErrUnstorable, msg.UUID, what, s, problem))
 	}
 	if p := textProblem(key); p != "" {
 		return fail("partition key", key, p)
@@ -60,10 +60,10 @@ func checkStorable(msg *message.Message, topic, key string) error {
 // cannot hold, as a config error.
 func checkConsumer(field, name string) error {
 	if name == "" {
-		return fmt.Errorf("%w: %s is required", millrace.ErrConfig, field)
+		return fmt.Errorf("%w: %s is required", core.ErrConfig, field)
 	}
 	if p := textProblem(name); p != "" {
-		return fmt.Errorf("%w: %s %q %s", millrace.ErrConfig, field, name, p)
+		return fmt.Errorf("%w: %s %q %s", core.ErrConfig, field, name, p)
 	}
 	return nil
 }

@@ -8,7 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
 )
 
@@ -35,11 +35,11 @@ func FuzzReceiverKeepsTextOrRefusesIt(f *testing.F) {
 	ctx := context.Background()
 	f.Fuzz(func(t *testing.T, key, mdKey, mdValue string, payload []byte) {
 		m := message.NewMessage(uuid.NewString(), payload)
-		m.Metadata.Set(millrace.MetadataPartitionKey, key)
+		m.Metadata.Set(core.MetadataPartitionKey, key)
 		m.Metadata.Set(mdKey, mdValue)
 		n, err := r.Receive(ctx, m)
 		if err != nil {
-			if !errors.Is(err, inbox.ErrUnstorable) || !millrace.IsPermanent(err) {
+			if !errors.Is(err, inbox.ErrUnstorable) || !core.IsPermanent(err) {
 				t.Fatalf("Receive(key %q, %q: %q) = %v; want nil or a permanent ErrUnstorable", key, mdKey, mdValue, err)
 			}
 			if got := b.count(t, `SELECT count(*) FROM `+b.table("inbox_event")+` WHERE event_id = $1`, m.UUID); got != 0 {
@@ -58,7 +58,7 @@ func FuzzReceiverKeepsTextOrRefusesIt(f *testing.F) {
 		if err := b.db.Pool.QueryRow(ctx, `SELECT partition_key, payload, metadata FROM `+b.table("inbox_event")+` WHERE event_id = $1`, m.UUID).Scan(&gotKey, &gotPayload, &gotMD); err != nil {
 			t.Fatal(err)
 		}
-		if gotKey != m.Metadata.Get(millrace.MetadataPartitionKey) || string(gotPayload) != string(payload) || len(gotMD) != len(m.Metadata) {
+		if gotKey != m.Metadata.Get(core.MetadataPartitionKey) || string(gotPayload) != string(payload) || len(gotMD) != len(m.Metadata) {
 			t.Fatalf("stored key %q payload %x metadata %q; sent %q %x %q", gotKey, gotPayload, gotMD, key, payload, m.Metadata)
 		}
 		for k, v := range m.Metadata {

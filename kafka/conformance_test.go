@@ -6,7 +6,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/kafkatest"
 	"github.com/millrace/millrace/kafka"
 )
@@ -18,7 +18,7 @@ import (
 //   - unkeyed: plain Watermill messages, as any Watermill user sends them.
 //     The Publisher spreads records without a key over the partitions, so
 //     no order is claimed.
-//   - keyed: each message carries millrace.MetadataPartitionKey (its
+//   - keyed: each message carries core.MetadataPartitionKey (its
 //     payload, which is what the suite's order test groups by). A key's
 //     records go to one partition, in order: order is claimed, as Kafka
 //     gives it, per partition.
@@ -74,7 +74,7 @@ type keyedByPayload struct{ *kafka.Publisher }
 
 func (p keyedByPayload) Publish(topic string, msgs ...*message.Message) error {
 	for _, m := range msgs {
-		m.Metadata.Set(millrace.MetadataPartitionKey, string(m.Payload))
+		m.Metadata.Set(core.MetadataPartitionKey, string(m.Payload))
 	}
 	return p.Publisher.Publish(topic, msgs...)
 }

@@ -68,7 +68,7 @@
 // kgo.DisableIdempotentWrite (without idempotence a retried request can land
 // behind a later one: up to five requests are in flight per broker),
 // kgo.TransactionalID and kgo.ManualFlushing; errors wrap ErrInvalidConfig,
-// which is millrace.ErrConfig.
+// which is core.ErrConfig.
 //
 // Outages: a record waits for the brokers up to the delivery timeout (30 s,
 // DefaultDeliveryTimeout; kgo.RecordDeliveryTimeout changes it) and then
@@ -81,7 +81,7 @@
 //
 // Records use watermill-kafka's marshaling: the message UUID in the
 // "_watermill_message_uuid" header, metadata as headers, the payload as value
-// and the metadata millrace.MetadataPartitionKey as record key. Any
+// and the metadata core.MetadataPartitionKey as record key. Any
 // watermill-kafka Subscriber reads them:
 //
 //	sub, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{
@@ -153,9 +153,9 @@
 // # Errors
 //
 // Publish returns nil when every message was acknowledged. Otherwise it
-// returns a *millrace.BatchError that lists each failed message by UUID; the
+// returns a *core.BatchError that lists each failed message by UUID; the
 // messages it does not list were delivered. Each message error is marked
-// with millrace.Permanent when sending the same message again cannot succeed:
+// with core.Permanent when sending the same message again cannot succeed:
 //
 //   - larger than its topic takes (ErrMessageTooLarge), refused before
 //     sending or by the broker when alone in its batch;

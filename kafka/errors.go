@@ -9,7 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 )
 
 // batchKErrors are the broker's answers about a record batch or its topic
@@ -86,7 +86,7 @@ func (p *Publisher) classify(topic string, size int32, err error, refreshed func
 		// with a batch too large for the topic.
 		limit := refreshed()
 		if size > limit {
-			return millrace.Permanent(fmt.Errorf("%w: %d bytes, topic %s takes %d: %w", ErrMessageTooLarge, size, topic, limit, err))
+			return core.Permanent(fmt.Errorf("%w: %d bytes, topic %s takes %d: %w", ErrMessageTooLarge, size, topic, limit, err))
 		}
 		return suspectError{fmt.Errorf("%w: %w", ErrMessageTooLarge, err)}
 	}
@@ -100,7 +100,7 @@ func (p *Publisher) classify(topic string, size int32, err error, refreshed func
 			return temporary(err)
 		}
 		if topicKErrors[ke] {
-			return millrace.Permanent(err)
+			return core.Permanent(err)
 		}
 		if batchKErrors[ke] {
 			return suspectError{err}

@@ -9,7 +9,7 @@ import (
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/devbroker"
 	"github.com/millrace/millrace/kafka"
 )
@@ -32,8 +32,8 @@ func Example_publishAndReadBack() {
 	var msgs []*message.Message
 	for i, item := range []string{"tea", "milk", "bread"} {
 		m := message.NewMessage(fmt.Sprintf("0190c2a4-0000-7000-8000-00000000000%d", i), []byte(`{"item":"`+item+`"}`))
-		m.Metadata.Set(millrace.MetadataPartitionKey, "order-42")
-		m.Metadata.Set(millrace.MetadataEventType, "ItemAdded")
+		m.Metadata.Set(core.MetadataPartitionKey, "order-42")
+		m.Metadata.Set(core.MetadataEventType, "ItemAdded")
 		msgs = append(msgs, m)
 	}
 	if err := pub.Publish("orders", msgs...); err != nil {
@@ -59,7 +59,7 @@ func Example_publishAndReadBack() {
 	for range msgs {
 		m := <-ch
 		key, _ := wkafka.MessageKeyFromCtx(m.Context())
-		fmt.Printf("%s key=%s %s %s\n", m.UUID, key, m.Metadata.Get(millrace.MetadataEventType), m.Payload)
+		fmt.Printf("%s key=%s %s %s\n", m.UUID, key, m.Metadata.Get(core.MetadataEventType), m.Payload)
 		m.Ack()
 	}
 	// Output:

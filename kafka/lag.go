@@ -14,7 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 )
 
 // LagConfig configures a LagReader.
@@ -78,13 +78,13 @@ type LagReader struct {
 var ErrNoGroups = errors.New("kafka: no consumer groups")
 
 // NewLagReader returns a LagReader for cfg. Configuration errors wrap
-// millrace.ErrConfig.
+// core.ErrConfig.
 func NewLagReader(cfg LagConfig) (*LagReader, error) {
 	if len(cfg.Brokers) == 0 {
-		return nil, fmt.Errorf("%w: kafka: LagConfig.Brokers is required", millrace.ErrConfig)
+		return nil, fmt.Errorf("%w: kafka: LagConfig.Brokers is required", core.ErrConfig)
 	}
 	if cfg.StallAfter < 0 || cfg.Timeout < 0 {
-		return nil, fmt.Errorf("%w: kafka: LagConfig.StallAfter and Timeout must not be negative", millrace.ErrConfig)
+		return nil, fmt.Errorf("%w: kafka: LagConfig.StallAfter and Timeout must not be negative", core.ErrConfig)
 	}
 	if cfg.StallAfter == 0 {
 		cfg.StallAfter = time.Minute

@@ -11,7 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/kafkatest"
 	"github.com/millrace/millrace/kafka"
 )
@@ -137,10 +137,10 @@ func assigned(lags []kafka.PartitionLag, group string) bool {
 
 func TestLagReaderConfig(t *testing.T) {
 	t.Parallel()
-	if _, err := kafka.NewLagReader(kafka.LagConfig{}); !errors.Is(err, millrace.ErrConfig) {
+	if _, err := kafka.NewLagReader(kafka.LagConfig{}); !errors.Is(err, core.ErrConfig) {
 		t.Fatalf("no brokers: %v, want ErrConfig", err)
 	}
-	if _, err := kafka.NewLagReader(kafka.LagConfig{Brokers: []string{"127.0.0.1:1"}, StallAfter: -1}); !errors.Is(err, millrace.ErrConfig) {
+	if _, err := kafka.NewLagReader(kafka.LagConfig{Brokers: []string{"127.0.0.1:1"}, StallAfter: -1}); !errors.Is(err, core.ErrConfig) {
 		t.Fatalf("negative StallAfter: %v, want ErrConfig", err)
 	}
 }

@@ -15,7 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/devkafka"
 	"github.com/millrace/millrace/internal/kafkatest"
 	"github.com/millrace/millrace/kafka"
@@ -36,7 +36,7 @@ func newOrderChecker() *orderChecker {
 }
 
 func (c *orderChecker) add(m *message.Message) {
-	key := m.Metadata.Get(millrace.MetadataPartitionKey)
+	key := m.Metadata.Get(core.MetadataPartitionKey)
 	c.keyOf[m.UUID] = key
 	c.order[key] = append(c.order[key], m.UUID)
 }
@@ -137,7 +137,7 @@ func TestPublishKeepsKeyOrderUnderBrokerFaults(t *testing.T) {
 		call := pending[:min(callSize, len(pending))]
 		err := p.Publish(topic, call...)
 		failed := map[string]error{}
-		var be *millrace.BatchError
+		var be *core.BatchError
 		if err != nil && !errors.As(err, &be) {
 			t.Fatalf("Publish: %v, want nil or a BatchError", err)
 		}
@@ -148,7 +148,7 @@ func TestPublishKeepsKeyOrderUnderBrokerFaults(t *testing.T) {
 		}
 		var rest []*message.Message
 		for _, m := range call {
-			key := m.Metadata.Get(millrace.MetadataPartitionKey)
+			key := m.Metadata.Get(core.MetadataPartitionKey)
 			err, bad := failed[m.UUID]
 			switch {
 			case dead[key]:
@@ -157,7 +157,7 @@ func TestPublishKeepsKeyOrderUnderBrokerFaults(t *testing.T) {
 				}
 			case !bad:
 				delivered[m.UUID] = true
-			case millrace.IsPermanent(err):
+			case core.IsPermanent(err):
 				permanent++
 				dead[key] = true
 			default:
@@ -169,7 +169,7 @@ func TestPublishKeepsKeyOrderUnderBrokerFaults(t *testing.T) {
 			}
 		}
 		for _, m := range pending[len(call):] {
-			if !dead[m.Metadata.Get(millrace.MetadataPartitionKey)] {
+			if !dead[m.Metadata.Get(core.MetadataPartitionKey)] {
 				rest = append(rest, m)
 			}
 		}
@@ -209,11 +209,11 @@ func TestPublishRecordOverTopicLimitHoldsItsKey(t *testing.T) {
 	msgs = append(msgs[:3], append([]*message.Message{k1, k2}, append(msgs[3:6], append([]*message.Message{k3}, msgs[6:]...)...)...)...)
 
 	err := p.Publish(topic, msgs...)
-	var be *millrace.BatchError
+	var be *core.BatchError
 	if !errors.As(err, &be) || len(be.Errors) != 3 {
 		t.Fatalf("Publish: %v, want a BatchError naming the three messages of key k", err)
 	}
-	if be.Errors[0].UUID != k1.UUID || !errors.Is(be.Errors[0].Err, kafka.ErrMessageTooLarge) || !millrace.IsPermanent(be.Errors[0].Err) {
+	if be.Errors[0].UUID != k1.UUID || !errors.Is(be.Errors[0].Err, kafka.ErrMessageTooLarge) || !core.IsPermanent(be.Errors[0].Err) {
 		t.Fatalf("first failure %s: %v, want %s with a permanent ErrMessageTooLarge", be.Errors[0].UUID, be.Errors[0].Err, k1.UUID)
 	}
 	if !strings.Contains(be.Errors[0].Err.Error(), "700000") {
@@ -221,7 +221,7 @@ func TestPublishRecordOverTopicLimitHoldsItsKey(t *testing.T) {
 	}
 	for i, held := range []*message.Message{k2, k3} {
 		me := be.Errors[i+1]
-		if me.UUID != held.UUID || !errors.Is(me.Err, kafka.ErrHeldBack) || millrace.IsPermanent(me.Err) || !kafka.IsTemporary(me.Err) {
+		if me.UUID != held.UUID || !errors.Is(me.Err, kafka.ErrHeldBack) || core.IsPermanent(me.Err) || !kafka.IsTemporary(me.Err) {
 			t.Fatalf("failure %d: %s %v, want %s held back, temporary", i+1, me.UUID, me.Err, held.UUID)
 		}
 	}
@@ -325,16 +325,16 @@ func TestPublishRecordOverLoweredTopicLimitHoldsItsKey(t *testing.T) {
 	msgs = append(append(append(msgs, held[0]), others[8:]...), held[1])
 
 	err := p.Publish(topic, msgs...)
-	var be *millrace.BatchError
+	var be *core.BatchError
 	if !errors.As(err, &be) || len(be.Errors) != 3 {
 		t.Fatalf("Publish: %v, want a BatchError naming the three messages of key k", err)
 	}
-	if be.Errors[0].UUID != big.UUID || !errors.Is(be.Errors[0].Err, kafka.ErrMessageTooLarge) || !millrace.IsPermanent(be.Errors[0].Err) {
+	if be.Errors[0].UUID != big.UUID || !errors.Is(be.Errors[0].Err, kafka.ErrMessageTooLarge) || !core.IsPermanent(be.Errors[0].Err) {
 		t.Fatalf("first failure %s: %v, want %s with a permanent ErrMessageTooLarge", be.Errors[0].UUID, be.Errors[0].Err, big.UUID)
 	}
 	for i, m := range held {
 		me := be.Errors[i+1]
-		if me.UUID != m.UUID || !kafka.IsTemporary(me.Err) || millrace.IsPermanent(me.Err) {
+		if me.UUID != m.UUID || !kafka.IsTemporary(me.Err) || core.IsPermanent(me.Err) {
 			t.Fatalf("failure %d: %s %v, want %s held back, temporary", i+1, me.UUID, me.Err, m.UUID)
 		}
 	}
@@ -363,12 +363,12 @@ func TestPublishInvalidTopicIsPermanent(t *testing.T) {
 		msgs = append(msgs, newMessage(i, "k"+strconv.Itoa(i%5)))
 	}
 	err := publishWithin(t, 10*time.Second, p, kafkatest.Topic(), msgs...)
-	var be *millrace.BatchError
+	var be *core.BatchError
 	if !errors.As(err, &be) || len(be.Errors) != len(msgs) {
 		t.Fatalf("Publish: %v, want a BatchError naming all %d messages", err, len(msgs))
 	}
 	for _, me := range be.Errors {
-		if !millrace.IsPermanent(me.Err) || !errors.Is(me.Err, kerr.InvalidTopicException) {
+		if !core.IsPermanent(me.Err) || !errors.Is(me.Err, kerr.InvalidTopicException) {
 			t.Fatalf("message %s: %v, want a permanent INVALID_TOPIC_EXCEPTION", me.UUID, me.Err)
 		}
 	}
@@ -502,7 +502,7 @@ func TestPublishFirstBatchToNewTopicRefused(t *testing.T) {
 		armed = true
 		mu.Unlock()
 		err := publishWithin(t, 30*time.Second, p, topic, msgs...)
-		var be *millrace.BatchError
+		var be *core.BatchError
 		if err != nil && !errors.As(err, &be) {
 			t.Fatalf("round %d: Publish: %v, want nil or a BatchError", round, err)
 		}
@@ -514,7 +514,7 @@ func TestPublishFirstBatchToNewTopicRefused(t *testing.T) {
 		}
 		held := map[string]bool{}
 		for _, m := range msgs {
-			key := m.Metadata.Get(millrace.MetadataPartitionKey)
+			key := m.Metadata.Get(core.MetadataPartitionKey)
 			if failed[m.UUID] {
 				held[key] = true
 			} else if held[key] {

@@ -17,16 +17,16 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/logging"
 )
 
 // Errors returned by NewPublisher and Publish. Test for them with errors.Is.
 var (
 	// ErrInvalidConfig is returned by NewPublisher for a configuration it
-	// cannot work with. It is millrace.ErrConfig, so errors.Is matches
+	// cannot work with. It is core.ErrConfig, so errors.Is matches
 	// either.
-	ErrInvalidConfig = millrace.ErrConfig
+	ErrInvalidConfig = core.ErrConfig
 	// ErrClosed is the error of every message published after Close. It is
 	// temporary.
 	ErrClosed = errors.New("kafka: publisher closed")
@@ -88,7 +88,7 @@ type PublisherConfig struct {
 	// Marshaler turns a Watermill message into a Kafka record; the
 	// ProducerMessage's key, value, headers and timestamp are sent.
 	// Defaults to watermill-kafka's partitioning marshaler keyed by the
-	// message metadata millrace.MetadataPartitionKey: the record carries the
+	// message metadata core.MetadataPartitionKey: the record carries the
 	// message UUID in the "_watermill_message_uuid" header, the metadata as
 	// headers, the payload as value and the partition key as key (an empty
 	// key when the metadata is missing), so watermill-kafka's Subscriber
@@ -98,14 +98,14 @@ type PublisherConfig struct {
 
 // DefaultMarshaler returns the marshaler a Publisher uses when
 // PublisherConfig.Marshaler is nil: watermill-kafka's partitioning marshaler
-// with the record key taken from millrace.MetadataPartitionKey. It also
+// with the record key taken from core.MetadataPartitionKey. It also
 // unmarshals, for a watermill-kafka Subscriber.
 func DefaultMarshaler() wkafka.MarshalerUnmarshaler {
 	return wkafka.NewWithPartitioningMarshaler(partitionKeyFromMetadata)
 }
 
 func partitionKeyFromMetadata(_ string, msg *message.Message) (string, error) {
-	return msg.Metadata.Get(millrace.MetadataPartitionKey), nil
+	return msg.Metadata.Get(core.MetadataPartitionKey), nil
 }
 
 // Publisher is a Watermill message.Publisher that sends all the messages of
@@ -113,11 +113,11 @@ func partitionKeyFromMetadata(_ string, msg *message.Message) (string, error) {
 // waits for the brokers' acknowledgement of each. It is safe for concurrent
 // use; Publish calls go out one after another.
 //
-// When some messages of a batch fail, Publish returns a *millrace.BatchError
+// When some messages of a batch fail, Publish returns a *core.BatchError
 // naming each failed message by its UUID; the others were delivered. A
 // message of a partition key is never stored after an earlier message of
 // that key in the same call failed. Errors that retrying will not fix are
-// marked with millrace.Permanent, errors that retrying will fix report
+// marked with core.Permanent, errors that retrying will fix report
 // Temporary() == true (the lists are in the package documentation).
 type Publisher struct {
 	brokers   []string
@@ -270,7 +270,7 @@ func fnv32a(b []byte) uint32 {
 // Publish sends msgs to topic as one batch and returns when every message is
 // acknowledged or has failed. Records of one partition key keep the order of
 // msgs, and none is stored after an earlier one of its key failed. It
-// returns nil when all were delivered, else a *millrace.BatchError listing
+// returns nil when all were delivered, else a *core.BatchError listing
 // every failed message by UUID (the others were delivered), each error
 // marked permanent when retrying will not fix it. After Close, every message
 // fails with ErrClosed.
@@ -285,7 +285,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 // messages are as in Publish: a key's records keep their order and none
 // is stored after an earlier one of its key failed (a key is one per
 // topic: the same key in two topics is two keys). The error is a
-// *millrace.BatchError listing every failed message of every topic, or
+// *core.BatchError listing every failed message of every topic, or
 // nil. outbox.Relay uses it for a batch that holds several topics.
 func (p *Publisher) PublishTopics(byTopic map[string][]*message.Message) error {
 	topics := make([]string, 0, len(byTopic))
@@ -342,7 +342,7 @@ type outcome struct {
 func (p *Publisher) publish(batches []topicBatch, all []*message.Message) error {
 	out := make([]outcome, len(all))
 	// A key with a failed message holds its later messages of this call
-	// back, so they cannot overtake it (millrace.BatchError's contract).
+	// back, so they cannot overtake it (core.BatchError's contract).
 	// Keys are per topic: topicKey.
 	failedKeys := map[string]bool{}
 	hold := func(i int, key string, err error) {
@@ -372,15 +372,15 @@ func (p *Publisher) publish(batches []topicBatch, all []*message.Message) error 
 		for _, msg := range batches[b].msgs {
 			pm, err := p.marshaler.Marshal(topic, msg)
 			if err != nil {
-				hold(i, topicKey(topic, msg.Metadata.Get(millrace.MetadataPartitionKey)),
-					millrace.Permanent(fmt.Errorf("%w %s: %w", ErrMarshal, msg.UUID, err)))
+				hold(i, topicKey(topic, msg.Metadata.Get(core.MetadataPartitionKey)),
+					core.Permanent(fmt.Errorf("%w %s: %w", ErrMarshal, msg.UUID, err)))
 				i++
 				continue
 			}
 			rec, err := toRecord(topic, pm)
 			if err != nil {
-				hold(i, topicKey(topic, msg.Metadata.Get(millrace.MetadataPartitionKey)),
-					millrace.Permanent(fmt.Errorf("%w %s: %w", ErrMarshal, msg.UUID, err)))
+				hold(i, topicKey(topic, msg.Metadata.Get(core.MetadataPartitionKey)),
+					core.Permanent(fmt.Errorf("%w %s: %w", ErrMarshal, msg.UUID, err)))
 				i++
 				continue
 			}
@@ -391,7 +391,7 @@ func (p *Publisher) publish(batches []topicBatch, all []*message.Message) error 
 			case failedKeys[key]:
 				out[i].err = temporary(fmt.Errorf("%w: message %s", ErrHeldBack, msg.UUID))
 			case out[i].size > limit:
-				hold(i, key, millrace.Permanent(fmt.Errorf("%w: message %s needs %d bytes, topic %s takes %d",
+				hold(i, key, core.Permanent(fmt.Errorf("%w: message %s needs %d bytes, topic %s takes %d",
 					ErrMessageTooLarge, msg.UUID, out[i].size, topic, limit)))
 			default:
 				if len(round) >= p.chunk || p.chunkBytes > 0 && roundBytes+int64(out[i].size) > p.chunkBytes {
@@ -412,10 +412,10 @@ func (p *Publisher) publish(batches []topicBatch, all []*message.Message) error 
 		p.isolate(b.topic, b.msgs, b.out)
 	}
 
-	var failed []millrace.MessageError
+	var failed []core.MessageError
 	for i, o := range out {
 		if o.err != nil {
-			failed = append(failed, millrace.MessageError{UUID: all[i].UUID, Err: o.err})
+			failed = append(failed, core.MessageError{UUID: all[i].UUID, Err: o.err})
 		}
 	}
 	if len(failed) == 0 {
@@ -436,7 +436,7 @@ func (p *Publisher) publish(batches []topicBatch, all []*message.Message) error 
 			"topic": b.topic, "messages": len(b.msgs), "failed": n,
 		})
 	}
-	return &millrace.BatchError{Errors: failed}
+	return &core.BatchError{Errors: failed}
 }
 
 // topicKey is a partition key of a topic: keys of different topics are
@@ -629,7 +629,7 @@ func (p *Publisher) isolate(topic string, msgs []*message.Message, out []outcome
 		for _, i := range round {
 			if err := out[i].err; err != nil {
 				if errors.Is(err, errSuspect) { // alone, so it is the one at fault
-					out[i].err = millrace.Permanent(errors.Unwrap(err))
+					out[i].err = core.Permanent(errors.Unwrap(err))
 				}
 				failedKeys[string(out[i].rec.Key)] = true
 			}
@@ -645,7 +645,7 @@ func (p *Publisher) isolate(topic string, msgs []*message.Message, out []outcome
 func (p *Publisher) checkOrder(topic string, msgs []*message.Message, out []outcome) {
 	failed := map[string]bool{}
 	for i, o := range out {
-		key := msgs[i].Metadata.Get(millrace.MetadataPartitionKey)
+		key := msgs[i].Metadata.Get(core.MetadataPartitionKey)
 		if o.rec != nil {
 			key = string(o.rec.Key)
 		}
@@ -704,11 +704,11 @@ func (p *Publisher) Close() error {
 const closeGrace = 10 * time.Second
 
 func failAll(msgs []*message.Message, err error) error {
-	failed := make([]millrace.MessageError, len(msgs))
+	failed := make([]core.MessageError, len(msgs))
 	for i, m := range msgs {
-		failed[i] = millrace.MessageError{UUID: m.UUID, Err: temporary(err)}
+		failed[i] = core.MessageError{UUID: m.UUID, Err: temporary(err)}
 	}
-	return &millrace.BatchError{Errors: failed}
+	return &core.BatchError{Errors: failed}
 }
 
 // toRecord turns the marshaler's sarama message into a franz-go record with

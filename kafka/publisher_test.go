@@ -17,7 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/goleak"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/devkafka"
 	"github.com/millrace/millrace/internal/kafkatest"
 	"github.com/millrace/millrace/internal/leaktest"
@@ -74,8 +74,8 @@ func readBack(t *testing.T, brokers []string, topic string, n int) []received {
 
 func newMessage(i int, key string) *message.Message {
 	m := message.NewMessage(fmt.Sprintf("00000000-0000-4000-8000-%012d", i), []byte(`{"n":`+strconv.Itoa(i)+`}`))
-	m.Metadata.Set(millrace.MetadataPartitionKey, key)
-	m.Metadata.Set(millrace.MetadataEventType, "Numbered")
+	m.Metadata.Set(core.MetadataPartitionKey, key)
+	m.Metadata.Set(core.MetadataEventType, "Numbered")
 	m.Metadata.Set("seq", strconv.Itoa(i))
 	return m
 }
@@ -126,7 +126,7 @@ func TestPublishBatchReadBack(t *testing.T) {
 				t.Fatalf("message %s: metadata %s=%q, want %q", r.msg.UUID, k, r.msg.Metadata.Get(k), v)
 			}
 		}
-		key := want.Metadata.Get(millrace.MetadataPartitionKey)
+		key := want.Metadata.Get(core.MetadataPartitionKey)
 		if r.key != key {
 			t.Fatalf("message %s: record key %q, want %q", r.msg.UUID, r.key, key)
 		}
@@ -157,21 +157,21 @@ func TestPublishTooLargeMessageFailsAndHoldsItsKey(t *testing.T) {
 	big.Payload = make([]byte, 20_000)
 
 	err := p.Publish(topic, msgs...)
-	var be *millrace.BatchError
+	var be *core.BatchError
 	if !errors.As(err, &be) {
-		t.Fatalf("Publish: %v, want a *millrace.BatchError", err)
+		t.Fatalf("Publish: %v, want a *core.BatchError", err)
 	}
 	held := msgs[8] // the next message of big's key, k2
 	if len(be.Errors) != 2 || be.Errors[0].UUID != big.UUID || be.Errors[1].UUID != held.UUID {
 		t.Fatalf("failed messages %+v, want %s then %s", be.Errors, big.UUID, held.UUID)
 	}
-	if !millrace.IsPermanent(be.Errors[0].Err) || !millrace.IsPermanent(err) {
+	if !core.IsPermanent(be.Errors[0].Err) || !core.IsPermanent(err) {
 		t.Fatalf("error %v is not permanent", be.Errors[0].Err)
 	}
 	if !errors.Is(be.Errors[0].Err, kafka.ErrMessageTooLarge) {
 		t.Fatalf("error %v does not match ErrMessageTooLarge", err)
 	}
-	if !errors.Is(be.Errors[1].Err, kafka.ErrHeldBack) || millrace.IsPermanent(be.Errors[1].Err) {
+	if !errors.Is(be.Errors[1].Err, kafka.ErrHeldBack) || core.IsPermanent(be.Errors[1].Err) {
 		t.Fatalf("held message error %v: want a temporary ErrHeldBack", be.Errors[1].Err)
 	}
 
@@ -195,11 +195,11 @@ func TestPublishMarshalErrorFailsAlone(t *testing.T) {
 	msgs := []*message.Message{newMessage(1, "a"), newMessage(2, "a"), newMessage(3, "a"), newMessage(4, "b")}
 	msgs[1].Metadata.Set(wkafka.UUIDHeaderKey, "reserved")
 	err := p.Publish(topic, msgs...)
-	var be *millrace.BatchError
+	var be *core.BatchError
 	if !errors.As(err, &be) || len(be.Errors) != 2 || be.Errors[0].UUID != msgs[1].UUID || be.Errors[1].UUID != msgs[2].UUID {
 		t.Fatalf("Publish: %v, want a BatchError naming %s and the message held behind it, %s", err, msgs[1].UUID, msgs[2].UUID)
 	}
-	if !errors.Is(be.Errors[0].Err, kafka.ErrMarshal) || !millrace.IsPermanent(be.Errors[0].Err) {
+	if !errors.Is(be.Errors[0].Err, kafka.ErrMarshal) || !core.IsPermanent(be.Errors[0].Err) {
 		t.Fatalf("error %v: want a permanent ErrMarshal", be.Errors[0].Err)
 	}
 	if !errors.Is(be.Errors[1].Err, kafka.ErrHeldBack) {
@@ -252,11 +252,11 @@ func TestPublishBrokerDownFailsEveryMessageRetryably(t *testing.T) {
 	start := time.Now()
 	err := publishWithin(t, 30*time.Second, p, topic, msgs...)
 	t.Logf("Publish with the broker down returned after %s: %v", time.Since(start).Round(time.Millisecond), err)
-	var be *millrace.BatchError
+	var be *core.BatchError
 	if !errors.As(err, &be) {
-		t.Fatalf("Publish: %v, want a *millrace.BatchError", err)
+		t.Fatalf("Publish: %v, want a *core.BatchError", err)
 	}
-	if millrace.IsPermanent(err) {
+	if core.IsPermanent(err) {
 		t.Fatalf("error %v is permanent; a broker outage is not", err)
 	}
 	failed := map[string]bool{}
@@ -287,7 +287,7 @@ func TestPublishBrokerDownFailsEveryMessageRetryably(t *testing.T) {
 			t.Logf("all delivered %s after the restart, in %d attempts", time.Since(start).Round(time.Millisecond), attempt)
 			break
 		}
-		if !errors.As(err, &be) || millrace.IsPermanent(err) {
+		if !errors.As(err, &be) || core.IsPermanent(err) {
 			t.Fatalf("Publish after the restart: %v, want a retryable BatchError", err)
 		}
 		if time.Since(start) > 7*time.Second {
@@ -349,8 +349,8 @@ func TestNewPublisherValidates(t *testing.T) {
 		"manual flushing":        {Brokers: []string{"127.0.0.1:1"}, ClientOptions: []kgo.Opt{kgo.ManualFlushing()}},
 	} {
 		_, err := kafka.NewPublisher(cfg, nil)
-		if !errors.Is(err, kafka.ErrInvalidConfig) || !errors.Is(err, millrace.ErrConfig) {
-			t.Errorf("%s: NewPublisher error %v, want ErrInvalidConfig and millrace.ErrConfig", name, err)
+		if !errors.Is(err, kafka.ErrInvalidConfig) || !errors.Is(err, core.ErrConfig) {
+			t.Errorf("%s: NewPublisher error %v, want ErrInvalidConfig and core.ErrConfig", name, err)
 		}
 	}
 	// The error says which setting and why.
@@ -374,11 +374,11 @@ func TestPublishAfterClose(t *testing.T) {
 	}
 	m := newMessage(1, "a")
 	err = p.Publish(kafkatest.Topic(), m)
-	var be *millrace.BatchError
+	var be *core.BatchError
 	if !errors.As(err, &be) || len(be.Errors) != 1 || be.Errors[0].UUID != m.UUID {
 		t.Fatalf("Publish after Close: %v, want a BatchError naming %s", err, m.UUID)
 	}
-	if !errors.Is(err, kafka.ErrClosed) || millrace.IsPermanent(err) {
+	if !errors.Is(err, kafka.ErrClosed) || core.IsPermanent(err) {
 		t.Fatalf("Publish after Close: %v, want a non-permanent ErrClosed", err)
 	}
 }
@@ -446,7 +446,7 @@ func TestCloseWhilePublishing(t *testing.T) {
 					delivered.Add(size)
 					continue
 				}
-				var be *millrace.BatchError
+				var be *core.BatchError
 				if !errors.As(err, &be) || len(be.Errors) == 0 || len(be.Errors) > size {
 					errs <- fmt.Errorf("Publish: %v, want nil or a BatchError naming some of the %d messages", err, size)
 					return
@@ -550,8 +550,8 @@ func TestPublishAfterBrokerLostTheTopicID(t *testing.T) {
 			t.Logf("delivered %s after the restart, in %d attempts", time.Since(start).Round(time.Millisecond), attempt)
 			break
 		}
-		var be *millrace.BatchError
-		if !errors.As(err, &be) || millrace.IsPermanent(err) {
+		var be *core.BatchError
+		if !errors.As(err, &be) || core.IsPermanent(err) {
 			t.Fatalf("Publish after the restart: %v, want a retryable BatchError", err)
 		}
 		if time.Since(start) > 10*time.Second {

@@ -10,7 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/kafkatest"
 	"github.com/millrace/millrace/kafka"
 )
@@ -63,11 +63,11 @@ func TestPublishTopicsOneRoundKeysPerTopic(t *testing.T) {
 		byTopic[many] = append(byTopic[many], newMessage(30+i, string(rune('a'+i%5))))
 	}
 	err := p.PublishTopics(byTopic)
-	var be *millrace.BatchError
+	var be *core.BatchError
 	if !errors.As(err, &be) || len(be.Errors) != 2 {
 		t.Fatalf("PublishTopics: %v, want a BatchError naming the two messages of key k in %s", err, limited)
 	}
-	if be.Errors[0].UUID != k1.UUID || !errors.Is(be.Errors[0].Err, kafka.ErrMessageTooLarge) || !millrace.IsPermanent(be.Errors[0].Err) {
+	if be.Errors[0].UUID != k1.UUID || !errors.Is(be.Errors[0].Err, kafka.ErrMessageTooLarge) || !core.IsPermanent(be.Errors[0].Err) {
 		t.Fatalf("first failure %s: %v, want %s with a permanent ErrMessageTooLarge", be.Errors[0].UUID, be.Errors[0].Err, k1.UUID)
 	}
 	if me := be.Errors[1]; me.UUID != k2.UUID || !errors.Is(me.Err, kafka.ErrHeldBack) || !kafka.IsTemporary(me.Err) {

@@ -905,7 +905,7 @@ func MessageTimestampFromCtx(ctx context.Context) (time.Time, bool) {
 
 // MessageKeyFromCtx returns the record key of a message a Subscriber (or
 // watermill-kafka's subscriber) delivered: for what Publisher writes, the
-// message's millrace.MetadataPartitionKey.
+// message's core.MetadataPartitionKey.
 func MessageKeyFromCtx(ctx context.Context) ([]byte, bool) {
 	if r, ok := recordFromCtx(ctx); ok {
 		return r.Key, true

@@ -8,7 +8,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/devbroker"
 	"github.com/millrace/millrace/kafka"
 )
@@ -30,7 +30,7 @@ func Example_subscribeBatch() {
 	var msgs []*message.Message
 	for i, item := range []string{"tea", "milk", "bread"} {
 		m := message.NewMessage(fmt.Sprintf("0190c2a4-0000-7000-8000-00000000000%d", i), []byte(`{"item":"`+item+`"}`))
-		m.Metadata.Set(millrace.MetadataPartitionKey, "order-42")
+		m.Metadata.Set(core.MetadataPartitionKey, "order-42")
 		msgs = append(msgs, m)
 	}
 	if err := pub.Publish("orders", msgs...); err != nil {

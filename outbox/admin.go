@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/sqlident"
 )
 
@@ -202,8 +202,8 @@ type DeadLetter struct {
 	Metadata      map[string]string
 }
 
-// ListParams selects dead letters; see millrace.ListParams.
-type ListParams = millrace.ListParams
+// ListParams selects dead letters; see core.ListParams.
+type ListParams = core.ListParams
 
 // ListDeadLetters returns dead letters in row id order.
 func (a *Admin) ListDeadLetters(ctx context.Context, p ListParams) ([]DeadLetter, error) {

@@ -4,14 +4,14 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/bulk"
 )
 
 // DeadLetterQuery selects dead letters for a bulk requeue or discard
 // (Admin.DryRunDeadLetters, RequeueMatching, DiscardMatching); see
-// millrace.DeadLetterQuery.
-type DeadLetterQuery = millrace.DeadLetterQuery
+// core.DeadLetterQuery.
+type DeadLetterQuery = core.DeadLetterQuery
 
 // DeadLetterDryRun is what a bulk action on a DeadLetterQuery would act on.
 type DeadLetterDryRun struct {

@@ -19,7 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/childtest"
 	"github.com/millrace/millrace/internal/kafkatest"
 	"github.com/millrace/millrace/internal/pgtest"
@@ -216,7 +216,7 @@ func TestCDCDeadLetterHoldsItsKeyAndRequeues(t *testing.T) {
 	var healed atomic.Bool
 	rec := &recorder{batchErrors: true, fail: func(m *message.Message) error {
 		if m.UUID == poison && !healed.Load() {
-			return millrace.Permanent(errors.New("poison"))
+			return core.Permanent(errors.New("poison"))
 		}
 		return nil
 	}}
@@ -252,7 +252,7 @@ func TestCDCDeadLetterHoldsItsKeyAndRequeues(t *testing.T) {
 	eventually(t, 30*time.Second, "the dead letter and its key published", func() bool { return len(rec.ids()) == 200 })
 	var key2 []string
 	for _, m := range rec.snapshot() {
-		if m.Metadata.Get(millrace.MetadataPartitionKey) == "key-2" {
+		if m.Metadata.Get(core.MetadataPartitionKey) == "key-2" {
 			key2 = append(key2, m.UUID)
 		}
 	}

@@ -43,7 +43,7 @@
 // Code written against Watermill writes to the outbox through
 // Writer.TxPublisher (bound to one transaction) or Writer.ContextPublisher
 // (the transaction travels in the message context, see
-// millrace.ContextWithTx; the inbox middleware puts its transaction there).
+// core.ContextWithTx; the inbox middleware puts its transaction there).
 // Plain Watermill messages work, including those of Watermill's CQRS event
 // bus: a message with partition_key (else aggregate_id) metadata is ordered
 // by that key; one without is keyed by its UUID, a key of its own, and so
@@ -112,7 +112,7 @@
 // becomes of an event that fails while others go out depends on what its
 // publisher says of the error:
 //
-//   - permanent (millrace.Permanent: too large, invalid, a topic Kafka
+//   - permanent (core.Permanent: too large, invalid, a topic Kafka
 //     refuses): dead-lettered at once, with its reason;
 //   - temporary (an error with a Temporary() bool method returning true, as
 //     kafka.Publisher reports a broker or partition away, a timeout or a
@@ -127,10 +127,10 @@
 //
 // How a failure is told apart from an outage: a batch in which every event
 // failed with an error not marked permanent counts as an outage. So does a
-// publisher that fails whole calls (no *millrace.BatchError) when, sending
+// publisher that fails whole calls (no *core.BatchError) when, sending
 // the batch one message at a time to find the one at fault, the relay meets
 // a failure that is not permanent: it stops there, keeps what went out, and
-// backs off. A *millrace.BatchError naming a message the call did not hold
+// backs off. A *core.BatchError naming a message the call did not hold
 // fails the whole call: the relay cannot tell what was delivered. An event
 // that fails alone with an error its publisher does not mark permanent
 // waits as in an outage instead of being dead-lettered; millrace's Kafka

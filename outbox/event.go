@@ -10,7 +10,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 )
 
 // Lanes is the number of lanes the partition keys are hashed into. A relay
@@ -85,8 +85,8 @@ type Event struct {
 var (
 	ErrMissingTopic      = errors.New("outbox: event has no topic")
 	ErrEmptyPartitionKey = errors.New("outbox: event has an empty partition key")
-	// ErrInvalidEventID is millrace.ErrInvalidEventID, shared with the inbox.
-	ErrInvalidEventID = millrace.ErrInvalidEventID
+	// ErrInvalidEventID is core.ErrInvalidEventID, shared with the inbox.
+	ErrInvalidEventID = core.ErrInvalidEventID
 	ErrInvalidJSON    = errors.New("outbox: payload is not valid JSON in UTF-8 (set Binary for opaque payloads)")
 	// ErrInvalidText: a text field holds a NUL byte or invalid UTF-8.
 	ErrInvalidText = errors.New("outbox: text holds NUL or invalid UTF-8")
@@ -187,19 +187,19 @@ func (e *Event) checkMetadata() error {
 	if len(e.Metadata) == 0 {
 		return nil
 	}
-	contentType := millrace.ContentTypeJSON
+	contentType := core.ContentTypeJSON
 	if e.Binary {
-		contentType = millrace.ContentTypeBinary
+		contentType = core.ContentTypeBinary
 	}
 	for _, r := range [...]struct {
 		key, value string
 		always     bool // the relay sets it even when value is empty
 	}{
-		{millrace.MetadataEventID, e.ID, true},
-		{millrace.MetadataPartitionKey, e.PartitionKey, true},
-		{millrace.MetadataEventType, e.EventType, false},
-		{millrace.MetadataAggregateType, e.AggregateType, false},
-		{millrace.MetadataAggregateID, e.AggregateID, false},
+		{core.MetadataEventID, e.ID, true},
+		{core.MetadataPartitionKey, e.PartitionKey, true},
+		{core.MetadataEventType, e.EventType, false},
+		{core.MetadataAggregateType, e.AggregateType, false},
+		{core.MetadataAggregateID, e.AggregateID, false},
 	} {
 		v, ok := e.Metadata[r.key]
 		if ok && v != r.value && (r.always || r.value != "") {
@@ -209,9 +209,9 @@ func (e *Event) checkMetadata() error {
 	// A content type of the user's own (text/plain, a schema-registry
 	// type) travels as given; only the two millrace types must match how
 	// the payload is stored.
-	if v, ok := e.Metadata[millrace.MetadataContentType]; ok && v != contentType &&
-		(v == millrace.ContentTypeJSON || v == millrace.ContentTypeBinary) {
-		return fmt.Errorf("%w: %s is %q, but the payload is stored as %s", ErrInvalidMetadata, millrace.MetadataContentType, v, contentType)
+	if v, ok := e.Metadata[core.MetadataContentType]; ok && v != contentType &&
+		(v == core.ContentTypeJSON || v == core.ContentTypeBinary) {
+		return fmt.Errorf("%w: %s is %q, but the payload is stored as %s", ErrInvalidMetadata, core.MetadataContentType, v, contentType)
 	}
 	return nil
 }

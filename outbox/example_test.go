@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/devbroker"
 	"github.com/millrace/millrace/kafka"
 	"github.com/millrace/millrace/migrations"
@@ -110,7 +110,7 @@ func Example_relay() {
 		msg.Ack()
 		key, _ := wkafka.MessageKeyFromCtx(msg.Context())
 		fmt.Println("event id:", msg.UUID)
-		fmt.Println("type:", msg.Metadata.Get(millrace.MetadataEventType), "key:", string(key))
+		fmt.Println("type:", msg.Metadata.Get(core.MetadataEventType), "key:", string(key))
 		fmt.Println("payload:", string(msg.Payload))
 	case <-time.After(30 * time.Second):
 		fmt.Println("timed out")
@@ -126,7 +126,7 @@ func Example_relay() {
 type failingPublisher struct{}
 
 func (failingPublisher) Publish(string, ...*message.Message) error {
-	return millrace.Permanent(errors.New("message too large"))
+	return core.Permanent(errors.New("message too large"))
 }
 func (failingPublisher) Close() error { return nil }
 

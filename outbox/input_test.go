@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/kafka"
 	"github.com/millrace/millrace/outbox"
@@ -74,9 +74,9 @@ func TestWriteRefusesNULAndInvalidUTF8(t *testing.T) {
 		"bad UTF-8 metadata value": {func(e *outbox.Event) { e.Metadata = map[string]string{"trace": "\xff"} }, outbox.ErrInvalidMetadata},
 		"bad UTF-8 metadata key":   {func(e *outbox.Event) { e.Metadata = map[string]string{"\xff": "x"} }, outbox.ErrInvalidMetadata},
 		"empty metadata key":       {func(e *outbox.Event) { e.Metadata = map[string]string{"": "x"} }, outbox.ErrInvalidMetadata},
-		"metadata key disagrees":   {func(e *outbox.Event) { e.Metadata = map[string]string{millrace.MetadataPartitionKey: "other"} }, outbox.ErrInvalidMetadata},
+		"metadata key disagrees":   {func(e *outbox.Event) { e.Metadata = map[string]string{core.MetadataPartitionKey: "other"} }, outbox.ErrInvalidMetadata},
 		"content type disagrees": {func(e *outbox.Event) {
-			e.Metadata = map[string]string{millrace.MetadataContentType: millrace.ContentTypeBinary}
+			e.Metadata = map[string]string{core.MetadataContentType: core.ContentTypeBinary}
 		}, outbox.ErrInvalidMetadata},
 		"JSON in bad UTF-8": {func(e *outbox.Event) { e.Payload = []byte("{\"a\":\"\xff\"}") }, outbox.ErrInvalidJSON},
 		"raw NUL in JSON":   {func(e *outbox.Event) { e.Payload = []byte("{\"a\":\"\x00\"}") }, outbox.ErrInvalidJSON},
@@ -185,8 +185,8 @@ func TestPayloadAndMetadataTravelByteForByte(t *testing.T) {
 					t.Fatalf("%s: metadata %q = %q arrived as %q", when, k, v, got)
 				}
 			}
-			if m.Metadata.Get(millrace.MetadataContentType) != millrace.ContentTypeJSON {
-				t.Fatalf("%s: content type %q", when, m.Metadata.Get(millrace.MetadataContentType))
+			if m.Metadata.Get(core.MetadataContentType) != core.ContentTypeJSON {
+				t.Fatalf("%s: content type %q", when, m.Metadata.Get(core.MetadataContentType))
 			}
 		}
 	}
@@ -225,7 +225,7 @@ func TestSameMessageToTwoTopics(t *testing.T) {
 	db := pgtest.New(t)
 	w := newWriter(t, db)
 	msg := message.NewMessage(watermill.NewUUID(), []byte(`{"n":1}`))
-	msg.Metadata.Set(millrace.MetadataPartitionKey, "k")
+	msg.Metadata.Set(core.MetadataPartitionKey, "k")
 	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
 		p := w.TxPublisher(tx)
 		if err := p.Publish("orders", msg); err != nil {
@@ -315,7 +315,7 @@ func TestPublisherAcceptsPlainWatermillMessages(t *testing.T) {
 	plainText := message.NewMessage(watermill.NewUUID(), []byte("hello, not JSON \xff\x00"))
 	plainText.Metadata.Set("foo", "bar")
 	typed := message.NewMessage(watermill.NewUUID(), []byte(`plain text`))
-	typed.Metadata.Set(millrace.MetadataContentType, "text/plain")
+	typed.Metadata.Set(core.MetadataContentType, "text/plain")
 	cqrsMsg, err := cqrs.JSONMarshaler{}.Marshal(&struct{ Name string }{Name: "Ada"})
 	if err != nil {
 		t.Fatal(err)
@@ -343,22 +343,22 @@ func TestPublisherAcceptsPlainWatermillMessages(t *testing.T) {
 				t.Fatalf("metadata %q = %q arrived as %q", k, v, m.Metadata.Get(k))
 			}
 		}
-		if key := m.Metadata.Get(millrace.MetadataPartitionKey); key != s.UUID {
+		if key := m.Metadata.Get(core.MetadataPartitionKey); key != s.UUID {
 			t.Fatalf("message without a key published with key %q, want its UUID", key)
 		}
 	}
-	if ct := got[plainText.UUID].Metadata.Get(millrace.MetadataContentType); ct != millrace.ContentTypeBinary {
+	if ct := got[plainText.UUID].Metadata.Get(core.MetadataContentType); ct != core.ContentTypeBinary {
 		t.Fatalf("non-JSON payload arrived with content type %q", ct)
 	}
-	if ct := got[typed.UUID].Metadata.Get(millrace.MetadataContentType); ct != "text/plain" {
+	if ct := got[typed.UUID].Metadata.Get(core.MetadataContentType); ct != "text/plain" {
 		t.Fatalf("the sender's content type arrived as %q", ct)
 	}
-	if et := got[cqrsMsg.UUID].Metadata.Get(millrace.MetadataEventType); et == "" {
+	if et := got[cqrsMsg.UUID].Metadata.Get(core.MetadataEventType); et == "" {
 		t.Fatal("CQRS message arrived without an event type")
 	}
 	// A message that says it is JSON must be.
 	lying := message.NewMessage(watermill.NewUUID(), []byte(`not json`))
-	lying.Metadata.Set(millrace.MetadataContentType, millrace.ContentTypeJSON)
+	lying.Metadata.Set(core.MetadataContentType, core.ContentTypeJSON)
 	werr, _ := writeThenCommit(t, db, w, func(tx pgx.Tx) error { return w.TxPublisher(tx).Publish("plain", lying) })
 	if !errors.Is(werr, outbox.ErrInvalidJSON) {
 		t.Fatalf("content_type application/json with a non-JSON payload: %v, want ErrInvalidJSON", werr)
@@ -377,7 +377,7 @@ func TestPublishersAgreeOnContextAndEmptyCalls(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck
-	cancelled, cancel := context.WithCancel(millrace.ContextWithTx(ctx, tx))
+	cancelled, cancel := context.WithCancel(core.ContextWithTx(ctx, tx))
 	cancel()
 	for name, p := range map[string]*outbox.Publisher{"TxPublisher": w.TxPublisher(tx), "ContextPublisher": w.ContextPublisher()} {
 		msg := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
@@ -394,15 +394,15 @@ func TestPublishersAgreeOnContextAndEmptyCalls(t *testing.T) {
 	}
 }
 
-// Every outbox constructor wraps millrace.ErrConfig and names the field.
+// Every outbox constructor wraps core.ErrConfig and names the field.
 func TestConfigErrorsWrapErrConfig(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewWith(t, pgtest.Options{NoMigrate: true, MaxConns: 1})
 	rec := &recorder{}
 	check := func(what, field string, err error) {
 		t.Helper()
-		if !errors.Is(err, millrace.ErrConfig) || !strings.Contains(err.Error(), field) {
-			t.Errorf("%s: err = %v, want one wrapping millrace.ErrConfig and naming %s", what, err, field)
+		if !errors.Is(err, core.ErrConfig) || !strings.Contains(err.Error(), field) {
+			t.Errorf("%s: err = %v, want one wrapping core.ErrConfig and naming %s", what, err, field)
 		}
 	}
 	_, err := outbox.NewWriter(nil, outbox.WriterConfig{Schema: "Bad-Schema"})

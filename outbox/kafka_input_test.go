@@ -7,7 +7,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/kafkatest"
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/kafka"
@@ -53,7 +53,7 @@ func TestKafkaDeliversPayloadByteForByte(t *testing.T) {
 			}
 		}
 	}
-	if ct := got[2].Metadata.Get(millrace.MetadataContentType); ct != millrace.ContentTypeBinary {
+	if ct := got[2].Metadata.Get(core.MetadataContentType); ct != core.ContentTypeBinary {
 		t.Fatalf("binary payload arrived with content type %q", ct)
 	}
 }

@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/outbox"
 )
@@ -59,7 +59,7 @@ func TestMetrics(t *testing.T) {
 	rec := &recorder{batchErrors: true}
 	rec.setFail(func(msg *message.Message) error {
 		if msg.UUID == poison[0] {
-			return millrace.Permanent(errors.New("rejected"))
+			return core.Permanent(errors.New("rejected"))
 		}
 		return nil
 	})

@@ -10,29 +10,29 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 )
 
 // ErrNoTx is returned by a context publisher when the message's context
 // carries no transaction.
-var ErrNoTx = errors.New("outbox: no transaction in the message context (use millrace.ContextWithTx, or the inbox middleware)")
+var ErrNoTx = errors.New("outbox: no transaction in the message context (use core.ContextWithTx, or the inbox middleware)")
 
 // PartitionKeyFunc picks the partition key of a message published through
 // the outbox's Watermill publisher.
 type PartitionKeyFunc func(topic string, msg *message.Message) (string, error)
 
 // DefaultPartitionKey takes the partition key from the message metadata:
-// millrace.MetadataPartitionKey, else millrace.MetadataAggregateID, else
+// core.MetadataPartitionKey, else core.MetadataAggregateID, else
 // the message UUID. A message keyed by its UUID (a plain Watermill message,
 // a CQRS event) comes with no ordering promise: each is a key of its own,
 // spread over lanes and Kafka partitions, so two such messages may be
 // published in either order. Set partition_key (or aggregate_id) metadata,
 // or use WithPartitionKey, for messages that must stay in order.
 func DefaultPartitionKey(_ string, msg *message.Message) (string, error) {
-	if k := msg.Metadata.Get(millrace.MetadataPartitionKey); k != "" {
+	if k := msg.Metadata.Get(core.MetadataPartitionKey); k != "" {
 		return k, nil
 	}
-	if k := msg.Metadata.Get(millrace.MetadataAggregateID); k != "" {
+	if k := msg.Metadata.Get(core.MetadataAggregateID); k != "" {
 		return k, nil
 	}
 	return msg.UUID, nil
@@ -76,7 +76,7 @@ func (w *Writer) TxPublisher(tx pgx.Tx) *Publisher {
 }
 
 // ContextPublisher returns a Publisher that writes each message into the
-// transaction carried by the message's context (millrace.TxFromContext).
+// transaction carried by the message's context (core.TxFromContext).
 // It is long-lived: make it once and hand it to Watermill components.
 func (w *Writer) ContextPublisher() *Publisher {
 	return &Publisher{w: w, partitionKey: DefaultPartitionKey}
@@ -110,7 +110,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 			return fmt.Errorf("outbox: partition key of message %s: %w", msg.UUID, err)
 		}
 		md := msg.Metadata
-		eventType := md.Get(millrace.MetadataEventType)
+		eventType := md.Get(core.MetadataEventType)
 		if eventType == "" {
 			eventType = md.Get("name")
 		}
@@ -118,11 +118,11 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 			ID:            msg.UUID,
 			Topic:         topic,
 			PartitionKey:  key,
-			AggregateType: md.Get(millrace.MetadataAggregateType),
-			AggregateID:   md.Get(millrace.MetadataAggregateID),
+			AggregateType: md.Get(core.MetadataAggregateType),
+			AggregateID:   md.Get(core.MetadataAggregateID),
 			EventType:     eventType,
 			Payload:       msg.Payload,
-			Binary:        storeAsBinary(md.Get(millrace.MetadataContentType), msg.Payload),
+			Binary:        storeAsBinary(md.Get(core.MetadataContentType), msg.Payload),
 			Metadata:      md,
 		}
 	}
@@ -139,7 +139,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	byTx := map[pgx.Tx]*group{}
 	var order []pgx.Tx
 	for i, msg := range msgs {
-		tx, ok := millrace.TxFromContext(msg.Context())
+		tx, ok := core.TxFromContext(msg.Context())
 		if !ok {
 			return fmt.Errorf("message %s: %w", msg.UUID, ErrNoTx)
 		}
@@ -164,9 +164,9 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 // is JSON.
 func storeAsBinary(contentType string, payload []byte) bool {
 	switch contentType {
-	case millrace.ContentTypeBinary:
+	case core.ContentTypeBinary:
 		return true
-	case millrace.ContentTypeJSON:
+	case core.ContentTypeJSON:
 		return false
 	}
 	return !utf8.Valid(payload) || !json.Valid(payload)

@@ -18,7 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/backoff"
 	"github.com/millrace/millrace/internal/logging"
 	"github.com/millrace/millrace/internal/pgprobe"
@@ -36,7 +36,7 @@ const MaxBatchSize = 10_000
 // Publish call per topic, one after the other; with Kafka, one round of
 // acknowledgements rather than one per topic. Each topic's messages are
 // in the batch's order. The error is read as Publish's: nil, a
-// *millrace.BatchError naming the failed messages by UUID, or an error
+// *core.BatchError naming the failed messages by UUID, or an error
 // that fails the whole call (the relay then publishes the batch again a
 // topic at a time, to find what is at fault).
 type TopicsPublisher interface {
@@ -61,10 +61,10 @@ type RelayConfig struct {
 	// Publisher receives the events. Required. Any Watermill publisher
 	// works; millrace's kafka.Publisher sends each batch in one produce call
 	// and says which messages failed. A publisher that returns a
-	// *millrace.BatchError is told apart from one that fails a whole call;
+	// *core.BatchError is told apart from one that fails a whole call;
 	// for the latter the relay sends a failed call again one message at a
 	// time to find the message at fault, and stops at the first failure
-	// that is not permanent (an outage). Errors marked millrace.Permanent
+	// that is not permanent (an outage). Errors marked core.Permanent
 	// dead-letter their event at once; errors that say they are temporary
 	// (a Temporary() bool method returning true, or a net.Error) charge no
 	// attempt. A batch that holds several topics goes out in one call to a
@@ -790,7 +790,7 @@ type unclaimed struct {
 // with PublishTopics; the pending set then holds the key's later events in
 // every topic while the failed one is blocked):
 //
-//   - permanent (millrace.IsPermanent): dead-lettered at once, one attempt
+//   - permanent (core.IsPermanent): dead-lettered at once, one attempt
 //     charged, with its reason;
 //   - temporary (isTemporary: the broker or a partition is away): no attempt
 //     charged; the event waits RetryMin, blocking its key, with its reason;
@@ -800,7 +800,7 @@ type unclaimed struct {
 // The key's later events in the batch were held behind it and return as
 // they were, as do events a publisher never tried (errNotTried). A later
 // event of a failed key that did go out overtook it: the publisher broke
-// its promise (millrace.BatchError), which is logged as an error.
+// its promise (core.BatchError), which is logged as an error.
 func (r *Relay) settleFailures(rows []pendingRow, failed map[int64]error) unclaimed {
 	var u unclaimed
 	now := time.Now()
@@ -827,7 +827,7 @@ func (r *Relay) settleFailures(rows []pendingRow, failed map[int64]error) unclai
 		reason := err.Error()
 		fields := watermill.LogFields{"event_id": row.eventID, "topic": row.topic, "partition_key": row.key}
 		switch {
-		case millrace.IsPermanent(err):
+		case core.IsPermanent(err):
 			fields["attempt"] = row.attempts + 1
 			u.add(row.id, true, true, &now, &reason, true)
 			u.charged++
@@ -1054,28 +1054,28 @@ func scanClaimed(rows pgx.Rows) ([]pendingRow, error) {
 // the message UUID, and the row's headers plus millrace's metadata keys are
 // its metadata.
 func (p *pendingRow) message() *message.Message {
-	payload, contentType := p.payload, millrace.ContentTypeJSON
+	payload, contentType := p.payload, core.ContentTypeJSON
 	if p.payloadBytes != nil {
-		payload, contentType = p.payloadBytes, millrace.ContentTypeBinary
+		payload, contentType = p.payloadBytes, core.ContentTypeBinary
 	}
 	msg := message.NewMessage(p.eventID, payload)
 	if md := p.metadata(); md != nil {
 		msg.Metadata = md
 	}
-	msg.Metadata.Set(millrace.MetadataEventID, p.eventID)
-	msg.Metadata.Set(millrace.MetadataPartitionKey, p.key)
-	if msg.Metadata.Get(millrace.MetadataContentType) == "" {
+	msg.Metadata.Set(core.MetadataEventID, p.eventID)
+	msg.Metadata.Set(core.MetadataPartitionKey, p.key)
+	if msg.Metadata.Get(core.MetadataContentType) == "" {
 		// A content type of the writer's own travels as it was written.
-		msg.Metadata.Set(millrace.MetadataContentType, contentType)
+		msg.Metadata.Set(core.MetadataContentType, contentType)
 	}
 	if p.eventType != "" {
-		msg.Metadata.Set(millrace.MetadataEventType, p.eventType)
+		msg.Metadata.Set(core.MetadataEventType, p.eventType)
 	}
 	if p.aggType != "" {
-		msg.Metadata.Set(millrace.MetadataAggregateType, p.aggType)
+		msg.Metadata.Set(core.MetadataAggregateType, p.aggType)
 	}
 	if p.aggID != "" {
-		msg.Metadata.Set(millrace.MetadataAggregateID, p.aggID)
+		msg.Metadata.Set(core.MetadataAggregateID, p.aggID)
 	}
 	return msg
 }
@@ -1140,13 +1140,13 @@ func (r *Relay) publish(rows []pendingRow) (failed map[int64]error, outage error
 	return failed, outage
 }
 
-// batchFailures records in failed what a publisher's *millrace.BatchError
+// batchFailures records in failed what a publisher's *core.BatchError
 // err says of rows, the messages of its call, and reports whether err was
 // one. A BatchError that names a message the call did not hold, or none,
 // or one with no error, fails every row: its report cannot be trusted to
 // say what was delivered.
 func (r *Relay) batchFailures(rows []pendingRow, err error, failed map[int64]error) bool {
-	var be *millrace.BatchError
+	var be *core.BatchError
 	if !errors.As(err, &be) {
 		return false
 	}
@@ -1215,7 +1215,7 @@ func (r *Relay) publishRun(rows []pendingRow, failed map[int64]error) (outage er
 		if err == nil {
 			continue
 		}
-		if !millrace.IsPermanent(err) {
+		if !core.IsPermanent(err) {
 			for _, row := range rows[i:] {
 				if _, ok := failed[row.id]; !ok {
 					failed[row.id] = errNotTried
@@ -1231,7 +1231,7 @@ func (r *Relay) publishRun(rows []pendingRow, failed map[int64]error) (outage er
 
 func anyPermanent(failed map[int64]error) bool {
 	for _, err := range failed {
-		if millrace.IsPermanent(err) {
+		if core.IsPermanent(err) {
 			return true
 		}
 	}

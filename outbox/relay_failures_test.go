@@ -14,7 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/devkafka"
 	"github.com/millrace/millrace/internal/kafkatest"
 	"github.com/millrace/millrace/internal/pgtest"
@@ -48,9 +48,9 @@ func TestRelayTemporaryFailuresChargeNothingPermanentDiesAtOnce(t *testing.T) {
 	rec := &recorder{batchErrors: true}
 	rec.setFail(func(m *message.Message) error {
 		if m.UUID == poison[0] {
-			return millrace.Permanent(errors.New("message too large"))
+			return core.Permanent(errors.New("message too large"))
 		}
-		key := m.Metadata.Get(millrace.MetadataPartitionKey)
+		key := m.Metadata.Get(core.MetadataPartitionKey)
 		if !strings.HasSuffix(key, "7") { // key-7, key-17, ...: a quarter of the events
 			return nil
 		}
@@ -157,7 +157,7 @@ func TestRelayFallbackDeadLettersPermanentThenStops(t *testing.T) {
 	writeN(t, w, "t", 50, 10)
 	pub := &wholeFailer{err: func(m *message.Message) error {
 		if m.UUID == poison[0] {
-			return millrace.Permanent(errors.New("rejected for good"))
+			return core.Permanent(errors.New("rejected for good"))
 		}
 		return nil
 	}}
@@ -184,9 +184,9 @@ type liar struct {
 
 func (l *liar) Publish(_ string, msgs ...*message.Message) error {
 	l.calls.Add(1)
-	be := &millrace.BatchError{Errors: []millrace.MessageError{{UUID: uuid.NewString(), Err: errors.New("failed")}}}
+	be := &core.BatchError{Errors: []core.MessageError{{UUID: uuid.NewString(), Err: errors.New("failed")}}}
 	if l.named {
-		be.Errors = append(be.Errors, millrace.MessageError{UUID: msgs[0].UUID, Err: errors.New("failed")})
+		be.Errors = append(be.Errors, core.MessageError{UUID: msgs[0].UUID, Err: errors.New("failed")})
 	}
 	return be
 }

@@ -9,7 +9,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/internal/streamtest"
 	"github.com/millrace/millrace/outbox"
@@ -31,7 +31,7 @@ func (d *deliveries) add(m *message.Message) {
 	_ = json.Unmarshal(m.Payload, &body)
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.list = append(d.list, received{id: m.UUID, key: m.Metadata.Get(millrace.MetadataPartitionKey), seq: body.Seq})
+	d.list = append(d.list, received{id: m.UUID, key: m.Metadata.Get(core.MetadataPartitionKey), seq: body.Seq})
 	d.seen[m.UUID]++
 }
 

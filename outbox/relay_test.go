@@ -15,14 +15,14 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/outbox"
 )
 
 // recorder is a Watermill publisher that keeps what it is sent. fail, when
 // set, decides per message whether it fails; batchErrors makes it report
-// failures as a *millrace.BatchError like the Kafka publisher, otherwise it
+// failures as a *core.BatchError like the Kafka publisher, otherwise it
 // fails the whole call like a plain Watermill publisher.
 type recorder struct {
 	mu          sync.Mutex
@@ -40,14 +40,14 @@ func (r *recorder) Publish(topic string, msgs ...*message.Message) error {
 func (r *recorder) publish(topic string, msgs []*message.Message) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var be millrace.BatchError
+	var be core.BatchError
 	failedKeys := map[string]bool{}
 	for _, m := range msgs {
-		key := m.Metadata.Get(millrace.MetadataPartitionKey)
+		key := m.Metadata.Get(core.MetadataPartitionKey)
 		if r.batchErrors && failedKeys[key] {
 			// Like the Kafka publisher: nothing of a key goes out after a
 			// failed message of that key.
-			be.Errors = append(be.Errors, millrace.MessageError{UUID: m.UUID, Err: errors.New("held")})
+			be.Errors = append(be.Errors, core.MessageError{UUID: m.UUID, Err: errors.New("held")})
 			continue
 		}
 		if r.fail != nil {
@@ -56,7 +56,7 @@ func (r *recorder) publish(topic string, msgs []*message.Message) error {
 					return err
 				}
 				failedKeys[key] = true
-				be.Errors = append(be.Errors, millrace.MessageError{UUID: m.UUID, Err: err})
+				be.Errors = append(be.Errors, core.MessageError{UUID: m.UUID, Err: err})
 				continue
 			}
 		}
@@ -197,9 +197,9 @@ func TestRelayPublishesEverythingWithMetadata(t *testing.T) {
 			continue
 		}
 		md := m.Metadata
-		if string(m.Payload) != "\xde\xad" || md.Get(millrace.MetadataContentType) != millrace.ContentTypeBinary ||
-			md.Get("traceparent") != "00-1-2-01" || md.Get(millrace.MetadataAggregateID) != "b-1" ||
-			md.Get(millrace.MetadataEventID) != bin[0] || md.Get(millrace.MetadataPartitionKey) != "b" || md.Get("topic") != "blobs" {
+		if string(m.Payload) != "\xde\xad" || md.Get(core.MetadataContentType) != core.ContentTypeBinary ||
+			md.Get("traceparent") != "00-1-2-01" || md.Get(core.MetadataAggregateID) != "b-1" ||
+			md.Get(core.MetadataEventID) != bin[0] || md.Get(core.MetadataPartitionKey) != "b" || md.Get("topic") != "blobs" {
 			t.Fatalf("binary event arrived as payload %x metadata %v", m.Payload, md)
 		}
 	}
@@ -265,7 +265,7 @@ func TestRelayRetriesThenDeadLettersAndHoldsKey(t *testing.T) {
 			rec := &recorder{batchErrors: batchErrors}
 			rec.setFail(func(m *message.Message) error {
 				if m.UUID == poison[0] {
-					return millrace.Permanent(errors.New("message too large"))
+					return core.Permanent(errors.New("message too large"))
 				}
 				return nil
 			})
@@ -324,7 +324,7 @@ func TestRelaySkipDeadLetteredKeys(t *testing.T) {
 	rec := &recorder{batchErrors: true}
 	rec.setFail(func(m *message.Message) error {
 		if m.UUID == poison[0] {
-			return millrace.Permanent(errors.New("rejected"))
+			return core.Permanent(errors.New("rejected"))
 		}
 		return nil
 	})
@@ -423,7 +423,7 @@ func TestRelayGroupsInterleavedTopics(t *testing.T) {
 		if err := json.Unmarshal(m.Payload, &body); err != nil {
 			t.Fatal(err)
 		}
-		k := m.Metadata.Get("topic") + "/" + m.Metadata.Get(millrace.MetadataPartitionKey)
+		k := m.Metadata.Get("topic") + "/" + m.Metadata.Get(core.MetadataPartitionKey)
 		if prev, ok := last[k]; ok && body.Seq <= prev {
 			t.Fatalf("%s: seq %d after %d", k, body.Seq, prev)
 		}

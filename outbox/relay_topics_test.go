@@ -9,7 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/outbox"
 )
@@ -29,10 +29,10 @@ func (r *topicsRecorder) PublishTopics(byTopic map[string][]*message.Message) er
 	if r.failWhole.Add(-1) >= 0 {
 		return errors.New("connection lost")
 	}
-	var be millrace.BatchError
+	var be core.BatchError
 	for topic, msgs := range byTopic {
 		err := r.publish(topic, msgs)
-		var e *millrace.BatchError
+		var e *core.BatchError
 		if errors.As(err, &e) {
 			be.Errors = append(be.Errors, e.Errors...)
 		} else if err != nil {
@@ -73,7 +73,7 @@ func checkDelivered(t *testing.T, rec *recorder, ids map[string][]string) {
 	}
 	last := map[string]int{}
 	for _, m := range rec.snapshot() {
-		k := m.Metadata.Get("topic") + "/" + m.Metadata.Get(millrace.MetadataPartitionKey)
+		k := m.Metadata.Get("topic") + "/" + m.Metadata.Get(core.MetadataPartitionKey)
 		if p, ok := last[k]; ok && pos[m.UUID] < p {
 			t.Fatalf("%s: event %s delivered after a later one of its key", k, m.UUID)
 		}

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/sqlident"
 )
 
@@ -130,10 +130,10 @@ var (
 	ErrNoPool = errors.New("outbox: Write needs a Writer made with a pool; use WriteTx")
 )
 
-// configError returns a config error that wraps millrace.ErrConfig; the
+// configError returns a config error that wraps core.ErrConfig; the
 // message names the field.
 func configError(format string, args ...any) error {
-	return fmt.Errorf("outbox: "+format+" (%w)", append(args, millrace.ErrConfig)...)
+	return fmt.Errorf("outbox: "+format+" (%w)", append(args, core.ErrConfig)...)
 }
 
 // notifyChannel is the LISTEN/NOTIFY channel for a schema's outbox. A hash

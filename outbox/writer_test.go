@@ -10,7 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/outbox"
 )
@@ -177,13 +177,13 @@ func TestPublisherWritesWatermillMessages(t *testing.T) {
 		t.Fatal(err)
 	}
 	msg := message.NewMessage(watermill.NewUUID(), []byte(`{"n":1}`))
-	msg.Metadata.Set(millrace.MetadataPartitionKey, "k1")
-	msg.Metadata.Set(millrace.MetadataEventType, "Thing")
+	msg.Metadata.Set(core.MetadataPartitionKey, "k1")
+	msg.Metadata.Set(core.MetadataEventType, "Thing")
 	if err := w.TxPublisher(tx).Publish("things", msg); err != nil {
 		t.Fatal(err)
 	}
 	badID := message.NewMessage("not-a-uuid", []byte(`{}`))
-	badID.Metadata.Set(millrace.MetadataPartitionKey, "k")
+	badID.Metadata.Set(core.MetadataPartitionKey, "k")
 	if err := w.TxPublisher(tx).Publish("things", badID); !errors.Is(err, outbox.ErrInvalidEventID) {
 		t.Fatalf("message with bad id: %v, want ErrInvalidEventID", err)
 	}
@@ -203,7 +203,7 @@ func TestPublisherWritesWatermillMessages(t *testing.T) {
 	}
 	type CustomerRenamed struct{ Name string }
 	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
-		return bus.Publish(millrace.ContextWithTx(ctx, tx), &CustomerRenamed{Name: "Ada"})
+		return bus.Publish(core.ContextWithTx(ctx, tx), &CustomerRenamed{Name: "Ada"})
 	}); err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/saga"
 )
 
@@ -30,7 +30,7 @@ func TestListByTypeStatusAndAge(t *testing.T) {
 		start(t, d.testBundle, trips, fmt.Sprintf("t-%d", i), i)
 		d.clock.Advance(time.Second)
 	}
-	d.reply("o-1", d.last("o-1"), millrace.OutcomeFailure) // compensated
+	d.reply("o-1", d.last("o-1"), core.OutcomeFailure) // compensated
 	cutoff := d.clock.Now()
 
 	var got []string

@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/sqlident"
 )
 
@@ -35,7 +35,7 @@ type Await[D any] struct {
 
 	// OnEvent applies an event's payload (JSON) to the data (see
 	// EventFunc for a typed version). Defaults to leaving the data as is.
-	// It returns Fail(reason) (or a millrace.Permanent error) for a
+	// It returns Fail(reason) (or a core.Permanent error) for a
 	// business failure: the event is consumed and the step fails (the
 	// saga compensates before the pivot, and is stuck after it). Any other
 	// error parks the saga as stuck with the event kept: an operator's
@@ -304,7 +304,7 @@ func (m *machine) applyEvent(s *stepDef, st *StepState, ev storedEvent) error {
 			ferr = checkStorable(data)
 		}
 	}
-	if ferr != nil && (errors.Is(ferr, ErrStepFailed) || millrace.IsPermanent(ferr)) {
+	if ferr != nil && (errors.Is(ferr, ErrStepFailed) || core.IsPermanent(ferr)) {
 		if err := m.eventOutcome(ev, eventConsumed, s.name, ""); err != nil {
 			return err
 		}

@@ -19,7 +19,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/saga"
 )
 
@@ -135,7 +135,7 @@ func TestAwaitEventBeforeTheWaitIsConsumedWhenReached(t *testing.T) {
 	if in := d.get("p-1"); in.Step != "reserve" || in.Status != saga.StatusRunning {
 		t.Fatalf("saga moved on an early event: %s %s", in.Status, in.Step)
 	}
-	d.reply("p-1", d.last("p-1"), millrace.OutcomeSuccess)
+	d.reply("p-1", d.last("p-1"), core.OutcomeSuccess)
 	in := d.get("p-1")
 	if in.Status != saga.StatusCompleted {
 		t.Fatalf("status %s at %s (%s)", in.Status, in.Step, in.LastError)
@@ -161,7 +161,7 @@ func TestAwaitEventDeliveredThreeTimesAppliesOnce(t *testing.T) {
 	d, def := setupAwait(t, single, bundleOptions{})
 	startPayment(t, d, def, "p-2")
 	d.signal("p-2", "payment.confirmed", "psp-2", confirmation{Ref: "r"})
-	d.reply("p-2", d.last("p-2"), millrace.OutcomeSuccess)
+	d.reply("p-2", d.last("p-2"), core.OutcomeSuccess)
 	d.signal("p-2", "payment.confirmed", "psp-2", confirmation{Ref: "r"})
 	d.signal("p-2", "payment.confirmed", "psp-2", confirmation{Ref: "r"})
 	in := d.get("p-2")
@@ -174,7 +174,7 @@ func TestAwaitEventDeliveredThreeTimesAppliesOnce(t *testing.T) {
 
 	// Through a topic: the inbox deduplicates the message, the table the event id.
 	startPayment(t, d, def, "p-3")
-	d.reply("p-3", d.last("p-3"), millrace.OutcomeSuccess) // now waiting
+	d.reply("p-3", d.last("p-3"), core.OutcomeSuccess) // now waiting
 	h := d.o.EventHandler(func(msg *message.Message) (saga.EventTarget, error) {
 		return saga.EventTarget{SagaID: msg.Metadata.Get("order"), Event: "payment.confirmed", EventID: msg.Metadata.Get("psp_id")}, nil
 	})
@@ -208,7 +208,7 @@ func TestAwaitRefusesEndedSagaAndUnknownEvent(t *testing.T) {
 	if !errors.Is(err, saga.ErrEventNotAwaited) {
 		t.Fatalf("unknown event: %v", err)
 	}
-	d.reply("p-4", d.last("p-4"), millrace.OutcomeSuccess)
+	d.reply("p-4", d.last("p-4"), core.OutcomeSuccess)
 	d.signal("p-4", "payment.confirmed", "psp-4", confirmation{Ref: "r"})
 	if in := d.get("p-4"); in.Status != saga.StatusCompleted {
 		t.Fatalf("status %s", in.Status)
@@ -279,7 +279,7 @@ func TestAwaitEventSignalledWhileTheOrchestratorEntersTheWait(t *testing.T) {
 	mu.Lock()
 	armed = true
 	mu.Unlock()
-	d.reply("p-5", d.last("p-5"), millrace.OutcomeSuccess)
+	d.reply("p-5", d.last("p-5"), core.OutcomeSuccess)
 	if inHook != nil || !signalled {
 		t.Fatalf("signal during the orchestrator's transaction: %v (signalled %v)", inHook, signalled)
 	}
@@ -332,7 +332,7 @@ func TestAwaitAnyOfRaceExactlyOneWins(t *testing.T) {
 		startPayment(t, d, def, id)
 		early := rng.IntN(3) == 0 // both before the saga waits, sometimes
 		if !early {
-			d.reply(id, d.last(id), millrace.OutcomeSuccess)
+			d.reply(id, d.last(id), core.OutcomeSuccess)
 		}
 		txs := make([]pgx.Tx, 2)
 		for i := range txs {
@@ -381,7 +381,7 @@ func TestAwaitAnyOfRaceExactlyOneWins(t *testing.T) {
 			}
 		}
 		if early {
-			d.reply(id, d.last(id), millrace.OutcomeSuccess)
+			d.reply(id, d.last(id), core.OutcomeSuccess)
 		}
 		d.tick(0)
 		in := d.get(id)
@@ -417,7 +417,7 @@ func TestAwaitAllOfCompletesWhenEveryEventArrived(t *testing.T) {
 	d, def := setupAwait(t, wait, bundleOptions{})
 	startPayment(t, d, def, "all-1")
 	d.signal("all-1", "verified", "v", confirmation{Ref: "verified"}) // early
-	d.reply("all-1", d.last("all-1"), millrace.OutcomeSuccess)
+	d.reply("all-1", d.last("all-1"), core.OutcomeSuccess)
 	d.signal("all-1", "deposit", "d", confirmation{Ref: "deposit"})
 	d.signal("all-1", "deposit", "d2", confirmation{Ref: "deposit again"})
 	in := d.get("all-1")
@@ -453,7 +453,7 @@ func TestAwaitTimeout(t *testing.T) {
 			wait.OnTimeout = tc.action
 			d, def := setupAwait(t, wait, bundleOptions{})
 			startPayment(t, d, def, "t")
-			d.reply("t", d.last("t"), millrace.OutcomeSuccess)
+			d.reply("t", d.last("t"), core.OutcomeSuccess)
 			d.tick(14 * time.Minute)
 			if in := d.get("t"); in.Status != saga.StatusRunning || in.Step != "paid" {
 				t.Fatalf("before the timeout: %s at %s", in.Status, in.Step)
@@ -466,10 +466,10 @@ func TestAwaitTimeout(t *testing.T) {
 			switch tc.action {
 			case saga.TimeoutCompensate:
 				c := d.last("t")
-				if c.Step != "reserve" || c.Op != millrace.OperationCompensation {
+				if c.Step != "reserve" || c.Op != core.OperationCompensation {
 					t.Fatalf("last command %+v", c)
 				}
-				d.reply("t", c, millrace.OutcomeSuccess)
+				d.reply("t", c, core.OutcomeSuccess)
 				if in := d.get("t"); in.Status != saga.StatusCompensated {
 					t.Fatalf("status %s", in.Status)
 				}
@@ -520,7 +520,7 @@ func TestAwaitLateEventIsIgnored(t *testing.T) {
 	}
 	d := &driver{testBundle: b, clock: clock, handler: b.o.Handler()}
 	startPayment(t, d, def, "late")
-	d.reply("late", d.last("late"), millrace.OutcomeSuccess)
+	d.reply("late", d.last("late"), core.OutcomeSuccess)
 	d.tick(15 * time.Minute)
 	if in := d.get("late"); in.Step != "notify" {
 		t.Fatalf("at %s", in.Step)
@@ -545,13 +545,13 @@ func TestAwaitOnEventFailureCompensates(t *testing.T) {
 	}}
 	d, def := setupAwait(t, wait, bundleOptions{})
 	startPayment(t, d, def, "dec")
-	d.reply("dec", d.last("dec"), millrace.OutcomeSuccess)
+	d.reply("dec", d.last("dec"), core.OutcomeSuccess)
 	d.signal("dec", "payment.declined", "x", nil)
 	in := d.get("dec")
 	if in.Status != saga.StatusCompensating || !strings.Contains(in.LastError, "card declined") {
 		t.Fatalf("status %s (%s)", in.Status, in.LastError)
 	}
-	if c := d.last("dec"); c.Step != "reserve" || c.Op != millrace.OperationCompensation {
+	if c := d.last("dec"); c.Step != "reserve" || c.Op != core.OperationCompensation {
 		t.Fatalf("last command %+v", c)
 	}
 }
@@ -589,14 +589,14 @@ func TestDefineRefusesBadWaits(t *testing.T) {
 			steps = []saga.Step[payment]{{Name: "p", Kind: saga.Pivot, Local: func(context.Context, pgx.Tx, *payment) error { return nil }}, s}
 		}
 		_, err := saga.Define(saga.Spec[payment]{Type: "t", Version: 1, Steps: steps})
-		if !errors.Is(err, millrace.ErrConfig) || !strings.Contains(err.Error(), tc.want) {
+		if !errors.Is(err, core.ErrConfig) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
 		}
 	}
 	// A remote step cannot go on after a timeout.
 	_, err := saga.Define(saga.Spec[payment]{Type: "t", Version: 1, Steps: []saga.Step[payment]{
 		{Name: "r", Kind: saga.Compensatable, Action: &saga.Command[payment]{Topic: "x"}, OnTimeout: saga.TimeoutContinue}}})
-	if !errors.Is(err, millrace.ErrConfig) {
+	if !errors.Is(err, core.ErrConfig) {
 		t.Errorf("TimeoutContinue on a remote step: %v", err)
 	}
 	if _, err := saga.Define(saga.Spec[payment]{Type: "t", Version: 1, Steps: []saga.Step[payment]{ok()}}); err != nil {
@@ -611,7 +611,7 @@ func TestCleanerRemovesStoredEvents(t *testing.T) {
 	ctx := context.Background()
 	startPayment(t, d, def, "old")
 	d.signal("old", "payment.confirmed", "psp", confirmation{Ref: "r"})
-	d.reply("old", d.last("old"), millrace.OutcomeSuccess)
+	d.reply("old", d.last("old"), core.OutcomeSuccess)
 	if _, err := d.db.Pool.Exec(ctx, `UPDATE `+d.tbl("saga_instance")+` SET ended_at = now() - interval '30 days' WHERE id = 'old'`); err != nil {
 		t.Fatal(err)
 	}
@@ -635,7 +635,7 @@ func TestAwaitPausedSagaTakesItsEventOnResume(t *testing.T) {
 	ctx := context.Background()
 	d, def := setupAwait(t, single, bundleOptions{})
 	startPayment(t, d, def, "p-1")
-	d.reply("p-1", d.last("p-1"), millrace.OutcomeSuccess)
+	d.reply("p-1", d.last("p-1"), core.OutcomeSuccess)
 	if in := d.get("p-1"); in.Step != "paid" || in.Status != saga.StatusRunning {
 		t.Fatalf("not waiting: %s at %s", in.Status, in.Step)
 	}
@@ -682,7 +682,7 @@ func TestAwaitPausedSagaTakesItsEventOnResume(t *testing.T) {
 	if in := d.get("p-2"); in.Status != saga.StatusRunning || in.Step != "reserve" {
 		t.Fatalf("scheduled saga not started: %s at %s", in.Status, in.Step)
 	}
-	d.reply("p-2", d.last("p-2"), millrace.OutcomeSuccess)
+	d.reply("p-2", d.last("p-2"), core.OutcomeSuccess)
 	if in := d.get("p-2"); in.Status != saga.StatusCompleted {
 		t.Fatalf("scheduled saga after its reply: %s at %s (%s)", in.Status, in.Step, in.LastError)
 	}
@@ -712,7 +712,7 @@ func TestAwaitOnEventErrorParksStuckAndRetryApplies(t *testing.T) {
 	}
 	d, def := setupAwait(t, wait, bundleOptions{})
 	startPayment(t, d, def, "p-1")
-	d.reply("p-1", d.last("p-1"), millrace.OutcomeSuccess)
+	d.reply("p-1", d.last("p-1"), core.OutcomeSuccess)
 	d.signal("p-1", "payment.confirmed", "psp-1", confirmation{Ref: "r1"})
 	in := d.get("p-1")
 	if in.Status != saga.StatusStuck || in.Step != "paid" || !strings.Contains(in.LastError, "cannot read the provider's reference") {
@@ -753,7 +753,7 @@ func TestAwaitDeadlinePassesWhileWaiting(t *testing.T) {
 	}
 	d := &driver{testBundle: b, clock: clock, handler: b.o.Handler()}
 	startPayment(t, d, def, "late")
-	d.reply("late", d.last("late"), millrace.OutcomeSuccess)
+	d.reply("late", d.last("late"), core.OutcomeSuccess)
 	if in := d.get("late"); in.Step != "paid" || in.Status != saga.StatusRunning {
 		t.Fatalf("not waiting: %s at %s", in.Status, in.Step)
 	}
@@ -765,10 +765,10 @@ func TestAwaitDeadlinePassesWhileWaiting(t *testing.T) {
 	if in.Status != saga.StatusCompensating {
 		t.Fatalf("past the deadline while waiting: %s at %s (%s)", in.Status, in.Step, in.LastError)
 	}
-	if c := d.last("late"); c.Step != "reserve" || c.Op != millrace.OperationCompensation {
+	if c := d.last("late"); c.Step != "reserve" || c.Op != core.OperationCompensation {
 		t.Fatalf("last command %+v, want reserve's compensation", c)
 	}
-	d.reply("late", d.last("late"), millrace.OutcomeSuccess)
+	d.reply("late", d.last("late"), core.OutcomeSuccess)
 	if in := d.get("late"); in.Status != saga.StatusCompensated {
 		t.Fatalf("after the compensation's reply: %s", in.Status)
 	}

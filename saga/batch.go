@@ -11,7 +11,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/internal/backoff"
 	"github.com/millrace/millrace/internal/fetch"
@@ -73,7 +73,7 @@ type BatchConfig struct {
 // the batches are bounded by the partitions and BatchWait.
 func (o *Orchestrator) RunBatched(ctx context.Context, cfg BatchConfig) error {
 	if cfg.Subscriber == nil || cfg.Poison == nil {
-		return fmt.Errorf("%w: saga: BatchConfig.Subscriber and Poison are required", millrace.ErrConfig)
+		return fmt.Errorf("%w: saga: BatchConfig.Subscriber and Poison are required", core.ErrConfig)
 	}
 	if cfg.BatchSize <= 0 {
 		cfg.BatchSize = 500
@@ -86,7 +86,7 @@ func (o *Orchestrator) RunBatched(ctx context.Context, cfg BatchConfig) error {
 	}
 	topics := o.ReplyTopics()
 	if len(topics) == 0 {
-		return fmt.Errorf("%w: saga: RunBatched: no definitions registered", millrace.ErrConfig)
+		return fmt.Errorf("%w: saga: RunBatched: no definitions registered", core.ErrConfig)
 	}
 	poisonPub := o.poisonPublisher(cfg.Poison)
 	ctx, cancel := context.WithCancel(ctx)
@@ -243,7 +243,7 @@ func (o *Orchestrator) handleRepliesTx(ctx context.Context, tx pgx.Tx, msgs []*m
 			_, err = uuid.Parse(id) // MarkTx would refuse it: poison it alone
 		}
 		if err != nil {
-			res.Poisoned[i] = millrace.Permanent(fmt.Errorf("%w: message %q: event id %q", inbox.ErrNoEventID, msg.UUID, id))
+			res.Poisoned[i] = core.Permanent(fmt.Errorf("%w: message %q: event id %q", inbox.ErrNoEventID, msg.UUID, id))
 			continue
 		}
 		r.eventID = msg.UUID

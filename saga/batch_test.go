@@ -11,7 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/google/uuid"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/kafkatest"
 	"github.com/millrace/millrace/kafka"
 	"github.com/millrace/millrace/saga"
@@ -28,21 +28,21 @@ func TestHandleRepliesBatch(t *testing.T) {
 	for _, id := range ids {
 		start(t, d.testBundle, def, id, 1)
 	}
-	ok1 := replyMsg("b-1", d.last("b-1"), millrace.OutcomeSuccess, "", `{"tx":"one"}`)
+	ok1 := replyMsg("b-1", d.last("b-1"), core.OutcomeSuccess, "", `{"tx":"one"}`)
 	bad := replyMsg("b-2", d.last("b-2"), "maybe", "", "")
 	batch := []*message.Message{
 		ok1,
 		ok1, // the same message twice in one batch
-		replyMsg("b-1", d.last("b-1"), millrace.OutcomeSuccess, "", ""),         // a new message, same reply: fenced
-		replyMsg("b-2", d.last("b-2"), millrace.OutcomeFailure, "no money", ""), // b-2 compensates
+		replyMsg("b-1", d.last("b-1"), core.OutcomeSuccess, "", ""),         // a new message, same reply: fenced
+		replyMsg("b-2", d.last("b-2"), core.OutcomeFailure, "no money", ""), // b-2 compensates
 		bad,
-		replyMsg("nobody", d.last("b-3"), millrace.OutcomeSuccess, "", ""), // unknown saga
+		replyMsg("nobody", d.last("b-3"), core.OutcomeSuccess, "", ""), // unknown saga
 	}
 	res, err := d.o.HandleReplies(ctx, batch)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res.Poisoned) != 1 || !errors.Is(res.Poisoned[4], saga.ErrBadReply) || !millrace.IsPermanent(res.Poisoned[4]) {
+	if len(res.Poisoned) != 1 || !errors.Is(res.Poisoned[4], saga.ErrBadReply) || !core.IsPermanent(res.Poisoned[4]) {
 		t.Fatalf("poisoned %v", res.Poisoned)
 	}
 	if res.Duplicates != 1 || res.Fenced != 2 {
@@ -62,9 +62,9 @@ func TestHandleRepliesBatch(t *testing.T) {
 	// credit reply in the same batch.
 	b3credit := d.last("b-3")
 	res, err = d.o.HandleReplies(ctx, []*message.Message{
-		replyMsg("b-1", d.last("b-1"), millrace.OutcomeSuccess, "", ""),
-		replyMsg("b-3", b3credit, millrace.OutcomeSuccess, "", ""),
-		replyMsg("b-3", cmd{Step: "stock", Op: "action", Attempt: 1}, millrace.OutcomeSuccess, "", ""),
+		replyMsg("b-1", d.last("b-1"), core.OutcomeSuccess, "", ""),
+		replyMsg("b-3", b3credit, core.OutcomeSuccess, "", ""),
+		replyMsg("b-3", cmd{Step: "stock", Op: "action", Attempt: 1}, core.OutcomeSuccess, "", ""),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -104,7 +104,7 @@ func TestEndToEndKafkaBatched(t *testing.T) {
 	}
 	defer pub.Close()
 	bad := message.NewMessage(uuid.NewString(), []byte(`{}`))
-	bad.Metadata.Set(millrace.MetadataSagaID, "kb-aa")
+	bad.Metadata.Set(core.MetadataSagaID, "kb-aa")
 	if err := pub.Publish(e.replyTopic, bad); err != nil {
 		t.Fatal(err)
 	}
@@ -171,8 +171,8 @@ func TestRunBatchedAppliesTheGoodRepliesOfAFailedBatch(t *testing.T) {
 	d := &driver{testBundle: b}
 	start(t, b, def, "good", 1)
 	start(t, b, def, "bad", 1)
-	good := replyMsg("good", d.last("good"), millrace.OutcomeSuccess, "", "")
-	bad := replyMsg("bad", d.last("bad"), millrace.OutcomeSuccess, "", "")
+	good := replyMsg("good", d.last("good"), core.OutcomeSuccess, "", "")
+	bad := replyMsg("bad", d.last("bad"), core.OutcomeSuccess, "", "")
 	replies := make(chan *message.Message, 2)
 	replies <- bad
 	replies <- good
@@ -239,8 +239,8 @@ INSERT INTO `+refuse+` VALUES ('c-2')`); err != nil {
 	}
 	before := map[string]cmd{"c-1": d.last("c-1"), "c-2": d.last("c-2")}
 	batch := []*message.Message{
-		replyMsg("c-1", before["c-1"], millrace.OutcomeSuccess, "", ""),
-		replyMsg("c-2", before["c-2"], millrace.OutcomeSuccess, "", ""),
+		replyMsg("c-1", before["c-1"], core.OutcomeSuccess, "", ""),
+		replyMsg("c-2", before["c-2"], core.OutcomeSuccess, "", ""),
 	}
 	if _, err := d.o.HandleReplies(ctx, batch); err == nil || !strings.Contains(err.Error(), "refused c-2") {
 		t.Fatalf("batch with a refused command: %v; want the write's error", err)

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/logging"
 	"github.com/millrace/millrace/internal/periodic"
 	"github.com/millrace/millrace/internal/sqlident"
@@ -83,14 +83,14 @@ type Cleaner struct {
 // NewCleaner returns a Cleaner on pool. It does not touch the database.
 func NewCleaner(pool *pgxpool.Pool, cfg CleanerConfig) (*Cleaner, error) {
 	if pool == nil {
-		return nil, fmt.Errorf("%w: saga: NewCleaner: nil pool", millrace.ErrConfig)
+		return nil, fmt.Errorf("%w: saga: NewCleaner: nil pool", core.ErrConfig)
 	}
 	schema, err := sqlident.Schema(cfg.Schema)
 	if err != nil {
-		return nil, fmt.Errorf("%w: saga: CleanerConfig.Schema: %v", millrace.ErrConfig, err)
+		return nil, fmt.Errorf("%w: saga: CleanerConfig.Schema: %v", core.ErrConfig, err)
 	}
 	if cfg.CompletedAfter < 0 || cfg.CompensatedAfter < 0 || cfg.StuckAfter < 0 || cfg.BulkAfter < 0 || cfg.BatchSize < 0 || cfg.Interval < 0 {
-		return nil, fmt.Errorf("%w: saga: CleanerConfig: windows, BatchSize and Interval must not be negative", millrace.ErrConfig)
+		return nil, fmt.Errorf("%w: saga: CleanerConfig: windows, BatchSize and Interval must not be negative", core.ErrConfig)
 	}
 	def := func(d *time.Duration, v time.Duration) {
 		if *d == 0 {

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/opstest"
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/internal/sqlident"
@@ -22,7 +22,7 @@ import (
 
 func TestCleanerConfig(t *testing.T) {
 	t.Parallel()
-	if _, err := saga.NewCleaner(nil, saga.CleanerConfig{}); !errors.Is(err, millrace.ErrConfig) {
+	if _, err := saga.NewCleaner(nil, saga.CleanerConfig{}); !errors.Is(err, core.ErrConfig) {
 		t.Fatalf("nil pool: %v", err)
 	}
 	db := pgtest.NewWith(t, pgtest.Options{MaxConns: 2})
@@ -31,7 +31,7 @@ func TestCleanerConfig(t *testing.T) {
 		if cfg.Schema == "" {
 			cfg.Schema = db.Schema
 		}
-		if _, err := saga.NewCleaner(db.Pool, cfg); !errors.Is(err, millrace.ErrConfig) {
+		if _, err := saga.NewCleaner(db.Pool, cfg); !errors.Is(err, core.ErrConfig) {
 			t.Fatalf("%+v: %v, want ErrConfig", cfg, err)
 		}
 	}

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/saga"
 )
 
@@ -26,7 +26,7 @@ func TestReplyTimerAndOperatorAtOnce(t *testing.T) {
 	for i := range n {
 		id := fmt.Sprintf("race-%d", i)
 		start(t, d.testBundle, def, id, 1)
-		d.reply(id, d.last(id), millrace.OutcomeSuccess) // now waiting at stock, attempt 1
+		d.reply(id, d.last(id), core.OutcomeSuccess) // now waiting at stock, attempt 1
 	}
 	d.clock.Advance(time.Second) // every stock attempt is due to time out
 	var wg sync.WaitGroup
@@ -35,7 +35,7 @@ func TestReplyTimerAndOperatorAtOnce(t *testing.T) {
 		id := fmt.Sprintf("race-%d", i)
 		stock := d.last(id)
 		wg.Add(3)
-		go func() { defer wg.Done(); errs <- d.handler(replyMsg(id, stock, millrace.OutcomeSuccess, "", "")) }()
+		go func() { defer wg.Done(); errs <- d.handler(replyMsg(id, stock, core.OutcomeSuccess, "", "")) }()
 		go func() { defer wg.Done(); _, err := d.o.RunDue(ctx); errs <- err }()
 		go func() {
 			defer wg.Done()

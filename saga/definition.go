@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/outbox"
 )
 
@@ -99,7 +99,7 @@ type RetryPolicy struct {
 	// *StepError for a participant's failure reply, or what a local step
 	// returned. A timeout is always retried. Defaults: for a retriable
 	// step every failure is retried; otherwise a failure reply or a
-	// millrace.Permanent error is not (the saga compensates at once) and
+	// core.Permanent error is not (the saga compensates at once) and
 	// any other local error is.
 	Retryable func(err error) bool
 }
@@ -121,7 +121,7 @@ func (p RetryPolicy) withDefaults(attempts int) RetryPolicy {
 }
 
 // Command is a message a remote step sends to a participant: its topic,
-// its name (which the participant routes on, millrace.MetadataSagaCommand)
+// its name (which the participant routes on, core.MetadataSagaCommand)
 // and its payload, built from the saga's data.
 type Command[D any] struct {
 	// Topic is the participant's command topic. Required.
@@ -172,7 +172,7 @@ type Step[D any] struct {
 	// Local is a local step's function. It runs in the orchestrator's
 	// transaction (under a savepoint) and may change the data; its
 	// database writes commit with the saga's state. Return Fail(reason)
-	// or a millrace.Permanent error for a business failure.
+	// or a core.Permanent error for a business failure.
 	Local func(ctx context.Context, tx pgx.Tx, data *D) error
 	// LocalCompensation undoes a local compensatable step, in the same
 	// way. It must succeed eventually: a failing one is retried by
@@ -329,7 +329,7 @@ var ErrStepFailed = errors.New("saga: step failed")
 // sees it.
 type StepError struct {
 	Step    string
-	Outcome string // millrace.OutcomeFailure or millrace.OutcomeCancelled
+	Outcome string // core.OutcomeFailure or core.OutcomeCancelled
 	Reason  string
 }
 
@@ -343,11 +343,11 @@ func (e *StepError) Unwrap() error { return ErrStepFailed }
 // (unless the step's RetryPolicy.Retryable says so), and the saga
 // compensates.
 func Fail(reason string) error {
-	return millrace.Permanent(fmt.Errorf("%w: %s", ErrStepFailed, reason))
+	return core.Permanent(fmt.Errorf("%w: %s", ErrStepFailed, reason))
 }
 
 // Define checks spec and returns its Definition. Every problem is refused
-// here, not at run time, with an error wrapping millrace.ErrConfig that
+// here, not at run time, with an error wrapping core.ErrConfig that
 // names the step: a missing name, a duplicate name, a step with no command
 // (or both a command and a local function), a compensatable step after the
 // pivot, a second pivot, a retriable step before the pivot or without a
@@ -360,7 +360,7 @@ func Fail(reason string) error {
 // against the orchestrator's Writer (WriterConfig.ValidateTopic).
 func Define[D any](spec Spec[D]) (*Definition[D], error) {
 	fail := func(format string, args ...any) (*Definition[D], error) {
-		return nil, fmt.Errorf("%w: saga %q v%d: %s", millrace.ErrConfig, spec.Type, spec.Version, fmt.Sprintf(format, args...))
+		return nil, fmt.Errorf("%w: saga %q v%d: %s", core.ErrConfig, spec.Type, spec.Version, fmt.Sprintf(format, args...))
 	}
 	if err := checkName(spec.Type); err != nil {
 		return fail("type: %v", err)
@@ -625,7 +625,7 @@ func (s *stepDef) retryable(err error) bool {
 	if s.kind == Retriable {
 		return true
 	}
-	return !errors.Is(err, ErrStepFailed) && !millrace.IsPermanent(err)
+	return !errors.Is(err, ErrStepFailed) && !core.IsPermanent(err)
 }
 
 func eraseStep[D any](s Step[D]) *stepDef {

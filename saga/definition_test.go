@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/saga"
 )
 
@@ -59,7 +59,7 @@ func TestDefineRefusesInvalidDefinitions(t *testing.T) {
 	}
 	for _, c := range cases {
 		_, err := saga.Define(c.spec)
-		if !errors.Is(err, millrace.ErrConfig) || !strings.Contains(err.Error(), c.wants) {
+		if !errors.Is(err, core.ErrConfig) || !strings.Contains(err.Error(), c.wants) {
 			t.Errorf("%s: got %v, want ErrConfig with %q", c.name, err, c.wants)
 		}
 	}
@@ -79,7 +79,7 @@ func TestRegisterRefusesAnotherDefinitionOfTheSameVersion(t *testing.T) {
 		t.Fatalf("registering the same definition again: %v", err)
 	}
 	other := mustDefine(t, orderSpec(d.testBundle, 1))
-	if err := d.o.Register(other); !errors.Is(err, millrace.ErrConfig) {
+	if err := d.o.Register(other); !errors.Is(err, core.ErrConfig) {
 		t.Fatalf("another v1: %v", err)
 	}
 }
@@ -103,9 +103,9 @@ func TestAfterThePivotRetryForwardNeverCompensate(t *testing.T) {
 	})
 	id := "o-ship"
 	start(t, d.testBundle, def, id, 1)
-	d.reply(id, d.last(id), millrace.OutcomeSuccess)
+	d.reply(id, d.last(id), core.OutcomeSuccess)
 	// ship fails (retried: it is retriable), times out, fails again: stuck.
-	d.reply(id, d.last(id), millrace.OutcomeFailure)
+	d.reply(id, d.last(id), core.OutcomeFailure)
 	d.tick(time.Second)
 	if c := d.last(id); c.Step != "ship" || c.Attempt != 2 {
 		t.Fatalf("retry %+v", c)
@@ -115,7 +115,7 @@ func TestAfterThePivotRetryForwardNeverCompensate(t *testing.T) {
 	if c := d.last(id); c.Attempt != 3 {
 		t.Fatalf("retry after timeout %+v", c)
 	}
-	d.reply(id, d.last(id), millrace.OutcomeFailure)
+	d.reply(id, d.last(id), core.OutcomeFailure)
 	in := d.get(id)
 	if in.Status != saga.StatusStuck || in.Phase != saga.PhaseForward {
 		t.Fatalf("saga %s phase %s", in.Status, in.Phase)
@@ -135,7 +135,7 @@ func TestAfterThePivotRetryForwardNeverCompensate(t *testing.T) {
 	if c.Attempt != 4 {
 		t.Fatalf("operator retry %+v", c)
 	}
-	d.reply(id, c, millrace.OutcomeSuccess)
+	d.reply(id, c, core.OutcomeSuccess)
 	if in := d.get(id); in.Status != saga.StatusCompleted {
 		t.Fatalf("status %s", in.Status)
 	}
@@ -160,11 +160,11 @@ func TestOldVersionFinishesOnItsOwnVersion(t *testing.T) {
 	if c := d.last("o-v2"); c.Step != "fraud-check" {
 		t.Fatalf("v2 starts with %+v", c)
 	}
-	d.reply("o-v1", d.last("o-v1"), millrace.OutcomeSuccess)
+	d.reply("o-v1", d.last("o-v1"), core.OutcomeSuccess)
 	if c := d.last("o-v1"); c.Step != "stock" {
 		t.Fatalf("v1 went on with %+v", c)
 	}
-	d.reply("o-v1", d.last("o-v1"), millrace.OutcomeSuccess)
+	d.reply("o-v1", d.last("o-v1"), core.OutcomeSuccess)
 	if in := d.get("o-v1"); in.Status != saga.StatusCompleted || in.Version != 1 || in.Steps["fraud-check"] != nil {
 		t.Fatalf("v1 saga: %s v%d %+v", in.Status, in.Version, in.Steps)
 	}
@@ -190,7 +190,7 @@ func TestUnregisteredVersionIsParkedAsStuck(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A reply reaches it: the saga is parked, the reply kept in history.
-	if err := o2.Handler()(replyMsg("o-a", d.last("o-a"), millrace.OutcomeSuccess, "", "")); err != nil {
+	if err := o2.Handler()(replyMsg("o-a", d.last("o-a"), core.OutcomeSuccess, "", "")); err != nil {
 		t.Fatal(err)
 	}
 	in := d.get("o-a")
@@ -230,7 +230,7 @@ func TestPanickingLocalStepFails(t *testing.T) {
 	})
 	id := "o-panic"
 	start(t, d.testBundle, def, id, 1)
-	d.reply(id, d.last(id), millrace.OutcomeSuccess)
+	d.reply(id, d.last(id), core.OutcomeSuccess)
 	in := d.get(id)
 	if in.Status != saga.StatusCompensating || !strings.Contains(in.LastError, "panic") || !strings.Contains(in.LastError, "boom") {
 		t.Fatalf("%s %q", in.Status, in.LastError)

@@ -28,7 +28,7 @@
 // answered) are compensated in reverse order. At most one Pivot follows:
 // the point of no return. Retriable steps come after it: they are retried
 // by their RetryPolicy and never compensated. Define refuses, with an error
-// wrapping millrace.ErrConfig, a compensatable step after the pivot, a
+// wrapping core.ErrConfig, a compensatable step after the pivot, a
 // second pivot, a retriable step before the pivot or without a retry
 // policy, two steps with one name, a step with no command, and the like.
 //

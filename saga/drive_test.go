@@ -13,7 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/saga"
 )
 
@@ -79,8 +79,8 @@ func (d *driver) commands(id string) []cmd {
 		if err := r.Scan(&c.Topic, &h, &c.Payload); err != nil {
 			return c, err
 		}
-		c.Step, c.Op, c.Command = h[millrace.MetadataSagaStep], h[millrace.MetadataSagaOperation], h[millrace.MetadataSagaCommand]
-		c.Attempt, _ = strconv.Atoi(h[millrace.MetadataSagaAttempt])
+		c.Step, c.Op, c.Command = h[core.MetadataSagaStep], h[core.MetadataSagaOperation], h[core.MetadataSagaCommand]
+		c.Attempt, _ = strconv.Atoi(h[core.MetadataSagaAttempt])
 		return c, nil
 	})
 	if err != nil {
@@ -105,9 +105,9 @@ func replyMsg(id string, c cmd, outcome, reason string, payload string) *message
 	}
 	msg := message.NewMessage(watermill.NewUUID(), []byte(payload))
 	msg.Metadata = message.Metadata{
-		millrace.MetadataSagaID: id, millrace.MetadataSagaType: "order", millrace.MetadataSagaStep: c.Step,
-		millrace.MetadataSagaAttempt: strconv.Itoa(c.Attempt), millrace.MetadataSagaOperation: c.Op,
-		millrace.MetadataSagaOutcome: outcome, millrace.MetadataSagaReason: reason,
+		core.MetadataSagaID: id, core.MetadataSagaType: "order", core.MetadataSagaStep: c.Step,
+		core.MetadataSagaAttempt: strconv.Itoa(c.Attempt), core.MetadataSagaOperation: c.Op,
+		core.MetadataSagaOutcome: outcome, core.MetadataSagaReason: reason,
 	}
 	return msg
 }

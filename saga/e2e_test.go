@@ -14,8 +14,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/compensation"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/internal/kafkatest"
 	"github.com/millrace/millrace/kafka"
@@ -322,9 +322,9 @@ func TestTimeoutRetryThenCompensateEffectOnce(t *testing.T) {
 	var mu sync.Mutex
 	dropped := map[string]int{}
 	e.dropReply = func(m *message.Message) bool {
-		id := m.Metadata.Get(millrace.MetadataSagaID)
-		if m.Metadata.Get(millrace.MetadataSagaOutcome) == "" || m.Metadata.Get(millrace.MetadataSagaStep) != "stock" ||
-			m.Metadata.Get(millrace.MetadataSagaOperation) != millrace.OperationAction {
+		id := m.Metadata.Get(core.MetadataSagaID)
+		if m.Metadata.Get(core.MetadataSagaOutcome) == "" || m.Metadata.Get(core.MetadataSagaStep) != "stock" ||
+			m.Metadata.Get(core.MetadataSagaOperation) != core.OperationAction {
 			return false
 		}
 		mu.Lock()
@@ -375,7 +375,7 @@ func TestThousandConcurrentSagas(t *testing.T) {
 	e.dropReply = func(m *message.Message) bool {
 		mu.Lock()
 		defer mu.Unlock()
-		return m.Metadata.Get(millrace.MetadataSagaOutcome) != "" && rng.IntN(100) == 0
+		return m.Metadata.Get(core.MetadataSagaOutcome) != "" && rng.IntN(100) == 0
 	}
 	def := mustDefine(t, e.spec(1, 10*time.Second))
 	e.start(t, def)
@@ -457,7 +457,7 @@ func TestSeveralOrchestratorsShareTheWork(t *testing.T) {
 	e.dropReply = func(m *message.Message) bool {
 		mu.Lock()
 		defer mu.Unlock()
-		return m.Metadata.Get(millrace.MetadataSagaOutcome) != "" && rng.IntN(10) == 0
+		return m.Metadata.Get(core.MetadataSagaOutcome) != "" && rng.IntN(10) == 0
 	}
 	def := mustDefine(t, e.spec(1, 300*time.Millisecond))
 	e.start(t, def)

@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/backoff"
 	"github.com/millrace/millrace/internal/pipeline"
 	"github.com/millrace/millrace/outbox"
@@ -71,14 +71,14 @@ func (m *machine) command(s *stepDef, c *command, op string, attempt int) error 
 		return m.stuck(fmt.Sprintf("step %s: build the %s command: %v", s.name, op, err))
 	}
 	md := map[string]string{
-		millrace.MetadataSagaID:         m.in.ID,
-		millrace.MetadataSagaType:       m.d.typ,
-		millrace.MetadataSagaStep:       s.name,
-		millrace.MetadataSagaAttempt:    strconv.Itoa(attempt),
-		millrace.MetadataSagaOperation:  op,
-		millrace.MetadataSagaCommand:    c.name,
-		millrace.MetadataSagaReplyTopic: m.d.replyTopic,
-		millrace.MetadataPartitionKey:   m.in.ID,
+		core.MetadataSagaID:         m.in.ID,
+		core.MetadataSagaType:       m.d.typ,
+		core.MetadataSagaStep:       s.name,
+		core.MetadataSagaAttempt:    strconv.Itoa(attempt),
+		core.MetadataSagaOperation:  op,
+		core.MetadataSagaCommand:    c.name,
+		core.MetadataSagaReplyTopic: m.d.replyTopic,
+		core.MetadataPartitionKey:   m.in.ID,
 	}
 	traceCommand(m.ctx, md) // tracing.go
 	ev := outbox.Event{
@@ -121,7 +121,7 @@ func (m *machine) runLocal(fn func(context.Context, pgx.Tx, []byte) ([]byte, err
 	data, ferr := fn(m.ctx, sp, m.in.Data)
 	if ferr == nil {
 		if serr := checkStorable(data); serr != nil {
-			ferr = millrace.Permanent(serr)
+			ferr = core.Permanent(serr)
 		}
 	}
 	if ferr != nil {
@@ -173,7 +173,7 @@ func (m *machine) try(s *stepDef) (done bool, err error) {
 			st.AwaitFrom = st.Attempt // else earlier attempts are still unanswered
 		}
 		st.Status, st.Due = StepRunning, m.due(s.timeout)
-		return false, m.command(s, s.action, millrace.OperationAction, st.Attempt)
+		return false, m.command(s, s.action, core.OperationAction, st.Attempt)
 	}
 	m.in.Attempts = st.Attempt
 	stepErr, err := m.runLocal(s.local)
@@ -181,7 +181,7 @@ func (m *machine) try(s *stepDef) (done bool, err error) {
 		return false, err
 	}
 	if stepErr != nil {
-		m.record("failed", s.name, millrace.OperationAction, st.Attempt, "", stepErr.Error())
+		m.record("failed", s.name, core.OperationAction, st.Attempt, "", stepErr.Error())
 		return false, m.actionFailed(s, st, stepErr)
 	}
 	m.stepDone(s, st, st.Attempt)
@@ -283,7 +283,7 @@ func (m *machine) stepDone(s *stepDef, st *StepState, attempt int) {
 		typ, lat := m.d.typ, m.now.Sub(*st.StartedAt)
 		m.after = append(m.after, func() { m.o.metrics.stepLatency.WithLabelValues(typ, s.name).Observe(lat.Seconds()) })
 	}
-	m.record("step_done", s.name, millrace.OperationAction, attempt, millrace.OutcomeSuccess, "")
+	m.record("step_done", s.name, core.OperationAction, attempt, core.OutcomeSuccess, "")
 }
 
 // actionFailed handles a failure of a step's action: another try after a
@@ -292,7 +292,7 @@ func (m *machine) actionFailed(s *stepDef, st *StepState, cause error) error {
 	st.Reason = cause.Error()
 	if s.retryable(cause) && st.Tries < s.retry.MaxAttempts {
 		st.Status, st.Due = StepBackoff, m.due(backoff.Exponential(st.Tries, s.retry.MinBackoff, s.retry.MaxBackoff))
-		m.record("backoff", s.name, millrace.OperationAction, st.Attempt, "", st.Reason)
+		m.record("backoff", s.name, core.OperationAction, st.Attempt, "", st.Reason)
 		return nil
 	}
 	st.Status, st.Due = StepFailed, nil
@@ -317,7 +317,7 @@ func (m *machine) giveUp(s *stepDef, reason string) error {
 
 // timeout handles the expiry of the action's current try.
 func (m *machine) actionTimeout(s *stepDef, st *StepState) error {
-	m.record("timeout", s.name, millrace.OperationAction, st.Attempt, "", "")
+	m.record("timeout", s.name, core.OperationAction, st.Attempt, "", "")
 	st.Reason = fmt.Sprintf("attempt %d timed out after %s", st.Attempt, s.timeout)
 	switch s.onTimeout {
 	case TimeoutStuck:
@@ -333,7 +333,7 @@ func (m *machine) actionTimeout(s *stepDef, st *StepState) error {
 		// any unanswered attempt), and a participant that is slow is not
 		// sent more of the same work at the pace of the timeout.
 		st.Status, st.Due = StepBackoff, m.due(backoff.Exponential(st.Tries, s.retry.MinBackoff, s.retry.MaxBackoff))
-		m.record("backoff", s.name, millrace.OperationAction, st.Attempt, "", st.Reason)
+		m.record("backoff", s.name, core.OperationAction, st.Attempt, "", st.Reason)
 		return nil
 	}
 	st.Status, st.Due = StepUncertain, nil
@@ -390,7 +390,7 @@ func (m *machine) compensateFrom(i int) error {
 		st.CompensationAttempt++
 		if s.comp != nil {
 			st.Status, st.Due = StepCompensating, m.due(s.timeout)
-			return m.command(s, s.comp, millrace.OperationCompensation, st.CompensationAttempt)
+			return m.command(s, s.comp, core.OperationCompensation, st.CompensationAttempt)
 		}
 		m.in.Attempts = st.CompensationAttempt
 		stepErr, err := m.runLocal(s.localComp)
@@ -398,11 +398,11 @@ func (m *machine) compensateFrom(i int) error {
 			return err
 		}
 		if stepErr != nil {
-			m.record("failed", s.name, millrace.OperationCompensation, st.CompensationAttempt, "", stepErr.Error())
+			m.record("failed", s.name, core.OperationCompensation, st.CompensationAttempt, "", stepErr.Error())
 			return m.compensationFailed(s, st, stepErr.Error())
 		}
 		st.Status, st.Due, st.Reason = StepCompensated, nil, ""
-		m.record("step_compensated", s.name, millrace.OperationCompensation, st.CompensationAttempt, millrace.OutcomeSuccess, "")
+		m.record("step_compensated", s.name, core.OperationCompensation, st.CompensationAttempt, core.OutcomeSuccess, "")
 	}
 	return m.end(StatusCompensated, m.in.LastError)
 }
@@ -411,7 +411,7 @@ func (m *machine) compensationFailed(s *stepDef, st *StepState, reason string) e
 	st.Reason = reason
 	if st.Tries < s.compRetry.MaxAttempts {
 		st.Status, st.Due = StepCompBackoff, m.due(backoff.Exponential(st.Tries, s.compRetry.MinBackoff, s.compRetry.MaxBackoff))
-		m.record("backoff", s.name, millrace.OperationCompensation, st.CompensationAttempt, "", reason)
+		m.record("backoff", s.name, core.OperationCompensation, st.CompensationAttempt, "", reason)
 		return nil
 	}
 	st.Due = nil
@@ -419,7 +419,7 @@ func (m *machine) compensationFailed(s *stepDef, st *StepState, reason string) e
 }
 
 func (m *machine) compensationTimeout(s *stepDef, st *StepState) error {
-	m.record("timeout", s.name, millrace.OperationCompensation, st.CompensationAttempt, "", "")
+	m.record("timeout", s.name, core.OperationCompensation, st.CompensationAttempt, "", "")
 	return m.compensationFailed(s, st, fmt.Sprintf("attempt %d timed out after %s", st.CompensationAttempt, s.timeout))
 }
 
@@ -459,39 +459,39 @@ type reply struct {
 	eventID                                     string
 }
 
-// ErrBadReply is wrapped (as millrace.Permanent) by the reply handler's
+// ErrBadReply is wrapped (as core.Permanent) by the reply handler's
 // error for a message that is not a saga reply: a missing or malformed
 // saga header.
 var ErrBadReply = errors.New("saga: not a saga reply")
 
 func parseReply(md map[string]string, payload []byte) (reply, error) {
 	r := reply{
-		sagaID: md[millrace.MetadataSagaID], sagaType: md[millrace.MetadataSagaType],
-		step: md[millrace.MetadataSagaStep], op: md[millrace.MetadataSagaOperation],
-		outcome: md[millrace.MetadataSagaOutcome], reason: md[millrace.MetadataSagaReason],
-		payload: payload, eventID: md[millrace.MetadataEventID],
+		sagaID: md[core.MetadataSagaID], sagaType: md[core.MetadataSagaType],
+		step: md[core.MetadataSagaStep], op: md[core.MetadataSagaOperation],
+		outcome: md[core.MetadataSagaOutcome], reason: md[core.MetadataSagaReason],
+		payload: payload, eventID: md[core.MetadataEventID],
 	}
 	bad := func(format string, args ...any) (reply, error) {
-		return r, millrace.Permanent(fmt.Errorf("%w: %s", ErrBadReply, fmt.Sprintf(format, args...)))
+		return r, core.Permanent(fmt.Errorf("%w: %s", ErrBadReply, fmt.Sprintf(format, args...)))
 	}
 	if err := checkName(r.sagaID); err != nil {
-		return bad("%s %q: %v", millrace.MetadataSagaID, r.sagaID, err)
+		return bad("%s %q: %v", core.MetadataSagaID, r.sagaID, err)
 	}
 	if err := checkName(r.step); err != nil {
-		return bad("saga %s: %s %q: %v", r.sagaID, millrace.MetadataSagaStep, r.step, err)
+		return bad("saga %s: %s %q: %v", r.sagaID, core.MetadataSagaStep, r.step, err)
 	}
-	a, err := strconv.Atoi(md[millrace.MetadataSagaAttempt])
+	a, err := strconv.Atoi(md[core.MetadataSagaAttempt])
 	if err != nil || a < 1 {
-		return bad("saga %s: %s %q is not a positive number", r.sagaID, millrace.MetadataSagaAttempt, md[millrace.MetadataSagaAttempt])
+		return bad("saga %s: %s %q is not a positive number", r.sagaID, core.MetadataSagaAttempt, md[core.MetadataSagaAttempt])
 	}
 	r.attempt = a
-	if r.op != millrace.OperationAction && r.op != millrace.OperationCompensation {
-		return bad("saga %s: %s %q", r.sagaID, millrace.MetadataSagaOperation, r.op)
+	if r.op != core.OperationAction && r.op != core.OperationCompensation {
+		return bad("saga %s: %s %q", r.sagaID, core.MetadataSagaOperation, r.op)
 	}
 	switch r.outcome {
-	case millrace.OutcomeSuccess, millrace.OutcomeFailure, millrace.OutcomeCancelled:
+	case core.OutcomeSuccess, core.OutcomeFailure, core.OutcomeCancelled:
 	default:
-		return bad("saga %s: %s %q", r.sagaID, millrace.MetadataSagaOutcome, r.outcome)
+		return bad("saga %s: %s %q", r.sagaID, core.MetadataSagaOutcome, r.outcome)
 	}
 	if len(r.payload) > 0 && !json.Valid(r.payload) {
 		return bad("saga %s: reply payload is not JSON", r.sagaID)
@@ -531,18 +531,18 @@ func (m *machine) onReply(r reply) error {
 	}
 	m.applied = true
 	m.record("reply", r.step, r.op, r.attempt, r.outcome, r.reason)
-	if r.op == millrace.OperationAction {
+	if r.op == core.OperationAction {
 		st.AwaitFrom = 0 // answered: the attempts before are too
 	}
-	if r.op == millrace.OperationCompensation {
-		if r.outcome == millrace.OutcomeSuccess {
+	if r.op == core.OperationCompensation {
+		if r.outcome == core.OutcomeSuccess {
 			st.Status, st.Due, st.Reason = StepCompensated, nil, ""
 			m.record("step_compensated", s.name, r.op, r.attempt, r.outcome, "")
 			return m.compensateFrom(m.d.index[s.name] - 1)
 		}
 		return m.compensationFailed(s, st, r.outcome+": "+r.reason)
 	}
-	if r.outcome != millrace.OutcomeSuccess {
+	if r.outcome != core.OutcomeSuccess {
 		return m.actionFailed(s, st, &StepError{Step: s.name, Outcome: r.outcome, Reason: r.reason})
 	}
 	if s.onSuccess != nil {
@@ -588,26 +588,26 @@ func (m *machine) onReply(r reply) error {
 // attempt already answered, and an attempt never sent.
 func awaits(s *stepDef, st *StepState, r reply) bool {
 	switch r.op {
-	case millrace.OperationAction:
+	case core.OperationAction:
 		if !s.remote || r.attempt > st.Attempt {
 			return false
 		}
-		earlier := st.AwaitFrom > 0 && r.attempt >= st.AwaitFrom && (r.attempt == st.Attempt || r.outcome != millrace.OutcomeFailure)
+		earlier := st.AwaitFrom > 0 && r.attempt >= st.AwaitFrom && (r.attempt == st.Attempt || r.outcome != core.OutcomeFailure)
 		switch st.Status {
 		case StepRunning:
 			return r.attempt == st.Attempt || earlier
 		case StepBackoff:
 			return earlier
 		}
-	case millrace.OperationCompensation:
+	case core.OperationCompensation:
 		if s.comp == nil || r.attempt > st.CompensationAttempt {
 			return false
 		}
 		switch st.Status {
 		case StepCompensating:
-			return r.attempt == st.CompensationAttempt || r.outcome == millrace.OutcomeSuccess
+			return r.attempt == st.CompensationAttempt || r.outcome == core.OutcomeSuccess
 		case StepCompBackoff:
-			return r.outcome == millrace.OutcomeSuccess
+			return r.outcome == core.OutcomeSuccess
 		}
 	}
 	return false
@@ -650,12 +650,12 @@ func (m *machine) wakeStep(s *stepDef) error {
 	case StepRunning:
 		return m.actionTimeout(s, st)
 	case StepBackoff:
-		m.record("retry", s.name, millrace.OperationAction, st.Attempt, "", st.Reason)
+		m.record("retry", s.name, core.OperationAction, st.Attempt, "", st.Reason)
 		return m.retry(s)
 	case StepCompensating:
 		return m.compensationTimeout(s, st)
 	case StepCompBackoff:
-		m.record("retry", s.name, millrace.OperationCompensation, st.CompensationAttempt, "", st.Reason)
+		m.record("retry", s.name, core.OperationCompensation, st.CompensationAttempt, "", st.Reason)
 		return m.compensateFrom(m.d.index[s.name])
 	case StepWaiting:
 		return m.waitTimeout(s, st) // await.go

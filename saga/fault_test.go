@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/saga"
 )
 
@@ -66,7 +66,7 @@ func TestDuplicateStaleAndReorderedRepliesChangeNothing(t *testing.T) {
 	if credit != (cmd{Topic: "credit", Step: "credit", Op: "action", Command: "credit", Attempt: 1, Payload: `{"amount":5,"order":"o-dup"}`}) {
 		t.Fatalf("first command %+v", credit)
 	}
-	first := replyMsg(id, credit, millrace.OutcomeSuccess, "", `{"tx":"t1"}`)
+	first := replyMsg(id, credit, core.OutcomeSuccess, "", `{"tx":"t1"}`)
 	d.deliver(first)
 	stock := d.last(id)
 	if stock.Step != "stock" || stock.Attempt != 1 {
@@ -78,13 +78,13 @@ func TestDuplicateStaleAndReorderedRepliesChangeNothing(t *testing.T) {
 	d.deliver(first)
 	// The same reply as a new message (the participant's barrier answering
 	// a repeated attempt): fenced.
-	d.reply(id, credit, millrace.OutcomeSuccess)
+	d.reply(id, credit, core.OutcomeSuccess)
 	// Replies the saga never asked for: a future attempt, a compensation,
 	// an unknown step, a failure of the finished step.
-	d.reply(id, cmd{Step: "stock", Op: "action", Attempt: 2}, millrace.OutcomeSuccess)
-	d.reply(id, cmd{Step: "credit", Op: "compensation", Attempt: 1}, millrace.OutcomeSuccess)
-	d.reply(id, cmd{Step: "nope", Op: "action", Attempt: 1}, millrace.OutcomeSuccess)
-	d.reply(id, credit, millrace.OutcomeFailure)
+	d.reply(id, cmd{Step: "stock", Op: "action", Attempt: 2}, core.OutcomeSuccess)
+	d.reply(id, cmd{Step: "credit", Op: "compensation", Attempt: 1}, core.OutcomeSuccess)
+	d.reply(id, cmd{Step: "nope", Op: "action", Attempt: 1}, core.OutcomeSuccess)
+	d.reply(id, credit, core.OutcomeFailure)
 	after := d.get(id)
 	if after.Revision != before.Revision || string(after.Data) != string(before.Data) || len(d.commands(id)) != 2 {
 		t.Fatalf("a fenced reply changed the saga: revision %d -> %d, data %s -> %s", before.Revision, after.Revision, before.Data, after.Data)
@@ -103,17 +103,17 @@ func TestDuplicateStaleAndReorderedRepliesChangeNothing(t *testing.T) {
 	if stock2.Step != "stock" || stock2.Attempt != 2 {
 		t.Fatalf("after the timeout: %+v", stock2)
 	}
-	d.reply(id, stock, millrace.OutcomeSuccess)
+	d.reply(id, stock, core.OutcomeSuccess)
 	in := d.get(id)
 	if in.Status != saga.StatusCompleted || dataOf(t, in).CreditTx != "t1" {
 		t.Fatalf("saga %s data %s", in.Status, in.Data)
 	}
-	d.reply(id, stock2, millrace.OutcomeSuccess)
+	d.reply(id, stock2, core.OutcomeSuccess)
 	if got := d.get(id); got.Revision != in.Revision {
 		t.Fatalf("attempt 2's reply after the step was done changed the saga")
 	}
 	// After the end, everything is fenced.
-	d.reply(id, stock2, millrace.OutcomeFailure)
+	d.reply(id, stock2, core.OutcomeFailure)
 	if got := d.get(id); got.Revision != in.Revision || got.Status != saga.StatusCompleted {
 		t.Fatalf("a reply after the end changed the saga")
 	}
@@ -127,7 +127,7 @@ func TestTimeoutRetriesWithNewAttemptThenCompensates(t *testing.T) {
 	d, def := orderDriver(t, nil)
 	id := "o-timeout"
 	start(t, d.testBundle, def, id, 5)
-	d.reply(id, d.last(id), millrace.OutcomeSuccess)
+	d.reply(id, d.last(id), core.OutcomeSuccess)
 	for attempt := 1; attempt <= 3; attempt++ {
 		c := d.last(id)
 		if c.Step != "stock" || c.Op != "action" || c.Attempt != attempt {
@@ -156,7 +156,7 @@ func TestTimeoutRetriesWithNewAttemptThenCompensates(t *testing.T) {
 	if in.Status != saga.StatusCompensating || in.Steps["stock"].Status != saga.StepCompensating {
 		t.Fatalf("saga %s, stock %+v", in.Status, in.Steps["stock"])
 	}
-	d.reply(id, c, millrace.OutcomeSuccess)
+	d.reply(id, c, core.OutcomeSuccess)
 	c = d.last(id)
 	if c.Step != "credit" || c.Op != "compensation" || c.Command != "release-credit" {
 		t.Fatalf("then: %+v", c)
@@ -164,7 +164,7 @@ func TestTimeoutRetriesWithNewAttemptThenCompensates(t *testing.T) {
 	if got := d.effects(id); !slices.Equal(got, []string{"approve:do", "approve:undo"}) {
 		t.Fatalf("local effects %v", got)
 	}
-	d.reply(id, c, millrace.OutcomeSuccess)
+	d.reply(id, c, core.OutcomeSuccess)
 	in = d.get(id)
 	if in.Status != saga.StatusCompensated || !strings.Contains(in.LastError, "3 attempts timed out") || in.NextWakeupAt != nil {
 		t.Fatalf("saga %s %q wakeup %v", in.Status, in.LastError, in.NextWakeupAt)
@@ -176,14 +176,14 @@ func TestCompensationFailsTwiceThenSucceeds(t *testing.T) {
 	d, def := orderDriver(t, nil)
 	id := "o-comp"
 	start(t, d.testBundle, def, id, 5)
-	d.reply(id, d.last(id), millrace.OutcomeSuccess)
-	d.reply(id, d.last(id), millrace.OutcomeFailure) // stock refuses
+	d.reply(id, d.last(id), core.OutcomeSuccess)
+	d.reply(id, d.last(id), core.OutcomeFailure) // stock refuses
 	for attempt := 1; attempt <= 2; attempt++ {
 		c := d.last(id)
 		if c.Step != "credit" || c.Op != "compensation" || c.Attempt != attempt {
 			t.Fatalf("compensation attempt %d: %+v", attempt, c)
 		}
-		d.reply(id, c, millrace.OutcomeFailure)
+		d.reply(id, c, core.OutcomeFailure)
 		in := d.get(id)
 		if in.Status != saga.StatusCompensating || in.Steps["credit"].Status != saga.StepCompBackoff {
 			t.Fatalf("after failure %d: %s %+v", attempt, in.Status, in.Steps["credit"])
@@ -200,7 +200,7 @@ func TestCompensationFailsTwiceThenSucceeds(t *testing.T) {
 	if c.Attempt != 3 {
 		t.Fatalf("third try %+v", c)
 	}
-	d.reply(id, c, millrace.OutcomeSuccess)
+	d.reply(id, c, core.OutcomeSuccess)
 	if in := d.get(id); in.Status != saga.StatusCompensated {
 		t.Fatalf("status %s", in.Status)
 	}
@@ -214,11 +214,11 @@ func stuckOnCompensation(t *testing.T, id string) (*driver, *saga.Definition[ord
 		s.Steps[0].CompensationRetry = saga.RetryPolicy{MaxAttempts: 2, MinBackoff: time.Second}
 	})
 	start(t, d.testBundle, def, id, 5)
-	d.reply(id, d.last(id), millrace.OutcomeSuccess)
-	d.reply(id, d.last(id), millrace.OutcomeFailure)
-	d.reply(id, d.last(id), millrace.OutcomeFailure)
+	d.reply(id, d.last(id), core.OutcomeSuccess)
+	d.reply(id, d.last(id), core.OutcomeFailure)
+	d.reply(id, d.last(id), core.OutcomeFailure)
 	d.tick(time.Second)
-	d.reply(id, d.last(id), millrace.OutcomeFailure)
+	d.reply(id, d.last(id), core.OutcomeFailure)
 	in := d.get(id)
 	if in.Status != saga.StatusStuck || in.Phase != saga.PhaseCompensating || in.NextWakeupAt != nil ||
 		in.LastError != "compensation of step credit failed 2 times: failure: because" {
@@ -249,7 +249,7 @@ func TestStuckCompensationThenOperatorRetry(t *testing.T) {
 	if in.Status != saga.StatusCompensating || c.Step != "credit" || c.Op != "compensation" || c.Attempt != 3 {
 		t.Fatalf("after retry: %s %+v", in.Status, c)
 	}
-	d.reply(id, c, millrace.OutcomeSuccess)
+	d.reply(id, c, core.OutcomeSuccess)
 	if in := d.get(id); in.Status != saga.StatusCompensated {
 		t.Fatalf("status %s", in.Status)
 	}
@@ -287,7 +287,7 @@ func TestStuckStepThenSkip(t *testing.T) {
 	id := "o-skip"
 	ctx := context.Background()
 	start(t, d.testBundle, def, id, 5)
-	d.reply(id, d.last(id), millrace.OutcomeSuccess)
+	d.reply(id, d.last(id), core.OutcomeSuccess)
 	d.tick(time.Second)
 	in := d.get(id)
 	if in.Status != saga.StatusStuck || in.Step != "stock" || !strings.Contains(in.LastError, "timed out") {
@@ -316,7 +316,7 @@ func TestAbortCompensates(t *testing.T) {
 	d, def := orderDriver(t, nil)
 	id := "o-abort"
 	start(t, d.testBundle, def, id, 5)
-	d.reply(id, d.last(id), millrace.OutcomeSuccess)
+	d.reply(id, d.last(id), core.OutcomeSuccess)
 	in, err := d.o.Abort(context.Background(), id, operator)
 	if err != nil {
 		t.Fatal(err)
@@ -422,8 +422,8 @@ func TestStartRunsLeadingLocalStepOnce(t *testing.T) {
 	if got := d.effects("o-local-rb"); len(got) != 0 {
 		t.Fatalf("rolled-back start left effects %v", got)
 	}
-	d.reply("o-local", d.last("o-local"), millrace.OutcomeSuccess)
-	d.reply("o-local", d.last("o-local"), millrace.OutcomeSuccess)
+	d.reply("o-local", d.last("o-local"), core.OutcomeSuccess)
+	d.reply("o-local", d.last("o-local"), core.OutcomeSuccess)
 	if in := d.get("o-local"); in.Status != saga.StatusCompleted {
 		t.Fatalf("status %s", in.Status)
 	}

@@ -11,7 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/kafkatest"
 	"github.com/millrace/millrace/kafka"
 	"github.com/millrace/millrace/saga"
@@ -71,8 +71,8 @@ func TestRunBatchedTakesWholeFetches(t *testing.T) {
 	for i := range n {
 		id := fmt.Sprintf("f-%d", i)
 		start(t, b, def, id, 1)
-		r := replyMsg(id, d.last(id), millrace.OutcomeSuccess, "", "")
-		r.Metadata.Set(millrace.MetadataPartitionKey, id)
+		r := replyMsg(id, d.last(id), core.OutcomeSuccess, "", "")
+		r.Metadata.Set(core.MetadataPartitionKey, id)
 		replies = append(replies, r)
 		if i%10 == 0 {
 			replies = append(replies, r) // the same message again, right behind it

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/saga"
 )
 
@@ -60,19 +60,19 @@ func TestParallelGroupRunsTogether(t *testing.T) {
 	d, def := groupDriver(t)
 	id := "g-ok"
 	start(t, d.testBundle, def, id, 1)
-	d.reply(id, d.last(id), millrace.OutcomeSuccess) // reserve
+	d.reply(id, d.last(id), core.OutcomeSuccess) // reserve
 	if got := steps(d.commands(id)); !slices.Equal(got, []string{"reserve:action", "credit:action", "stock:action"}) {
 		t.Fatalf("commands %v", got)
 	}
 	if in := d.get(id); in.Step != "pay" {
 		t.Fatalf("current step %q, want the group", in.Step)
 	}
-	d.reply(id, d.find(id, "stock", "action"), millrace.OutcomeSuccess)
+	d.reply(id, d.find(id, "stock", "action"), core.OutcomeSuccess)
 	if c := d.last(id); c.Step != "stock" {
 		t.Fatalf("moved on before the whole group finished: %+v", c)
 	}
-	d.reply(id, d.find(id, "credit", "action"), millrace.OutcomeSuccess)
-	d.reply(id, d.last(id), millrace.OutcomeSuccess) // ship
+	d.reply(id, d.find(id, "credit", "action"), core.OutcomeSuccess)
+	d.reply(id, d.last(id), core.OutcomeSuccess) // ship
 	if in := d.get(id); in.Status != saga.StatusCompleted {
 		t.Fatalf("status %s", in.Status)
 	}
@@ -86,14 +86,14 @@ func TestParallelGroupMemberFails(t *testing.T) {
 	d, def := groupDriver(t)
 	id := "g-fail"
 	start(t, d.testBundle, def, id, 1)
-	d.reply(id, d.last(id), millrace.OutcomeSuccess)
-	d.reply(id, d.find(id, "credit", "action"), millrace.OutcomeFailure)
+	d.reply(id, d.last(id), core.OutcomeSuccess)
+	d.reply(id, d.find(id, "credit", "action"), core.OutcomeFailure)
 	if in := d.get(id); in.Status != saga.StatusRunning || len(d.commands(id)) != 3 {
 		t.Fatalf("did not wait for the member in flight: %s %v", in.Status, steps(d.commands(id)))
 	}
-	d.reply(id, d.find(id, "stock", "action"), millrace.OutcomeSuccess)
-	d.reply(id, d.last(id), millrace.OutcomeSuccess)
-	d.reply(id, d.last(id), millrace.OutcomeSuccess)
+	d.reply(id, d.find(id, "stock", "action"), core.OutcomeSuccess)
+	d.reply(id, d.last(id), core.OutcomeSuccess)
+	d.reply(id, d.last(id), core.OutcomeSuccess)
 	got := steps(d.commands(id))
 	want := []string{"reserve:action", "credit:action", "stock:action", "stock:compensation", "reserve:compensation"}
 	if !slices.Equal(got, want) {
@@ -111,13 +111,13 @@ func TestParallelGroupNoRetryOnceFailing(t *testing.T) {
 	d, def := groupDriver(t)
 	id := "g-timeout"
 	start(t, d.testBundle, def, id, 1)
-	d.reply(id, d.last(id), millrace.OutcomeSuccess)
-	d.reply(id, d.find(id, "stock", "action"), millrace.OutcomeFailure)
+	d.reply(id, d.last(id), core.OutcomeSuccess)
+	d.reply(id, d.find(id, "stock", "action"), core.OutcomeFailure)
 	d.tick(time.Second) // credit times out
 	if c := d.last(id); c.Step != "credit" || c.Op != "compensation" {
 		t.Fatalf("after the timeout: %+v (%v)", c, steps(d.commands(id)))
 	}
-	d.reply(id, d.last(id), millrace.OutcomeSuccess)
+	d.reply(id, d.last(id), core.OutcomeSuccess)
 	if c := d.last(id); c.Step != "reserve" || c.Op != "compensation" {
 		t.Fatalf("then %+v", c)
 	}
@@ -129,8 +129,8 @@ func TestParallelGroupMemberRetriedAlone(t *testing.T) {
 	d, def := groupDriver(t)
 	id := "g-retry"
 	start(t, d.testBundle, def, id, 1)
-	d.reply(id, d.last(id), millrace.OutcomeSuccess)
-	d.reply(id, d.find(id, "credit", "action"), millrace.OutcomeSuccess)
+	d.reply(id, d.last(id), core.OutcomeSuccess)
+	d.reply(id, d.find(id, "credit", "action"), core.OutcomeSuccess)
 	d.tick(time.Second) // stock times out: it backs off
 	if n := len(d.commands(id)); n != 3 {
 		t.Fatalf("retried at once: %v", steps(d.commands(id)))
@@ -140,7 +140,7 @@ func TestParallelGroupMemberRetriedAlone(t *testing.T) {
 	if c.Step != "stock" || c.Attempt != 2 || len(d.commands(id)) != 4 {
 		t.Fatalf("retry %+v %v", c, steps(d.commands(id)))
 	}
-	d.reply(id, c, millrace.OutcomeSuccess)
+	d.reply(id, c, core.OutcomeSuccess)
 	if c := d.last(id); c.Step != "ship" {
 		t.Fatalf("then %+v", c)
 	}
@@ -151,7 +151,7 @@ func TestParallelGroupOperatorActions(t *testing.T) {
 	d, def := groupDriver(t)
 	ctx := context.Background()
 	start(t, d.testBundle, def, "g-abort", 1)
-	d.reply("g-abort", d.last("g-abort"), millrace.OutcomeSuccess)
+	d.reply("g-abort", d.last("g-abort"), core.OutcomeSuccess)
 	in, err := d.o.Abort(ctx, "g-abort", operator)
 	if err != nil {
 		t.Fatal(err)
@@ -160,8 +160,8 @@ func TestParallelGroupOperatorActions(t *testing.T) {
 		t.Fatalf("abort: %s %v", in.Status, steps(d.commands("g-abort")))
 	}
 	start(t, d.testBundle, def, "g-skip", 1)
-	d.reply("g-skip", d.last("g-skip"), millrace.OutcomeSuccess)
-	d.reply("g-skip", d.find("g-skip", "credit", "action"), millrace.OutcomeSuccess)
+	d.reply("g-skip", d.last("g-skip"), core.OutcomeSuccess)
+	d.reply("g-skip", d.find("g-skip", "credit", "action"), core.OutcomeSuccess)
 	if _, err := d.o.MarkCompensated(ctx, "g-skip", operator); !errors.Is(err, saga.ErrActionNotAllowed) {
 		t.Fatalf("mark-compensated on a running group: %v", err)
 	}
@@ -191,7 +191,7 @@ func TestDefineRefusesInvalidGroups(t *testing.T) {
 		}),
 	}
 	for name, spec := range cases {
-		if _, err := saga.Define(spec); !errors.Is(err, millrace.ErrConfig) {
+		if _, err := saga.Define(spec); !errors.Is(err, core.ErrConfig) {
 			t.Errorf("%s: %v", name, err)
 		}
 	}

@@ -6,7 +6,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/saga"
 )
 
@@ -18,7 +18,7 @@ func TestRepeatedFencedRepliesCollapseIntoACount(t *testing.T) {
 	d, def := orderDriver(t, nil)
 	id := "dup-bound"
 	stock := stockRunning(t, d, def, id)
-	d.reply(id, stock, millrace.OutcomeSuccess)
+	d.reply(id, stock, core.OutcomeSuccess)
 	if in := d.get(id); in.Status != saga.StatusCompleted {
 		t.Fatalf("saga %s, want completed", in.Status)
 	}
@@ -26,11 +26,11 @@ func TestRepeatedFencedRepliesCollapseIntoACount(t *testing.T) {
 
 	const single, batched = 50, 30
 	for range single {
-		d.reply(id, stock, millrace.OutcomeSuccess)
+		d.reply(id, stock, core.OutcomeSuccess)
 	}
 	msgs := make([]*message.Message, batched)
 	for i := range msgs {
-		msgs[i] = replyMsg(id, stock, millrace.OutcomeSuccess, "because", "")
+		msgs[i] = replyMsg(id, stock, core.OutcomeSuccess, "because", "")
 	}
 	res, err := d.o.HandleReplies(context.Background(), msgs)
 	if err != nil {
@@ -51,8 +51,8 @@ func TestRepeatedFencedRepliesCollapseIntoACount(t *testing.T) {
 	// Another attempt's reply is another fenced event: a row of its own.
 	other := stock
 	other.Attempt++
-	d.reply(id, other, millrace.OutcomeSuccess)
-	d.reply(id, other, millrace.OutcomeSuccess)
+	d.reply(id, other, core.OutcomeSuccess)
+	d.reply(id, other, core.OutcomeSuccess)
 	h = historyOf(t, d.o, id)
 	if len(h) != before+2 || fencedRepeats(t, h[len(h)-1]) != 2 || h[len(h)-1].Attempt != other.Attempt {
 		t.Fatalf("after another attempt's replies: %d rows (want %d), last %+v", len(h), before+2, h[len(h)-1])

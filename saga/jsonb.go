@@ -10,7 +10,7 @@ import (
 // jsonb cannot hold: a string with a NUL character (the JSON escape
 // \u0000, which a Go string with a NUL byte encodes to). A success reply
 // whose OnSuccess puts one into the data parks the saga as stuck; a local
-// step that does fails (as a millrace.Permanent error); StartTx refuses
+// step that does fails (as a core.Permanent error); StartTx refuses
 // start data that holds one.
 var ErrUnstorableData = errors.New(`saga: data holds \u0000, which PostgreSQL's jsonb cannot store`)
 

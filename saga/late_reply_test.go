@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/saga"
 )
 
@@ -18,7 +18,7 @@ import (
 func stockRunning(t *testing.T, d *driver, def *saga.Definition[order], id string) cmd {
 	t.Helper()
 	start(t, d.testBundle, def, id, 5)
-	d.reply(id, d.last(id), millrace.OutcomeSuccess) // credit
+	d.reply(id, d.last(id), core.OutcomeSuccess) // credit
 	c := d.last(id)
 	if c.Step != "stock" || c.Op != "action" || c.Attempt != 1 {
 		t.Fatalf("waiting for %+v", c)
@@ -51,7 +51,7 @@ func TestLateReplyOfEarlierAttemptCompletesStep(t *testing.T) {
 	if stock2.Step != "stock" || stock2.Attempt != 2 {
 		t.Fatalf("after the timeout and the backoff: %+v", stock2)
 	}
-	d.deliver(replyMsg(id, stock1, millrace.OutcomeSuccess, "", `{}`))
+	d.deliver(replyMsg(id, stock1, core.OutcomeSuccess, "", `{}`))
 	in := d.get(id)
 	if in.Status != saga.StatusCompleted || in.Steps["stock"].Status != saga.StepDone {
 		t.Fatalf("the late reply of attempt 1 was not applied: saga %s, stock %+v", in.Status, in.Steps["stock"])
@@ -59,7 +59,7 @@ func TestLateReplyOfEarlierAttemptCompletesStep(t *testing.T) {
 	if n := fencedCount(t, d.o, id); n != 0 {
 		t.Fatalf("%d fenced replies", n)
 	}
-	d.reply(id, stock2, millrace.OutcomeSuccess)
+	d.reply(id, stock2, core.OutcomeSuccess)
 	if n := fencedCount(t, d.o, id); n != 1 {
 		t.Fatalf("attempt 2's reply after the step was done: %d fenced, want 1", n)
 	}
@@ -83,7 +83,7 @@ func TestLateReplyDuringBackoffSendsNoMoreAttempts(t *testing.T) {
 	if in := d.get(id); in.Steps["stock"].Status != saga.StepBackoff {
 		t.Fatalf("after the timeout: stock %+v", in.Steps["stock"])
 	}
-	d.reply(id, stock1, millrace.OutcomeSuccess)
+	d.reply(id, stock1, core.OutcomeSuccess)
 	d.tick(time.Minute)
 	if in := d.get(id); in.Status != saga.StatusCompleted {
 		t.Fatalf("saga %s", in.Status)
@@ -111,14 +111,14 @@ func TestLateFailureOfEarlierAttemptIsFenced(t *testing.T) {
 	if stock2.Step != "stock" || stock2.Attempt != 2 {
 		t.Fatalf("after the timeout and the backoff: %+v", stock2)
 	}
-	d.deliver(replyMsg(id, stock1, millrace.OutcomeFailure, "out of stock", `{}`))
+	d.deliver(replyMsg(id, stock1, core.OutcomeFailure, "out of stock", `{}`))
 	if in := d.get(id); in.Status != saga.StatusRunning || in.Steps["stock"].Status != saga.StepRunning {
 		t.Fatalf("attempt 1's late failure was applied: saga %s, stock %+v", in.Status, in.Steps["stock"])
 	}
 	if n := fencedCount(t, d.o, id); n != 1 {
 		t.Fatalf("%d fenced replies, want 1", n)
 	}
-	d.deliver(replyMsg(id, stock2, millrace.OutcomeFailure, "out of stock", `{}`))
+	d.deliver(replyMsg(id, stock2, core.OutcomeFailure, "out of stock", `{}`))
 	if in := d.get(id); in.Status == saga.StatusRunning || in.Steps["stock"].Status == saga.StepRunning {
 		t.Fatalf("attempt 2's failure was not applied: saga %s, stock %+v", in.Status, in.Steps["stock"])
 	}
@@ -137,7 +137,7 @@ func TestRepliesTheSagaNoLongerAwaitsStayFenced(t *testing.T) {
 	id := "fence-1"
 	start(t, d.testBundle, def, id, 5)
 	credit := d.last(id)
-	d.reply(id, credit, millrace.OutcomeSuccess)
+	d.reply(id, credit, core.OutcomeSuccess)
 	stock1 := d.last(id)
 	d.tick(time.Second) // stock attempt 1 times out
 	d.tick(time.Second) // attempt 2
@@ -146,11 +146,11 @@ func TestRepliesTheSagaNoLongerAwaitsStayFenced(t *testing.T) {
 		t.Fatalf("%+v", stock2)
 	}
 	before := d.get(id)
-	d.reply(id, credit, millrace.OutcomeSuccess)                                             // the older, finished step
-	d.reply(id, cmd{Step: "credit", Op: "action", Attempt: 2}, millrace.OutcomeSuccess)      // ... at an attempt never sent
-	d.reply(id, cmd{Step: "stock", Op: "compensation", Attempt: 1}, millrace.OutcomeSuccess) // another operation
-	d.reply(id, cmd{Step: "stock", Op: "action", Attempt: 3}, millrace.OutcomeSuccess)       // an attempt never sent
-	d.reply(id, cmd{Step: "approve", Op: "action", Attempt: 1}, millrace.OutcomeSuccess)     // a local step
+	d.reply(id, credit, core.OutcomeSuccess)                                             // the older, finished step
+	d.reply(id, cmd{Step: "credit", Op: "action", Attempt: 2}, core.OutcomeSuccess)      // ... at an attempt never sent
+	d.reply(id, cmd{Step: "stock", Op: "compensation", Attempt: 1}, core.OutcomeSuccess) // another operation
+	d.reply(id, cmd{Step: "stock", Op: "action", Attempt: 3}, core.OutcomeSuccess)       // an attempt never sent
+	d.reply(id, cmd{Step: "approve", Op: "action", Attempt: 1}, core.OutcomeSuccess)     // a local step
 	if after := d.get(id); after.Revision != before.Revision || len(d.commands(id)) != 3 {
 		t.Fatalf("a fenced reply changed the saga: revision %d -> %d", before.Revision, after.Revision)
 	}
@@ -160,11 +160,11 @@ func TestRepliesTheSagaNoLongerAwaitsStayFenced(t *testing.T) {
 
 	// Attempt 2 answers (a retryable failure): the step backs off, and
 	// attempt 1's reply, arriving now, is a second answer: fenced.
-	d.reply(id, stock2, millrace.OutcomeFailure)
+	d.reply(id, stock2, core.OutcomeFailure)
 	if st := d.get(id).Steps["stock"]; st.Status != saga.StepBackoff {
 		t.Fatalf("stock %+v", st)
 	}
-	d.reply(id, stock1, millrace.OutcomeSuccess)
+	d.reply(id, stock1, core.OutcomeSuccess)
 	if st := d.get(id).Steps["stock"]; st.Status != saga.StepBackoff || fencedCount(t, d.o, id) != 6 {
 		t.Fatalf("an answered attempt's late reply was applied: stock %+v", st)
 	}
@@ -174,18 +174,18 @@ func TestRepliesTheSagaNoLongerAwaitsStayFenced(t *testing.T) {
 	if stock3.Attempt != 3 {
 		t.Fatalf("%+v", stock3)
 	}
-	d.reply(id, stock1, millrace.OutcomeSuccess)
-	d.reply(id, stock2, millrace.OutcomeSuccess)
+	d.reply(id, stock1, core.OutcomeSuccess)
+	d.reply(id, stock2, core.OutcomeSuccess)
 	if in := d.get(id); in.Status != saga.StatusRunning || fencedCount(t, d.o, id) != 8 {
 		t.Fatalf("saga %s, fenced %d", in.Status, fencedCount(t, d.o, id))
 	}
-	d.reply(id, stock3, millrace.OutcomeSuccess)
+	d.reply(id, stock3, core.OutcomeSuccess)
 	in := d.get(id)
 	if in.Status != saga.StatusCompleted {
 		t.Fatalf("saga %s", in.Status)
 	}
 	// After the end, every attempt is fenced.
-	d.reply(id, stock1, millrace.OutcomeSuccess)
+	d.reply(id, stock1, core.OutcomeSuccess)
 	if got := d.get(id); got.Revision != in.Revision || fencedCount(t, d.o, id) != 9 {
 		t.Fatalf("a reply after the end changed the saga")
 	}
@@ -243,8 +243,8 @@ func TestLateCompensationReplies(t *testing.T) {
 	d, def := orderDriver(t, nil)
 	id := "late-comp"
 	start(t, d.testBundle, def, id, 5)
-	d.reply(id, d.last(id), millrace.OutcomeSuccess) // credit
-	d.reply(id, d.last(id), millrace.OutcomeFailure) // stock refuses: compensate credit
+	d.reply(id, d.last(id), core.OutcomeSuccess) // credit
+	d.reply(id, d.last(id), core.OutcomeFailure) // stock refuses: compensate credit
 	comp1 := d.last(id)
 	if comp1.Step != "credit" || comp1.Op != "compensation" || comp1.Attempt != 1 {
 		t.Fatalf("%+v", comp1)
@@ -258,7 +258,7 @@ func TestLateCompensationReplies(t *testing.T) {
 	if comp2.Attempt != 2 {
 		t.Fatalf("%+v", comp2)
 	}
-	d.reply(id, comp1, millrace.OutcomeFailure) // attempt 1's late failure: fenced
+	d.reply(id, comp1, core.OutcomeFailure) // attempt 1's late failure: fenced
 	if in := d.get(id); in.Status != saga.StatusCompensating || in.Steps["credit"].Status != saga.StepCompensating || fencedCount(t, d.o, id) != 1 {
 		t.Fatalf("saga %s, credit %+v", in.Status, in.Steps["credit"])
 	}
@@ -266,7 +266,7 @@ func TestLateCompensationReplies(t *testing.T) {
 	if st := d.get(id).Steps["credit"]; st.Status != saga.StepCompBackoff || st.CompensationAttempt != 2 {
 		t.Fatalf("credit %+v", st)
 	}
-	d.reply(id, comp2, millrace.OutcomeSuccess) // attempt 2's late success: the answer
+	d.reply(id, comp2, core.OutcomeSuccess) // attempt 2's late success: the answer
 	in := d.get(id)
 	if in.Status != saga.StatusCompensated || in.Steps["credit"].Status != saga.StepCompensated {
 		t.Fatalf("saga %s, credit %+v", in.Status, in.Steps["credit"])
@@ -286,13 +286,13 @@ func TestGroupMemberBackingOffAfterTimeoutIsCompensated(t *testing.T) {
 	d, def := groupDriver(t)
 	id := "g-late"
 	start(t, d.testBundle, def, id, 1)
-	d.reply(id, d.last(id), millrace.OutcomeSuccess) // reserve
-	d.tick(time.Second)                              // credit and stock time out: both back off
+	d.reply(id, d.last(id), core.OutcomeSuccess) // reserve
+	d.tick(time.Second)                          // credit and stock time out: both back off
 	in := d.get(id)
 	if in.Steps["credit"].Status != saga.StepBackoff || in.Steps["stock"].Status != saga.StepBackoff {
 		t.Fatalf("credit %+v, stock %+v", in.Steps["credit"], in.Steps["stock"])
 	}
-	d.reply(id, d.find(id, "credit", "action"), millrace.OutcomeFailure) // credit's late answer: refused
+	d.reply(id, d.find(id, "credit", "action"), core.OutcomeFailure) // credit's late answer: refused
 	in = d.get(id)
 	if in.Status != saga.StatusCompensating || in.Steps["credit"].Status != saga.StepFailed {
 		t.Fatalf("saga %s, credit %+v", in.Status, in.Steps["credit"])
@@ -300,11 +300,11 @@ func TestGroupMemberBackingOffAfterTimeoutIsCompensated(t *testing.T) {
 	if st := in.Steps["stock"]; st.Status != saga.StepCompensating || st.Attempt != 1 {
 		t.Fatalf("stock %+v: want compensating, after its one attempt", st)
 	}
-	d.reply(id, d.last(id), millrace.OutcomeSuccess) // stock undone
+	d.reply(id, d.last(id), core.OutcomeSuccess) // stock undone
 	if c := d.last(id); c.Step != "reserve" || c.Op != "compensation" {
 		t.Fatalf("then %+v", c)
 	}
-	d.reply(id, d.last(id), millrace.OutcomeSuccess)
+	d.reply(id, d.last(id), core.OutcomeSuccess)
 	if in := d.get(id); in.Status != saga.StatusCompensated {
 		t.Fatalf("saga %s", in.Status)
 	}

@@ -7,7 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/saga"
 )
 
@@ -59,13 +59,13 @@ func TestMetrics(t *testing.T) {
 	d := &driver{testBundle: b, clock: clock, handler: b.o.Handler()}
 	for _, id := range []string{"m-ok", "m-comp", "m-live"} {
 		start(t, b, def, id, 1)
-		d.reply(id, d.last(id), millrace.OutcomeSuccess)
+		d.reply(id, d.last(id), core.OutcomeSuccess)
 	}
 	clock.Advance(10 * time.Millisecond)
-	d.reply("m-ok", d.last("m-ok"), millrace.OutcomeSuccess)
-	d.reply("m-ok", d.last("m-ok"), millrace.OutcomeSuccess) // fenced
-	d.reply("m-comp", d.last("m-comp"), millrace.OutcomeFailure)
-	d.reply("m-comp", d.last("m-comp"), millrace.OutcomeSuccess)
+	d.reply("m-ok", d.last("m-ok"), core.OutcomeSuccess)
+	d.reply("m-ok", d.last("m-ok"), core.OutcomeSuccess) // fenced
+	d.reply("m-comp", d.last("m-comp"), core.OutcomeFailure)
+	d.reply("m-comp", d.last("m-comp"), core.OutcomeSuccess)
 	clock.Advance(2 * time.Minute) // m-live makes no progress
 	want := map[string]float64{
 		"millrace_saga_started_total": 3, "millrace_saga_completed_total": 1, "millrace_saga_compensated_total": 1,

@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 )
 
 // Migration moves the live instances of one definition version to
@@ -46,26 +46,26 @@ var ErrCannotMigrate = errors.New("saga: cannot migrate instance")
 // before the current one that has not run and never would) or whose data
 // does not upcast is left as it was and reported in the returned error
 // (each wrapping ErrCannotMigrate); the others move. A Steps map that sends
-// two From steps to one To step is refused (millrace.ErrConfig).
+// two From steps to one To step is refused (core.ErrConfig).
 // It returns how many moved. A reply in flight for a moved instance is
 // still applied: steps keep their names and attempts.
 func Migrate[From, To any](ctx context.Context, o *Orchestrator, m Migration[From, To]) (int, error) {
 	if m.From == nil || m.To == nil {
-		return 0, fmt.Errorf("%w: saga.Migrate: From and To are required", millrace.ErrConfig)
+		return 0, fmt.Errorf("%w: saga.Migrate: From and To are required", core.ErrConfig)
 	}
 	from, to := m.From.def, m.To.def
 	if from.typ != to.typ || from.version == to.version {
-		return 0, fmt.Errorf("%w: saga.Migrate: %s v%d to %s v%d: want two versions of one type", millrace.ErrConfig, from.typ, from.version, to.typ, to.version)
+		return 0, fmt.Errorf("%w: saga.Migrate: %s v%d to %s v%d: want two versions of one type", core.ErrConfig, from.typ, from.version, to.typ, to.version)
 	}
 	if m.Operator == "" || m.Reason == "" {
-		return 0, fmt.Errorf("%w: saga.Migrate: Operator and Reason are required", millrace.ErrConfig)
+		return 0, fmt.Errorf("%w: saga.Migrate: Operator and Reason are required", core.ErrConfig)
 	}
 	for old, renamed := range m.Steps {
 		if _, i := from.step(old); i < 0 {
-			return 0, fmt.Errorf("%w: saga.Migrate: Steps renames %q, which v%d does not have", millrace.ErrConfig, old, from.version)
+			return 0, fmt.Errorf("%w: saga.Migrate: Steps renames %q, which v%d does not have", core.ErrConfig, old, from.version)
 		}
 		if _, i := to.step(renamed); i < 0 {
-			return 0, fmt.Errorf("%w: saga.Migrate: Steps renames %q to %q, which v%d does not have", millrace.ErrConfig, old, renamed, to.version)
+			return 0, fmt.Errorf("%w: saga.Migrate: Steps renames %q to %q, which v%d does not have", core.ErrConfig, old, renamed, to.version)
 		}
 	}
 	// Two old steps must never land on one new step: one's state would
@@ -77,7 +77,7 @@ func Migrate[From, To any](ctx context.Context, o *Orchestrator, m Migration[Fro
 			target = r
 		}
 		if other, dup := landed[target]; dup {
-			return 0, fmt.Errorf("%w: saga.Migrate: v%d steps %q and %q would both become step %q of v%d", millrace.ErrConfig,
+			return 0, fmt.Errorf("%w: saga.Migrate: v%d steps %q and %q would both become step %q of v%d", core.ErrConfig,
 				from.version, other, s.name, target, to.version)
 		}
 		landed[target] = s.name

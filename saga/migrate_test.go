@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/saga"
 )
 
@@ -27,7 +27,7 @@ func TestMigrateLiveInstances(t *testing.T) {
 	})
 	ctx := context.Background()
 	start(t, d.testBundle, v1, "mig-stock", 3) // will wait at stock
-	d.reply("mig-stock", d.last("mig-stock"), millrace.OutcomeSuccess)
+	d.reply("mig-stock", d.last("mig-stock"), core.OutcomeSuccess)
 	start(t, d.testBundle, v1, "mig-credit", 4) // waits at credit
 
 	// v2 renames the unstarted "stock" to "inventory" and adds "notify".
@@ -66,20 +66,20 @@ func TestMigrateLiveInstances(t *testing.T) {
 	}
 	// It goes on on v2: credit's reply (sent before the migration) applies,
 	// then the renamed and the new step run.
-	d.reply("mig-credit", d.last("mig-credit"), millrace.OutcomeSuccess)
+	d.reply("mig-credit", d.last("mig-credit"), core.OutcomeSuccess)
 	if c := d.last("mig-credit"); c.Step != "inventory" {
 		t.Fatalf("after credit: %+v", c)
 	}
-	d.reply("mig-credit", d.last("mig-credit"), millrace.OutcomeSuccess)
+	d.reply("mig-credit", d.last("mig-credit"), core.OutcomeSuccess)
 	if c := d.last("mig-credit"); c.Step != "notify" {
 		t.Fatalf("after inventory: %+v", c)
 	}
-	d.reply("mig-credit", d.last("mig-credit"), millrace.OutcomeSuccess)
+	d.reply("mig-credit", d.last("mig-credit"), core.OutcomeSuccess)
 	if in := d.get("mig-credit"); in.Status != saga.StatusCompleted {
 		t.Fatalf("status %s", in.Status)
 	}
 	// mig-stock stays on v1 and finishes there.
-	d.reply("mig-stock", d.last("mig-stock"), millrace.OutcomeSuccess)
+	d.reply("mig-stock", d.last("mig-stock"), core.OutcomeSuccess)
 	if in := d.get("mig-stock"); in.Status != saga.StatusCompleted || in.Version != 1 {
 		t.Fatalf("mig-stock: %s v%d", in.Status, in.Version)
 	}
@@ -89,7 +89,7 @@ func TestMigrateLiveInstances(t *testing.T) {
 		t.Fatalf("second run: %d, %v", n, err)
 	}
 	m.Operator = ""
-	if _, err := saga.Migrate(ctx, d.o, m); !errors.Is(err, millrace.ErrConfig) {
+	if _, err := saga.Migrate(ctx, d.o, m); !errors.Is(err, core.ErrConfig) {
 		t.Fatalf("no operator: %v", err)
 	}
 }
@@ -129,7 +129,7 @@ func TestMigrateParallelGroups(t *testing.T) {
 		d, v1, v2 := migrateDriver(t, plainSpec(1), to)
 		id := "mig-into-group"
 		start(t, d.testBundle, v1, id, 1)
-		d.reply(id, d.last(id), millrace.OutcomeSuccess) // reserve; credit sent
+		d.reply(id, d.last(id), core.OutcomeSuccess) // reserve; credit sent
 		n, err := saga.Migrate(ctx, d.o, saga.Migration[order, order]{From: v1, To: v2, Operator: "alice", Reason: "groups"})
 		if n != 0 || !errors.Is(err, saga.ErrCannotMigrate) || !strings.Contains(err.Error(), `member of parallel group "pay" in v2, whose other members would never start`) {
 			t.Fatalf("moved %d: %v", n, err)
@@ -146,8 +146,8 @@ func TestMigrateParallelGroups(t *testing.T) {
 		d, v1, v2 := migrateDriver(t, groupSpec(), to)
 		id := "mig-in-group"
 		start(t, d.testBundle, v1, id, 1)
-		d.reply(id, d.last(id), millrace.OutcomeSuccess) // reserve; credit and stock sent
-		d.reply(id, d.find(id, "stock", "action"), millrace.OutcomeSuccess)
+		d.reply(id, d.last(id), core.OutcomeSuccess) // reserve; credit and stock sent
+		d.reply(id, d.find(id, "stock", "action"), core.OutcomeSuccess)
 		if in := d.get(id); in.Step != "pay" {
 			t.Fatalf("step %s", in.Step)
 		}
@@ -158,9 +158,9 @@ func TestMigrateParallelGroups(t *testing.T) {
 		if in := d.get(id); in.Version != 2 || in.Step != "pay" {
 			t.Fatalf("after the migration: v%d at %s", in.Version, in.Step)
 		}
-		d.reply(id, d.find(id, "credit", "action"), millrace.OutcomeSuccess)
-		d.reply(id, d.find(id, "ship", "action"), millrace.OutcomeSuccess)
-		d.reply(id, d.find(id, "notify", "action"), millrace.OutcomeSuccess)
+		d.reply(id, d.find(id, "credit", "action"), core.OutcomeSuccess)
+		d.reply(id, d.find(id, "ship", "action"), core.OutcomeSuccess)
+		d.reply(id, d.find(id, "notify", "action"), core.OutcomeSuccess)
 		if in := d.get(id); in.Status != saga.StatusCompleted {
 			t.Fatalf("status %s (%q)", in.Status, in.LastError)
 		}
@@ -175,7 +175,7 @@ func TestMigrateParallelGroups(t *testing.T) {
 		d, v1, v2 := migrateDriver(t, groupSpec(), to)
 		id := "mig-group-grows"
 		start(t, d.testBundle, v1, id, 1)
-		d.reply(id, d.last(id), millrace.OutcomeSuccess)
+		d.reply(id, d.last(id), core.OutcomeSuccess)
 		n, err := saga.Migrate(ctx, d.o, saga.Migration[order, order]{From: v1, To: v2, Operator: "alice", Reason: "points"})
 		if n != 0 || !errors.Is(err, saga.ErrCannotMigrate) || !strings.Contains(err.Error(), "has other members too") {
 			t.Fatalf("moved %d: %v", n, err)
@@ -200,13 +200,13 @@ func TestMigrateRefusesWhatWouldBeLost(t *testing.T) {
 		{"ship": "stock"}, // and stock keeps its name
 	} {
 		_, err := saga.Migrate(ctx, d.o, saga.Migration[order, order]{From: v1, To: r2, Steps: steps, Operator: "alice", Reason: "rename"})
-		if !errors.Is(err, millrace.ErrConfig) || !strings.Contains(err.Error(), "would both become step") {
+		if !errors.Is(err, core.ErrConfig) || !strings.Contains(err.Error(), "would both become step") {
 			t.Fatalf("rename %v: %v", steps, err)
 		}
 	}
 	id := "mig-inserted"
 	start(t, d.testBundle, v1, id, 1)
-	d.reply(id, d.last(id), millrace.OutcomeSuccess) // reserve; credit sent
+	d.reply(id, d.last(id), core.OutcomeSuccess) // reserve; credit sent
 	n, err := saga.Migrate(ctx, d.o, saga.Migration[order, order]{From: v1, To: v2, Operator: "alice", Reason: "check"})
 	if n != 0 || !errors.Is(err, saga.ErrCannotMigrate) || !strings.Contains(err.Error(), `step "check" of v2 comes before the current step "credit" and has not run`) {
 		t.Fatalf("moved %d: %v", n, err)

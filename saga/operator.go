@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 )
 
 // Action is an operator action on a saga.
@@ -142,7 +142,7 @@ type Operator struct {
 // NewOperator returns an Operator on pool. It does not touch the database.
 func NewOperator(pool *pgxpool.Pool, cfg OperatorConfig) (*Operator, error) {
 	if pool == nil {
-		return nil, fmt.Errorf("%w: saga.NewOperator: nil pool", millrace.ErrConfig)
+		return nil, fmt.Errorf("%w: saga.NewOperator: nil pool", core.ErrConfig)
 	}
 	o, err := New(pool, Config{Schema: cfg.Schema, Clock: cfg.Clock})
 	if err != nil {

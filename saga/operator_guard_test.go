@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/saga"
 )
 
@@ -37,7 +37,7 @@ func specDriver(t *testing.T, spec saga.Spec[order]) (*driver, *saga.Definition[
 func noCompensation(t *testing.T, d *driver, id string) {
 	t.Helper()
 	for _, c := range d.commands(id) {
-		if c.Op == millrace.OperationCompensation {
+		if c.Op == core.OperationCompensation {
 			t.Fatalf("saga %s compensated %s although its pivot may have taken effect", id, c.Step)
 		}
 	}
@@ -51,7 +51,7 @@ func TestDeadlineWhilePivotBacksOffAfterATimeoutParks(t *testing.T) {
 	d, def := specDriver(t, pivotSpec(time.Hour))
 	id := "o-pivot-deadline"
 	start(t, d.testBundle, def, id, 1)
-	d.reply(id, d.last(id), millrace.OutcomeSuccess) // credit
+	d.reply(id, d.last(id), core.OutcomeSuccess) // credit
 	if c := d.last(id); c.Step != "pay" {
 		t.Fatalf("command %+v", c)
 	}
@@ -70,8 +70,8 @@ func TestDeadlineWhilePivotBacksOffAfterATimeoutParks(t *testing.T) {
 	if _, err := d.o.Retry(context.Background(), id, operator); err != nil {
 		t.Fatal(err)
 	}
-	d.reply(id, d.find(id, "pay", "action"), millrace.OutcomeSuccess)
-	d.reply(id, d.last(id), millrace.OutcomeSuccess) // ship
+	d.reply(id, d.find(id, "pay", "action"), core.OutcomeSuccess)
+	d.reply(id, d.last(id), core.OutcomeSuccess) // ship
 	if in := d.get(id); in.Status != saga.StatusCompleted {
 		t.Fatalf("status %s", in.Status)
 	}
@@ -87,10 +87,10 @@ func TestDeadlineWhilePivotBacksOffAfterAFailureCompensates(t *testing.T) {
 	d, def := specDriver(t, spec)
 	id := "o-pivot-failed-deadline"
 	start(t, d.testBundle, def, id, 1)
-	d.reply(id, d.last(id), millrace.OutcomeSuccess)
-	d.reply(id, d.last(id), millrace.OutcomeFailure) // pay: backoff, answered
+	d.reply(id, d.last(id), core.OutcomeSuccess)
+	d.reply(id, d.last(id), core.OutcomeFailure) // pay: backoff, answered
 	d.tick(time.Hour)
-	if c := d.last(id); c.Step != "credit" || c.Op != millrace.OperationCompensation {
+	if c := d.last(id); c.Step != "credit" || c.Op != core.OperationCompensation {
 		t.Fatalf("after the deadline: %+v", c)
 	}
 }
@@ -111,12 +111,12 @@ func TestSkippedSentStepIsCompensated(t *testing.T) {
 	if _, err := d.o.Skip(ctx, id, operator); err != nil {
 		t.Fatal(err)
 	}
-	d.reply(id, d.last(id), millrace.OutcomeFailure) // stock fails: approve (local) is undone, then credit
+	d.reply(id, d.last(id), core.OutcomeFailure) // stock fails: approve (local) is undone, then credit
 	c := d.last(id)
-	if c.Step != "credit" || c.Op != millrace.OperationCompensation {
+	if c.Step != "credit" || c.Op != core.OperationCompensation {
 		t.Fatalf("the skipped, sent credit step was not compensated: last command %+v", c)
 	}
-	d.reply(id, c, millrace.OutcomeSuccess)
+	d.reply(id, c, core.OutcomeSuccess)
 	in := d.get(id)
 	if in.Status != saga.StatusCompensated || in.Steps["credit"].Status != saga.StepCompensated {
 		t.Fatalf("after compensation: %s, credit %+v", in.Status, in.Steps["credit"])
@@ -146,11 +146,11 @@ func TestRetryAfterAnUnappliedReplyResendsInAGroupToo(t *testing.T) {
 		d, def := specDriver(t, spec)
 		id := "o-unapplied"
 		start(t, d.testBundle, def, id, 1)
-		d.reply(id, d.last(id), millrace.OutcomeSuccess) // reserve
+		d.reply(id, d.last(id), core.OutcomeSuccess) // reserve
 		if grouped {
-			d.reply(id, d.find(id, "stock", "action"), millrace.OutcomeSuccess)
+			d.reply(id, d.find(id, "stock", "action"), core.OutcomeSuccess)
 		}
-		d.reply(id, d.find(id, "credit", "action"), millrace.OutcomeSuccess) // "{}": no tx
+		d.reply(id, d.find(id, "credit", "action"), core.OutcomeSuccess) // "{}": no tx
 		if in := d.get(id); in.Status != saga.StatusStuck || !strings.Contains(in.LastError, "no tx") {
 			t.Fatalf("grouped %v: %s %q", grouped, in.Status, in.LastError)
 		}
@@ -161,11 +161,11 @@ func TestRetryAfterAnUnappliedReplyResendsInAGroupToo(t *testing.T) {
 		if c.Attempt != 2 {
 			t.Fatalf("grouped %v: Retry did not send credit again: %v", grouped, steps(d.commands(id)))
 		}
-		d.deliver(replyMsg(id, c, millrace.OutcomeSuccess, "", `{"tx":"t-1"}`))
+		d.deliver(replyMsg(id, c, core.OutcomeSuccess, "", `{"tx":"t-1"}`))
 		if !grouped {
-			d.reply(id, d.find(id, "stock", "action"), millrace.OutcomeSuccess)
+			d.reply(id, d.find(id, "stock", "action"), core.OutcomeSuccess)
 		}
-		d.reply(id, d.find(id, "ship", "action"), millrace.OutcomeSuccess)
+		d.reply(id, d.find(id, "ship", "action"), core.OutcomeSuccess)
 		in := d.get(id)
 		if in.Status != saga.StatusCompleted || dataOf(t, in).CreditTx != "t-1" || in.Steps["credit"].Unapplied {
 			t.Fatalf("grouped %v: %s, data %s, credit %+v", grouped, in.Status, in.Data, in.Steps["credit"])
@@ -208,8 +208,8 @@ func TestOperatorActionPastTheDeadlineMovesIt(t *testing.T) {
 		if len(h) != 1 || h[0].Actor != "alice" || h[0].Reason != "ticket 42" || !strings.Contains(string(h[0].Detail), `"to"`) {
 			t.Fatalf("request %v: deadline history %+v", viaRequest, h)
 		}
-		d.reply(id, d.find(id, "credit", "action"), millrace.OutcomeSuccess)
-		d.reply(id, d.last(id), millrace.OutcomeSuccess) // stock
+		d.reply(id, d.find(id, "credit", "action"), core.OutcomeSuccess)
+		d.reply(id, d.last(id), core.OutcomeSuccess) // stock
 		if in := d.get(id); in.Status != saga.StatusCompleted {
 			t.Fatalf("request %v: status %s (%q)", viaRequest, in.Status, in.LastError)
 		}

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/saga"
 )
 
@@ -39,11 +39,11 @@ func stuckSoon(t *testing.T, id string) *driver {
 		s.Steps[0].CompensationRetry = saga.RetryPolicy{MaxAttempts: 2, MinBackoff: time.Second}
 	})
 	start(t, d.testBundle, def, id, 5)
-	d.reply(id, d.last(id), millrace.OutcomeSuccess)
-	d.reply(id, d.last(id), millrace.OutcomeFailure)
-	d.reply(id, d.last(id), millrace.OutcomeFailure)
+	d.reply(id, d.last(id), core.OutcomeSuccess)
+	d.reply(id, d.last(id), core.OutcomeFailure)
+	d.reply(id, d.last(id), core.OutcomeFailure)
 	d.tick(time.Second)
-	d.reply(id, d.last(id), millrace.OutcomeFailure)
+	d.reply(id, d.last(id), core.OutcomeFailure)
 	if in := d.get(id); in.Status != saga.StatusStuck || in.Phase != saga.PhaseCompensating {
 		t.Fatalf("saga %s phase %s", in.Status, in.Phase)
 	}
@@ -116,7 +116,7 @@ func TestOperatorRequestAppliedByTheOrchestrator(t *testing.T) {
 	if n, err := d.o.RunDue(ctx); err != nil || n != 0 || len(d.commands(id)) != sent+1 {
 		t.Fatalf("second pass: %d, %v", n, err)
 	}
-	d.reply(id, c, millrace.OutcomeSuccess)
+	d.reply(id, c, core.OutcomeSuccess)
 	if in := d.get(id); in.Status != saga.StatusCompensated {
 		t.Fatalf("status %s", in.Status)
 	}
@@ -141,7 +141,7 @@ func TestOperatorRequestSurvivesAReply(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := d.get(id)
-	d.reply(id, d.last(id), millrace.OutcomeSuccess) // credit done; approve (local) done; stock sent
+	d.reply(id, d.last(id), core.OutcomeSuccess) // credit done; approve (local) done; stock sent
 	in := d.get(id)
 	if in.Revision == before.Revision || in.Step != "stock" {
 		t.Fatalf("the reply did not save the saga: step %s", in.Step)

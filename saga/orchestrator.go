@@ -10,7 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/internal/logging"
 	"github.com/millrace/millrace/internal/sqlident"
@@ -135,18 +135,18 @@ type Orchestrator struct {
 // New returns an Orchestrator on pool. It does not touch the database.
 func New(pool *pgxpool.Pool, cfg Config) (*Orchestrator, error) {
 	if pool == nil {
-		return nil, fmt.Errorf("%w: saga.New: nil pool", millrace.ErrConfig)
+		return nil, fmt.Errorf("%w: saga.New: nil pool", core.ErrConfig)
 	}
 	schema, err := sqlident.Schema(cfg.Schema)
 	if err != nil {
-		return nil, fmt.Errorf("%w: saga.Config.Schema: %v", millrace.ErrConfig, err)
+		return nil, fmt.Errorf("%w: saga.Config.Schema: %v", core.ErrConfig, err)
 	}
 	if cfg.PollInterval < 0 || cfg.ClaimBatch < 0 || cfg.MaxTimerFailures < 0 {
-		return nil, fmt.Errorf("%w: saga.Config: PollInterval, ClaimBatch and MaxTimerFailures must not be negative", millrace.ErrConfig)
+		return nil, fmt.Errorf("%w: saga.Config: PollInterval, ClaimBatch and MaxTimerFailures must not be negative", core.ErrConfig)
 	}
 	if cfg.Writer == nil {
 		if cfg.Writer, err = outbox.NewWriter(pool, outbox.WriterConfig{Schema: schema}); err != nil {
-			return nil, fmt.Errorf("%w: saga.Config: %v", millrace.ErrConfig, err)
+			return nil, fmt.Errorf("%w: saga.Config: %v", core.ErrConfig, err)
 		}
 	}
 	if cfg.Consumer == "" {
@@ -154,7 +154,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Orchestrator, error) {
 	}
 	dedup, err := inbox.NewDeduplicator(pool, inbox.DedupConfig{Schema: schema, Consumer: cfg.Consumer})
 	if err != nil {
-		return nil, fmt.Errorf("%w: saga.Config: %v", millrace.ErrConfig, err)
+		return nil, fmt.Errorf("%w: saga.Config: %v", core.ErrConfig, err)
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = realClock{}
@@ -182,7 +182,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Orchestrator, error) {
 // Register adds definitions. Several versions of one type may be
 // registered at once: each instance runs on the version it started with.
 // Registering a type and version twice is an error wrapping
-// millrace.ErrConfig, unless it is the very same *Definition; so is a
+// core.ErrConfig, unless it is the very same *Definition; so is a
 // definition whose command or reply topic the Writer refuses
 // (WriterConfig.ValidateTopic; the error wraps the *outbox.EventError too).
 func (o *Orchestrator) Register(defs ...Registrable) error {
@@ -190,7 +190,7 @@ func (o *Orchestrator) Register(defs ...Registrable) error {
 	defer o.mu.Unlock()
 	for _, r := range defs {
 		if r == nil {
-			return fmt.Errorf("%w: saga.Register: nil definition", millrace.ErrConfig)
+			return fmt.Errorf("%w: saga.Register: nil definition", core.ErrConfig)
 		}
 		d := r.erased()
 		if err := o.checkTopics(d); err != nil {
@@ -202,7 +202,7 @@ func (o *Orchestrator) Register(defs ...Registrable) error {
 			o.defs[d.typ] = byVersion
 		}
 		if prev, ok := byVersion[d.version]; ok && prev != d {
-			return fmt.Errorf("%w: saga %q v%d is registered already", millrace.ErrConfig, d.typ, d.version)
+			return fmt.Errorf("%w: saga %q v%d is registered already", core.ErrConfig, d.typ, d.version)
 		}
 		byVersion[d.version] = d
 	}
@@ -215,7 +215,7 @@ func (o *Orchestrator) checkTopics(d *def) error {
 	check := func(what, topic string) error {
 		err := o.writer.Validate(outbox.Event{Topic: topic, PartitionKey: d.typ, Payload: []byte("{}")})
 		if err != nil {
-			return fmt.Errorf("%w: saga %q v%d: %s topic %q: %w", millrace.ErrConfig, d.typ, d.version, what, topic, err)
+			return fmt.Errorf("%w: saga %q v%d: %s topic %q: %w", core.ErrConfig, d.typ, d.version, what, topic, err)
 		}
 		return nil
 	}

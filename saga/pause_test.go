@@ -11,7 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/saga"
 )
 
@@ -109,7 +109,7 @@ func TestPausedSagaHoldsRepliesUntilResume(t *testing.T) {
 	id := "pause-hold"
 	stock := pausedRunning(t, d, def, id)
 	paused := d.get(id)
-	msg := replyMsg(id, stock, millrace.OutcomeSuccess, "", "")
+	msg := replyMsg(id, stock, core.OutcomeSuccess, "", "")
 	d.deliver(msg)
 	d.deliver(msg) // redelivered: the inbox's mark was kept with the held reply
 	in := d.get(id)
@@ -150,8 +150,8 @@ func TestHeldRepliesApplyInOrder(t *testing.T) {
 	if _, err := d.o.Pause(context.Background(), id, alice); err != nil {
 		t.Fatal(err)
 	}
-	d.deliver(replyMsg(id, stock, millrace.OutcomeSuccess, "", ""))
-	d.deliver(replyMsg(id, stock, millrace.OutcomeFailure, "too late", "")) // after the success: fenced
+	d.deliver(replyMsg(id, stock, core.OutcomeSuccess, "", ""))
+	d.deliver(replyMsg(id, stock, core.OutcomeFailure, "too late", "")) // after the success: fenced
 	if _, err := d.o.Resume(context.Background(), id, alice); err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +195,7 @@ func TestPauseResumeRefusedInWrongStates(t *testing.T) {
 	}
 	// Ended and stuck sagas cannot be paused.
 	start(t, d.testBundle, def, "wrong-2", 1)
-	d.reply("wrong-2", d.last("wrong-2"), millrace.OutcomeFailure) // compensated at once
+	d.reply("wrong-2", d.last("wrong-2"), core.OutcomeFailure) // compensated at once
 	_, err = d.o.Pause(ctx, "wrong-2", alice)
 	refused("pause of an ended saga", err)
 	_, err = d.o.Resume(ctx, "wrong-2", alice)
@@ -227,14 +227,14 @@ func TestOperatorPauseResume(t *testing.T) {
 	if _, err := p.Pause(ctx, id, alice); err != nil {
 		t.Fatal(err)
 	}
-	d.reply(id, d.last(id), millrace.OutcomeSuccess) // credit: the saga moves to stock before the request applies
+	d.reply(id, d.last(id), core.OutcomeSuccess) // credit: the saga moves to stock before the request applies
 	d.tick(0)
 	in := d.get(id)
 	if in.Status != saga.StatusPaused || in.Step != "stock" || in.Request != nil {
 		t.Fatalf("after the pause request: %s at %s, request %+v", in.Status, in.Step, in.Request)
 	}
 	stock := d.last(id)
-	d.reply(id, stock, millrace.OutcomeSuccess) // held
+	d.reply(id, stock, core.OutcomeSuccess) // held
 	if _, err := p.Resume(ctx, id, saga.Actor{Operator: "bob", Reason: "go on"}); err != nil {
 		t.Fatal(err)
 	}
@@ -259,8 +259,8 @@ func TestPausedSagaHoldsBatchedReplies(t *testing.T) {
 	ctx := context.Background()
 	stock := pausedRunning(t, d, def, "pb-paused")
 	start(t, d.testBundle, def, "pb-running", 1)
-	held := replyMsg("pb-paused", stock, millrace.OutcomeSuccess, "", "")
-	batch := []*message.Message{held, replyMsg("pb-running", d.last("pb-running"), millrace.OutcomeSuccess, "", ""), held}
+	held := replyMsg("pb-paused", stock, core.OutcomeSuccess, "", "")
+	batch := []*message.Message{held, replyMsg("pb-running", d.last("pb-running"), core.OutcomeSuccess, "", ""), held}
 	res, err := d.o.HandleReplies(ctx, batch)
 	if err != nil {
 		t.Fatal(err)

@@ -11,7 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/saga"
 )
 
@@ -74,7 +74,7 @@ func TestPoisonedReplyIsLoggedAndCounted(t *testing.T) {
 			}
 
 			bad := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
-			bad.Metadata.Set(millrace.MetadataSagaID, "no-step") // not a reply: no step, attempt, operation, outcome
+			bad.Metadata.Set(core.MetadataSagaID, "no-step") // not a reply: no step, attempt, operation, outcome
 			send(bad)
 			select {
 			case p := <-poisonCh:
@@ -99,7 +99,7 @@ func TestPoisonedReplyIsLoggedAndCounted(t *testing.T) {
 				return false
 			})
 
-			unknown := replyMsg("nobody", cmd{Step: "credit", Op: millrace.OperationAction, Attempt: 1}, millrace.OutcomeSuccess, "", "")
+			unknown := replyMsg("nobody", cmd{Step: "credit", Op: core.OperationAction, Attempt: 1}, core.OutcomeSuccess, "", "")
 			send(unknown)
 			waitUntil(t, "an error line for the reply of an unknown saga", func() bool {
 				out := logs.String()

@@ -9,7 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/outbox"
 )
 
@@ -31,12 +31,12 @@ type pending struct {
 // for (stale attempt, other step or operation, ended saga) is recorded in
 // the history as fenced and acknowledged.
 //
-// A message that is not a saga reply fails with a millrace.Permanent error
+// A message that is not a saga reply fails with a core.Permanent error
 // wrapping ErrBadReply: put the handler behind Watermill's PoisonQueue and
 // Retry (with inbox.ShouldRetry) middleware, as for any inbox handler.
 func (o *Orchestrator) Handler() message.NoPublishHandlerFunc {
 	h := o.dedup.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-		tx, ok := millrace.TxFromContext(msg.Context())
+		tx, ok := core.TxFromContext(msg.Context())
 		if !ok {
 			return nil, outbox.ErrNoTx
 		}

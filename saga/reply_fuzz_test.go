@@ -6,7 +6,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 )
 
 // FuzzParseReply: whatever the headers and payload, parseReply either
@@ -19,11 +19,11 @@ func FuzzParseReply(f *testing.F) {
 	f.Add("s\x00", "st\xff", "-1", "x", "y", "\x00", []byte(`{`))
 	f.Fuzz(func(t *testing.T, id, step, attempt, op, outcome, reason string, payload []byte) {
 		r, err := parseReply(map[string]string{
-			millrace.MetadataSagaID: id, millrace.MetadataSagaStep: step, millrace.MetadataSagaAttempt: attempt,
-			millrace.MetadataSagaOperation: op, millrace.MetadataSagaOutcome: outcome, millrace.MetadataSagaReason: reason,
+			core.MetadataSagaID: id, core.MetadataSagaStep: step, core.MetadataSagaAttempt: attempt,
+			core.MetadataSagaOperation: op, core.MetadataSagaOutcome: outcome, core.MetadataSagaReason: reason,
 		}, payload)
 		if err != nil {
-			if !errors.Is(err, ErrBadReply) || !millrace.IsPermanent(err) {
+			if !errors.Is(err, ErrBadReply) || !core.IsPermanent(err) {
 				t.Fatalf("error %v is not a permanent ErrBadReply", err)
 			}
 			return

@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/saga"
 )
 
@@ -56,7 +56,7 @@ func TestRetriableStepRunsAgainAfterBusinessFailure(t *testing.T) {
 			replies = append(replies, h.Outcome)
 		}
 	}
-	if len(replies) != 2 || replies[0] != millrace.OutcomeFailure || replies[1] != millrace.OutcomeSuccess {
+	if len(replies) != 2 || replies[0] != core.OutcomeFailure || replies[1] != core.OutcomeSuccess {
 		t.Fatalf("stock replies %v, want a failure then a success", replies)
 	}
 }

@@ -8,7 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
 	poisonlog "github.com/millrace/millrace/internal/poison"
 )
@@ -40,15 +40,15 @@ type RouterConfig struct {
 func (o *Orchestrator) AddToRouter(r *message.Router, cfg RouterConfig) ([]*message.Handler, error) {
 	switch {
 	case r == nil:
-		return nil, fmt.Errorf("%w: saga: nil router", millrace.ErrConfig)
+		return nil, fmt.Errorf("%w: saga: nil router", core.ErrConfig)
 	case cfg.Subscriber == nil:
-		return nil, fmt.Errorf("%w: saga: RouterConfig.Subscriber is required", millrace.ErrConfig)
+		return nil, fmt.Errorf("%w: saga: RouterConfig.Subscriber is required", core.ErrConfig)
 	case cfg.Poison == nil:
-		return nil, fmt.Errorf("%w: saga: RouterConfig.Poison is required", millrace.ErrConfig)
+		return nil, fmt.Errorf("%w: saga: RouterConfig.Poison is required", core.ErrConfig)
 	}
 	topics := o.ReplyTopics()
 	if len(topics) == 0 {
-		return nil, fmt.Errorf("%w: saga: AddToRouter: no definitions registered", millrace.ErrConfig)
+		return nil, fmt.Errorf("%w: saga: AddToRouter: no definitions registered", core.ErrConfig)
 	}
 	retry := middleware.Retry{MaxRetries: 5, InitialInterval: 100 * time.Millisecond, MaxInterval: 5 * time.Second,
 		Multiplier: 2, ShouldRetry: inbox.ShouldRetry}
@@ -62,9 +62,9 @@ func (o *Orchestrator) AddToRouter(r *message.Router, cfg RouterConfig) ([]*mess
 		if poisonTopic == "" {
 			poisonTopic = topic + ".poison"
 		}
-		poison, err := middleware.PoisonQueueWithFilter(poisonPub, poisonTopic, millrace.IsPermanent)
+		poison, err := middleware.PoisonQueueWithFilter(poisonPub, poisonTopic, core.IsPermanent)
 		if err != nil {
-			return nil, fmt.Errorf("%w: saga: %v", millrace.ErrConfig, err)
+			return nil, fmt.Errorf("%w: saga: %v", core.ErrConfig, err)
 		}
 		h := r.AddConsumerHandler("saga."+o.consumer+"."+topic, topic, cfg.Subscriber, o.Handler())
 		h.AddMiddleware(poison, retry.Middleware)

@@ -11,7 +11,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/outbox"
 )
@@ -85,7 +85,7 @@ func Signal(ctx context.Context, o *Orchestrator, sagaID, event, eventID string,
 // history only.
 func SignalTx(ctx context.Context, tx pgx.Tx, o *Orchestrator, sagaID, event, eventID string, payload any) error {
 	if o == nil || tx == nil {
-		return fmt.Errorf("%w: saga.SignalTx: nil Orchestrator or transaction", millrace.ErrConfig)
+		return fmt.Errorf("%w: saga.SignalTx: nil Orchestrator or transaction", core.ErrConfig)
 	}
 	if err := checkName(sagaID); err != nil {
 		return fmt.Errorf("%w %q: %v", ErrInvalidID, sagaID, err)
@@ -284,11 +284,11 @@ type EventTarget struct {
 // a topic as an event, as SignalTx does, with the message's payload (JSON)
 // as the event's. route maps a message to its saga and event name (from
 // its metadata or payload); an error it returns is the handler's (wrap it
-// with millrace.Permanent for a message that will never map). Each message
+// with core.Permanent for a message that will never map). Each message
 // is applied in one transaction with its inbox dedup mark (consumer
 // Config.Consumer), so a redelivered message applies once. An event the
 // saga refuses (ErrSagaEnded, ErrEventNotAwaited) is recorded in its
-// history, logged and acknowledged; an unknown saga is a millrace.Permanent
+// history, logged and acknowledged; an unknown saga is a core.Permanent
 // error wrapping ErrNotFound. Put it behind Watermill's PoisonQueue and
 // Retry (with inbox.ShouldRetry) middleware, as any inbox handler.
 func (o *Orchestrator) EventHandler(route func(msg *message.Message) (EventTarget, error)) message.NoPublishHandlerFunc {
@@ -305,7 +305,7 @@ func (o *Orchestrator) EventHandler(route func(msg *message.Message) (EventTarge
 			t.EventID = msg.UUID
 		}
 		if len(msg.Payload) > 0 && !json.Valid(msg.Payload) {
-			return nil, millrace.Permanent(fmt.Errorf("%w: message %s: payload is not JSON", ErrInvalidEvent, msg.UUID))
+			return nil, core.Permanent(fmt.Errorf("%w: message %s: payload is not JSON", ErrInvalidEvent, msg.UUID))
 		}
 		err = SignalTx(msg.Context(), tx, o, t.SagaID, t.Event, t.EventID, json.RawMessage(msg.Payload))
 		switch {
@@ -313,7 +313,7 @@ func (o *Orchestrator) EventHandler(route func(msg *message.Message) (EventTarge
 			o.logger.Info("saga: event refused", map[string]any{"saga_id": t.SagaID, "event": t.Event, "event_id": t.EventID, "error": err.Error()})
 			return nil, nil
 		case errors.Is(err, ErrNotFound) || errors.Is(err, ErrInvalidEvent) || errors.Is(err, ErrInvalidID) || errors.Is(err, ErrNotRegistered):
-			return nil, millrace.Permanent(err)
+			return nil, core.Permanent(err)
 		}
 		return nil, err
 	})

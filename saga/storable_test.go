@@ -9,7 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/saga"
 )
 
@@ -21,7 +21,7 @@ func TestNULInFailureReasonIsStored(t *testing.T) {
 	d, def := orderDriver(t, nil)
 	id := "o-nul-reason"
 	start(t, d.testBundle, def, id, 1)
-	d.deliver(replyMsg(id, d.last(id), millrace.OutcomeFailure, "no\x00money", ""))
+	d.deliver(replyMsg(id, d.last(id), core.OutcomeFailure, "no\x00money", ""))
 	in := d.get(id)
 	if in.Status != saga.StatusCompensated || !strings.Contains(in.LastError, "no\uFFFDmoney") {
 		t.Fatalf("%s %q", in.Status, in.LastError)
@@ -33,7 +33,7 @@ func TestNULInFailureReasonIsStored(t *testing.T) {
 	id = "o-nul-batch"
 	start(t, d.testBundle, def, id, 1)
 	if _, err := d.o.HandleReplies(context.Background(), []*message.Message{
-		replyMsg(id, d.last(id), millrace.OutcomeFailure, "no\x00money", ""),
+		replyMsg(id, d.last(id), core.OutcomeFailure, "no\x00money", ""),
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -44,13 +44,13 @@ func TestNULInFailureReasonIsStored(t *testing.T) {
 	// A compensation's failure reason, likewise.
 	id = "o-nul-comp"
 	start(t, d.testBundle, def, id, 1)
-	d.reply(id, d.last(id), millrace.OutcomeSuccess)
-	d.deliver(replyMsg(id, d.last(id), millrace.OutcomeFailure, "no stock", ""))
+	d.reply(id, d.last(id), core.OutcomeSuccess)
+	d.deliver(replyMsg(id, d.last(id), core.OutcomeFailure, "no stock", ""))
 	c := d.last(id)
 	if c.Op != "compensation" {
 		t.Fatalf("no compensation: %+v", c)
 	}
-	d.deliver(replyMsg(id, c, millrace.OutcomeFailure, "later\x00", ""))
+	d.deliver(replyMsg(id, c, core.OutcomeFailure, "later\x00", ""))
 	if in := d.get(id); !strings.Contains(in.Steps[c.Step].Reason, "later\uFFFD") {
 		t.Fatalf("compensation reason %q", in.Steps[c.Step].Reason)
 	}
@@ -64,7 +64,7 @@ func TestNULInLocalStepErrorIsStored(t *testing.T) {
 	})
 	id := "o-nul-local"
 	start(t, d.testBundle, def, id, 1)
-	d.reply(id, d.last(id), millrace.OutcomeSuccess)
+	d.reply(id, d.last(id), core.OutcomeSuccess)
 	in := d.get(id)
 	if in.Status != saga.StatusCompensating || !strings.Contains(in.Steps["approve"].Reason, "bad\uFFFDinput") {
 		t.Fatalf("%s %+v", in.Status, in.Steps["approve"])
@@ -80,7 +80,7 @@ func TestDataWithNULIsRefused(t *testing.T) {
 	d, def := orderDriver(t, nil)
 	id := "o-nul-data"
 	start(t, d.testBundle, def, id, 1)
-	d.deliver(replyMsg(id, d.last(id), millrace.OutcomeSuccess, "", `{"tx":"a\u0000b"}`))
+	d.deliver(replyMsg(id, d.last(id), core.OutcomeSuccess, "", `{"tx":"a\u0000b"}`))
 	in := d.get(id)
 	if in.Status != saga.StatusStuck || !strings.Contains(in.LastError, "step credit: applying its reply") ||
 		!strings.Contains(in.LastError, `\u0000`) || in.Steps["credit"].Status != saga.StepDone {
@@ -92,7 +92,7 @@ func TestDataWithNULIsRefused(t *testing.T) {
 	})
 	id = "o-nul-local-data"
 	start(t, d2.testBundle, def2, id, 1)
-	d2.reply(id, d2.last(id), millrace.OutcomeSuccess)
+	d2.reply(id, d2.last(id), core.OutcomeSuccess)
 	if in := d2.get(id); in.Status != saga.StatusCompensating || !strings.Contains(in.LastError, `\u0000`) {
 		t.Fatalf("%s %q", in.Status, in.LastError)
 	}

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/kafka"
 	"github.com/millrace/millrace/outbox"
 	"github.com/millrace/millrace/saga"
@@ -36,7 +36,7 @@ func TestDefineRefusesBadTopics(t *testing.T) {
 		{"bad reply topic", saga.Spec[order]{Type: "x", Version: 1, ReplyTopic: "r\x00", Steps: []saga.Step[order]{step("t")}}, "ReplyTopic"},
 	} {
 		_, err := saga.Define(c.spec)
-		if !errors.Is(err, millrace.ErrConfig) || !strings.Contains(err.Error(), c.wants) {
+		if !errors.Is(err, core.ErrConfig) || !strings.Contains(err.Error(), c.wants) {
 			t.Errorf("%s: %v, want an ErrConfig with %q", c.name, err, c.wants)
 		}
 	}
@@ -65,7 +65,7 @@ func TestOutboxRefusedCommandParksTheSaga(t *testing.T) {
 	spec.Steps[0].Action.Topic = "credit topic"
 	def := mustDefine(t, spec)
 	var ee *outbox.EventError
-	if err := o.Register(def); !errors.Is(err, millrace.ErrConfig) || !errors.As(err, &ee) || !errors.Is(err, outbox.ErrInvalidTopic) {
+	if err := o.Register(def); !errors.Is(err, core.ErrConfig) || !errors.As(err, &ee) || !errors.Is(err, outbox.ErrInvalidTopic) {
 		t.Fatalf("register: %v", err)
 	}
 	in, err := saga.Start(context.Background(), o, def, "o-bad-topic", order{ID: "o-bad-topic", Amount: 1})

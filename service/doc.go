@@ -24,7 +24,7 @@
 //	return svc.Run(ctx) // until ctx ends (nil) or a part fails (its error)
 //
 // New builds every part from the Config and refuses a bad one (errors
-// wrap millrace.ErrConfig): the relay on a kafka.Publisher, one Kafka
+// wrap core.ErrConfig): the relay on a kafka.Publisher, one Kafka
 // subscriber in the service's consumer group, one Watermill Router with a
 // handler per reply topic (saga.Orchestrator.AddToRouter, or
 // RunBatched with Config.Batch) and per command topic

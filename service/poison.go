@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/outbox"
 )
 
@@ -84,23 +84,23 @@ func poisonEvent(topic string, msg *message.Message) outbox.Event {
 		}
 	}
 	md[MetadataPoisonedID] = clean(msg.UUID)
-	key := firstKey(md[millrace.MetadataPartitionKey], md[millrace.MetadataAggregateID], md[MetadataPoisonedID], id)
-	ct := md[millrace.MetadataContentType]
-	binary := ct == millrace.ContentTypeBinary || !utf8.Valid(msg.Payload) || !json.Valid(msg.Payload)
+	key := firstKey(md[core.MetadataPartitionKey], md[core.MetadataAggregateID], md[MetadataPoisonedID], id)
+	ct := md[core.MetadataContentType]
+	binary := ct == core.ContentTypeBinary || !utf8.Valid(msg.Payload) || !json.Valid(msg.Payload)
 	// The millrace keys must agree with the event's own fields (the relay
 	// sets them so).
-	md[millrace.MetadataEventID] = id
-	md[millrace.MetadataPartitionKey] = key
-	if ct == millrace.ContentTypeJSON && binary {
-		md[millrace.MetadataContentType] = millrace.ContentTypeBinary // it said JSON, and is not
+	md[core.MetadataEventID] = id
+	md[core.MetadataPartitionKey] = key
+	if ct == core.ContentTypeJSON && binary {
+		md[core.MetadataContentType] = core.ContentTypeBinary // it said JSON, and is not
 	}
 	return outbox.Event{
 		ID:            id,
 		Topic:         topic,
 		PartitionKey:  key,
-		EventType:     md[millrace.MetadataEventType],
-		AggregateType: md[millrace.MetadataAggregateType],
-		AggregateID:   md[millrace.MetadataAggregateID],
+		EventType:     md[core.MetadataEventType],
+		AggregateType: md[core.MetadataAggregateType],
+		AggregateID:   md[core.MetadataAggregateID],
 		Payload:       msg.Payload,
 		Binary:        binary,
 		Metadata:      md,

@@ -14,8 +14,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/compensation"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/kafka"
 	"github.com/millrace/millrace/outbox"
@@ -154,23 +154,23 @@ type part struct {
 // New returns a Service on pool, built from cfg: it validates cfg and
 // builds every part. It does not touch the database; the default
 // Publisher (kafka.NewPublisher) connects to Brokers, and New fails when
-// none answers. Configuration errors wrap millrace.ErrConfig.
+// none answers. Configuration errors wrap core.ErrConfig.
 func New(pool *pgxpool.Pool, cfg Config) (_ *Service, err error) {
 	if pool == nil {
-		return nil, fmt.Errorf("%w: service: nil pool", millrace.ErrConfig)
+		return nil, fmt.Errorf("%w: service: nil pool", core.ErrConfig)
 	}
 	if cfg.Name == "" {
-		return nil, fmt.Errorf("%w: service: Config.Name is required", millrace.ErrConfig)
+		return nil, fmt.Errorf("%w: service: Config.Name is required", core.ErrConfig)
 	}
 	if cfg.Batch != nil && cfg.Orchestrator == nil {
-		return nil, fmt.Errorf("%w: service %s: Config.Batch needs an Orchestrator", millrace.ErrConfig, cfg.Name)
+		return nil, fmt.Errorf("%w: service %s: Config.Batch needs an Orchestrator", core.ErrConfig, cfg.Name)
 	}
 	if cfg.Relay.Schema != "" || cfg.Relay.Publisher != nil {
-		return nil, fmt.Errorf("%w: service %s: set Config.Schema and Config.Publisher, not those of Config.Relay", millrace.ErrConfig, cfg.Name)
+		return nil, fmt.Errorf("%w: service %s: set Config.Schema and Config.Publisher, not those of Config.Relay", core.ErrConfig, cfg.Name)
 	}
 	consumes := cfg.Orchestrator != nil || len(cfg.Participants) > 0
 	if len(cfg.Brokers) == 0 && (cfg.Publisher == nil && !cfg.NoRelay || cfg.Subscriber == nil && consumes) {
-		return nil, fmt.Errorf("%w: service %s: Config.Brokers is required without a Publisher and a Subscriber", millrace.ErrConfig, cfg.Name)
+		return nil, fmt.Errorf("%w: service %s: Config.Brokers is required without a Publisher and a Subscriber", core.ErrConfig, cfg.Name)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = outbox.DefaultLogger()
@@ -218,7 +218,7 @@ func New(pool *pgxpool.Pool, cfg Config) (_ *Service, err error) {
 			ConsumerGroup:         cfg.Name,
 		}, cfg.Logger)
 		if err != nil {
-			return nil, fmt.Errorf("%w: service %s: Kafka subscriber: %v", millrace.ErrConfig, cfg.Name, err)
+			return nil, fmt.Errorf("%w: service %s: Kafka subscriber: %v", core.ErrConfig, cfg.Name, err)
 		}
 		s.owned = append(s.owned, sub)
 		cfg.Subscriber = sub
@@ -232,13 +232,13 @@ func New(pool *pgxpool.Pool, cfg Config) (_ *Service, err error) {
 			b.Poison = cfg.Poison
 		}
 		if len(cfg.Orchestrator.ReplyTopics()) == 0 {
-			return nil, fmt.Errorf("%w: service %s: the Orchestrator has no definitions registered", millrace.ErrConfig, cfg.Name)
+			return nil, fmt.Errorf("%w: service %s: the Orchestrator has no definitions registered", core.ErrConfig, cfg.Name)
 		}
 		s.batch = &b
 	}
 	if cfg.Orchestrator != nil && cfg.Batch == nil || len(cfg.Participants) > 0 {
 		if s.router, err = message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, cfg.Logger); err != nil {
-			return nil, fmt.Errorf("%w: service %s: router: %v", millrace.ErrConfig, cfg.Name, err)
+			return nil, fmt.Errorf("%w: service %s: router: %v", core.ErrConfig, cfg.Name, err)
 		}
 	}
 	if cfg.Orchestrator != nil && cfg.Batch == nil {
@@ -249,7 +249,7 @@ func New(pool *pgxpool.Pool, cfg Config) (_ *Service, err error) {
 	}
 	for i, p := range cfg.Participants {
 		if p.Participant == nil {
-			return nil, fmt.Errorf("%w: service %s: Participants[%d].Participant is nil", millrace.ErrConfig, cfg.Name, i)
+			return nil, fmt.Errorf("%w: service %s: Participants[%d].Participant is nil", core.ErrConfig, cfg.Name, i)
 		}
 		rc := p.Router
 		if rc.Subscriber == nil {

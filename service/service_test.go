@@ -14,8 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/compensation"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/internal/kafkatest"
 	"github.com/millrace/millrace/internal/leaktest"
@@ -201,7 +201,7 @@ func TestPoisonGoesThroughTheOutboxByDefault(t *testing.T) {
 	defer pub.Close()
 	bad := message.NewMessage(uuid.NewString(), []byte("\xff not json"))
 	bad.Metadata.Set("test_case", "a\x00b\xfe")
-	bad.Metadata.Set(millrace.MetadataContentType, millrace.ContentTypeJSON)
+	bad.Metadata.Set(core.MetadataContentType, core.ContentTypeJSON)
 	if err := pub.Publish(b.creditTopic, bad); err != nil {
 		t.Fatal(err)
 	}
@@ -239,7 +239,7 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		cfg := b.cfg
 		cfg.Participants = append([]service.Participant(nil), b.cfg.Participants...)
 		edit(&cfg)
-		if _, err := service.New(b.db.Pool, cfg); !errors.Is(err, millrace.ErrConfig) {
+		if _, err := service.New(b.db.Pool, cfg); !errors.Is(err, core.ErrConfig) {
 			t.Errorf("%s: %v, want ErrConfig", name, err)
 		}
 	}

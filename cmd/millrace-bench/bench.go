@@ -19,7 +19,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/devkafka"
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/internal/sqlident"
@@ -203,12 +203,12 @@ func eventOf(topic string, i int) outbox.Event {
 func messageOf(id string, i int) *message.Message {
 	k := keyOf(i)
 	msg := message.NewMessage(id, payloadOf(i))
-	msg.Metadata.Set(millrace.MetadataEventID, id)
-	msg.Metadata.Set(millrace.MetadataPartitionKey, k)
-	msg.Metadata.Set(millrace.MetadataContentType, millrace.ContentTypeJSON)
-	msg.Metadata.Set(millrace.MetadataEventType, "OrderPlaced")
-	msg.Metadata.Set(millrace.MetadataAggregateType, "order")
-	msg.Metadata.Set(millrace.MetadataAggregateID, k)
+	msg.Metadata.Set(core.MetadataEventID, id)
+	msg.Metadata.Set(core.MetadataPartitionKey, k)
+	msg.Metadata.Set(core.MetadataContentType, core.ContentTypeJSON)
+	msg.Metadata.Set(core.MetadataEventType, "OrderPlaced")
+	msg.Metadata.Set(core.MetadataAggregateType, "order")
+	msg.Metadata.Set(core.MetadataAggregateID, k)
 	return msg
 }
 
@@ -350,26 +350,26 @@ func (p *countingPublisher) PublishTopics(byTopic map[string][]*message.Message)
 
 // publishTopics sends byTopic in one call when pub is an
 // outbox.TopicsPublisher, else in a Publish call per topic, their
-// failures merged into one *millrace.BatchError. The bench's wrappers of
+// failures merged into one *core.BatchError. The bench's wrappers of
 // the relay's publisher pass PublishTopics through with it.
 func publishTopics(pub message.Publisher, byTopic map[string][]*message.Message) error {
 	if tp, ok := pub.(outbox.TopicsPublisher); ok {
 		return tp.PublishTopics(byTopic)
 	}
-	var failed []millrace.MessageError
+	var failed []core.MessageError
 	for topic, msgs := range byTopic {
 		err := pub.Publish(topic, msgs...)
 		if err == nil {
 			continue
 		}
-		var be *millrace.BatchError
+		var be *core.BatchError
 		if !errors.As(err, &be) {
 			return err
 		}
 		failed = append(failed, be.Errors...)
 	}
 	if len(failed) > 0 {
-		return &millrace.BatchError{Errors: failed}
+		return &core.BatchError{Errors: failed}
 	}
 	return nil
 }
@@ -381,7 +381,7 @@ func failedUUIDs(err error) (map[string]bool, bool) {
 	if err == nil {
 		return failed, true
 	}
-	var be *millrace.BatchError
+	var be *core.BatchError
 	if !errors.As(err, &be) {
 		return nil, false
 	}
@@ -396,7 +396,7 @@ func failedCount(err error, n int) int {
 	if err == nil {
 		return 0
 	}
-	var be *millrace.BatchError
+	var be *core.BatchError
 	if errors.As(err, &be) {
 		return len(be.Errors)
 	}

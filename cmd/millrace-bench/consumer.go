@@ -14,7 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/internal/sqlident"
@@ -136,7 +136,7 @@ func (b *bench) consume(ctx context.Context, topic string, n int, batched bool) 
 				var q pgx.Batch
 				for i, msg := range bt.Messages {
 					if fresh[i] {
-						q.Queue(insert, msg.UUID, msg.Metadata.Get(millrace.MetadataPartitionKey), msg.Payload)
+						q.Queue(insert, msg.UUID, msg.Metadata.Get(core.MetadataPartitionKey), msg.Payload)
 					}
 				}
 				return tx.SendBatch(cctx, &q).Close()
@@ -176,7 +176,7 @@ func (b *bench) consume(ctx context.Context, topic string, n int, batched bool) 
 			if !ok {
 				return nil, errors.New("no transaction in the message context")
 			}
-			_, err := tx.Exec(msg.Context(), insert, msg.UUID, msg.Metadata.Get(millrace.MetadataPartitionKey), msg.Payload)
+			_, err := tx.Exec(msg.Context(), insert, msg.UUID, msg.Metadata.Get(core.MetadataPartitionKey), msg.Payload)
 			return nil, err
 		})
 		for range consumerWorkers {

@@ -8,7 +8,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/internal/sqlident"
 )
@@ -32,7 +32,7 @@ func (b *bench) benchDedup(ctx context.Context) error {
 	}
 	insert := `INSERT INTO ` + effect + ` (id, name, data) VALUES ($1, $2, $3)`
 	apply := func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
-		_, err := tx.Exec(ctx, insert, msg.UUID, msg.Metadata.Get(millrace.MetadataPartitionKey), msg.Payload)
+		_, err := tx.Exec(ctx, insert, msg.UUID, msg.Metadata.Get(core.MetadataPartitionKey), msg.Payload)
 		return err
 	}
 

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/sqlident"
 	"github.com/millrace/millrace/kafka"
 	"github.com/millrace/millrace/outbox"
@@ -294,7 +294,7 @@ UPDATE ` + events + ` SET published_at = now() WHERE id = ANY($1)`
 			var payload []byte
 			_, err = pgx.ForEachRow(rows, []any{&id, &eventID, &topic, &key, &payload}, func() error {
 				msg := message.NewMessage(eventID, slices.Clone(payload))
-				msg.Metadata.Set(millrace.MetadataPartitionKey, key)
+				msg.Metadata.Set(core.MetadataPartitionKey, key)
 				byTopic[topic] = append(byTopic[topic], msg)
 				ids = append(ids, id)
 				return nil

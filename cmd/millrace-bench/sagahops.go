@@ -9,7 +9,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/sqlident"
 	"github.com/millrace/millrace/kafka"
 )
@@ -45,7 +45,7 @@ func newHopRecorder(replyTopic string) *hopRecorder {
 func (r *hopRecorder) msg(topic string, m *message.Message) *hopMsg {
 	h := r.msgs[m.UUID]
 	if h == nil {
-		h = &hopMsg{sagaID: m.Metadata.Get(millrace.MetadataSagaID), step: m.Metadata.Get(millrace.MetadataSagaStep), reply: topic == r.replyTopic}
+		h = &hopMsg{sagaID: m.Metadata.Get(core.MetadataSagaID), step: m.Metadata.Get(core.MetadataSagaStep), reply: topic == r.replyTopic}
 		r.msgs[m.UUID] = h
 	}
 	return h

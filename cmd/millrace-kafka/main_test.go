@@ -13,7 +13,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/kafkatest"
 	"github.com/millrace/millrace/internal/leaktest"
 	"github.com/millrace/millrace/kafka"
@@ -80,7 +80,7 @@ func TestBinary(t *testing.T) {
 		t.Fatal(err)
 	}
 	sent := message.NewMessage("0190c2a4-0000-7000-8000-000000000001", []byte(`{"hello":"binary"}`))
-	sent.Metadata.Set(millrace.MetadataPartitionKey, "k")
+	sent.Metadata.Set(core.MetadataPartitionKey, "k")
 	err = pub.Publish(topic, sent)
 	pub.Close()
 	if err != nil {

@@ -14,7 +14,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/kafkatest"
 	"github.com/millrace/millrace/kafka"
 )
@@ -93,7 +93,7 @@ func publishN(t *testing.T, brokers []string, topic string, from, n int) []strin
 	var ids []string
 	for i := from; i < from+n; i++ {
 		m := message.NewMessage(fmt.Sprintf("0190c2a4-0000-7000-8000-%012d", i), []byte(`{"n":`+strconv.Itoa(i)+`}`))
-		m.Metadata.Set(millrace.MetadataPartitionKey, "k"+strconv.Itoa(i%7))
+		m.Metadata.Set(core.MetadataPartitionKey, "k"+strconv.Itoa(i%7))
 		msgs = append(msgs, m)
 		ids = append(ids, m.UUID)
 	}

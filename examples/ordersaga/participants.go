@@ -9,8 +9,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/compensation"
+	"github.com/millrace/millrace/core"
 )
 
 // The commands and replies the order saga exchanges with its participants,
@@ -262,9 +262,9 @@ SELECT s, q, q FROM unnest($1::text[], $2::int[]) AS t(s, q)`, skus, qty)
 		// barrier answers with the stored reply (the stock is taken once);
 		// the late reply of attempt 1 is fenced.
 		p.dup.late = func(msg *message.Message) bool {
-			return msg.Metadata.Get(millrace.MetadataSagaID) == plan.slowStock &&
-				msg.Metadata.Get(millrace.MetadataSagaAttempt) == "1" &&
-				msg.Metadata.Get(millrace.MetadataSagaOperation) == millrace.OperationAction
+			return msg.Metadata.Get(core.MetadataSagaID) == plan.slowStock &&
+				msg.Metadata.Get(core.MetadataSagaAttempt) == "1" &&
+				msg.Metadata.Get(core.MetadataSagaOperation) == core.OperationAction
 		}
 		p.dup.onLate = func(msg *message.Message) {
 			lg.fault("inventory: its reply to %s's reserve_stock (attempt 1, stock taken) is held back %s, past the step's %s timeout",

@@ -314,7 +314,7 @@ func (p *duplicating) Publish(topic string, msgs ...*message.Message) error {
 		return nil
 	}
 	if err := p.Publisher.Publish(topic, msgs...); err != nil {
-		return err // a *millrace.BatchError passes through unchanged
+		return err // a *core.BatchError passes through unchanged
 	}
 	if again := p.copies(msgs); len(again) > 0 && p.Publisher.Publish(topic, again...) == nil {
 		p.dups.Add(int64(len(again)))
@@ -337,7 +337,7 @@ func (p *duplicating) PublishTopics(byTopic map[string][]*message.Message) error
 		return nil
 	}
 	if err := p.Publisher.PublishTopics(kept); err != nil {
-		return err // a *millrace.BatchError passes through unchanged
+		return err // a *core.BatchError passes through unchanged
 	}
 	again, n := map[string][]*message.Message{}, 0
 	for topic, msgs := range kept {

@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/kafka"
 	"github.com/millrace/millrace/outbox"
@@ -107,7 +107,7 @@ func startBilling(ctx context.Context, e *env) (*billing, error) {
 func (b *billing) handleOrderPlaced(msg *message.Message) error {
 	var ev OrderPlaced
 	if err := json.Unmarshal(msg.Payload, &ev); err != nil {
-		return millrace.Permanent(fmt.Errorf("billing: OrderPlaced %s: %w", msg.UUID, err))
+		return core.Permanent(fmt.Errorf("billing: OrderPlaced %s: %w", msg.UUID, err))
 	}
 	ctx := msg.Context()
 	tx, ok := inbox.TxFromContext(ctx)
@@ -123,7 +123,7 @@ func (b *billing) handleOrderPlaced(msg *message.Message) error {
 		return err
 	}
 	if tag.RowsAffected() != 1 {
-		return millrace.Permanent(fmt.Errorf("billing: order %d: unknown customer %q", ev.OrderID, ev.CustomerID))
+		return core.Permanent(fmt.Errorf("billing: order %d: unknown customer %q", ev.OrderID, ev.CustomerID))
 	}
 
 	// The invoice event goes through billing's outbox, in the same

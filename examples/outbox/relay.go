@@ -8,7 +8,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/kafka"
 	"github.com/millrace/millrace/outbox"
 )
@@ -64,7 +64,7 @@ func (r *relay) stop() {
 func (r *relay) published() int64 { return r.counter.n.Load() }
 
 // countingPublisher counts the messages that its Publisher delivered. It
-// passes errors through unchanged: the relay needs the *millrace.BatchError
+// passes errors through unchanged: the relay needs the *core.BatchError
 // to know which messages failed.
 type countingPublisher struct {
 	message.Publisher
@@ -74,7 +74,7 @@ type countingPublisher struct {
 func (p *countingPublisher) Publish(topic string, msgs ...*message.Message) error {
 	err := p.Publisher.Publish(topic, msgs...)
 	failed := 0
-	var be *millrace.BatchError
+	var be *core.BatchError
 	switch {
 	case errors.As(err, &be):
 		failed = len(be.Errors)

@@ -20,7 +20,7 @@ import (
 // Strict returns the statement and arguments that record, for dedup (an
 // *inbox.Deduplicator), the event ids of msgs, failing with a unique
 // violation if any was recorded before or repeats within msgs. A message
-// without a usable event id fails as with MarkTx: a *millrace.BatchError
+// without a usable event id fails as with MarkTx: a *core.BatchError
 // naming each such message, each error wrapping inbox.ErrNoEventID.
 var Strict func(dedup any, msgs []*message.Message) (sql string, args []any, err error)
 

@@ -17,7 +17,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/outbox"
@@ -30,7 +30,7 @@ const Refusal = "broker refused the message: too large"
 type Refuse struct{}
 
 func (Refuse) Publish(string, ...*message.Message) error {
-	return millrace.Permanent(errors.New(Refusal))
+	return core.Permanent(errors.New(Refusal))
 }
 func (Refuse) Close() error { return nil }
 
@@ -149,7 +149,7 @@ func InboxDead(t testing.TB, db *pgtest.DB, consumer string, n int) []string {
 	for i := range msgs {
 		ids[i] = uuid.NewString()
 		msgs[i] = message.NewMessage(ids[i], fmt.Appendf(nil, `{"n": %d}`, i))
-		msgs[i].Metadata.Set(millrace.MetadataEventID, ids[i])
+		msgs[i].Metadata.Set(core.MetadataEventID, ids[i])
 	}
 	if _, err := recv.Receive(ctx, msgs...); err != nil {
 		t.Fatal(err)
@@ -157,7 +157,7 @@ func InboxDead(t testing.TB, db *pgtest.DB, consumer string, n int) []string {
 	proc, err := inbox.NewProcessor(db.Pool, inbox.ProcessorConfig{
 		Schema: db.Schema, Consumer: consumer, BatchSize: n + 1,
 		Handler: func(context.Context, pgx.Tx, *message.Message) error {
-			return millrace.Permanent(errors.New(InboxFailure))
+			return core.Permanent(errors.New(InboxFailure))
 		},
 	})
 	if err != nil {
@@ -170,7 +170,7 @@ func InboxDead(t testing.TB, db *pgtest.DB, consumer string, n int) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := dead.List(ctx, millrace.ListParams{Limit: n + 1})
+	got, err := dead.List(ctx, core.ListParams{Limit: n + 1})
 	if err != nil {
 		t.Fatal(err)
 	}

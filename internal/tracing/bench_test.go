@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/internal/tracing"
@@ -79,7 +80,7 @@ func BenchmarkDedupHandler(b *testing.B) {
 		b.Fatal(err)
 	}
 	h := d.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-		tx, _ := millrace.TxFromContext(msg.Context())
+		tx, _ := core.TxFromContext(msg.Context())
 		_, err := w.WriteTx(msg.Context(), tx, outbox.Event{Topic: "replies", PartitionKey: msg.UUID, EventType: "Reply", Payload: []byte(`{}`)})
 		return nil, err
 	})

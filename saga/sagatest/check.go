@@ -6,7 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/saga"
 )
 
@@ -126,7 +126,7 @@ func (h *H) barrier() (map[string]map[string]int, error) {
 func compensationsSent(hist []saga.HistoryEntry) map[string]bool {
 	out := map[string]bool{}
 	for _, e := range hist {
-		if (e.Event == "command" && e.Operation == millrace.OperationCompensation) || e.Event == "step_compensated" {
+		if (e.Event == "command" && e.Operation == core.OperationCompensation) || e.Event == "step_compensated" {
 			out[e.Step] = true
 		}
 	}
@@ -228,7 +228,7 @@ func checkSaga(in *saga.Instance, hist []saga.HistoryEntry) []string {
 				add("command %s/%s attempt %d after attempt %d", e.Step, e.Operation, e.Attempt, prev)
 			}
 			lastAttempt[[2]string{e.Step, e.Operation}] = e.Attempt
-			if e.Operation == millrace.OperationCompensation {
+			if e.Operation == core.OperationCompensation {
 				sentComp[e.Step] = true
 			}
 		case "reply":
@@ -239,7 +239,7 @@ func checkSaga(in *saga.Instance, hist []saga.HistoryEntry) []string {
 			if !commands[k] {
 				add("reply %s/%s#%d applied with no such command sent", e.Step, e.Operation, e.Attempt)
 			}
-			if e.Outcome == millrace.OutcomeSuccess {
+			if e.Outcome == core.OutcomeSuccess {
 				succeeded[[2]string{e.Step, e.Operation}]++
 				if succeeded[[2]string{e.Step, e.Operation}] == 2 {
 					add("two success replies of %s/%s applied", e.Step, e.Operation)
@@ -247,8 +247,8 @@ func checkSaga(in *saga.Instance, hist []saga.HistoryEntry) []string {
 			}
 		case "step_done", "step_compensated":
 			lastStepEvent[e.Step] = e
-			if e.Event == "step_done" && commands[opKey{e.Step, millrace.OperationAction, e.Attempt}] &&
-				applied[opKey{e.Step, millrace.OperationAction, e.Attempt}] == 0 {
+			if e.Event == "step_done" && commands[opKey{e.Step, core.OperationAction, e.Attempt}] &&
+				applied[opKey{e.Step, core.OperationAction, e.Attempt}] == 0 {
 				add("step %s done at attempt %d with no reply applied", e.Step, e.Attempt)
 			}
 		}

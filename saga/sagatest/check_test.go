@@ -9,7 +9,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/saga"
 	"github.com/millrace/millrace/saga/sagatest"
 )
@@ -51,7 +51,7 @@ SELECT saga_id, at, event, step, operation, attempt, outcome, 'completed' FROM s
 	t.Run("poisoned", func(t *testing.T) {
 		h := setup(t, 1)
 		h.AddHandler("auditor", "ship", nil, func(msg *message.Message) error {
-			return millrace.Permanent(errors.New("cannot read this"))
+			return core.Permanent(errors.New("cannot read this"))
 		})
 		r := h.RunE()
 		if !slices.ContainsFunc(r.Violations, func(v string) bool { return strings.Contains(v, "poisoned: command o1 ship/action#1 →auditor") }) {

@@ -7,13 +7,13 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/outbox"
 	"github.com/millrace/millrace/saga"
 )
 
 // The headers SendEvent puts on an event's message, which AddEvents's
-// default route reads (with millrace.MetadataSagaID for the saga).
+// default route reads (with core.MetadataSagaID for the saga).
 const (
 	HeaderEvent   = "saga_event"
 	HeaderEventID = "saga_event_id"
@@ -29,7 +29,7 @@ const (
 func (h *H) AddEvents(topic string, route func(*message.Message) (saga.EventTarget, error)) {
 	if route == nil {
 		route = func(msg *message.Message) (saga.EventTarget, error) {
-			return saga.EventTarget{SagaID: msg.Metadata.Get(millrace.MetadataSagaID), Event: msg.Metadata.Get(HeaderEvent),
+			return saga.EventTarget{SagaID: msg.Metadata.Get(core.MetadataSagaID), Event: msg.Metadata.Get(HeaderEvent),
 				EventID: msg.Metadata.Get(HeaderEventID)}, nil
 		}
 	}
@@ -50,7 +50,7 @@ func (h *H) SendEvent(topic, sagaID, event, eventID string, payload any) error {
 	return pgx.BeginFunc(h.ctx, h.Pool(), func(tx pgx.Tx) error {
 		_, err := h.Writer().WriteTx(h.ctx, tx, outbox.Event{Topic: topic, PartitionKey: sagaID, Payload: raw,
 			AggregateType: "saga-event", AggregateID: sagaID, EventType: event,
-			Metadata: map[string]string{millrace.MetadataSagaID: sagaID, HeaderEvent: event, HeaderEventID: eventID}})
+			Metadata: map[string]string{core.MetadataSagaID: sagaID, HeaderEvent: event, HeaderEventID: eventID}})
 		return err
 	})
 }

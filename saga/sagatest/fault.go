@@ -37,7 +37,7 @@ type Event struct {
 	Kind EventKind
 	// Saga is the saga id.
 	Saga string
-	// Step, Op (millrace.OperationAction or OperationCompensation) and
+	// Step, Op (core.OperationAction or OperationCompensation) and
 	// Attempt of the command or reply; empty for a timer.
 	Step    string
 	Op      string

@@ -15,8 +15,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/compensation"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/sqlident"
 	"github.com/millrace/millrace/outbox"
 	"github.com/millrace/millrace/saga"
@@ -446,7 +446,7 @@ func (h *H) collect() error {
 		return err
 	}
 	slices.SortStableFunc(got, func(a, b published) int {
-		return cmp.Or(cmp.Compare(a.msg.Metadata.Get(millrace.MetadataPartitionKey), b.msg.Metadata.Get(millrace.MetadataPartitionKey)),
+		return cmp.Or(cmp.Compare(a.msg.Metadata.Get(core.MetadataPartitionKey), b.msg.Metadata.Get(core.MetadataPartitionKey)),
 			cmp.Compare(seq[a.msg.UUID], seq[b.msg.UUID]))
 	})
 	for _, p := range got {
@@ -465,11 +465,11 @@ func (h *H) collect() error {
 // eventOf labels the delivery of e.
 func (h *H) eventOf(e *entry) Event {
 	md := e.msg.Metadata
-	ev := Event{Kind: Message, Saga: md.Get(millrace.MetadataSagaID), Consumer: e.sub.name, Topic: e.topic}
-	if op := md.Get(millrace.MetadataSagaOperation); op != "" {
-		ev.Kind, ev.Step, ev.Op = Command, md.Get(millrace.MetadataSagaStep), op
-		ev.Attempt, _ = strconv.Atoi(md.Get(millrace.MetadataSagaAttempt))
-		if o := md.Get(millrace.MetadataSagaOutcome); o != "" {
+	ev := Event{Kind: Message, Saga: md.Get(core.MetadataSagaID), Consumer: e.sub.name, Topic: e.topic}
+	if op := md.Get(core.MetadataSagaOperation); op != "" {
+		ev.Kind, ev.Step, ev.Op = Command, md.Get(core.MetadataSagaStep), op
+		ev.Attempt, _ = strconv.Atoi(md.Get(core.MetadataSagaAttempt))
+		if o := md.Get(core.MetadataSagaOutcome); o != "" {
 			ev.Kind, ev.Outcome = Reply, o
 		}
 	}
@@ -477,7 +477,7 @@ func (h *H) eventOf(e *entry) Event {
 		ev.Kind, ev.Step = Signal, name // events.go
 	}
 	if ev.Saga == "" {
-		ev.Saga = md.Get(millrace.MetadataPartitionKey)
+		ev.Saga = md.Get(core.MetadataPartitionKey)
 	}
 	return ev
 }
@@ -516,7 +516,7 @@ func (h *H) step() error {
 			return nil
 		case Reorder:
 			for i := 1; i < len(h.queue); i++ {
-				if o := h.queue[i]; o.msg.Metadata.Get(millrace.MetadataPartitionKey) != e.msg.Metadata.Get(millrace.MetadataPartitionKey) {
+				if o := h.queue[i]; o.msg.Metadata.Get(core.MetadataPartitionKey) != e.msg.Metadata.Get(core.MetadataPartitionKey) {
 					// o jumps the queue: the messages of e's saga keep
 					// their order.
 					h.logf("REORDER %s: %s first", ev, h.describe(o))
@@ -575,7 +575,7 @@ func (h *H) deliver(e *entry, ev Event, f Fault) error {
 				return err
 			}
 			return nil
-		case millrace.IsPermanent(err):
+		case core.IsPermanent(err):
 			h.logf("  POISONED: %v", err)
 			h.poisoned = append(h.poisoned, fmt.Sprintf("%s: %v", ev, err))
 			remove()
@@ -620,7 +620,7 @@ func (h *H) stepBatch() error {
 				continue
 			case Reorder:
 				i := slices.IndexFunc(h.queue, func(o *entry) bool {
-					return o.msg.Metadata.Get(millrace.MetadataPartitionKey) != e.msg.Metadata.Get(millrace.MetadataPartitionKey)
+					return o.msg.Metadata.Get(core.MetadataPartitionKey) != e.msg.Metadata.Get(core.MetadataPartitionKey)
 				})
 				if i > 0 {
 					h.logf("REORDER %s: %s first", ev, h.describe(h.queue[i]))

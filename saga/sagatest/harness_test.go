@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/saga"
 	"github.com/millrace/millrace/saga/sagatest"
 )
@@ -57,7 +57,7 @@ func TestNoFaults(t *testing.T) {
 // hold (Run fails the test otherwise) and the fault left its trace.
 func TestEachFaultRecovers(t *testing.T) {
 	t.Parallel()
-	creditReply := sagatest.Event{Kind: sagatest.Reply, Saga: "o1", Step: "credit", Op: millrace.OperationAction}
+	creditReply := sagatest.Event{Kind: sagatest.Reply, Saga: "o1", Step: "credit", Op: core.OperationAction}
 	stockCmd := sagatest.Event{Kind: sagatest.Command, Saga: "o1", Step: "stock"}
 	for _, tc := range []struct {
 		name  string
@@ -223,7 +223,7 @@ func TestCrashAnywhere(t *testing.T) {
 		return orders(false, 10, 500)(h)
 	}
 	lose := func(id string) sagatest.Fault {
-		return sagatest.Drop.On(sagatest.Event{Kind: sagatest.Command, Saga: id, Step: "stock", Op: millrace.OperationAction, Attempt: 1})
+		return sagatest.Drop.On(sagatest.Event{Kind: sagatest.Command, Saga: id, Step: "stock", Op: core.OperationAction, Attempt: 1})
 	}
 	sagatest.Explore(t, sagatest.ExploreConfig{Config: sagatest.Config{Effects: effects,
 		// Each saga's first stock command is lost, so that timers fire too.
@@ -250,7 +250,7 @@ func TestCrashAnywhere(t *testing.T) {
 func TestTimeoutsThenCompensation(t *testing.T) {
 	t.Parallel()
 	stock := func(attempt int) sagatest.Event {
-		return sagatest.Event{Kind: sagatest.Command, Saga: "o1", Step: "stock", Op: millrace.OperationAction, Attempt: attempt}
+		return sagatest.Event{Kind: sagatest.Command, Saga: "o1", Step: "stock", Op: core.OperationAction, Attempt: attempt}
 	}
 	h := setup(t, 1, sagatest.DelayFor(5, stock(1)), sagatest.Drop.On(stock(2)), sagatest.Drop.On(stock(3)))
 	r := h.Run(t)
@@ -272,7 +272,7 @@ func TestTimeoutsThenCompensation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if outcome != millrace.OutcomeCancelled || !empty {
+	if outcome != core.OutcomeCancelled || !empty {
 		t.Fatalf("stock's barrier: action %q, compensation empty %t; want a cancelled late action and an empty compensation\n%s", outcome, empty, r)
 	}
 	if !slices.ContainsFunc(r.Trace, func(l string) bool { return strings.Contains(l, "reply o1 stock/action#1 cancelled") }) {

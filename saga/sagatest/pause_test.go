@@ -5,7 +5,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/saga"
 	"github.com/millrace/millrace/saga/sagatest"
 )
@@ -16,7 +16,7 @@ import (
 // pauses among the faults keeps them too.
 func TestPauseFault(t *testing.T) {
 	t.Parallel()
-	creditReply := sagatest.Event{Kind: sagatest.Reply, Saga: "o1", Step: "credit", Op: millrace.OperationAction}
+	creditReply := sagatest.Event{Kind: sagatest.Reply, Saga: "o1", Step: "credit", Op: core.OperationAction}
 	stockCmd := sagatest.Event{Kind: sagatest.Command, Saga: "o1", Step: "stock"}
 	for _, tc := range []struct {
 		name    string

@@ -10,8 +10,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/compensation"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/outbox"
 	"github.com/millrace/millrace/saga"
 	"github.com/millrace/millrace/saga/sagatest"
@@ -123,24 +123,24 @@ func brokenCredit(h *sagatest.H) error {
 	}
 	h.AddHandler("broken-credit", "credit", dedup("broken-credit"), func(msg *message.Message) error {
 		ctx := msg.Context()
-		tx, ok := millrace.TxFromContext(ctx)
+		tx, ok := core.TxFromContext(ctx)
 		if !ok {
 			return errors.New("no tx")
 		}
 		md := msg.Metadata
 		delta := 1
-		if md.Get(millrace.MetadataSagaOperation) == millrace.OperationCompensation {
+		if md.Get(core.MetadataSagaOperation) == core.OperationCompensation {
 			delta = -1
 		}
-		call := compensation.Call{SagaID: md.Get(millrace.MetadataSagaID), Step: md.Get(millrace.MetadataSagaStep)}
+		call := compensation.Call{SagaID: md.Get(core.MetadataSagaID), Step: md.Get(core.MetadataSagaStep)}
 		if err := record(ctx, tx, h, call, delta); err != nil {
 			return err
 		}
-		_, err := h.Writer().WriteTx(ctx, tx, outbox.Event{Topic: md.Get(millrace.MetadataSagaReplyTopic), PartitionKey: call.SagaID,
+		_, err := h.Writer().WriteTx(ctx, tx, outbox.Event{Topic: md.Get(core.MetadataSagaReplyTopic), PartitionKey: call.SagaID,
 			Payload: []byte("{}"), Metadata: map[string]string{
-				millrace.MetadataSagaID: call.SagaID, millrace.MetadataSagaType: md.Get(millrace.MetadataSagaType),
-				millrace.MetadataSagaStep: call.Step, millrace.MetadataSagaAttempt: md.Get(millrace.MetadataSagaAttempt),
-				millrace.MetadataSagaOperation: md.Get(millrace.MetadataSagaOperation), millrace.MetadataSagaOutcome: millrace.OutcomeSuccess,
+				core.MetadataSagaID: call.SagaID, core.MetadataSagaType: md.Get(core.MetadataSagaType),
+				core.MetadataSagaStep: call.Step, core.MetadataSagaAttempt: md.Get(core.MetadataSagaAttempt),
+				core.MetadataSagaOperation: md.Get(core.MetadataSagaOperation), core.MetadataSagaOutcome: core.OutcomeSuccess,
 			}})
 		return err
 	})

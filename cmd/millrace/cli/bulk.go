@@ -10,7 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/saga"
 )
 
@@ -245,14 +245,14 @@ type deadBulkJSON struct {
 
 // query returns the dead letters' query the flags select, or a usage
 // error when they select nothing in particular.
-func (s *deadSelection) query() (millrace.DeadLetterQuery, error) {
+func (s *deadSelection) query() (core.DeadLetterQuery, error) {
 	if s.topic == "" && s.key == "" && s.errMatch == "" && s.older == 0 {
-		return millrace.DeadLetterQuery{}, usagef("give event ids, or select dead letters with --topic, --key, --error or --older-than")
+		return core.DeadLetterQuery{}, usagef("give event ids, or select dead letters with --topic, --key, --error or --older-than")
 	}
 	if s.older < 0 {
-		return millrace.DeadLetterQuery{}, usagef("--older-than must not be negative")
+		return core.DeadLetterQuery{}, usagef("--older-than must not be negative")
 	}
-	q := millrace.DeadLetterQuery{Topic: s.topic, PartitionKey: s.key, Error: s.errMatch}
+	q := core.DeadLetterQuery{Topic: s.topic, PartitionKey: s.key, Error: s.errMatch}
 	if s.older > 0 {
 		q.DeadBefore = time.Now().Add(-s.older)
 	}

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
 )
 
@@ -75,7 +75,7 @@ func (a *app) inboxDeadListCmd(consumer *string) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			list, err := dl.List(cmd.Context(), millrace.ListParams{Limit: limit})
+			list, err := dl.List(cmd.Context(), core.ListParams{Limit: limit})
 			if err != nil {
 				return err
 			}

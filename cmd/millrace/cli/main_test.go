@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/millrace/millrace"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/internal/leaktest"
 	"github.com/millrace/millrace/internal/opstest"
@@ -367,7 +367,7 @@ func TestInboxDead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := dl.List(context.Background(), millrace.ListParams{Limit: 10}); len(got) != 3 {
+	if got, _ := dl.List(context.Background(), core.ListParams{Limit: 10}); len(got) != 3 {
 		t.Fatalf("after refused commands, billing has %d dead letters, want 3", len(got))
 	}
 
@@ -379,7 +379,7 @@ func TestInboxDead(t *testing.T) {
 	if out := ok(t, db, "inbox", "dead", "discard", "--consumer", "billing", ids[1], ids[2]); out != "discarded 2 inbox dead letters\n" {
 		t.Errorf("discard printed %q", out)
 	}
-	if got, _ := dl.List(context.Background(), millrace.ListParams{Limit: 10}); len(got) != 0 {
+	if got, _ := dl.List(context.Background(), core.ListParams{Limit: 10}); len(got) != 0 {
 		t.Errorf("billing still has %d dead letters", len(got))
 	}
 	fails(t, db, 1, `event `+ids[1]+` is not a dead letter`, "inbox", "dead", "requeue", "--consumer", "billing", ids[1])

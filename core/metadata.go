@@ -1,4 +1,4 @@
-package millrace
+package core
 
 // Metadata keys that the outbox relay sets on every message it publishes.
 // Kafka carries them as record headers (watermill-kafka's marshaling), other

@@ -1,4 +1,4 @@
-package millrace
+package core
 
 // The saga wire protocol: the metadata a saga's commands and replies carry,
 // shared by the saga orchestrator (package saga) and its participants

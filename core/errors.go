@@ -1,4 +1,4 @@
-package millrace
+package core
 
 import (
 	"errors"
