@@ -1,7 +1,7 @@
 // Command quickstart runs one order saga: an order and its saga commit in
 // one transaction; payment reserves credit and inventory stock, behind the
 // compensation barrier; the saga approves the order. All run here as one
-// service.Service on one schema, through Kafka: KAFKA_BROKERS, else a
+// millrace.Service on one schema, through Kafka: KAFKA_BROKERS, else a
 // broker in the process. DATABASE_URL=... go run ./examples/quickstart
 package main
 
@@ -22,7 +22,7 @@ import (
 	"github.com/millrace/millrace/devbroker"
 	"github.com/millrace/millrace/migrations"
 	"github.com/millrace/millrace/saga"
-	"github.com/millrace/millrace/service"
+	"github.com/millrace/millrace"
 )
 
 // Order is the saga's data, kept in its row.
@@ -136,9 +136,9 @@ func run(ctx context.Context, url string, brokers []string, schema string) (*sag
 
 	// One value runs it all: the relay, the saga's replies and timers, the
 	// participants, the cleaners.
-	svc, err := service.New(pool, service.Config{
+	svc, err := millrace.New(pool, millrace.Config{
 		Name: schema, Schema: schema, Brokers: brokers, Orchestrator: orch,
-		Participants: []service.Participant{
+		Participants: []millrace.Participant{
 			{Participant: payment, Router: compensation.RouterConfig{Topic: schema + ".payment"}},
 			{Participant: inventory, Router: compensation.RouterConfig{Topic: schema + ".inventory"}},
 		},

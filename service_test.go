@@ -1,4 +1,4 @@
-package service_test
+package millrace_test
 
 import (
 	"context"
@@ -23,7 +23,7 @@ import (
 	"github.com/millrace/millrace/kafka"
 	"github.com/millrace/millrace/outbox"
 	"github.com/millrace/millrace/saga"
-	"github.com/millrace/millrace/service"
+	"github.com/millrace/millrace"
 )
 
 func TestMain(m *testing.M) { leaktest.VerifyTestMain(m) }
@@ -41,7 +41,7 @@ type testBundle struct {
 	orch        *saga.Orchestrator
 	def         *saga.Definition[order]
 	creditTopic string
-	cfg         service.Config
+	cfg         millrace.Config
 }
 
 // relayFast polls often, for tests that wait on the relay.
@@ -81,10 +81,10 @@ func setup(t *testing.T, migrate bool) *testBundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b.cfg = service.Config{
+	b.cfg = millrace.Config{
 		Name: kafkatest.Group(), Schema: db.Schema, Brokers: b.brokers,
 		Orchestrator: b.orch,
-		Participants: []service.Participant{{Participant: payments, Router: compensation.RouterConfig{Topic: b.creditTopic}}},
+		Participants: []millrace.Participant{{Participant: payments, Router: compensation.RouterConfig{Topic: b.creditTopic}}},
 		Relay:        relayFast,
 		Retry:        &middleware.Retry{MaxRetries: 2, InitialInterval: 10 * time.Millisecond, ShouldRetry: inbox.ShouldRetry},
 		Logger:       watermill.NopLogger{},
@@ -93,7 +93,7 @@ func setup(t *testing.T, migrate bool) *testBundle {
 }
 
 // run runs svc in the background; stop cancels it and returns Run's error.
-func run(t *testing.T, svc *service.Service) (stop func() error) {
+func run(t *testing.T, svc *millrace.Service) (stop func() error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -130,7 +130,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func TestRunCompletesASagaAndStopsOnCancel(t *testing.T) {
 	t.Parallel()
 	b := setup(t, true)
-	svc, err := service.New(b.db.Pool, b.cfg)
+	svc, err := millrace.New(b.db.Pool, b.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +150,7 @@ func TestRunCompletesASagaAndStopsOnCancel(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatalf("Run after cancel: %v, want nil", err)
 	}
-	if err := svc.Run(ctx); !errors.Is(err, service.ErrRunTwice) {
+	if err := svc.Run(ctx); !errors.Is(err, millrace.ErrRunTwice) {
 		t.Fatalf("second Run: %v, want ErrRunTwice", err)
 	}
 	// TestMain's leak check fails the package if a part outlived Run.
@@ -159,7 +159,7 @@ func TestRunCompletesASagaAndStopsOnCancel(t *testing.T) {
 func TestRunReturnsTheFailingPart(t *testing.T) {
 	t.Parallel()
 	b := setup(t, false) // no tables: the relay and the saga timers refuse to start
-	svc, err := service.New(b.db.Pool, b.cfg)
+	svc, err := millrace.New(b.db.Pool, b.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,7 +186,7 @@ func TestRunReturnsTheFailingPart(t *testing.T) {
 func TestPoisonGoesThroughTheOutboxByDefault(t *testing.T) {
 	t.Parallel()
 	b := setup(t, true)
-	svc, err := service.New(b.db.Pool, b.cfg)
+	svc, err := millrace.New(b.db.Pool, b.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,8 +206,8 @@ func TestPoisonGoesThroughTheOutboxByDefault(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := kafkatest.Read(t, b.brokers, b.creditTopic+".poison", 1)[0]
-	if got.Metadata.Get(service.MetadataPoisonedID) != bad.UUID {
-		t.Fatalf("poisoned message id %q, want %q", got.Metadata.Get(service.MetadataPoisonedID), bad.UUID)
+	if got.Metadata.Get(millrace.MetadataPoisonedID) != bad.UUID {
+		t.Fatalf("poisoned message id %q, want %q", got.Metadata.Get(millrace.MetadataPoisonedID), bad.UUID)
 	}
 	if got.Metadata.Get(middleware.ReasonForPoisonedKey) == "" {
 		t.Fatal("no reason_poisoned on the poisoned message")
@@ -229,17 +229,17 @@ func TestPoisonGoesThroughTheOutboxByDefault(t *testing.T) {
 func TestNewRefusesBadConfig(t *testing.T) {
 	t.Parallel()
 	b := setup(t, false)
-	for name, edit := range map[string]func(c *service.Config){
-		"no name":         func(c *service.Config) { c.Name = "" },
-		"no brokers":      func(c *service.Config) { c.Brokers = nil },
-		"batch, no sagas": func(c *service.Config) { c.Orchestrator, c.Batch = nil, &saga.BatchConfig{} },
-		"relay schema":    func(c *service.Config) { c.Relay.Schema = "other" },
-		"no topic":        func(c *service.Config) { c.Participants[0].Router.Topic = "" },
+	for name, edit := range map[string]func(c *millrace.Config){
+		"no name":         func(c *millrace.Config) { c.Name = "" },
+		"no brokers":      func(c *millrace.Config) { c.Brokers = nil },
+		"batch, no sagas": func(c *millrace.Config) { c.Orchestrator, c.Batch = nil, &saga.BatchConfig{} },
+		"relay schema":    func(c *millrace.Config) { c.Relay.Schema = "other" },
+		"no topic":        func(c *millrace.Config) { c.Participants[0].Router.Topic = "" },
 	} {
 		cfg := b.cfg
-		cfg.Participants = append([]service.Participant(nil), b.cfg.Participants...)
+		cfg.Participants = append([]millrace.Participant(nil), b.cfg.Participants...)
 		edit(&cfg)
-		if _, err := service.New(b.db.Pool, cfg); !errors.Is(err, core.ErrConfig) {
+		if _, err := millrace.New(b.db.Pool, cfg); !errors.Is(err, core.ErrConfig) {
 			t.Errorf("%s: %v, want ErrConfig", name, err)
 		}
 	}
@@ -252,7 +252,7 @@ func TestRunCleansEndedSagas(t *testing.T) {
 	t.Parallel()
 	b := setup(t, true)
 	b.cfg.Cleaners.Saga = saga.CleanerConfig{CompletedAfter: time.Hour, Interval: 50 * time.Millisecond}
-	svc, err := service.New(b.db.Pool, b.cfg)
+	svc, err := millrace.New(b.db.Pool, b.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
