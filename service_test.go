@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/compensation"
 	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
@@ -23,7 +24,6 @@ import (
 	"github.com/millrace/millrace/kafka"
 	"github.com/millrace/millrace/outbox"
 	"github.com/millrace/millrace/saga"
-	"github.com/millrace/millrace"
 )
 
 func TestMain(m *testing.M) { leaktest.VerifyTestMain(m) }

@@ -18,11 +18,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/compensation"
 	"github.com/millrace/millrace/devbroker"
 	"github.com/millrace/millrace/migrations"
 	"github.com/millrace/millrace/saga"
-	"github.com/millrace/millrace"
 )
 
 // Order is the saga's data, kept in its row.
