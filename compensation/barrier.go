@@ -16,8 +16,6 @@ const (
 
 // statements are the barrier's SQL for one schema.
 type statements struct {
-	claimAction, claimCompensation, claimForCompensation, finish string
-	// The batched path's: many rows per statement.
 	claimActions, claimCompensations, finishMany string
 }
 
@@ -32,33 +30,7 @@ type statements struct {
 // whose outcome is empty was claimed again (see reclaimFailure).
 func newStatements(schema string) statements {
 	t := sqlident.Table(schema, "compensation_barrier")
-	claim := func(op, extraCols, extraVals, onConflict, returning string) string {
-		return fmt.Sprintf(`INSERT INTO %[1]s AS b (saga_id, step, operation, saga_type, command%[3]s)
-VALUES ($1, $2, '%[2]s', $3, $4%[4]s)
-ON CONFLICT (saga_id, step, operation) DO UPDATE SET %[5]s
-RETURNING (b.xmax = 0 OR b.outcome = ''), %[6]s`, t, op, extraCols, extraVals, onConflict, returning)
-	}
 	return statements{
-		// An action: claimed (inserted, or a failure claimed again) means
-		// it runs now; otherwise the row holds its final answer (success,
-		// or the failure of this or a later attempt) or says that a
-		// compensation came first (cancelled).
-		claimAction: claim("action", ", attempt", ", $5", "deliveries = b.deliveries + 1, updated_at = now(), "+reclaimFailure,
-			"b.outcome, b.reply, b.reason"),
-		// A compensation's own row: success means compensated before.
-		claimCompensation: claim("compensation", "", "", "deliveries = b.deliveries + 1, updated_at = now()",
-			"b.outcome, b.reply, b.reason"),
-		// A compensation also upserts its action's row: inserting it (as
-		// cancelled) makes the compensation empty and blocks the action if
-		// it comes late; finding it tells whether there is an effect to undo.
-		// A failed action's row becomes cancelled, so that no later attempt
-		// claims it again after its compensation.
-		claimForCompensation: claim("action", ", outcome, reason", ", 'cancelled', $5", "updated_at = now(), "+reclaimFailure,
-			"b.outcome, b.reply"),
-		// The answer, in the claiming transaction. updated_at keeps its value
-		// (set by the claim in this transaction), so the update stays HOT.
-		finish: fmt.Sprintf(`UPDATE %s SET outcome = $1, empty = $2, reply = $3, reason = $4
-WHERE saga_id = $5 AND step = $6 AND operation = $7`, t),
 		// Many actions' rows, and the action rows of many compensations
 		// (outcome cancelled, which counts no delivery), in the order given
 		// (the caller sorts them, for a fixed lock order).

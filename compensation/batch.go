@@ -14,26 +14,28 @@ import (
 	"github.com/millrace/millrace/outbox"
 )
 
-// HandleBatchTx handles msgs in tx, as HandleTx would one after the other,
-// in fewer round trips: the barrier rows of the whole batch are claimed in
-// one statement, their answers written in one more, and the replies in one
-// outbox write with it; each function's savepoint goes in the round trip
-// of its first statement. It is for consumers that take
-// messages in batches (the saga orchestrator's way of reaching the
-// throughput target); the same guarantees hold, and its answers are
-// identical to HandleTx's.
+// HandleTx handles msgs, command messages, in tx, which the caller
+// commits: for each, the barrier, the action or compensation, and the
+// reply through the outbox. The barrier rows of the whole batch are claimed
+// in one statement, their answers written in one more, and the replies in
+// one outbox write with it; each function runs under a savepoint of its
+// own, so a business failure (Fail) rolls back that function's writes only
+// and is replied. One message is a batch of one; RunBatched and Handle run
+// their transactions through it.
 //
 // Messages of one saga step are handled in the order given; the functions
 // run in message order. Before anything is written, every message is
-// parsed: if any is malformed (see HandleTx), HandleBatchTx returns a
-// *core.BatchError naming each bad message by its UUID, each error
-// core.Permanent, and tx is untouched: take them out (poison them) and
-// call again with the rest. Any other error is technical: roll tx back.
-// Deduplicating redelivered messages (the inbox's marks) is the caller's
-// part, in tx; without it the barrier still keeps the effects once, and a
-// redelivery is answered again (a duplicate reply, which the orchestrator
-// ignores).
-func (p *Participant) HandleBatchTx(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
+// parsed: a message with bad saga metadata, an unknown command, a payload
+// that does not decode or a reply topic the Writer refuses
+// (WriterConfig.ValidateTopic) is named in a *core.BatchError, each error
+// core.Permanent (ErrInvalidCommand, ErrUnknownCommand), and tx is
+// untouched: take them out (poison them) and call again with the rest (for
+// a single message the error is that message's own). Any other error is
+// technical: roll tx back and retry. Deduplicating redelivered messages
+// (the inbox's marks) is the caller's part, in tx; without it the barrier
+// still keeps the effects once, and a redelivery is answered again (a
+// duplicate reply, which the orchestrator ignores).
+func (p *Participant) HandleTx(ctx context.Context, tx pgx.Tx, msgs ...*message.Message) error {
 	items := make([]*item, 0, len(msgs))
 	var bad []core.MessageError
 	for _, msg := range msgs {
@@ -43,6 +45,9 @@ func (p *Participant) HandleBatchTx(ctx context.Context, tx pgx.Tx, msgs []*mess
 			continue
 		}
 		items = append(items, it)
+	}
+	if len(bad) == 1 && len(msgs) == 1 {
+		return bad[0].Err
 	}
 	if len(bad) > 0 {
 		return &core.BatchError{Errors: bad}
@@ -79,9 +84,9 @@ func (p *Participant) HandleBatchTx(ctx context.Context, tx pgx.Tx, msgs []*mess
 
 // handleRound handles items of distinct saga steps.
 func (p *Participant) handleRound(ctx context.Context, tx pgx.Tx, items []*item) error {
-	// Claims in a fixed lock order, the same as HandleTx's: compensation
-	// rows before action rows, each sorted by (saga id, step), so batches
-	// and single commands never wait on each other in a cycle.
+	// Claims in a fixed lock order: compensation rows before action rows,
+	// each sorted by (saga id, step), so two batches never wait on each
+	// other in a cycle.
 	sorted := slices.Clone(items)
 	slices.SortFunc(sorted, func(a, b *item) int {
 		if c := strings.Compare(a.call.SagaID, b.call.SagaID); c != 0 {
@@ -145,7 +150,7 @@ func (p *Participant) handleRound(ctx context.Context, tx pgx.Tx, items []*item)
 	// batch's pipeline.Tx, which the functions get: they go in the round
 	// trip of the next function's first statement (or of whatever comes
 	// next), not in one of their own.
-	ptx := tx.(*pipeline.Tx) // HandleBatchTx made it one
+	ptx := tx.(*pipeline.Tx) // HandleTx made it one
 	dirty := false
 	resetSavepoint := func() {
 		if dirty {

@@ -27,9 +27,10 @@ func scripted() []*message.Message {
 	}
 }
 
-// HandleBatchTx gives the same answers, effects and barrier as HandleTx one
-// message at a time, also with several messages of one step in a batch.
-func TestHandleBatchTxMatchesHandleTx(t *testing.T) {
+// A batch gives the same answers, effects and barrier as the same messages
+// handled one at a time (batches of one), also with several messages of one
+// step in a batch.
+func TestBatchMatchesOneAtATime(t *testing.T) {
 	t.Parallel()
 	fail := func(call compensation.Call) error {
 		if call.SagaID == "saga-fail" {
@@ -56,7 +57,7 @@ func TestHandleBatchTxMatchesHandleTx(t *testing.T) {
 		must(t, single.handle(m))
 	}
 	ctx := context.Background()
-	must(t, pgx.BeginFunc(ctx, batched.db.Pool, func(tx pgx.Tx) error { return batched.p.HandleBatchTx(ctx, tx, script()) }))
+	must(t, pgx.BeginFunc(ctx, batched.db.Pool, func(tx pgx.Tx) error { return batched.p.HandleTx(ctx, tx, script()...) }))
 	if n := batched.effects(t, "saga-wrote", "reserve"); n != 1 {
 		t.Fatalf("saga-wrote: %d effects, want 1", n)
 	}
@@ -85,7 +86,7 @@ func TestHandleBatchTxMatchesHandleTx(t *testing.T) {
 }
 
 // A batch with malformed messages writes nothing and names each of them.
-func TestHandleBatchTxRefusesBadMessages(t *testing.T) {
+func TestHandleTxRefusesBadMessages(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 2)
 	bad1, bad2 := action("s-1", 1), action("s-2", 1)
@@ -97,7 +98,7 @@ func TestHandleBatchTxRefusesBadMessages(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	err = b.p.HandleBatchTx(ctx, tx, []*message.Message{action("s-0", 1), bad1, bad2})
+	err = b.p.HandleTx(ctx, tx, action("s-0", 1), bad1, bad2)
 	var be *core.BatchError
 	if !errors.As(err, &be) || len(be.Errors) != 2 || be.Errors[0].UUID != bad1.UUID || be.Errors[1].UUID != bad2.UUID {
 		t.Fatalf("err = %v, want a BatchError naming the two bad messages", err)
@@ -145,14 +146,9 @@ func TestFunctionsFindTheTransactionInContext(t *testing.T) {
 	bare := emit("via-handletx")
 	must(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error { return b.p.HandleTx(ctx, tx, bare) }))
 	batch := []*message.Message{emit("via-batch-1"), emit("via-batch-2")}
-	must(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error { return b.p.HandleBatchTx(ctx, tx, batch) }))
-	bt, err := b.p.NewBatcher(compensation.BatchConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	must(t, bt.Handle(emit("via-batcher")))
-	if n := b.count(t, `SELECT count(*) FROM `+b.db.Schema+`.outbox_event WHERE topic = 'emitted'`); n != 5 {
-		t.Fatalf("emitted events = %d, want 5", n)
+	must(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error { return b.p.HandleTx(ctx, tx, batch...) }))
+	if n := b.count(t, `SELECT count(*) FROM `+b.db.Schema+`.outbox_event WHERE topic = 'emitted'`); n != 4 {
+		t.Fatalf("emitted events = %d, want 4", n)
 	}
 	for _, m := range append(batch, bare) {
 		if _, ok := core.TxFromContext(m.Context()); ok {
@@ -165,7 +161,7 @@ func TestFunctionsFindTheTransactionInContext(t *testing.T) {
 // savepoint between two functions goes in the round trip of the next
 // one's first statement. A business failure among them still rolls back
 // its own writes only.
-func TestHandleBatchTxSavepointsShareRoundTrips(t *testing.T) {
+func TestHandleTxSavepointsShareRoundTrips(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
 	p, pool, trips := b.tracedParticipant(t, 1)
@@ -185,7 +181,7 @@ func TestHandleBatchTxSavepointsShareRoundTrips(t *testing.T) {
 	})
 	ctx := context.Background()
 	start := trips.N()
-	must(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return p.HandleBatchTx(ctx, tx, batch) }))
+	must(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return p.HandleTx(ctx, tx, batch...) }))
 	// BEGIN, the claims with the first savepoint, two statements per
 	// function, the failed function's rollback to its savepoint, the
 	// answers with the replies, COMMIT.

@@ -21,13 +21,12 @@ import (
 //
 //	DedupHandler             inbox dedup + one row
 //	DedupHandlerWithReply    inbox dedup + one row + one reply through the outbox
-//	ParticipantHandler       inbox dedup + barrier + one row + reply (what AddToRouter runs)
+//	ParticipantHandler       inbox dedup + barrier + one row + reply, a batch of one per
+//	                         transaction (Handle, what AddToRouter runs)
 //	ParticipantProcessor     commands stored by an inbox Receiver, applied by an
 //	                         inbox Processor with HandleTx, 100 per transaction
-//	ParticipantBatch         the batched path: 100 commands per transaction, their dedup
-//	                         marks in one statement, then HandleBatchTx
-//	ParticipantBatcher       16 concurrent callers of a Batcher (group commit, up to
-//	                         100 per transaction, 2 transactions in flight)
+//	ParticipantBatch         100 commands per transaction, their dedup marks in one
+//	                         statement, then HandleTx
 
 func benchEffect(ctx context.Context, tx pgx.Tx, table, sagaID string) error {
 	_, err := tx.Exec(ctx, `INSERT INTO `+table+` (saga_id, step, kind, amount) VALUES ($1, 'credit', 'reserve', 40)`, sagaID)
@@ -51,10 +50,6 @@ func benchParticipant(b *testing.B, bb *bundle) *compensation.Participant {
 
 func runParallel(b *testing.B, h func(msg *message.Message) error) {
 	b.SetParallelism(4)
-	runParallelN(b, h)
-}
-
-func runParallelN(b *testing.B, h func(msg *message.Message) error) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
@@ -108,8 +103,7 @@ func BenchmarkDedupHandlerWithReply(b *testing.B) {
 func BenchmarkParticipantHandler(b *testing.B) {
 	bb := setup(b, 16)
 	p := benchParticipant(b, bb)
-	h := p.Middleware()(func(msg *message.Message) ([]*message.Message, error) { return nil, p.Handle(msg) })
-	runParallel(b, func(msg *message.Message) error { _, err := h(msg); return err })
+	runParallel(b, p.Handle)
 }
 
 func BenchmarkParticipantProcessor(b *testing.B) {
@@ -120,7 +114,7 @@ func BenchmarkParticipantProcessor(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	proc, err := inbox.NewProcessor(bb.db.Pool, inbox.ProcessorConfig{Schema: bb.db.Schema, Consumer: "bench", Handler: p.HandleTx, BatchSize: 100})
+	proc, err := inbox.NewProcessor(bb.db.Pool, inbox.ProcessorConfig{Schema: bb.db.Schema, Consumer: "bench", Handler: func(ctx context.Context, tx pgx.Tx, msg *message.Message) error { return p.HandleTx(ctx, tx, msg) }, BatchSize: 100})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -195,15 +189,4 @@ func BenchmarkParticipantBatch(b *testing.B) {
 		b.Fatalf("effects = %d, want %d", got, b.N)
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
-}
-
-func BenchmarkParticipantBatcher(b *testing.B) {
-	bb := setup(b, 16)
-	p := benchParticipant(b, bb)
-	bt, err := p.NewBatcher(compensation.BatchConfig{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.SetParallelism(8)
-	runParallelN(b, bt.Handle)
 }

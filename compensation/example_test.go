@@ -79,8 +79,9 @@ INSERT INTO `+account+` VALUES ('alice', 100)`); err != nil {
 	if err != nil {
 		log.Fatal(err)
 	}
-	// The handler behind the inbox's dedup middleware, as AddToRouter wires it.
-	handle := p.Middleware()(func(msg *message.Message) ([]*message.Message, error) { return nil, p.Handle(msg) })
+	// Handle runs each command in a transaction of its own, with its inbox
+	// dedup mark, as a batch of one.
+	handle := p.Handle
 
 	sent := 0
 	send := func(sagaID, operation string, attempt, amount int) {
@@ -92,7 +93,7 @@ INSERT INTO `+account+` VALUES ('alice', 100)`); err != nil {
 		msg.Metadata.Set(core.MetadataSagaOperation, operation)
 		msg.Metadata.Set(core.MetadataSagaCommand, "reserve_credit")
 		msg.Metadata.Set(core.MetadataSagaReplyTopic, "orders.replies")
-		if _, err := handle(msg); err != nil {
+		if err := handle(msg); err != nil {
 			log.Fatal(err)
 		}
 		var outcome, reason, payload string

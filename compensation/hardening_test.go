@@ -47,11 +47,11 @@ func TestRefusedReplyTopicIsPermanent(t *testing.T) {
 	}
 	good := action(uuid.NewString(), 1)
 	err = pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
-		return p.HandleBatchTx(ctx, tx, []*message.Message{good, msg})
+		return p.HandleTx(ctx, tx, good, msg)
 	})
 	var be *core.BatchError
 	if !errors.As(err, &be) || len(be.Errors) != 1 || be.Errors[0].UUID != msg.UUID || !core.IsPermanent(be.Errors[0].Err) {
-		t.Fatalf("HandleBatchTx = %v, want a BatchError naming the refused command only", err)
+		t.Fatalf("HandleTx = %v, want a BatchError naming the refused command only", err)
 	}
 	if n := b.actionCalls.Load(); n != 0 {
 		t.Fatalf("the action ran %d times for a command that cannot be answered", n)

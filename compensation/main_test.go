@@ -76,9 +76,7 @@ CREATE TABLE `+b.reservation+` (saga_id text NOT NULL, step text NOT NULL, amoun
 	if err := compensation.Register(p, "reserve_credit", b.reserve, b.release); err != nil {
 		t.Fatal(err)
 	}
-	mw := p.Middleware()
-	h := mw(func(msg *message.Message) ([]*message.Message, error) { return nil, p.Handle(msg) })
-	b.handle = func(msg *message.Message) error { _, err := h(msg); return err }
+	b.handle = p.Handle
 	return b
 }
 
@@ -92,7 +90,7 @@ func (b *bundle) tracedParticipant(t testing.TB, maxConns int32) (*compensation.
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	p, err := compensation.NewParticipant(pool, compensation.Config{Schema: b.db.Schema, Name: "payments"})
+	p, err := compensation.NewParticipant(pool, compensation.Config{Schema: b.db.Schema, Name: "payments", Metrics: b.metrics})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,13 +17,15 @@ import (
 //	late_actions_total          actions that arrived after their compensation (cancelled, not run)
 //	business_failures_total     business failures returned (label operation)
 //	duplicates_total            repeated commands answered from the barrier (label operation)
-//	poisoned_total              commands AddToRouter sent to the poison topic (label participant only)
+//	poisoned_total              commands sent to the poison topic (label participant only)
+//	batch_size                  commands a RunBatched transaction takes (histogram, label participant only)
 //
 // A count is taken when the handler returns, before its transaction
 // commits: a commit that then fails (and is retried) may count twice.
 type Metrics struct {
 	actions, compensations, empties, lates, failures, duplicates *prometheus.CounterVec
 	poisonedVec                                                  *prometheus.CounterVec
+	batchSize                                                    *prometheus.HistogramVec
 }
 
 // NewMetrics returns the participants' collector. constLabels (may be nil)
@@ -46,11 +48,16 @@ func NewMetrics(constLabels prometheus.Labels) *Metrics {
 			Namespace: "millrace", Subsystem: "compensation", Name: "poisoned_total", ConstLabels: constLabels,
 			Help: "Saga commands sent to the poison topic (malformed, unknown, unanswerable).",
 		}, []string{"participant"}),
+		batchSize: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "millrace", Subsystem: "compensation", Name: "batch_size", ConstLabels: constLabels,
+			Help:    "Commands a RunBatched transaction takes (before a failed batch falls back to one per transaction).",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 11),
+		}, []string{"participant"}),
 	}
 }
 
-func (m *Metrics) all() []*prometheus.CounterVec {
-	return []*prometheus.CounterVec{m.actions, m.compensations, m.empties, m.lates, m.failures, m.duplicates, m.poisonedVec}
+func (m *Metrics) all() []prometheus.Collector {
+	return []prometheus.Collector{m.actions, m.compensations, m.empties, m.lates, m.failures, m.duplicates, m.poisonedVec, m.batchSize}
 }
 
 // Describe implements prometheus.Collector.
@@ -106,5 +113,11 @@ func (m *Metrics) duplicate(participant, command, operation string) {
 func (m *Metrics) poisoned(participant string) {
 	if m != nil {
 		m.poisonedVec.WithLabelValues(participant).Inc()
+	}
+}
+
+func (m *Metrics) batch(participant string, n int) {
+	if m != nil {
+		m.batchSize.WithLabelValues(participant).Observe(float64(n))
 	}
 }

@@ -3,7 +3,6 @@ package compensation
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -18,7 +17,6 @@ import (
 	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/internal/logging"
-	"github.com/millrace/millrace/internal/pipeline"
 	"github.com/millrace/millrace/internal/poison"
 	"github.com/millrace/millrace/internal/sqlident"
 	"github.com/millrace/millrace/outbox"
@@ -177,101 +175,19 @@ func Register[Cmd, Reply any](p *Participant, name string, action ActionFunc[Cmd
 	return nil
 }
 
-// Handle handles one command message with the transaction the inbox's
-// dedup middleware put in its context (core.TxFromContext): it is a
-// Watermill NoPublishHandlerFunc for Router.AddConsumerHandler, behind
-// PoisonQueue, Retry and the dedup middleware in that order (AddToRouter
-// does this wiring). Without a transaction in the context it fails with
-// outbox.ErrNoTx.
+// Handle handles one command message in a transaction of its own, with
+// its inbox dedup mark (consumer: the participant's name), the barrier,
+// the action or compensation and the reply: RunBatched's path for a batch
+// of one. It is a Watermill NoPublishHandlerFunc for a Router the caller
+// runs, behind PoisonQueue and Retry (AddToRouter does this wiring): a
+// malformed command fails with a core.Permanent error, before anything is
+// written; a duplicate is acknowledged without effect.
 func (p *Participant) Handle(msg *message.Message) error {
-	tx, ok := core.TxFromContext(msg.Context())
-	if !ok {
-		return fmt.Errorf("compensation: message %s: %w", msg.UUID, outbox.ErrNoTx)
-	}
-	return p.HandleTx(msg.Context(), tx, msg)
-}
-
-// HandleTx handles one command message in tx: the barrier, the action or
-// compensation, and the reply through the outbox. It is an
-// inbox.HandlerFunc, so an inbox.Processor can apply stored commands many
-// per transaction (each under a savepoint) with the same guarantees.
-//
-// A message with bad saga metadata, an unknown command, a payload that
-// does not decode or a reply topic the Writer refuses
-// (WriterConfig.ValidateTopic) fails with a core.Permanent error
-// (ErrInvalidCommand, ErrUnknownCommand) before anything is written. A technical error of the
-// function is returned as is: roll tx back and retry the message. A
-// business failure (Fail) is not an error here: it is replied.
-func (p *Participant) HandleTx(ctx context.Context, tx pgx.Tx, msg *message.Message) (err error) {
-	it, err := p.item(msg)
+	bad, err := p.runBatch(msg.Context(), []*message.Message{msg})
 	if err != nil {
 		return err
 	}
-	ctx, span := traceCall(ctx, p.name, msg, it.call) // tracing.go
-	defer func() { span.End(err) }()
-	ctx, restore := withTx(ctx, tx, msg)
-	defer restore()
-	b := &pgx.Batch{}
-	if it.call.Operation == core.OperationCompensation {
-		// The compensation's row first, then the action's: every transaction
-		// that touches both locks them in this order, so two compensations
-		// of one step never deadlock.
-		b.Queue(p.sql.claimCompensation, it.call.SagaID, it.call.Step, it.call.SagaType, it.call.Command)
-		b.Queue(p.sql.claimForCompensation, it.call.SagaID, it.call.Step, it.call.SagaType, it.call.Command, lateReason)
-	} else {
-		b.Queue(p.sql.claimAction, it.call.SagaID, it.call.Step, it.call.SagaType, it.call.Command, it.call.Attempt)
-	}
-	b.Queue(savepoint)
-	var cl claim
-	br := tx.SendBatch(ctx, b)
-	if it.call.Operation == core.OperationCompensation {
-		err = br.QueryRow().Scan(&cl.inserted, &cl.outcome, &cl.reply, &cl.reason)
-		if err == nil {
-			err = br.QueryRow().Scan(&cl.actInserted, &cl.actOutcome, &cl.actReply)
-		}
-	} else {
-		err = br.QueryRow().Scan(&cl.inserted, &cl.outcome, &cl.reply, &cl.reason)
-		cl.actInserted, cl.actOutcome, cl.actReply = cl.inserted, cl.outcome, cl.reply
-	}
-	if err == nil {
-		_, err = br.Exec()
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("compensation: %s: claim %s %s/%s: %w", p.name, it.call.Operation, it.call.SagaID, it.call.Step, err)
-	}
-	r, err := p.decide(ctx, tx, it, cl, nil)
-	if err != nil {
-		return err
-	}
-	var before []pipeline.Statement
-	if r.failed {
-		before = append(before, pipeline.Statement{SQL: rollbackTo})
-	}
-	before = append(before, pipeline.Statement{SQL: release})
-	if r.finish {
-		before = append(before, pipeline.Statement{SQL: p.sql.finish, Args: []any{r.outcome, r.empty, r.payload, r.reason, it.call.SagaID, it.call.Step, it.call.Operation}})
-	}
-	// The barrier's answer goes in the Writer's round trip; in a
-	// transaction of pipeline.BeginFunc (the Batcher's), both go out with
-	// the COMMIT.
-	err = pipeline.WriteLast(ctx, tx, before, fmt.Sprintf("compensation: %s: write the reply", p.name), func(wtx pgx.Tx) error {
-		_, err := p.writer.WriteTx(ctx, wtx, p.replyEvent(it.call, r))
-		return err
-	})
-	if err != nil {
-		err = fmt.Errorf("compensation: %s: reply to %s/%s %s: %w", p.name, it.call.SagaID, it.call.Step, it.call.Operation, err)
-		var ee *outbox.EventError
-		if errors.As(err, &ee) {
-			// The Writer refused the reply before sending it: the same
-			// command fails the same way on every retry.
-			err = core.Permanent(fmt.Errorf("%w: message %q: %w", ErrInvalidCommand, msg.UUID, err))
-		}
-		return err
-	}
-	return nil
+	return bad[msg.UUID]
 }
 
 // withTx returns ctx carrying tx, and puts tx in msg's context too until
@@ -485,18 +401,14 @@ type RouterConfig struct {
 	// HandlerName names the Router handler. Defaults to the participant's
 	// name, a dot, and Topic.
 	HandlerName string
-	// Batch, when set, runs the commands through a Batcher (many per
-	// transaction, no inbox dedup marks) instead of one transaction each
-	// behind the dedup middleware. Defaults to nil.
-	Batch *BatchConfig
 }
 
-// AddToRouter adds a handler for the participant's commands on
-// cfg.Topic to r, behind PoisonQueue (permanent failures only), Retry and
-// the inbox's dedup middleware (consumer: the participant's name), in that
-// order, so each try is one transaction with the dedup mark, the barrier,
-// the effects and the reply; with cfg.Batch, behind PoisonQueue and Retry
-// only, through a Batcher. Call it once per command topic.
+// AddToRouter adds Handle for the participant's commands on cfg.Topic to
+// r, behind PoisonQueue (permanent failures only) and Retry, in that
+// order: each try is one transaction with the dedup mark, the barrier, the
+// effects and the reply. Call it once per command topic. It is for a
+// Router the caller runs; the service runner (millrace.Service) runs
+// RunBatched instead, many commands per transaction.
 func (p *Participant) AddToRouter(r *message.Router, cfg RouterConfig) (*message.Handler, error) {
 	switch {
 	case r == nil:
@@ -524,20 +436,7 @@ func (p *Participant) AddToRouter(r *message.Router, cfg RouterConfig) (*message
 	if err != nil {
 		return nil, fmt.Errorf("%w: compensation: %v", core.ErrConfig, err)
 	}
-	if cfg.Batch != nil {
-		b, err := p.NewBatcher(*cfg.Batch)
-		if err != nil {
-			return nil, err
-		}
-		h := r.AddConsumerHandler(cfg.HandlerName, cfg.Topic, cfg.Subscriber, b.Handle)
-		h.AddMiddleware(poison, retry.Middleware)
-		return h, nil
-	}
 	h := r.AddConsumerHandler(cfg.HandlerName, cfg.Topic, cfg.Subscriber, p.Handle)
-	h.AddMiddleware(poison, retry.Middleware, p.dedup.Middleware)
+	h.AddMiddleware(poison, retry.Middleware)
 	return h, nil
 }
-
-// Middleware returns the participant's inbox dedup middleware (consumer:
-// its name), for wiring Handle into a Router by hand.
-func (p *Participant) Middleware() message.HandlerMiddleware { return p.dedup.Middleware }

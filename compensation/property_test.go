@@ -45,7 +45,7 @@ func TestPropertyBarrierKeepsStateConsistent(t *testing.T) {
 	property(t, false)
 }
 
-// The same property through HandleBatchTx: each consumer takes up to 20
+// The same property through HandleTx: each consumer takes up to 20
 // deliveries at once into one transaction (the dedup marks of the batch in
 // one statement, as a batch consumer writes them); a technical error rolls
 // the whole batch back and puts it back in the queue.
@@ -279,7 +279,7 @@ func property(t *testing.T, batched bool) {
 }
 
 // handleBatch is a batch consumer: one transaction, the dedup marks of the
-// batch in one statement, HandleBatchTx for the messages not seen before.
+// batch in one statement, HandleTx for the messages not seen before.
 func (b *bundle) handleBatch(msgs []*message.Message) error {
 	ctx := context.Background()
 	return pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
@@ -310,7 +310,7 @@ SELECT 'payments', id FROM unnest($1::uuid[]) AS id ON CONFLICT DO NOTHING RETUR
 		if len(todo) == 0 {
 			return nil
 		}
-		return b.p.HandleBatchTx(ctx, tx, todo)
+		return b.p.HandleTx(ctx, tx, todo...)
 	})
 }
 

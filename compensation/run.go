@@ -41,14 +41,11 @@ type RunConfig struct {
 	// handlers that wait on I/O, round trips to a distant database (see
 	// saga.BatchConfig.Workers for what one worker gave on two cores).
 	Workers int
-	// OnBatch, when set, is called with the size of each batch
-	// transaction, before it runs (for metrics). Defaults to nil.
-	OnBatch func(n int)
 }
 
 // RunBatched consumes cfg.Topic and handles its commands many per
 // transaction until ctx ends: the inbox dedup marks of a batch in one
-// statement (consumer: the participant's name), then HandleBatchTx for the
+// statement (consumer: the participant's name), then HandleTx for the
 // commands not seen before, in the same transaction. The marks go in the
 // round trip of BEGIN and the barrier claims, in a form that fails on a
 // command applied before; a batch that holds one is rolled back and marked
@@ -118,9 +115,7 @@ func (p *Participant) RunBatched(ctx context.Context, cfg RunConfig) error {
 					return
 				}
 				msgs := fetch.Messages(runs)
-				if cfg.OnBatch != nil {
-					cfg.OnBatch(len(msgs))
-				}
+				p.metrics.batch(p.name, len(msgs))
 				bad, err := p.runBatch(ctx, msgs)
 				if err == nil {
 					failures = 0
@@ -162,7 +157,7 @@ func (p *Participant) RunBatched(ctx context.Context, cfg RunConfig) error {
 	return nil
 }
 
-// runBatch handles msgs in one transaction: marks, then HandleBatchTx for
+// runBatch handles msgs in one transaction: marks, then HandleTx for
 // the new ones. It returns the permanent errors of the messages it took
 // out (by UUID); any error means nothing was applied.
 //
@@ -215,11 +210,11 @@ func (p *Participant) runBatch(ctx context.Context, msgs []*message.Message) (ma
 		}
 		return nil
 	}
-	// HandleBatchTx's first statement (the claims) carries BEGIN and the
+	// HandleTx's first statement (the claims) carries BEGIN and the
 	// marks; its last writes go out with the COMMIT.
 	err = pipeline.BeginFunc(ctx, p.pool, func(tx *pipeline.Tx) error {
 		tx.Before = append(tx.Before, mark)
-		return p.HandleBatchTx(ctx, tx, todo)
+		return p.HandleTx(ctx, tx, todo...)
 	})
 	switch {
 	case err == nil:
@@ -243,7 +238,7 @@ func (p *Participant) runBatch(ctx context.Context, msgs []*message.Message) (ma
 		if len(run) == 0 {
 			return nil
 		}
-		return p.HandleBatchTx(ctx, tx, run)
+		return p.HandleTx(ctx, tx, run...)
 	})
 	if err != nil {
 		return nil, err

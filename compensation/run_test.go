@@ -2,7 +2,6 @@ package compensation_test
 
 import (
 	"context"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/millrace/millrace/compensation"
 	"github.com/millrace/millrace/core"
@@ -57,13 +57,7 @@ func TestRunBatchedTakesWholeFetches(t *testing.T) {
 	if err := r.pub.Publish(r.topic, msgs...); err != nil {
 		t.Fatal(err)
 	}
-	var batches, largest atomic.Int64
-	r.run(t, func(n int) {
-		batches.Add(1)
-		if int64(n) > largest.Load() {
-			largest.Store(int64(n))
-		}
-	})
+	r.run(t)
 	r.expectPoisoned(t, bad)
 	r.waitHandled(t, sagas)
 	barrier := b.db.Schema + ".compensation_barrier"
@@ -81,10 +75,11 @@ func TestRunBatchedTakesWholeFetches(t *testing.T) {
 	// Rows written by one transaction share its xmin: the batches', and
 	// one each for the commands of the failed batch (at most the largest).
 	txs := b.count(t, `SELECT count(DISTINCT xmin::text) FROM `+barrier)
-	if batches.Load() > 20 || int64(txs) > batches.Load()+largest.Load() {
-		t.Fatalf("%d transactions (%d batches, the largest %d) wrote %d barrier rows", txs, batches.Load(), largest.Load(), sagas)
+	batches, _, largest := batchSizes(t, b.metrics)
+	if batches > 20 || uint64(txs) > batches+largest {
+		t.Fatalf("%d transactions (%d batches, the largest at most %d) wrote %d barrier rows", txs, batches, largest, sagas)
 	}
-	t.Logf("%d commands: %d batches, the largest %d; %d transactions wrote the barrier rows", len(msgs), batches.Load(), largest.Load(), txs)
+	t.Logf("%d commands: %d batches, the largest at most %d; %d transactions wrote the barrier rows", len(msgs), batches, largest, txs)
 }
 
 // Commands that come one at a time take RunBatched's path for a batch of
@@ -94,9 +89,8 @@ func TestRunBatchedOneCommandAtATime(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
 	r := newRunRig(t, b, 1)
-	var sizes sync.Map
-	var batches atomic.Int64
-	r.run(t, func(n int) { sizes.Store(batches.Add(1), n) })
+	r.run(t)
+	batches := func() uint64 { n, _, _ := batchSizes(t, b.metrics); return n }
 	publish := func(m *message.Message) {
 		t.Helper()
 		if err := r.pub.Publish(r.topic, m); err != nil {
@@ -116,9 +110,9 @@ func TestRunBatchedOneCommandAtATime(t *testing.T) {
 	// duplicate changes nothing to wait for but its batch: published
 	// behind it at once, the next one was fetched with it in a CI run.
 	publish(sent[0])
-	for deadline := time.Now().Add(60 * time.Second); batches.Load() < int64(len(sent))+1; time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(60 * time.Second); batches() < uint64(len(sent))+1; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("the redelivery was not taken: %d batches", batches.Load())
+			t.Fatalf("the redelivery was not taken: %d batches", batches())
 		}
 	}
 	bad := action(uuid.NewString(), 1)
@@ -137,12 +131,9 @@ func TestRunBatchedOneCommandAtATime(t *testing.T) {
 			t.Fatalf("saga %s: %d replies, want 1 (the redelivery deduplicated)", id, len(rs))
 		}
 	}
-	sizes.Range(func(k, v any) bool {
-		if v.(int) != 1 {
-			t.Errorf("batch %d held %d commands; want one at a time", k, v)
-		}
-		return true
-	})
+	if n, sum, _ := batchSizes(t, b.metrics); float64(n) != sum {
+		t.Errorf("%d batches held %v commands; want one at a time", n, sum)
+	}
 }
 
 // runRig is RunBatched of b's participant on a fresh topic, with a
@@ -184,18 +175,8 @@ func newRunRig(t *testing.T, b *bundle, partitions int32) *runRig {
 
 // run starts RunBatched, stopped (and its error checked) when the test
 // ends.
-func (r *runRig) run(t *testing.T, onBatch func(int)) {
-	ctx, cancel := context.WithCancel(r.ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- r.b.p.RunBatched(ctx, compensation.RunConfig{Subscriber: r.sub, Topic: r.topic, Poison: r.poison, OnBatch: onBatch})
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	})
+func (r *runRig) run(t *testing.T) {
+	runBatched(t, r.b.p, compensation.RunConfig{Subscriber: r.sub, Topic: r.topic, Poison: r.poison})
 }
 
 // expectPoisoned waits for the poison topic's next message: want.
@@ -236,8 +217,8 @@ func TestRunBatchedOneCommandRoundTrips(t *testing.T) {
 	p, _, trips := b.tracedParticipant(t, 2)
 	b.p = p
 	r := newRunRig(t, b, 1)
-	var batches atomic.Int32
-	r.run(t, func(int) { batches.Add(1) })
+	r.run(t)
+	batches := func() uint64 { n, _, _ := batchSizes(t, b.metrics); return n }
 	publish := func(m *message.Message) {
 		t.Helper()
 		if err := r.pub.Publish(r.topic, m); err != nil {
@@ -256,7 +237,7 @@ func TestRunBatchedOneCommandRoundTrips(t *testing.T) {
 	publish(first) // again: a duplicate
 	// The new command goes out once the duplicate's batch has formed: in
 	// one batch with it, the pair would cost a batch's fallback instead.
-	for deadline := time.Now().Add(60 * time.Second); batches.Load() < 2; time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(60 * time.Second); batches() < 2; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the duplicate was not taken in a batch")
 		}
@@ -275,4 +256,32 @@ func TestRunBatchedOneCommandRoundTrips(t *testing.T) {
 			t.Errorf("saga %s: %d replies, want 1", id, len(rs))
 		}
 	}
+}
+
+// batchSizes reads the batch_size histogram of m: the number of batches,
+// the commands they held, and the upper bound of the bucket of the largest.
+func batchSizes(t *testing.T, m *compensation.Metrics) (batches uint64, commands float64, largest uint64) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(m)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "millrace_compensation_batch_size" {
+			continue
+		}
+		for _, mt := range mf.GetMetric() {
+			h := mt.GetHistogram()
+			batches, commands = batches+h.GetSampleCount(), commands+h.GetSampleSum()
+			for _, b := range h.GetBucket() {
+				if b.GetCumulativeCount() == h.GetSampleCount() {
+					largest = max(largest, uint64(b.GetUpperBound()))
+					break
+				}
+			}
+		}
+	}
+	return batches, commands, largest
 }

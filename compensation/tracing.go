@@ -26,7 +26,7 @@ func traceCall(ctx context.Context, participant string, msg *message.Message, ca
 }
 
 // traceBatchReply records, when tracing is on, a span for one command of
-// a batch (HandleBatchTx) under the command's trace context, and puts that
+// a batch (HandleTx) under the command's trace context, and puts that
 // span's context in the command's reply event, so that the orchestrator
 // continues the trace. Off, it does nothing.
 func traceBatchReply(p *Participant, it *item, reply *outbox.Event) {

@@ -41,6 +41,33 @@ func startRouter(t testing.TB, r *message.Router) {
 	}
 }
 
+// kafkaSubscriber is a kafka.Subscriber on brokers in a group of its own,
+// closed when the test ends.
+func kafkaSubscriber(t testing.TB, brokers []string) *kafka.Subscriber {
+	t.Helper()
+	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{Brokers: brokers, ConsumerGroup: kafkatest.Group()}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Close() })
+	return sub
+}
+
+// runBatched runs p.RunBatched with cfg until the test ends, and checks
+// that it then returns nil.
+func runBatched(t *testing.T, p *compensation.Participant, cfg compensation.RunConfig) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.RunBatched(ctx, cfg) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+}
+
 func kafkaPublisher(t testing.TB, brokers []string) *kafka.Publisher {
 	t.Helper()
 	p, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers}, nil)
@@ -74,13 +101,11 @@ func handBuilt(replyTo, sagaID, step, operation, attempt, command, payload strin
 // success, a duplicate attempt, an empty compensation, a late action, a
 // compensation, a business failure and a poisoned command.
 //
-// Then the same through a Batcher wired by hand, which writes no dedup
-// marks: the redelivered message is answered a second time, from the
-// barrier, and runs nothing.
+// Then the same through RunBatched, many commands per transaction.
 func TestWireProtocolHandBuiltMessagesThroughKafka(t *testing.T) {
 	t.Parallel()
-	t.Run("dedup", func(t *testing.T) { t.Parallel(); wireProtocol(t, false) })
-	t.Run("batcher", func(t *testing.T) { t.Parallel(); wireProtocol(t, true) })
+	t.Run("router", func(t *testing.T) { t.Parallel(); wireProtocol(t, false) })
+	t.Run("batched", func(t *testing.T) { t.Parallel(); wireProtocol(t, true) })
 }
 
 func wireProtocol(t *testing.T, batched bool) {
@@ -113,27 +138,22 @@ func wireProtocol(t *testing.T, batched bool) {
 		}
 	}
 
-	router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pq, err := middleware.PoisonQueueWithFilter(pub, poisonTopic, core.IsPermanent)
-	if err != nil {
-		t.Fatal(err)
-	}
-	retry := middleware.Retry{MaxRetries: 3, InitialInterval: time.Millisecond, ShouldRetry: inbox.ShouldRetry}
 	if batched {
-		bt, err := b.p.NewBatcher(compensation.BatchConfig{})
+		runBatched(t, b.p, compensation.RunConfig{Subscriber: kafkaSubscriber(t, brokers), Topic: cmdTopic, Poison: pub, PoisonTopic: poisonTopic})
+	} else {
+		router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		router.AddConsumerHandler("payments", cmdTopic, kafkatest.NewSubscriber(t, brokers), bt.Handle).
-			AddMiddleware(pq, retry.Middleware)
-	} else {
+		pq, err := middleware.PoisonQueueWithFilter(pub, poisonTopic, core.IsPermanent)
+		if err != nil {
+			t.Fatal(err)
+		}
+		retry := middleware.Retry{MaxRetries: 3, InitialInterval: time.Millisecond, ShouldRetry: inbox.ShouldRetry}
 		router.AddConsumerHandler("payments", cmdTopic, kafkatest.NewSubscriber(t, brokers), b.p.Handle).
-			AddMiddleware(pq, retry.Middleware, b.p.Middleware())
+			AddMiddleware(pq, retry.Middleware)
+		startRouter(t, router)
 	}
-	startRouter(t, router)
 
 	relay, err := outbox.NewRelay(b.db.Pool, outbox.RelayConfig{Schema: b.db.Schema, Publisher: pub, PollInterval: 20 * time.Millisecond})
 	if err != nil {
@@ -144,10 +164,7 @@ func wireProtocol(t *testing.T, batched bool) {
 	go func() { defer close(relayDone); _ = relay.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-relayDone })
 
-	want := len(cmds) // one reply per distinct command
-	if batched {
-		want++ // and one more for the redelivery
-	}
+	want := len(cmds) // one reply per distinct command: the redelivery is a duplicate
 	replies := kafkatest.Read(t, brokers, replyTo, want)
 	type key struct{ saga, op, attempt string }
 	got := map[key]*message.Message{}
@@ -200,17 +217,11 @@ func wireProtocol(t *testing.T, batched bool) {
 	}
 }
 
-// AddToRouter wires PoisonQueue, Retry and dedup: a bad command of each
-// kind is poisoned with its reason and nothing is written; good commands
-// are answered once each. With a Batcher likewise, except that a
-// redelivery is answered again from the barrier (no dedup marks).
+// AddToRouter wires PoisonQueue and Retry around Handle: a bad command of
+// each kind is poisoned with its reason and nothing is written; good
+// commands are answered once each, a redelivery not again.
 func TestAddToRouterPoisonsBadCommands(t *testing.T) {
 	t.Parallel()
-	t.Run("dedup", func(t *testing.T) { t.Parallel(); addToRouter(t, nil) })
-	t.Run("batch", func(t *testing.T) { t.Parallel(); addToRouter(t, &compensation.BatchConfig{}) })
-}
-
-func addToRouter(t *testing.T, batch *compensation.BatchConfig) {
 	b := setup(t, 4)
 	ps := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 64, Persistent: true}, watermill.NopLogger{})
 	t.Cleanup(func() { _ = ps.Close() })
@@ -224,7 +235,7 @@ func addToRouter(t *testing.T, batch *compensation.BatchConfig) {
 	if _, err := b.p.AddToRouter(router, compensation.RouterConfig{Topic: "credit", Subscriber: ps}); !errors.Is(err, core.ErrConfig) {
 		t.Fatalf("no poison publisher: %v, want ErrConfig", err)
 	}
-	if _, err := b.p.AddToRouter(router, compensation.RouterConfig{Topic: "credit", Subscriber: ps, Poison: ps, Batch: batch}); err != nil {
+	if _, err := b.p.AddToRouter(router, compensation.RouterConfig{Topic: "credit", Subscriber: ps, Poison: ps}); err != nil {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
@@ -280,9 +291,6 @@ func addToRouter(t *testing.T, batch *compensation.BatchConfig) {
 	}
 	mu.Unlock()
 	replies := 1
-	if batch != nil {
-		replies = 2
-	}
 	waitFor(t, 30*time.Second, "the good command's replies", func() bool { return len(b.replies(t, saga)) == replies })
 	if n := b.count(t, `SELECT count(*) FROM `+b.db.Schema+`.compensation_barrier`); n != 1 {
 		t.Fatalf("barrier rows = %d, want 1 (bad commands write nothing)", n)
@@ -314,9 +322,5 @@ func TestConfigErrors(t *testing.T) {
 	}
 	if err := compensation.Register(b.p, "", b.reserve, nil); !errors.Is(err, core.ErrConfig) {
 		t.Fatalf("empty name: %v", err)
-	}
-	// Handle without the dedup middleware's transaction.
-	if err := b.p.Handle(action("s", 1)); !errors.Is(err, outbox.ErrNoTx) {
-		t.Fatalf("Handle without a tx: %v, want outbox.ErrNoTx", err)
 	}
 }

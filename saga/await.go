@@ -241,7 +241,7 @@ RETURNING arrived`, ev),
  WHERE saga_id = $1 AND state = 'new'
  ORDER BY arrived LIMIT 1`, ev),
 		setState:     fmt.Sprintf(`UPDATE %s SET state = $2, step = $3 WHERE arrived = $1`, ev),
-		closePending: fmt.Sprintf(`UPDATE %s SET state = 'ignored' WHERE saga_id = $1 AND state = 'pending'`, ev),
+		closePending: fmt.Sprintf(`UPDATE %s SET state = 'ignored' WHERE saga_id = %s AND state = 'pending'`, ev, sqlident.AnyParam("$1", "text")),
 		// On saga_event_new_idx: only the events a signaller could not
 		// apply (the saga was locked), a handful at any time.
 		claimNew: fmt.Sprintf(`SELECT %s FROM %s
@@ -427,14 +427,3 @@ func (m *machine) waitTimeout(s *stepDef, st *StepState) error {
 	return m.stuck(fmt.Sprintf("step %s: %s", s.name, reason))
 }
 
-// closeEvents files the events still pending of a saga that has just
-// ended as ignored: no step will consume them.
-func (m *machine) closeEvents() error {
-	if m.in.EndedAt == nil || m.d == nil || !m.d.hasWaits() {
-		return nil
-	}
-	if _, err := m.tx.Exec(m.ctx, m.o.sql.events.closePending, m.in.ID); err != nil {
-		return fmt.Errorf("saga %s: close its pending events: %w", m.in.ID, err)
-	}
-	return nil
-}

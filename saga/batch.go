@@ -426,9 +426,15 @@ func (r *markRows) Close() {
 // commands: three statements, whatever the number of sagas.
 func (o *Orchestrator) saveMany(ctx context.Context, tx pgx.Tx, ms []*machine, extra []historyRow) error {
 	n := 0
+	// The sagas that have just ended with wait steps: their events still
+	// pending are filed as ignored (no step will consume them).
+	var ended []string
 	for _, m := range ms {
-		if m.applied {
+		if m.changed() {
 			n++
+			if m.in.EndedAt != nil && m.d != nil && m.d.hasWaits() {
+				ended = append(ended, m.in.ID)
+			}
 		}
 	}
 	var (
@@ -441,7 +447,7 @@ func (o *Orchestrator) saveMany(ctx context.Context, tx pgx.Tx, ms []*machine, e
 	)
 	for _, m := range ms {
 		hist = append(hist, m.hist...)
-		if !m.applied {
+		if !m.changed() {
 			continue
 		}
 		in := m.in
@@ -486,6 +492,14 @@ func (o *Orchestrator) saveMany(ctx context.Context, tx pgx.Tx, ms []*machine, e
 			return saveErr
 		}})
 	}
+	if len(ended) > 0 {
+		before = append(before, pipeline.Statement{SQL: o.sql.events.closePending, Args: []any{ended}, Read: func(br pgx.BatchResults) error {
+			if _, err := br.Exec(); err != nil {
+				saveErr = fmt.Errorf("saga: close the pending events of %d ended sagas: %w", len(ended), err)
+			}
+			return saveErr
+		}})
+	}
 	err := pipeline.WriteLast(ctx, tx, before, fmt.Sprintf("saga: write %d commands", len(events)), func(wtx pgx.Tx) error {
 		if len(events) == 0 {
 			return nil
@@ -502,7 +516,7 @@ func (o *Orchestrator) saveMany(ctx context.Context, tx pgx.Tx, ms []*machine, e
 		return err
 	}
 	for _, m := range ms {
-		if m.applied {
+		if m.changed() {
 			m.in.Revision++
 		}
 	}

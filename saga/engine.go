@@ -12,7 +12,6 @@ import (
 
 	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/backoff"
-	"github.com/millrace/millrace/internal/pipeline"
 	"github.com/millrace/millrace/outbox"
 )
 
@@ -734,51 +733,15 @@ func (m *machine) nextWakeup() *time.Time {
 }
 
 // save writes the saga's new state, its history and its commands.
+// save writes what m collected: saveMany of one.
 func (m *machine) save() error {
-	if (m.fenced || m.held) && !m.applied {
-		return m.o.writeHistory(m.ctx, m.tx, m.hist)
-	}
-	m.in.NextWakeupAt = m.nextWakeup()
-	m.in.UpdatedAt = m.now
-	steps, err := encodeSteps(m.in.Steps)
-	if err != nil {
-		return fmt.Errorf("saga %s: encode step state: %w", m.in.ID, err)
-	}
-	// The state, its history and its commands in one round trip: the
-	// outbox Writer's statement takes the others with it. saveErr keeps a
-	// failure of the first two from reading as the Writer's.
-	var saveErr error
-	ptx := &pipeline.Tx{Tx: m.tx, Before: []pipeline.Statement{{SQL: m.o.sql.update,
-		Args: []any{m.in.ID, m.in.Status, m.in.Phase, m.in.Step, steps, m.in.Data,
-			m.in.NextWakeupAt, m.in.DeadlineAt, m.in.Attempts, oneLine(m.in.LastError), m.now, m.in.EndedAt},
-		Read: func(br pgx.BatchResults) error {
-			if err := br.QueryRow().Scan(&m.in.Revision); err != nil {
-				saveErr = fmt.Errorf("saga %s: save: %w", m.in.ID, err)
-			}
-			return saveErr
-		}}}}
-	if len(m.hist) > 0 {
-		sql, args := m.o.historyStatement(m.hist)
-		ptx.Before = append(ptx.Before, pipeline.Statement{SQL: sql, Args: args, Read: func(br pgx.BatchResults) error {
-			if _, err := br.Exec(); err != nil {
-				saveErr = fmt.Errorf("saga %s: write history: %w", m.in.ID, err)
-			}
-			return saveErr
-		}})
-	}
-	if len(m.events) > 0 {
-		if _, err := m.o.writer.WriteTx(m.ctx, ptx, m.events...); err != nil {
-			if saveErr != nil {
-				return saveErr
-			}
-			return fmt.Errorf("saga %s: write commands: %w", m.in.ID, err)
-		}
-	}
-	if err := ptx.Flush(m.ctx); err != nil {
-		return err
-	}
-	return m.closeEvents() // await.go
+	return m.o.saveMany(m.ctx, m.tx, []*machine{m}, nil)
 }
+
+// changed reports whether m's saga row is to be written: a reply that was
+// only fenced, or held for a paused saga, leaves it as it is (its history
+// line is written).
+func (m *machine) changed() bool { return m.applied || !(m.fenced || m.held) }
 
 func errReason(err error) string {
 	var se *StepError

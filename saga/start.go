@@ -143,6 +143,7 @@ func StartTx[D any](ctx context.Context, tx pgx.Tx, o *Orchestrator, def *Defini
 	if tag.RowsAffected() == 0 {
 		return o.existing(ctx, tx, d, id, raw)
 	}
+	in.Revision = 0 // as inserted; saving its first state makes it 1
 	m := &machine{o: o, d: d, in: in, ctx: ctx, tx: tx, now: now}
 	m.record("started", "", "", 0, "", "")
 	if err := m.advance(0); err != nil {

@@ -3,7 +3,6 @@ package saga
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
@@ -162,7 +161,7 @@ type HistoryEntry struct {
 }
 
 type statements struct {
-	insert, load, update, history, claim, selectExisting string
+	insert, history, claim, selectExisting string
 	historyFenced                                        string
 	get, historyOf                                       string
 	lockMany, updateMany                                 string
@@ -198,12 +197,7 @@ func baseStatements(schema string) statements {
 VALUES ($1, $2, $3, 'running', 'forward', '', '{}', $4, $4, 0, NULL, $5, 0, '', $6, $6)
 ON CONFLICT (id) DO NOTHING`, inst),
 		selectExisting: fmt.Sprintf(`SELECT type, def_version, input = $2::jsonb FROM %s WHERE id = $1`, inst),
-		load:           fmt.Sprintf(`SELECT %s FROM %s WHERE id = $1 FOR UPDATE`, instanceCols, inst),
 		get:            fmt.Sprintf(`SELECT %s FROM %s WHERE id = $1`, instanceCols, inst),
-		update: fmt.Sprintf(`UPDATE %s SET status = $2, phase = $3, step = $4, steps = $5, data = $6, version = version + 1,
-       next_wakeup_at = $7, deadline_at = $8, attempts = $9, last_error = $10, updated_at = $11, ended_at = $12
- WHERE id = $1
-RETURNING version`, inst),
 		history: fmt.Sprintf(`INSERT INTO %s (saga_id, at, event, step, operation, attempt, outcome, status, actor, reason, detail)
 SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[], $5::text[], $6::int[], $7::text[], $8::text[], $9::text[], $10::text[], $11::jsonb[])`, hist),
 		// history, for rows that hold a fenced reply: a saga's first new
@@ -300,17 +294,17 @@ func queryInstances(ctx context.Context, q interface {
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (*Instance, error) { return scanInstance(row) })
 }
 
-// lock reads a saga and locks its row for the transaction. It returns
-// ErrNotFound when there is none.
+// lock reads a saga and locks its row for the transaction (lockMany of
+// one). It returns ErrNotFound when there is none.
 func (o *Orchestrator) lock(ctx context.Context, tx pgx.Tx, id string) (*Instance, error) {
-	in, err := scanInstance(tx.QueryRow(ctx, o.sql.load, id))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("%w: %q", ErrNotFound, id)
-	}
+	ins, err := queryInstances(ctx, tx, o.sql.lockMany, []string{id})
 	if err != nil {
 		return nil, fmt.Errorf("saga %s: load: %w", id, err)
 	}
-	return in, nil
+	if len(ins) == 0 {
+		return nil, fmt.Errorf("%w: %q", ErrNotFound, id)
+	}
+	return ins[0], nil
 }
 
 // historyRow is a history entry to write.

@@ -392,7 +392,7 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 		if s == "stock" && rig.wait {
 			continue
 		}
-		p, err := compensation.NewParticipant(pool, compensation.Config{Schema: schema, Name: s, Writer: w})
+		p, err := compensation.NewParticipant(pool, compensation.Config{Schema: schema, Name: s, Writer: w, Metrics: rig.batches.participants})
 		if err != nil {
 			return 0, err
 		}
@@ -417,7 +417,7 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 		go func() {
 			defer wg.Done()
 			fail(p.RunBatched(rctx, compensation.RunConfig{Subscriber: sub, Topic: topics[s], Poison: pub,
-				MaxBatch: sagaBatchSize, OnBatch: rig.batches.onBatch}))
+				MaxBatch: sagaBatchSize}))
 		}()
 	}
 	sub, err := subscriber()

@@ -2,37 +2,31 @@ package main
 
 import (
 	"fmt"
-	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/millrace/millrace/compensation"
 	"github.com/millrace/millrace/outbox"
 	"github.com/millrace/millrace/saga"
 )
 
 // batchMeter counts the transactions of a saga rig's three batching
 // components and the messages they carried, through the library's own
-// instruments: the relay's and the orchestrator's Prometheus histograms
-// (millrace_outbox_batch_size, millrace_saga_reply_batch_size) and the
-// participants' RunConfig.OnBatch.
+// instruments: the Prometheus histograms of the relay, the participants
+// and the orchestrator (millrace_outbox_batch_size,
+// millrace_compensation_batch_size, millrace_saga_reply_batch_size).
 type batchMeter struct {
 	reg          *prometheus.Registry
 	relay        *outbox.Metrics
+	participants *compensation.Metrics
 	orchestrator *saga.Metrics
-	// The participants' batches and the commands in them.
-	batches, commands atomic.Int64
 }
 
 func newBatchMeter() *batchMeter {
-	m := &batchMeter{reg: prometheus.NewRegistry(), relay: outbox.NewMetrics(nil, nil), orchestrator: saga.NewMetrics(nil)}
-	m.reg.MustRegister(m.relay, m.orchestrator)
+	m := &batchMeter{reg: prometheus.NewRegistry(), relay: outbox.NewMetrics(nil, nil),
+		participants: compensation.NewMetrics(nil), orchestrator: saga.NewMetrics(nil)}
+	m.reg.MustRegister(m.relay, m.participants, m.orchestrator)
 	return m
-}
-
-// onBatch is the participants' RunConfig.OnBatch.
-func (m *batchMeter) onBatch(n int) {
-	m.batches.Add(1)
-	m.commands.Add(int64(n))
 }
 
 // batchCounts are a batchMeter's reading: per component, transactions and
@@ -44,12 +38,14 @@ func (m *batchMeter) read() (batchCounts, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := batchCounts{"participants": {float64(m.batches.Load()), float64(m.commands.Load())}}
+	c := batchCounts{}
 	for _, mf := range mfs {
 		var k string
 		switch mf.GetName() {
 		case "millrace_outbox_batch_size":
 			k = "relay"
+		case "millrace_compensation_batch_size":
+			k = "participants"
 		case "millrace_saga_reply_batch_size":
 			k = "orchestrator"
 		default:

@@ -20,7 +20,7 @@
 //		})
 //		p, _ := h.NewParticipant("payments") // a compensation.Participant on h's schema
 //		compensation.Register(p, "credit", reserve, release)
-//		h.AddParticipant(p, "credit")         // its command topic
+//		h.AddParticipant(p, "credit")         // its command topic (errors unchecked here)
 //		h.Register(orderDef)
 //		saga.Start(ctx, h.Orchestrator(), orderDef, "order-1", Order{...})
 //		h.Run(t) // every message, every timer, the faults, then the invariants

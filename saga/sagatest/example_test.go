@@ -64,7 +64,10 @@ func Example() {
 			fmt.Println(err)
 			return
 		}
-		h.AddParticipant(p, what)
+		if err := h.AddParticipant(p, what); err != nil {
+			fmt.Println(err)
+			return
+		}
 	}
 
 	// The saga under test.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/millrace/millrace/compensation"
 	"github.com/millrace/millrace/core"
+	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/internal/sqlident"
 	"github.com/millrace/millrace/outbox"
 	"github.com/millrace/millrace/saga"
@@ -208,12 +209,26 @@ func (h *H) NewParticipant(name string) (*compensation.Participant, error) {
 	return compensation.NewParticipant(h.Pool(), compensation.Config{Schema: h.Schema(), Name: name, Writer: h.Writer()})
 }
 
-// AddParticipant subscribes p to its command topics, behind its inbox
-// dedup middleware, as its AddToRouter would.
-func (h *H) AddParticipant(p *compensation.Participant, topics ...string) {
-	for _, topic := range topics {
-		h.AddHandler(p.Name(), topic, p.Middleware(), p.Handle)
+// AddParticipant subscribes p to its command topics: each command is
+// handled by p.HandleTx in a transaction that holds its inbox dedup mark
+// (consumer: p's name), as p's own consumers do; the transaction belongs
+// to the harness, so an injected Error fails it after p's writes.
+func (h *H) AddParticipant(p *compensation.Participant, topics ...string) error {
+	dedup, err := inbox.NewDeduplicator(h.Pool(), inbox.DedupConfig{Schema: h.Schema(), Consumer: p.Name()})
+	if err != nil {
+		return err
 	}
+	handle := func(msg *message.Message) error {
+		tx, ok := core.TxFromContext(msg.Context())
+		if !ok {
+			return outbox.ErrNoTx
+		}
+		return p.HandleTx(msg.Context(), tx, msg)
+	}
+	for _, topic := range topics {
+		h.AddHandler(p.Name(), topic, dedup.Middleware, handle)
+	}
+	return nil
 }
 
 // AddHandler subscribes a handler to topic under the consumer name name

@@ -12,6 +12,7 @@ import (
 
 	"github.com/millrace/millrace/compensation"
 	"github.com/millrace/millrace/core"
+	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/outbox"
 	"github.com/millrace/millrace/saga"
 	"github.com/millrace/millrace/saga/sagatest"
@@ -105,7 +106,9 @@ func participants(h *sagatest.H, skip string) error {
 		if err != nil {
 			return err
 		}
-		h.AddParticipant(p, name)
+		if err := h.AddParticipant(p, name); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -114,14 +117,11 @@ func participants(h *sagatest.H, skip string) error {
 // duplicate message, but a new attempt (a new message) applies the action
 // again, and a compensation undoes an action that never ran.
 func brokenCredit(h *sagatest.H) error {
-	dedup := func(name string) message.HandlerMiddleware {
-		p, err := h.NewParticipant(name) // for its dedup middleware only
-		if err != nil {
-			panic(err)
-		}
-		return p.Middleware()
+	dedup, err := inbox.NewDeduplicator(h.Pool(), inbox.DedupConfig{Schema: h.Schema(), Consumer: "broken-credit"})
+	if err != nil {
+		return err
 	}
-	h.AddHandler("broken-credit", "credit", dedup("broken-credit"), func(msg *message.Message) error {
+	h.AddHandler("broken-credit", "credit", dedup.Middleware, func(msg *message.Message) error {
 		ctx := msg.Context()
 		tx, ok := core.TxFromContext(ctx)
 		if !ok {
