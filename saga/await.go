@@ -426,4 +426,3 @@ func (m *machine) waitTimeout(s *stepDef, st *StepState) error {
 	}
 	return m.stuck(fmt.Sprintf("step %s: %s", s.name, reason))
 }
-

@@ -161,17 +161,17 @@ type HistoryEntry struct {
 }
 
 type statements struct {
-	insert, history, claim, selectExisting string
-	historyFenced                                        string
-	get, historyOf                                       string
-	lockMany, updateMany                                 string
-	insertStarted                                        string
-	request, claimRequests, clearRequest                 string // operator.go
-	failuresInARow, postpone, park                       string // timer.go
-	pause, unpause, hold, takeHeld, insertScheduled      string // pause.go, schedule.go
-	instance, historyTable                               string
-	events                                               eventStatements // await.go
-	bulk                                                 bulkStatements  // bulk.go
+	insert, history, claim, selectExisting          string
+	historyFenced                                   string
+	get, historyOf                                  string
+	lockMany, updateMany                            string
+	insertStarted                                   string
+	request, claimRequests, clearRequest            string // operator.go
+	failuresInARow, postpone, park                  string // timer.go
+	pause, unpause, hold, takeHeld, insertScheduled string // pause.go, schedule.go
+	instance, historyTable                          string
+	events                                          eventStatements // await.go
+	bulk                                            bulkStatements  // bulk.go
 }
 
 const instanceCols = `id, type, def_version, status, phase, step, steps, data, input, version,
