@@ -4,191 +4,164 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/millrace/millrace/compensation"
 	"github.com/millrace/millrace/core"
-	"github.com/millrace/millrace/inbox"
+	"github.com/millrace/millrace/internal/logging"
+	"github.com/millrace/millrace/internal/retention"
+	"github.com/millrace/millrace/internal/sqlident"
 	"github.com/millrace/millrace/kafka"
 	"github.com/millrace/millrace/outbox"
 	"github.com/millrace/millrace/saga"
 )
 
-// Config configures a Service.
+// DefaultSchema is the schema of millrace's tables when Config.Schema is
+// empty.
+const DefaultSchema = "millrace"
+
+// Config configures a Service. Only Name is always required; Brokers is
+// required unless Publisher and Subscriber are set. Every part the Service
+// builds (the outbox Writer, the relay, the orchestrator, the
+// participants, retention) takes its schema, publisher, logger and
+// metrics from here.
 type Config struct {
 	// Name names the service ("orders"): the Kafka consumer group of the
-	// default Subscriber, and the first word of the errors Run returns.
-	// Required.
+	// default Subscriber, the "service" label of the metrics, and the
+	// first word of the errors Run returns. Required.
 	Name string
 	// Schema holds millrace's tables (migrate them with package
-	// migrations first). The Orchestrator and the Participants must use
-	// the same one, or the relay does not ship what they write. Defaults
-	// to "millrace".
+	// migrations first). Defaults to DefaultSchema.
 	Schema string
 	// Brokers are the Kafka brokers of the default Publisher and
-	// Subscriber. Required unless Publisher is set, and Subscriber too
-	// when the service has an Orchestrator or Participants.
+	// Subscriber.
 	Brokers []string
 	// Publisher is where the relay ships the outbox. Defaults to a
 	// kafka.Publisher on Brokers, closed when Run returns.
 	Publisher message.Publisher
-	// Subscriber reads the reply and command topics. Defaults to
-	// watermill-kafka's Subscriber on Brokers in consumer group Name
-	// (kafka.DefaultMarshaler, kafka.DefaultSaramaSubscriberConfig: from
-	// the oldest offset when the group has none), closed when Run returns.
+	// Subscriber reads the reply and command topics. Defaults to a
+	// kafka.Subscriber on Brokers in consumer group Name, from the oldest
+	// offset when the group has none, closed when Run returns: it
+	// delivers whole fetches, which the orchestrator and the participants
+	// apply many per transaction. Any message.Subscriber works; one that
+	// delivers a message at a time (watermill-kafka's delivers one per
+	// partition, the next after the previous is acknowledged) limits a
+	// transaction to one message per partition.
 	Subscriber message.Subscriber
-	// Writer is the outbox Writer the poisoned messages go through.
-	// Defaults to a new outbox.Writer on Schema. Give the same Writer to
-	// saga.Config.Writer and compensation.Config.Writer, so that the
-	// service's wake-ups to the relay are coalesced.
-	Writer *outbox.Writer
-	// Orchestrator, when set, has its replies handled (in a Router, one
-	// transaction per reply, or with Batch many per transaction) and its
-	// timers fired (Orchestrator.Run). Register its definitions before
-	// New. Defaults to nil: no sagas start here.
-	Orchestrator *saga.Orchestrator
-	// Batch, when set, has the Orchestrator apply its replies with
-	// RunBatched instead of in the Router; its Subscriber and Poison
-	// default to this Config's. Defaults to nil.
-	Batch *saga.BatchConfig
-	// Participants are the saga participants whose commands the service
-	// handles, one entry per command topic. Defaults to none.
-	Participants []Participant
-	// Poison receives the messages that fail permanently (not a saga
-	// reply, an unknown command, a payload that does not decode), on the
-	// message's topic + ".poison", with the reason in metadata
-	// "reason_poisoned". Defaults to the service's own outbox: each
-	// poisoned message is written with Writer in a transaction of its
-	// own, and acknowledged only after that commits; the relay ships it
-	// like any event. See PoisonPublisher.
-	Poison message.Publisher
-	// Retry retries failed handler runs in the Router in process, each in
-	// a fresh transaction. Defaults to the default of saga.RouterConfig
-	// and compensation.RouterConfig: 5 retries from 100ms, doubling up to
-	// 5s, skipping permanent errors.
-	Retry *middleware.Retry
-	// Relay configures the relay. Its Schema and Publisher are this
-	// Config's (leave them empty there); its Logger defaults to Logger.
-	// Defaults to outbox.RelayConfig's defaults.
+	// Logger receives the errors of every part. Defaults to errors to
+	// slog.Default(); watermill.NopLogger{} silences it.
+	Logger watermill.LoggerAdapter
+	// Metrics, when set, registers the Prometheus collectors of the
+	// relay, the orchestrator and the participants, labelled with the
+	// service's Name. Defaults to nil: nothing is counted.
+	Metrics prometheus.Registerer
+	// Saga tunes the orchestrator (Service.Orchestrator). Its Schema,
+	// Writer, Logger and Metrics default to the service's; a Schema other
+	// than the service's is refused (the relay would not ship the saga's
+	// commands). Defaults to saga.Config's defaults.
+	Saga saga.Config
+	// Relay tunes the relay. Its Schema, Publisher, Logger and Metrics
+	// default to the service's; a Schema or a Publisher other than the
+	// service's is refused. Defaults to outbox.RelayConfig's defaults.
 	Relay outbox.RelayConfig
 	// NoRelay leaves the relay out: another process ships this schema's
 	// outbox. Defaults to false.
 	NoRelay bool
-	// Cleaners configures the retention jobs. Defaults to running an
-	// outbox.Cleaner and an inbox.Cleaner, a compensation.Cleaner when
-	// the service has Participants, and a saga.Cleaner when it has an
-	// Orchestrator, each with its own defaults (7 days, a pass a minute;
-	// compensated and once-stuck sagas 30 days).
-	Cleaners Cleaners
-	// Logger receives the errors of the parts and of the Router. Defaults
-	// to outbox.DefaultLogger(): errors to slog.Default().
-	Logger watermill.LoggerAdapter
+	// Retention says how long ended rows stay. Defaults to Retention's
+	// defaults.
+	Retention Retention
 }
 
-// Participant is a participant and the command topic it handles.
-type Participant struct {
-	// Participant runs the commands. Register its commands before New.
-	// Required.
-	Participant *compensation.Participant
-	// Router says how it is wired into the service's Router
-	// (compensation.Participant.AddToRouter). Topic is required;
-	// Subscriber, Poison and Retry default to the service's.
-	Router compensation.RouterConfig
-}
-
-// Cleaners configures the retention jobs a Service runs.
-type Cleaners struct {
-	// Disabled runs none of them (run them elsewhere). Defaults to false.
-	Disabled bool
-	// Outbox configures the outbox.Cleaner; its Schema is the service's
-	// and its Logger defaults to the service's.
-	Outbox outbox.CleanerConfig
-	// Inbox configures the inbox.Cleaner; its Schema is the service's
-	// and its Logger defaults to the service's.
-	Inbox inbox.CleanerConfig
-	// Compensation configures the compensation.Cleaner, run when the
-	// service has Participants; its Schema is the service's and its
-	// Logger defaults to the service's.
-	Compensation compensation.CleanerConfig
-	// Saga configures the saga.Cleaner, run when the service has an
-	// Orchestrator; its Schema is the service's and its Logger defaults
-	// to the service's. It removes only completed and compensated sagas.
-	Saga saga.CleanerConfig
-}
-
-// ErrRunTwice is returned by a second call of Run.
-var ErrRunTwice = errors.New("service: Run was called already")
+// ErrRunTwice is returned by a second call of Run, and by Run after Close.
+var ErrRunTwice = errors.New("millrace: Run was called already")
 
 // Service is everything one millrace service runs, started by one call of
-// Run: the outbox relay, the Orchestrator's reply handlers and timers,
-// the Participants' command handlers, and the cleaners. It is safe for
-// concurrent use; Run may be called once.
+// Run: the outbox relay, the orchestrator's replies and timers, the
+// participants' commands, and retention. Build it with New, register the
+// saga definitions on Orchestrator and add the participants with
+// AddParticipant, then Run it. It is safe for concurrent use.
 type Service struct {
 	name   string
+	schema string
+	pool   *pgxpool.Pool
 	logger watermill.LoggerAdapter
 
+	writer   *outbox.Writer
 	relay    *outbox.Relay
 	orch     *saga.Orchestrator
-	batch    *saga.BatchConfig
-	router   *message.Router // nil: nothing to consume in a Router
-	cleaners []part
+	sub      message.Subscriber
+	poison   message.Publisher
+	cleaner  *retention.Cleaner
+	pmetrics *compensation.Metrics
 
-	owned []interface{ Close() error } // the publisher and subscriber New made
-	ran   atomic.Bool
+	mu           sync.Mutex
+	participants []participant
+	owned        []interface{ Close() error } // the publisher and subscriber New made
+	ran          atomic.Bool
 }
 
-// part is a long-running piece of the service.
-type part struct {
-	name string
-	run  func(ctx context.Context) error
+// participant is a participant and the command topics it consumes.
+type participant struct {
+	p      *compensation.Participant
+	topics []string
 }
 
 // New returns a Service on pool, built from cfg: it validates cfg and
 // builds every part. It does not touch the database; the default
-// Publisher (kafka.NewPublisher) connects to Brokers, and New fails when
-// none answers. Configuration errors wrap core.ErrConfig.
+// Publisher and Subscriber connect to Brokers, and New fails when none
+// answers. Configuration errors wrap core.ErrConfig.
 func New(pool *pgxpool.Pool, cfg Config) (_ *Service, err error) {
 	if pool == nil {
-		return nil, fmt.Errorf("%w: service: nil pool", core.ErrConfig)
+		return nil, fmt.Errorf("%w: millrace: nil pool", core.ErrConfig)
 	}
 	if cfg.Name == "" {
-		return nil, fmt.Errorf("%w: service: Config.Name is required", core.ErrConfig)
+		return nil, fmt.Errorf("%w: millrace: Config.Name is required", core.ErrConfig)
 	}
-	if cfg.Batch != nil && cfg.Orchestrator == nil {
-		return nil, fmt.Errorf("%w: service %s: Config.Batch needs an Orchestrator", core.ErrConfig, cfg.Name)
+	if cfg.Schema == "" {
+		cfg.Schema = DefaultSchema
 	}
-	if cfg.Relay.Schema != "" || cfg.Relay.Publisher != nil {
-		return nil, fmt.Errorf("%w: service %s: set Config.Schema and Config.Publisher, not those of Config.Relay", core.ErrConfig, cfg.Name)
+	if _, err := sqlident.Schema(cfg.Schema); err != nil {
+		return nil, fmt.Errorf("%w: service %s: Config.Schema: %v", core.ErrConfig, cfg.Name, err)
 	}
-	consumes := cfg.Orchestrator != nil || len(cfg.Participants) > 0
-	if len(cfg.Brokers) == 0 && (cfg.Publisher == nil && !cfg.NoRelay || cfg.Subscriber == nil && consumes) {
+	if err := inherit(cfg.Name, "Saga", &cfg.Saga.Schema, cfg.Schema); err != nil {
+		return nil, err
+	}
+	if err := inherit(cfg.Name, "Relay", &cfg.Relay.Schema, cfg.Schema); err != nil {
+		return nil, err
+	}
+	if cfg.Relay.Publisher != nil && cfg.Publisher != nil && cfg.Relay.Publisher != cfg.Publisher {
+		return nil, fmt.Errorf("%w: service %s: Config.Relay.Publisher differs from Config.Publisher: set Config.Publisher only", core.ErrConfig, cfg.Name)
+	}
+	if cfg.Publisher == nil {
+		cfg.Publisher = cfg.Relay.Publisher
+	}
+	if len(cfg.Brokers) == 0 && (cfg.Publisher == nil && !cfg.NoRelay || cfg.Subscriber == nil) {
 		return nil, fmt.Errorf("%w: service %s: Config.Brokers is required without a Publisher and a Subscriber", core.ErrConfig, cfg.Name)
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = outbox.DefaultLogger()
+		cfg.Logger = logging.Default()
 	}
-	s := &Service{name: cfg.Name, orch: cfg.Orchestrator, batch: cfg.Batch,
-		logger: cfg.Logger.With(watermill.LogFields{"component": "service.Service", "service": cfg.Name})}
+	s := &Service{name: cfg.Name, schema: cfg.Schema, pool: pool, sub: cfg.Subscriber,
+		logger: cfg.Logger.With(watermill.LogFields{"component": "millrace.Service", "service": cfg.Name})}
 	defer func() {
 		if err != nil {
 			s.closeOwned()
 		}
 	}()
-	if cfg.Writer == nil {
-		if cfg.Writer, err = outbox.NewWriter(pool, outbox.WriterConfig{Schema: cfg.Schema}); err != nil {
-			return nil, fmt.Errorf("service %s: %w", cfg.Name, err)
-		}
+	if s.writer, err = outbox.NewWriter(pool, outbox.WriterConfig{Schema: cfg.Schema}); err != nil {
+		return nil, fmt.Errorf("service %s: %w", cfg.Name, err)
 	}
-	if cfg.Poison == nil {
-		cfg.Poison = PoisonPublisher(pool, cfg.Writer)
+	s.poison = PoisonPublisher(pool, s.writer)
+	metrics, err := s.metrics(cfg)
+	if err != nil {
+		return nil, err
 	}
 
 	if !cfg.NoRelay {
@@ -201,166 +174,184 @@ func New(pool *pgxpool.Pool, cfg Config) (_ *Service, err error) {
 			cfg.Publisher = pub
 		}
 		rc := cfg.Relay
-		rc.Schema, rc.Publisher = cfg.Schema, cfg.Publisher
-		if rc.Logger == nil {
-			rc.Logger = cfg.Logger
+		rc.Publisher = cfg.Publisher
+		rc.Logger = cmpLogger(rc.Logger, cfg.Logger)
+		if rc.Metrics == nil {
+			rc.Metrics = metrics.relay
 		}
 		if s.relay, err = outbox.NewRelay(pool, rc); err != nil {
 			return nil, fmt.Errorf("service %s: relay: %w", cfg.Name, err)
 		}
 	}
-
-	if consumes && cfg.Subscriber == nil {
-		sub, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{
-			Brokers:               cfg.Brokers,
-			Unmarshaler:           kafka.DefaultMarshaler(),
-			OverwriteSaramaConfig: kafka.DefaultSaramaSubscriberConfig(),
-			ConsumerGroup:         cfg.Name,
-		}, cfg.Logger)
+	if s.sub == nil {
+		sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{Brokers: cfg.Brokers, ConsumerGroup: cfg.Name}, cfg.Logger)
 		if err != nil {
-			return nil, fmt.Errorf("%w: service %s: Kafka subscriber: %v", core.ErrConfig, cfg.Name, err)
+			return nil, fmt.Errorf("service %s: Kafka subscriber: %w", cfg.Name, err)
 		}
 		s.owned = append(s.owned, sub)
-		cfg.Subscriber = sub
-	}
-	if cfg.Batch != nil {
-		b := *cfg.Batch
-		if b.Subscriber == nil {
-			b.Subscriber = cfg.Subscriber
-		}
-		if b.Poison == nil {
-			b.Poison = cfg.Poison
-		}
-		if len(cfg.Orchestrator.ReplyTopics()) == 0 {
-			return nil, fmt.Errorf("%w: service %s: the Orchestrator has no definitions registered", core.ErrConfig, cfg.Name)
-		}
-		s.batch = &b
-	}
-	if cfg.Orchestrator != nil && cfg.Batch == nil || len(cfg.Participants) > 0 {
-		if s.router, err = message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, cfg.Logger); err != nil {
-			return nil, fmt.Errorf("%w: service %s: router: %v", core.ErrConfig, cfg.Name, err)
-		}
-	}
-	if cfg.Orchestrator != nil && cfg.Batch == nil {
-		if _, err := cfg.Orchestrator.AddToRouter(s.router, saga.RouterConfig{
-			Subscriber: cfg.Subscriber, Poison: cfg.Poison, Retry: cfg.Retry}); err != nil {
-			return nil, fmt.Errorf("service %s: %w", cfg.Name, err)
-		}
-	}
-	for i, p := range cfg.Participants {
-		if p.Participant == nil {
-			return nil, fmt.Errorf("%w: service %s: Participants[%d].Participant is nil", core.ErrConfig, cfg.Name, i)
-		}
-		rc := p.Router
-		if rc.Subscriber == nil {
-			rc.Subscriber = cfg.Subscriber
-		}
-		if rc.Poison == nil {
-			rc.Poison = cfg.Poison
-		}
-		if rc.Retry == nil {
-			rc.Retry = cfg.Retry
-		}
-		if _, err := p.Participant.AddToRouter(s.router, rc); err != nil {
-			return nil, fmt.Errorf("service %s: participant %s: %w", cfg.Name, p.Participant.Name(), err)
-		}
+		s.sub = sub
 	}
 
-	if !cfg.Cleaners.Disabled {
-		if err := s.addCleaners(pool, cfg); err != nil {
-			return nil, err
+	sc := cfg.Saga
+	if sc.Writer == nil {
+		sc.Writer = s.writer
+	}
+	sc.Logger = cmpLogger(sc.Logger, cfg.Logger)
+	if sc.Metrics == nil {
+		sc.Metrics = metrics.saga
+	}
+	if s.orch, err = saga.New(pool, sc); err != nil {
+		return nil, fmt.Errorf("service %s: %w", cfg.Name, err)
+	}
+	s.pmetrics = metrics.participants
+
+	if !cfg.Retention.Off {
+		if s.cleaner, err = retention.New(pool, cfg.Retention.config(cfg.Schema, cfg.Logger)); err != nil {
+			return nil, fmt.Errorf("service %s: retention: %w", cfg.Name, err)
 		}
 	}
 	return s, nil
 }
 
-func (s *Service) addCleaners(pool *pgxpool.Pool, cfg Config) error {
-	oc := cfg.Cleaners.Outbox
-	oc.Schema = cfg.Schema
-	if oc.Logger == nil {
-		oc.Logger = cfg.Logger
+// inherit sets a part's schema to the service's, or refuses one that
+// differs.
+func inherit(service, part string, schema *string, want string) error {
+	if *schema != "" && *schema != want {
+		return fmt.Errorf("%w: service %s: Config.%s.Schema is %q, the service's is %q: leave it empty (the relay ships the service's schema only)",
+			core.ErrConfig, service, part, *schema, want)
 	}
-	c, err := outbox.NewCleaner(pool, oc)
-	if err != nil {
-		return fmt.Errorf("service %s: outbox cleaner: %w", cfg.Name, err)
-	}
-	s.cleaners = append(s.cleaners, part{"outbox cleaner", c.Run})
-	ic := cfg.Cleaners.Inbox
-	ic.Schema = cfg.Schema
-	if ic.Logger == nil {
-		ic.Logger = cfg.Logger
-	}
-	ci, err := inbox.NewCleaner(pool, ic)
-	if err != nil {
-		return fmt.Errorf("service %s: inbox cleaner: %w", cfg.Name, err)
-	}
-	s.cleaners = append(s.cleaners, part{"inbox cleaner", ci.Run})
-	if len(cfg.Participants) > 0 {
-		cc := cfg.Cleaners.Compensation
-		cc.Schema = cfg.Schema
-		if cc.Logger == nil {
-			cc.Logger = cfg.Logger
-		}
-		cb, err := compensation.NewCleaner(pool, cc)
-		if err != nil {
-			return fmt.Errorf("service %s: compensation cleaner: %w", cfg.Name, err)
-		}
-		s.cleaners = append(s.cleaners, part{"compensation cleaner", cb.Run})
-	}
-	if cfg.Orchestrator != nil {
-		sc := cfg.Cleaners.Saga
-		sc.Schema = cfg.Schema
-		if sc.Logger == nil {
-			sc.Logger = cfg.Logger
-		}
-		cs, err := saga.NewCleaner(pool, sc)
-		if err != nil {
-			return fmt.Errorf("service %s: saga cleaner: %w", cfg.Name, err)
-		}
-		s.cleaners = append(s.cleaners, part{"saga cleaner", cs.Run})
-	}
+	*schema = want
 	return nil
 }
 
-// Run runs every part of the service until ctx ends or a part fails, then
-// stops them in order: first what consumes (the Router, which finishes the
-// messages in hand, and the batched replies), then the timers, then the
-// cleaners, then the relay (last, so that what the others wrote while
-// stopping is still shipped while it runs), and closes the publisher and
-// subscriber New made. It returns nil when ctx ended, or the first
-// failure, naming the part ("service orders: relay: ..."): a part fails
-// when it cannot start (the relay's tables are missing, the Router cannot
-// subscribe) or stops on its own. Failures the parts retry (a broker or
-// database outage) are logged, not returned. Run may be called once.
-func (s *Service) Run(ctx context.Context) error {
-	if !s.ran.CompareAndSwap(false, true) {
-		return ErrRunTwice
+func cmpLogger(l, def watermill.LoggerAdapter) watermill.LoggerAdapter {
+	if l == nil {
+		return def
 	}
-	defer s.closeOwned()
-	// The stages, in the order they stop.
-	var stages [][]part
+	return l
+}
+
+// serviceMetrics are the collectors New registers with Config.Metrics.
+type serviceMetrics struct {
+	relay        *outbox.Metrics
+	saga         *saga.Metrics
+	participants *compensation.Metrics
+}
+
+func (s *Service) metrics(cfg Config) (serviceMetrics, error) {
+	if cfg.Metrics == nil {
+		return serviceMetrics{}, nil
+	}
+	labels := prometheus.Labels{"service": cfg.Name}
+	m := serviceMetrics{relay: outbox.NewMetrics(nil, labels), saga: saga.NewMetrics(labels), participants: compensation.NewMetrics(labels)}
+	for _, c := range []prometheus.Collector{m.relay, m.saga, m.participants} {
+		if err := cfg.Metrics.Register(c); err != nil {
+			return m, fmt.Errorf("%w: service %s: register metrics: %v", core.ErrConfig, cfg.Name, err)
+		}
+	}
+	return m, nil
+}
+
+// Orchestrator returns the service's saga orchestrator: register the saga
+// definitions it runs on it before Run, and start sagas with
+// saga.Start or saga.StartTx.
+func (s *Service) Orchestrator() *saga.Orchestrator { return s.orch }
+
+// Writer returns the service's outbox Writer: write the service's own
+// events with it, in the business transaction (Writer.WriteTx). Its
+// wake-ups of the relay are coalesced with the saga's and the
+// participants'.
+func (s *Service) Writer() *outbox.Writer { return s.writer }
+
+// AddParticipant returns a new saga participant named name, which handles
+// the commands of topics: register its commands on it
+// (compensation.Register) before Run. The name is its inbox consumer: a
+// participant keeps its name across restarts and instances. It fails after
+// Run has started, for a name given before, and without topics.
+func (s *Service) AddParticipant(name string, topics ...string) (*compensation.Participant, error) {
+	if len(topics) == 0 || slices.Contains(topics, "") {
+		return nil, fmt.Errorf("%w: service %s: participant %q: a command topic is required", core.ErrConfig, s.name, name)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ran.Load() {
+		return nil, fmt.Errorf("%w: service %s: participant %q added after Run", core.ErrConfig, s.name, name)
+	}
+	for _, p := range s.participants {
+		if p.p.Name() == name {
+			return nil, fmt.Errorf("%w: service %s: participant %q added twice", core.ErrConfig, s.name, name)
+		}
+	}
+	p, err := compensation.NewParticipant(s.pool, compensation.Config{Schema: s.schema, Name: name, Writer: s.writer,
+		Metrics: s.pmetrics, Logger: s.logger})
+	if err != nil {
+		return nil, fmt.Errorf("service %s: %w", s.name, err)
+	}
+	s.participants = append(s.participants, participant{p: p, topics: slices.Clone(topics)})
+	return p, nil
+}
+
+// part is a long-running piece of the service.
+type part struct {
+	name string
+	run  func(ctx context.Context) error
+}
+
+// parts returns the service's parts, in the stages they stop in: first
+// what consumes (the orchestrator's replies, the participants' commands),
+// then the timers, then retention, then the relay.
+func (s *Service) parts() ([][]part, error) {
 	var consumers []part
-	if s.router != nil {
-		r := s.router
-		consumers = append(consumers, part{"router", func(ctx context.Context) error {
-			stop := context.AfterFunc(ctx, func() { _ = r.Close() })
-			defer stop()
-			return r.Run(ctx)
+	if len(s.orch.ReplyTopics()) > 0 {
+		consumers = append(consumers, part{"saga replies", func(ctx context.Context) error {
+			return s.orch.RunBatched(ctx, saga.BatchConfig{Subscriber: s.sub, Poison: s.poison})
 		}})
 	}
-	if s.batch != nil {
-		b := *s.batch
-		consumers = append(consumers, part{"saga replies", func(ctx context.Context) error { return s.orch.RunBatched(ctx, b) }})
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range s.participants {
+		for _, topic := range p.topics {
+			consumers = append(consumers, part{"participant " + p.p.Name() + " on " + topic, func(ctx context.Context) error {
+				return p.p.RunBatched(ctx, compensation.RunConfig{Subscriber: s.sub, Topic: topic, Poison: s.poison})
+			}})
+		}
 	}
-	stages = append(stages, consumers)
-	if s.orch != nil {
+	stages := [][]part{consumers}
+	if len(s.orch.ReplyTopics()) > 0 {
 		stages = append(stages, []part{{"saga timers", s.orch.Run}})
 	}
-	stages = append(stages, s.cleaners)
+	if s.cleaner != nil {
+		stages = append(stages, []part{{"retention", s.cleaner.Run}})
+	}
 	if s.relay != nil {
 		stages = append(stages, []part{{"relay", s.relay.Run}})
 	}
+	return stages, nil
+}
 
+// Run runs every part of the service until ctx ends or a part fails, then
+// stops them in order: first what consumes (which finishes the batches in
+// hand), then the timers, then retention, then the relay (last, so that
+// what the others wrote while stopping is still shipped while it runs),
+// and closes the publisher and subscriber New made. It returns nil when
+// ctx ended, or the first failure, naming the part ("service orders:
+// relay: ..."): a part fails when it cannot start (the relay's tables are
+// missing, a topic cannot be subscribed to) or stops on its own; a
+// second part failing meanwhile is logged. Failures the parts retry (a
+// broker or database outage) are logged, not returned. Run may be called
+// once.
+func (s *Service) Run(ctx context.Context) error {
+	s.mu.Lock()
+	ran := s.ran.Swap(true)
+	s.mu.Unlock()
+	if ran {
+		return ErrRunTwice
+	}
+	defer s.closeOwned()
+	stages, err := s.parts()
+	if err != nil {
+		return err
+	}
 	failed := make(chan error, 1)
 	stopping := make(chan struct{})
 	type running struct {
@@ -376,32 +367,31 @@ func (s *Service) Run(ctx context.Context) error {
 		wg := &sync.WaitGroup{}
 		run[i] = running{cancel, wg}
 		for _, p := range stages[i] {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				err := p.run(pctx)
 				if pctx.Err() != nil && err == nil {
 					return // stopped
 				}
+				if err == nil {
+					err = errors.New("stopped on its own")
+				}
+				err = fmt.Errorf("service %s: %s: %w", s.name, p.name, err)
 				select {
 				case <-stopping:
-					if err != nil && pctx.Err() == nil {
-						s.logger.Error("part failed while the service stopped", err, watermill.LogFields{"part": p.name})
+					if pctx.Err() == nil {
+						s.logger.Error("part failed while the service stopped", err, nil)
 					}
 					return
 				default:
 				}
-				if err == nil {
-					err = errors.New("stopped on its own")
-				}
 				select {
-				case failed <- fmt.Errorf("service %s: %s: %w", s.name, p.name, err):
+				case failed <- err:
 				default:
+					s.logger.Error("part failed too", err, nil)
 				}
-			}()
+			})
 		}
 	}
-	var err error
 	select {
 	case <-ctx.Done():
 	case err = <-failed:
@@ -415,11 +405,26 @@ func (s *Service) Run(ctx context.Context) error {
 	return err
 }
 
-func (s *Service) closeOwned() {
-	for i := len(s.owned) - 1; i >= 0; i-- {
-		if err := s.owned[i].Close(); err != nil {
+// Close closes the publisher and subscriber New made, for a Service that
+// is not run (Run closes them when it returns). Run fails after Close.
+func (s *Service) Close() error {
+	s.mu.Lock()
+	s.ran.Store(true)
+	s.mu.Unlock()
+	return s.closeOwned()
+}
+
+func (s *Service) closeOwned() error {
+	s.mu.Lock()
+	owned := s.owned
+	s.owned = nil
+	s.mu.Unlock()
+	var errs []error
+	for i := len(owned) - 1; i >= 0; i-- {
+		if err := owned[i].Close(); err != nil {
 			s.logger.Error("close", err, nil)
+			errs = append(errs, err)
 		}
 	}
-	s.owned = nil
+	return errors.Join(errs...)
 }

@@ -17,7 +17,6 @@ import (
 	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/compensation"
 	"github.com/millrace/millrace/core"
-	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/internal/kafkatest"
 	"github.com/millrace/millrace/internal/leaktest"
 	"github.com/millrace/millrace/internal/pgtest"
@@ -38,7 +37,6 @@ type order struct {
 type testBundle struct {
 	db          *pgtest.DB
 	brokers     []string
-	orch        *saga.Orchestrator
 	def         *saga.Definition[order]
 	creditTopic string
 	cfg         millrace.Config
@@ -63,13 +61,27 @@ func setup(t *testing.T, migrate bool) *testBundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b.orch, err = saga.New(db.Pool, saga.Config{Schema: db.Schema, PollInterval: 50 * time.Millisecond}); err != nil {
+	b.cfg = millrace.Config{
+		Name: kafkatest.Group(), Schema: db.Schema, Brokers: b.brokers,
+		Saga:   saga.Config{PollInterval: 50 * time.Millisecond},
+		Relay:  relayFast,
+		Logger: watermill.NopLogger{},
+	}
+	return b
+}
+
+// service builds a Service from b.cfg with the order saga registered and
+// the participant "payments" added.
+func (b *testBundle) service(t *testing.T) *millrace.Service {
+	t.Helper()
+	svc, err := millrace.New(b.db.Pool, b.cfg)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.orch.Register(b.def); err != nil {
+	if err := svc.Orchestrator().Register(b.def); err != nil {
 		t.Fatal(err)
 	}
-	payments, err := compensation.NewParticipant(db.Pool, compensation.Config{Schema: db.Schema, Name: "payments"})
+	payments, err := svc.AddParticipant("payments", b.creditTopic)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,15 +93,7 @@ func setup(t *testing.T, migrate bool) *testBundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b.cfg = millrace.Config{
-		Name: kafkatest.Group(), Schema: db.Schema, Brokers: b.brokers,
-		Orchestrator: b.orch,
-		Participants: []millrace.Participant{{Participant: payments, Router: compensation.RouterConfig{Topic: b.creditTopic}}},
-		Relay:        relayFast,
-		Retry:        &middleware.Retry{MaxRetries: 2, InitialInterval: 10 * time.Millisecond, ShouldRetry: inbox.ShouldRetry},
-		Logger:       watermill.NopLogger{},
-	}
-	return b
+	return svc
 }
 
 // run runs svc in the background; stop cancels it and returns Run's error.
@@ -130,18 +134,15 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func TestRunCompletesASagaAndStopsOnCancel(t *testing.T) {
 	t.Parallel()
 	b := setup(t, true)
-	svc, err := millrace.New(b.db.Pool, b.cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	svc := b.service(t)
 	stop := run(t, svc)
 	ctx := context.Background()
 	id := uuid.NewString()
-	if _, err := saga.Start(ctx, b.orch, b.def, id, order{ID: id, Amount: 5}); err != nil {
+	if _, err := saga.Start(ctx, svc.Orchestrator(), b.def, id, order{ID: id, Amount: 5}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "completed saga", func() bool {
-		in, err := b.orch.Get(ctx, id)
+		in, err := svc.Orchestrator().Get(ctx, id)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -159,10 +160,8 @@ func TestRunCompletesASagaAndStopsOnCancel(t *testing.T) {
 func TestRunReturnsTheFailingPart(t *testing.T) {
 	t.Parallel()
 	b := setup(t, false) // no tables: the relay and the saga timers refuse to start
-	svc, err := millrace.New(b.db.Pool, b.cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	svc := b.service(t)
+	var err error
 	done := make(chan error, 1)
 	go func() { done <- svc.Run(context.Background()) }()
 	select {
@@ -174,10 +173,11 @@ func TestRunReturnsTheFailingPart(t *testing.T) {
 	if !errors.As(err, &pgErr) || pgErr.Code != "42P01" && pgErr.Code != "3F000" {
 		t.Fatalf("Run: %v, want the undefined-table or undefined-schema error", err)
 	}
-	// The relay and the saga timers both refuse a schema without their
-	// tables at start; whichever fails first is named.
+	// The relay, the saga timers and retention all refuse a schema
+	// without their tables at start; whichever fails first is named.
 	prefix := "service " + b.cfg.Name + ": "
-	if msg := err.Error(); !strings.HasPrefix(msg, prefix+"relay: ") && !strings.HasPrefix(msg, prefix+"saga timers: ") ||
+	if msg := err.Error(); !strings.HasPrefix(msg, prefix+"relay: ") && !strings.HasPrefix(msg, prefix+"saga timers: ") &&
+		!strings.HasPrefix(msg, prefix+"retention: ") ||
 		!strings.Contains(msg, "migrations applied?") {
 		t.Fatalf("Run: %q, want it to start with %q and a part (relay or saga timers), and ask whether migrations were applied", err, prefix)
 	}
@@ -186,11 +186,7 @@ func TestRunReturnsTheFailingPart(t *testing.T) {
 func TestPoisonGoesThroughTheOutboxByDefault(t *testing.T) {
 	t.Parallel()
 	b := setup(t, true)
-	svc, err := millrace.New(b.db.Pool, b.cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	run(t, svc)
+	run(t, b.service(t))
 	// A command no participant can take, with text PostgreSQL cannot store
 	// in its metadata and a payload that is not JSON, straight to the
 	// broker.
@@ -230,43 +226,117 @@ func TestNewRefusesBadConfig(t *testing.T) {
 	t.Parallel()
 	b := setup(t, false)
 	for name, edit := range map[string]func(c *millrace.Config){
-		"no name":         func(c *millrace.Config) { c.Name = "" },
-		"no brokers":      func(c *millrace.Config) { c.Brokers = nil },
-		"batch, no sagas": func(c *millrace.Config) { c.Orchestrator, c.Batch = nil, &saga.BatchConfig{} },
-		"relay schema":    func(c *millrace.Config) { c.Relay.Schema = "other" },
-		"no topic":        func(c *millrace.Config) { c.Participants[0].Router.Topic = "" },
+		"no name":              func(c *millrace.Config) { c.Name = "" },
+		"no brokers":           func(c *millrace.Config) { c.Brokers = nil },
+		"bad schema":           func(c *millrace.Config) { c.Schema = "no;" },
+		"relay schema":         func(c *millrace.Config) { c.Relay.Schema = "other" },
+		"saga schema":          func(c *millrace.Config) { c.Saga.Schema = "other" },
+		"negative retention":   func(c *millrace.Config) { c.Retention.Events = -time.Hour },
+		"negative saga config": func(c *millrace.Config) { c.Saga.PollInterval = -1 },
 	} {
+		if svc, err := millrace.New(b.db.Pool, b.cfg); err != nil {
+			t.Fatal(err)
+		} else {
+			_ = svc.Close()
+		}
 		cfg := b.cfg
-		cfg.Participants = append([]millrace.Participant(nil), b.cfg.Participants...)
 		edit(&cfg)
-		if _, err := millrace.New(b.db.Pool, cfg); !errors.Is(err, core.ErrConfig) {
+		if svc, err := millrace.New(b.db.Pool, cfg); !errors.Is(err, core.ErrConfig) {
 			t.Errorf("%s: %v, want ErrConfig", name, err)
+			if err == nil {
+				_ = svc.Close()
+			}
 		}
 	}
 }
 
-// A Service with an Orchestrator runs a saga.Cleaner: a completed saga
-// whose window has passed is removed with its history; one that ended
-// recently stays.
-func TestRunCleansEndedSagas(t *testing.T) {
+// AddParticipant refuses what cannot run: no topic, a name given twice, a
+// participant added after Run; Run refuses a participant without commands.
+// A Service closed without Run leaves nothing running (TestMain's leak
+// check) and does not run.
+func TestAddParticipantRefusesWhatCannotRun(t *testing.T) {
 	t.Parallel()
 	b := setup(t, true)
-	b.cfg.Cleaners.Saga = saga.CleanerConfig{CompletedAfter: time.Hour, Interval: 50 * time.Millisecond}
 	svc, err := millrace.New(b.db.Pool, b.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := svc.AddParticipant("p"); !errors.Is(err, core.ErrConfig) {
+		t.Fatalf("no topic: %v, want ErrConfig", err)
+	}
+	if _, err := svc.AddParticipant("p", b.creditTopic); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.AddParticipant("p", kafkatest.Topic()); !errors.Is(err, core.ErrConfig) {
+		t.Fatalf("twice: %v, want ErrConfig", err)
+	}
+	if err := svc.Run(context.Background()); !errors.Is(err, core.ErrConfig) || !strings.Contains(err.Error(), "no command") {
+		t.Fatalf("Run with a participant without commands: %v, want ErrConfig saying so", err)
+	}
+	if _, err := svc.AddParticipant("q", kafkatest.Topic()); !errors.Is(err, core.ErrConfig) {
+		t.Fatalf("after Run: %v, want ErrConfig", err)
+	}
+
+	idle, err := millrace.New(b.db.Pool, b.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := idle.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := idle.Run(context.Background()); !errors.Is(err, millrace.ErrRunTwice) {
+		t.Fatalf("Run after Close: %v, want ErrRunTwice", err)
+	}
+}
+
+// endedSubscriber is a Subscriber whose subscriptions end at once.
+type endedSubscriber struct{}
+
+func (endedSubscriber) Subscribe(context.Context, string) (<-chan *message.Message, error) {
+	ch := make(chan *message.Message)
+	close(ch)
+	return ch, nil
+}
+func (endedSubscriber) Close() error { return nil }
+
+// A consumer whose subscription ends while the service runs stops the
+// service with an error that says so: nothing stops consuming silently.
+func TestRunFailsWhenASubscriptionEnds(t *testing.T) {
+	t.Parallel()
+	b := setup(t, true)
+	b.cfg.Subscriber = endedSubscriber{}
+	svc := b.service(t)
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(context.Background()) }()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("Run went on for a minute with its subscriptions ended")
+	}
+	if err == nil || !strings.Contains(err.Error(), "subscription to") || !strings.Contains(err.Error(), "ended") {
+		t.Fatalf("Run: %v, want the ended subscription named", err)
+	}
+}
+
+// A Service runs retention: a completed saga whose window has passed is
+// removed with its history; one that ended recently stays.
+func TestRunCleansEndedSagas(t *testing.T) {
+	t.Parallel()
+	b := setup(t, true)
+	b.cfg.Retention = millrace.Retention{Sagas: time.Hour, Interval: 50 * time.Millisecond}
+	svc := b.service(t)
 	run(t, svc)
 	ctx := context.Background()
 	old, recent := uuid.NewString(), uuid.NewString()
 	for _, id := range []string{old, recent} {
-		if _, err := saga.Start(ctx, b.orch, b.def, id, order{ID: id, Amount: 5}); err != nil {
+		if _, err := saga.Start(ctx, svc.Orchestrator(), b.def, id, order{ID: id, Amount: 5}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for _, id := range []string{old, recent} {
 		waitFor(t, "completed saga", func() bool {
-			in, err := b.orch.Get(ctx, id)
+			in, err := svc.Orchestrator().Get(ctx, id)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -80,6 +80,12 @@ func (p *Participant) RunBatched(ctx context.Context, cfg RunConfig) error {
 	if cfg.PoisonTopic == "" {
 		cfg.PoisonTopic = cfg.Topic + ".poison"
 	}
+	p.mu.RLock()
+	none := len(p.commands) == 0
+	p.mu.RUnlock()
+	if none {
+		return fmt.Errorf("%w: compensation: %s: no command is registered (compensation.Register)", core.ErrConfig, p.name)
+	}
 	poisonPub := poison.Publisher(cfg.Poison, p.logger, func(*message.Message) { p.metrics.poisoned(p.name) })
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -151,9 +157,11 @@ func (p *Participant) RunBatched(ctx context.Context, cfg RunConfig) error {
 			}
 		}()
 	}
-	<-ctx.Done()
-	wg.Wait()
+	wg.Wait() // until ctx ends, or the subscriptions do
 	waitSubs()
+	if ctx.Err() == nil {
+		return fmt.Errorf("compensation: %s: the subscription to %s ended", p.name, cfg.Topic)
+	}
 	return nil
 }
 

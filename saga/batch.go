@@ -179,9 +179,11 @@ func (o *Orchestrator) RunBatched(ctx context.Context, cfg BatchConfig) error {
 			}
 		}()
 	}
-	<-ctx.Done()
-	wg.Wait()
+	wg.Wait() // until ctx ends, or the subscriptions do
 	waitSubs()
+	if ctx.Err() == nil {
+		return fmt.Errorf("saga: the subscription to the reply topics %v ended", topics)
+	}
 	return nil
 }
 

@@ -109,41 +109,32 @@ func run(ctx context.Context, url string, brokers []string, schema string) (*sag
 		return nil, err
 	}
 
-	orch, err := saga.New(pool, saga.Config{Schema: schema})
-	if err == nil {
-		err = orch.Register(orders)
-	}
+	// One value runs it all: the relay, the saga's replies and timers, the
+	// participants, retention. Its parts take the schema, the brokers and
+	// the logger from here.
+	svc, err := millrace.New(pool, millrace.Config{Name: schema, Schema: schema, Brokers: brokers})
 	if err != nil {
+		return nil, err
+	}
+	orch := svc.Orchestrator()
+	if err := orch.Register(orders); err != nil {
 		return nil, err
 	}
 
 	// The participants: an action and its compensation, in the handler's
 	// transaction, behind the barrier.
-	payment, err := participant(pool, schema, "payment", "reserve_credit",
+	err = participant(svc, "payment", schema+".payment", "reserve_credit",
 		`UPDATE account SET available = available - $2 WHERE customer = $1 AND available >= $2`,
 		`UPDATE account SET available = available + $2 WHERE customer = $1`,
 		func(o Order) []any { return []any{o.Customer, o.Amount} })
-	if err != nil {
-		return nil, err
+	if err == nil {
+		err = participant(svc, "inventory", schema+".inventory", "reserve_stock",
+			`UPDATE stock SET on_hand = on_hand - 1 WHERE sku = $1 AND on_hand >= 1`,
+			`UPDATE stock SET on_hand = on_hand + 1 WHERE sku = $1`,
+			func(o Order) []any { return []any{o.SKU} })
 	}
-	inventory, err := participant(pool, schema, "inventory", "reserve_stock",
-		`UPDATE stock SET on_hand = on_hand - 1 WHERE sku = $1 AND on_hand >= 1`,
-		`UPDATE stock SET on_hand = on_hand + 1 WHERE sku = $1`,
-		func(o Order) []any { return []any{o.SKU} })
 	if err != nil {
-		return nil, err
-	}
-
-	// One value runs it all: the relay, the saga's replies and timers, the
-	// participants, the cleaners.
-	svc, err := millrace.New(pool, millrace.Config{
-		Name: schema, Schema: schema, Brokers: brokers, Orchestrator: orch,
-		Participants: []millrace.Participant{
-			{Participant: payment, Router: compensation.RouterConfig{Topic: schema + ".payment"}},
-			{Participant: inventory, Router: compensation.RouterConfig{Topic: schema + ".inventory"}},
-		},
-	})
-	if err != nil {
+		_ = svc.Close()
 		return nil, err
 	}
 	ctx, stop := context.WithCancel(ctx)
@@ -177,15 +168,15 @@ func run(ctx context.Context, url string, brokers []string, schema string) (*sag
 	return nil, errors.New("the saga did not end within a minute")
 }
 
-// participant builds a participant with one command: the action runs do,
-// the compensation undo, each with args(order).
-func participant(pool *pgxpool.Pool, schema, name, command, do, undo string,
-	args func(Order) []any) (*compensation.Participant, error) {
-	p, err := compensation.NewParticipant(pool, compensation.Config{Schema: schema, Name: name})
+// participant adds to svc a participant named name for the commands on
+// topic, with one command: the action runs do, the compensation undo, each
+// with args(order).
+func participant(svc *millrace.Service, name, topic, command, do, undo string, args func(Order) []any) error {
+	p, err := svc.AddParticipant(name, topic)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	return p, compensation.Register(p, command,
+	return compensation.Register(p, command,
 		func(ctx context.Context, tx pgx.Tx, call compensation.Call, o Order) (struct{}, error) {
 			if tag, err := tx.Exec(ctx, do, args(o)...); err != nil || tag.RowsAffected() == 1 {
 				return struct{}{}, err // an error is technical: rolled back and retried, not replied

@@ -29,9 +29,10 @@ type Run struct {
 
 // Subscribe subscribes to each topic, with SubscribeBatch when sub is a
 // kafka.BatchSubscriber, and sends the runs to the returned channel until
-// ctx ends. batched tells which interface was used; wait waits for the
-// forwarding goroutines once ctx has ended and nacks what no batch took;
-// call it after the batches' workers have returned.
+// ctx ends or every subscription has ended, then closes it. batched tells
+// which interface was used; wait waits for the forwarding goroutines and
+// nacks what no batch took; call it after the batches' workers have
+// returned.
 func Subscribe(ctx context.Context, sub message.Subscriber, topics []string) (out <-chan Run, batched bool, wait func(), err error) {
 	bs, batched := sub.(kafka.BatchSubscriber)
 	// Buffered: the runs the partitions have ready wait here, so a batch
@@ -76,9 +77,17 @@ func Subscribe(ctx context.Context, sub message.Subscriber, topics []string) (ou
 			}
 		}()
 	}
-	wait = func() {
+	// The channel closes once every subscription has ended: when ctx
+	// ends, or when the subscriber closed them on its own (the consumers
+	// then stop, and say so).
+	closed := make(chan struct{})
+	go func() {
 		wg.Wait()
 		close(ch)
+		close(closed)
+	}()
+	wait = func() {
+		<-closed
 		for r := range ch {
 			for _, m := range r.Msgs {
 				m.Nack()

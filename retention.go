@@ -1,0 +1,58 @@
+package millrace
+
+import (
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/millrace/millrace/internal/retention"
+)
+
+// Defaults of Retention.
+const (
+	// DefaultRetention is how long published outbox events, inbox dedup
+	// marks, barrier rows and completed sagas stay after they ended.
+	DefaultRetention = retention.DefaultEvents
+	// DefaultFailedRetention is how long compensated sagas, sagas that were
+	// ever stuck, and bulk operations stay: a failure is what someone asks
+	// about later.
+	DefaultFailedRetention = retention.DefaultCompensated
+	// DefaultRetentionInterval is the time between two retention passes.
+	DefaultRetentionInterval = retention.DefaultInterval
+)
+
+// Retention says how long ended rows stay in the service's schema. The
+// service removes older ones in small batches, a pass every Interval.
+type Retention struct {
+	// Events is how long a published (or discarded) outbox event stays,
+	// for audit and replay. Defaults to DefaultRetention.
+	Events time.Duration
+	// Marks is how long an inbox dedup mark (and a processed inbox row)
+	// stays. It must outlast the longest redelivery or replay horizon: a
+	// duplicate that arrives after its mark was removed is applied again.
+	// Defaults to DefaultRetention.
+	Marks time.Duration
+	// Barrier is how long a saga's barrier rows stay after the last
+	// command of that saga reached a participant. It must outlast the
+	// longest time a command of the saga can still arrive. Defaults to
+	// DefaultRetention.
+	Barrier time.Duration
+	// Sagas is how long a completed saga and its history stay. Defaults
+	// to DefaultRetention.
+	Sagas time.Duration
+	// FailedSagas is how long a compensated saga, or one that was ever
+	// stuck, and a bulk operation stay. Defaults to DefaultFailedRetention.
+	FailedSagas time.Duration
+	// Interval is the time between two passes. Defaults to
+	// DefaultRetentionInterval.
+	Interval time.Duration
+	// Off runs no retention in this service: another process does (a
+	// Service of its own, with NoRelay and nothing else, runs only
+	// retention). Defaults to false.
+	Off bool
+}
+
+func (r Retention) config(schema string, logger watermill.LoggerAdapter) retention.Config {
+	return retention.Config{Schema: schema, Events: r.Events, Marks: r.Marks, Barrier: r.Barrier, Completed: r.Sagas,
+		Compensated: r.FailedSagas, Interval: r.Interval, Logger: logger}
+}
