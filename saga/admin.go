@@ -178,11 +178,6 @@ func (o *Orchestrator) Retry(ctx context.Context, id string, by Actor) (*Instanc
 	return o.operate(ctx, id, by, "retry", (*machine).opRetry)
 }
 
-// RetryTx is Retry in the caller's transaction.
-func (o *Orchestrator) RetryTx(ctx context.Context, tx pgx.Tx, id string, by Actor) (*Instance, error) {
-	return o.operateTx(ctx, tx, id, by, "retry", (*machine).opRetry)
-}
-
 // Skip treats the current step's action as succeeded without running it
 // (someone did its work by hand) and moves on to the next step. Forward
 // phase only (stuck or running). A remote step skipped after its action
@@ -191,21 +186,11 @@ func (o *Orchestrator) Skip(ctx context.Context, id string, by Actor) (*Instance
 	return o.operate(ctx, id, by, "skip", (*machine).opSkip)
 }
 
-// SkipTx is Skip in the caller's transaction.
-func (o *Orchestrator) SkipTx(ctx context.Context, tx pgx.Tx, id string, by Actor) (*Instance, error) {
-	return o.operateTx(ctx, tx, id, by, "skip", (*machine).opSkip)
-}
-
 // MarkCompensated treats the current step's compensation as done (someone
 // undid the step by hand) and continues compensating the steps before it.
 // Compensating phase only (stuck or compensating).
 func (o *Orchestrator) MarkCompensated(ctx context.Context, id string, by Actor) (*Instance, error) {
 	return o.operate(ctx, id, by, "mark-compensated", (*machine).opMarkCompensated)
-}
-
-// MarkCompensatedTx is MarkCompensated in the caller's transaction.
-func (o *Orchestrator) MarkCompensatedTx(ctx context.Context, tx pgx.Tx, id string, by Actor) (*Instance, error) {
-	return o.operateTx(ctx, tx, id, by, "mark-compensated", (*machine).opMarkCompensated)
 }
 
 // Abort stops the saga's forward run and compensates the steps that took
@@ -216,11 +201,6 @@ func (o *Orchestrator) MarkCompensatedTx(ctx context.Context, tx pgx.Tx, id stri
 // its start never comes.
 func (o *Orchestrator) Abort(ctx context.Context, id string, by Actor) (*Instance, error) {
 	return o.operate(ctx, id, by, "abort", (*machine).opAbort)
-}
-
-// AbortTx is Abort in the caller's transaction.
-func (o *Orchestrator) AbortTx(ctx context.Context, tx pgx.Tx, id string, by Actor) (*Instance, error) {
-	return o.operateTx(ctx, tx, id, by, "abort", (*machine).opAbort)
 }
 
 func (o *Orchestrator) operate(ctx context.Context, id string, by Actor, action string, fn func(*machine) error) (*Instance, error) {
@@ -241,17 +221,6 @@ func (o *Orchestrator) operate(ctx context.Context, id string, by Actor, action 
 		f()
 	}
 	return in, o.callHook(ctx, HookAfterCommit, id)
-}
-
-func (o *Orchestrator) operateTx(ctx context.Context, tx pgx.Tx, id string, by Actor, action string, fn func(*machine) error) (*Instance, error) {
-	in, after, err := o.operateIn(ctx, tx, id, by, action, fn)
-	if err != nil {
-		return nil, err
-	}
-	for _, f := range after {
-		f()
-	}
-	return in, nil
 }
 
 func (o *Orchestrator) operateIn(ctx context.Context, tx pgx.Tx, id string, by Actor, action string, fn func(*machine) error) (*Instance, []func(), error) {

@@ -89,7 +89,7 @@ func TestBulkRetryByQuery(t *testing.T) {
 	if _, err := s.O.Retry(ctx, ids[0], saga.Actor{Operator: "bob", Reason: "trying one by hand"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.Retry(ctx, ids[1], saga.Actor{Operator: "bob", Reason: "mine"}); err != nil {
+	if _, err := p.Request(ctx, ids[1], saga.ActionRetry, saga.Actor{Operator: "bob", Reason: "mine"}); err != nil {
 		t.Fatal(err)
 	}
 	changed := s.Get(t, ids[0])

@@ -151,28 +151,13 @@ func NewOperator(pool *pgxpool.Pool, cfg OperatorConfig) (*Operator, error) {
 	return &Operator{o: o}, nil
 }
 
-// Retry requests Orchestrator.Retry of the saga.
-func (p *Operator) Retry(ctx context.Context, id string, by Actor) (*Instance, error) {
-	return p.Request(ctx, id, ActionRetry, by)
-}
-
-// Skip requests Orchestrator.Skip of the saga.
-func (p *Operator) Skip(ctx context.Context, id string, by Actor) (*Instance, error) {
-	return p.Request(ctx, id, ActionSkip, by)
-}
-
-// MarkCompensated requests Orchestrator.MarkCompensated of the saga.
-func (p *Operator) MarkCompensated(ctx context.Context, id string, by Actor) (*Instance, error) {
-	return p.Request(ctx, id, ActionMarkCompensated, by)
-}
-
-// Abort requests Orchestrator.Abort of the saga.
-func (p *Operator) Abort(ctx context.Context, id string, by Actor) (*Instance, error) {
-	return p.Request(ctx, id, ActionAbort, by)
-}
-
-// Request records an operator request, with the saga's current step and
-// revision, and returns the saga with it (Instance.Request). It returns an error wrapping ErrNotFound for an
+// Request records an operator request of action (ActionRetry, ActionSkip,
+// ...) for the running orchestrator to apply as the Orchestrator's method
+// of that name, with the saga's current step and revision, and returns the
+// saga with it (Instance.Request). A request is refused as stale when the
+// saga has moved on by then, except a pause, which is applied whatever
+// step the saga has moved on to as long as it is still running or
+// compensating. It returns an error wrapping ErrNotFound for an
 // unknown id, ErrActionNotAllowed for an action the saga's state forbids
 // (or an incomplete Actor), and ErrRequestPending while another request
 // waits; then nothing is recorded.

@@ -75,13 +75,13 @@ func ExampleOperator() {
 		fmt.Println(err)
 		return
 	}
-	in, err := op.Skip(ctx, "parcel-1", saga.Actor{Operator: "alice", Reason: "reserved by phone"})
+	in, err := op.Request(ctx, "parcel-1", saga.ActionSkip, saga.Actor{Operator: "alice", Reason: "reserved by phone"})
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
 	fmt.Printf("requested: %s by %s; saga %s at %s\n", in.Request.Action, in.Request.Operator, in.Status, in.Step)
-	_, err = op.Abort(ctx, "parcel-1", saga.Actor{Operator: "bob", Reason: "cancel"})
+	_, err = op.Request(ctx, "parcel-1", saga.ActionAbort, saga.Actor{Operator: "bob", Reason: "cancel"})
 	fmt.Println("second request pending:", errors.Is(err, saga.ErrRequestPending))
 
 	// The service's orchestrator (Run calls RunDue every PollInterval).

@@ -193,7 +193,7 @@ func TestOperatorActionPastTheDeadlineMovesIt(t *testing.T) {
 			t.Fatalf("saga %s, deadline %v", in.Status, in.DeadlineAt)
 		}
 		if viaRequest {
-			if _, err := newOperator(t, d).Retry(ctx, id, operator); err != nil {
+			if _, err := newOperator(t, d).Request(ctx, id, saga.ActionRetry, operator); err != nil {
 				t.Fatal(err)
 			}
 		} else if _, err := d.o.Retry(ctx, id, operator); err != nil {
@@ -226,7 +226,7 @@ func TestStaleOperatorRequestIsRefused(t *testing.T) {
 	p := newOperator(t, d)
 	ctx := context.Background()
 	before := d.get(id)
-	in, err := p.Retry(ctx, id, saga.Actor{Operator: "bob", Reason: "try again"})
+	in, err := p.Request(ctx, id, saga.ActionRetry, saga.Actor{Operator: "bob", Reason: "try again"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,7 +261,7 @@ func TestOperatorRequestWithdrawn(t *testing.T) {
 	if _, err := p.Withdraw(ctx, id, operator); !errors.Is(err, saga.ErrNoRequest) {
 		t.Fatalf("withdraw with nothing pending: %v", err)
 	}
-	if _, err := p.Retry(ctx, id, saga.Actor{Operator: "bob", Reason: "try again"}); err != nil {
+	if _, err := p.Request(ctx, id, saga.ActionRetry, saga.Actor{Operator: "bob", Reason: "try again"}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := p.Withdraw(ctx, "nope", operator); !errors.Is(err, saga.ErrNotFound) {
@@ -286,7 +286,7 @@ func TestOperatorRequestWithdrawn(t *testing.T) {
 		t.Fatalf("a withdrawn request was applied: %d, %v", n, err)
 	}
 	// Another can be recorded now.
-	if _, err := p.MarkCompensated(ctx, id, operator); err != nil {
+	if _, err := p.Request(ctx, id, saga.ActionMarkCompensated, operator); err != nil {
 		t.Fatal(err)
 	}
 }

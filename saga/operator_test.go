@@ -61,23 +61,23 @@ func TestOperatorRequestAppliedByTheOrchestrator(t *testing.T) {
 
 	// Refused before anything is recorded: a forbidden action, an unknown
 	// id, an unknown action, a missing reason.
-	if _, err := p.Skip(ctx, id, operator); !errors.Is(err, saga.ErrActionNotAllowed) || !strings.Contains(err.Error(), "use MarkCompensated") {
+	if _, err := p.Request(ctx, id, saga.ActionSkip, operator); !errors.Is(err, saga.ErrActionNotAllowed) || !strings.Contains(err.Error(), "use MarkCompensated") {
 		t.Fatalf("skip while compensating: %v", err)
 	}
-	if _, err := p.Retry(ctx, "nope", operator); !errors.Is(err, saga.ErrNotFound) {
+	if _, err := p.Request(ctx, "nope", saga.ActionRetry, operator); !errors.Is(err, saga.ErrNotFound) {
 		t.Fatalf("unknown id: %v", err)
 	}
 	if _, err := p.Request(ctx, id, "rewind", operator); !errors.Is(err, saga.ErrActionNotAllowed) {
 		t.Fatalf("unknown action: %v", err)
 	}
-	if _, err := p.Retry(ctx, id, saga.Actor{Operator: "alice"}); !errors.Is(err, saga.ErrActionNotAllowed) {
+	if _, err := p.Request(ctx, id, saga.ActionRetry, saga.Actor{Operator: "alice"}); !errors.Is(err, saga.ErrActionNotAllowed) {
 		t.Fatalf("no reason: %v", err)
 	}
 	if in := d.get(id); in.Request != nil || in.Revision != before.Revision || len(historyEvents(t, d.o, id, "operator_request")) != 0 {
 		t.Fatalf("a refused request left something: %+v", in.Request)
 	}
 
-	in, err := p.Retry(ctx, id, operator)
+	in, err := p.Request(ctx, id, saga.ActionRetry, operator)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +95,7 @@ func TestOperatorRequestAppliedByTheOrchestrator(t *testing.T) {
 		t.Fatalf("the request acted by itself: %s", got.Status)
 	}
 	// One at a time.
-	if _, err := p.MarkCompensated(ctx, id, saga.Actor{Operator: "bob", Reason: "me too"}); !errors.Is(err, saga.ErrRequestPending) || !strings.Contains(err.Error(), "alice") {
+	if _, err := p.Request(ctx, id, saga.ActionMarkCompensated, saga.Actor{Operator: "bob", Reason: "me too"}); !errors.Is(err, saga.ErrRequestPending) || !strings.Contains(err.Error(), "alice") {
 		t.Fatalf("second request: %v", err)
 	}
 
@@ -121,7 +121,7 @@ func TestOperatorRequestAppliedByTheOrchestrator(t *testing.T) {
 		t.Fatalf("status %s", in.Status)
 	}
 	// A request for an ended saga is refused up front.
-	if _, err := p.Retry(ctx, id, operator); !errors.Is(err, saga.ErrActionNotAllowed) {
+	if _, err := p.Request(ctx, id, saga.ActionRetry, operator); !errors.Is(err, saga.ErrActionNotAllowed) {
 		t.Fatalf("retry after the end: %v", err)
 	}
 }
@@ -137,7 +137,7 @@ func TestOperatorRequestSurvivesAReply(t *testing.T) {
 	start(t, d.testBundle, def, id, 5)
 	p := newOperator(t, d)
 	ctx := context.Background()
-	if _, err := p.Retry(ctx, id, operator); err != nil {
+	if _, err := p.Request(ctx, id, saga.ActionRetry, operator); err != nil {
 		t.Fatal(err)
 	}
 	before := d.get(id)
@@ -170,7 +170,7 @@ func TestOperatorRequestRefusedWhenTheSagaMovedOn(t *testing.T) {
 	d, _ := stuckOnCompensation(t, id)
 	p := newOperator(t, d)
 	ctx := context.Background()
-	if _, err := p.Retry(ctx, id, saga.Actor{Operator: "bob", Reason: "try again"}); err != nil {
+	if _, err := p.Request(ctx, id, saga.ActionRetry, saga.Actor{Operator: "bob", Reason: "try again"}); err != nil {
 		t.Fatal(err)
 	}
 	// Meanwhile someone with the definitions finishes it by hand.
@@ -202,7 +202,7 @@ func TestOperatorRequestOfAnotherType(t *testing.T) {
 	d, _ := stuckOnCompensation(t, id)
 	p := newOperator(t, d)
 	ctx := context.Background()
-	if _, err := p.Retry(ctx, id, operator); err != nil {
+	if _, err := p.Request(ctx, id, saga.ActionRetry, operator); err != nil {
 		t.Fatal(err)
 	}
 	other, err := saga.New(d.db.Pool, saga.Config{Schema: d.db.Schema, Clock: d.clock})

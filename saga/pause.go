@@ -38,9 +38,17 @@ func (o *Orchestrator) Pause(ctx context.Context, id string, by Actor) (*Instanc
 	return o.operate(ctx, id, by, string(ActionPause), (*machine).opPause)
 }
 
-// PauseTx is Pause in the caller's transaction.
+// PauseTx is Pause in the caller's transaction: a saga started and paused
+// in one transaction takes no step before an operator resumes it.
 func (o *Orchestrator) PauseTx(ctx context.Context, tx pgx.Tx, id string, by Actor) (*Instance, error) {
-	return o.operateTx(ctx, tx, id, by, string(ActionPause), (*machine).opPause)
+	in, after, err := o.operateIn(ctx, tx, id, by, string(ActionPause), (*machine).opPause)
+	if err != nil {
+		return nil, err
+	}
+	for _, f := range after {
+		f()
+	}
+	return in, nil
 }
 
 // Resume resumes a paused saga where it stood, in the status it was
@@ -54,24 +62,6 @@ func (o *Orchestrator) PauseTx(ctx context.Context, tx pgx.Tx, id string, by Act
 // wrapping ErrActionNotAllowed for a saga that is not paused.
 func (o *Orchestrator) Resume(ctx context.Context, id string, by Actor) (*Instance, error) {
 	return o.operate(ctx, id, by, string(ActionResume), (*machine).opResume)
-}
-
-// ResumeTx is Resume in the caller's transaction.
-func (o *Orchestrator) ResumeTx(ctx context.Context, tx pgx.Tx, id string, by Actor) (*Instance, error) {
-	return o.operateTx(ctx, tx, id, by, string(ActionResume), (*machine).opResume)
-}
-
-// Pause requests Orchestrator.Pause of the saga. Unlike the other
-// requests, a pause is applied whatever step the saga has moved on to
-// since it was recorded, as long as the saga is still running or
-// compensating then.
-func (p *Operator) Pause(ctx context.Context, id string, by Actor) (*Instance, error) {
-	return p.Request(ctx, id, ActionPause, by)
-}
-
-// Resume requests Orchestrator.Resume of the saga.
-func (p *Operator) Resume(ctx context.Context, id string, by Actor) (*Instance, error) {
-	return p.Request(ctx, id, ActionResume, by)
 }
 
 // actor returns the operator and reason of the action m applies, from the

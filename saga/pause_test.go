@@ -221,10 +221,10 @@ func TestOperatorPauseResume(t *testing.T) {
 	}
 	id := "op-pause"
 	start(t, d.testBundle, def, id, 1)
-	if _, err := p.Resume(ctx, id, alice); !errors.Is(err, saga.ErrActionNotAllowed) {
+	if _, err := p.Request(ctx, id, saga.ActionResume, alice); !errors.Is(err, saga.ErrActionNotAllowed) {
 		t.Fatalf("resume request of a running saga: %v", err)
 	}
-	if _, err := p.Pause(ctx, id, alice); err != nil {
+	if _, err := p.Request(ctx, id, saga.ActionPause, alice); err != nil {
 		t.Fatal(err)
 	}
 	d.reply(id, d.last(id), core.OutcomeSuccess) // credit: the saga moves to stock before the request applies
@@ -235,7 +235,7 @@ func TestOperatorPauseResume(t *testing.T) {
 	}
 	stock := d.last(id)
 	d.reply(id, stock, core.OutcomeSuccess) // held
-	if _, err := p.Resume(ctx, id, saga.Actor{Operator: "bob", Reason: "go on"}); err != nil {
+	if _, err := p.Request(ctx, id, saga.ActionResume, saga.Actor{Operator: "bob", Reason: "go on"}); err != nil {
 		t.Fatal(err)
 	}
 	d.tick(0)

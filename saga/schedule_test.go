@@ -121,7 +121,7 @@ func TestScheduledSagaCancelled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.Abort(ctx, "cancel-2", alice); err != nil {
+	if _, err := p.Request(ctx, "cancel-2", saga.ActionAbort, alice); err != nil {
 		t.Fatal(err)
 	}
 	d.tick(2 * time.Hour) // applies the request; past the start time

@@ -130,7 +130,7 @@ func TestOperatorRequestFailureDoesNotStopTheOthers(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, id := range []string{"rb", "ra"} {
-		if _, err := p.Abort(context.Background(), id, operator); err != nil {
+		if _, err := p.Request(context.Background(), id, saga.ActionAbort, operator); err != nil {
 			t.Fatal(err)
 		}
 	}
