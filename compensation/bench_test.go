@@ -71,7 +71,7 @@ func BenchmarkDedupHandler(b *testing.B) {
 		b.Fatal(err)
 	}
 	h := d.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-		tx, _ := inbox.TxFromContext(msg.Context())
+		tx, _ := core.TxFromContext(msg.Context())
 		return nil, benchEffect(msg.Context(), tx, bb.effect, msg.Metadata.Get(core.MetadataSagaID))
 	})
 	runParallel(b, func(msg *message.Message) error { _, err := h(msg); return err })
@@ -88,7 +88,7 @@ func BenchmarkDedupHandlerWithReply(b *testing.B) {
 		b.Fatal(err)
 	}
 	h := d.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-		tx, _ := inbox.TxFromContext(msg.Context())
+		tx, _ := core.TxFromContext(msg.Context())
 		ctx, saga := msg.Context(), msg.Metadata.Get(core.MetadataSagaID)
 		if err := benchEffect(ctx, tx, bb.effect, saga); err != nil {
 			return nil, err

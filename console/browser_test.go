@@ -18,6 +18,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/millrace/millrace/console"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/opstest"
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/outbox"
@@ -77,7 +78,7 @@ func TestBrowser(t *testing.T) {
 
 	deadLetters := func() []string {
 		t.Helper()
-		list, err := admin.ListDeadLetters(context.Background(), outbox.ListParams{})
+		list, err := admin.List(context.Background(), core.ListParams{})
 		if err != nil {
 			t.Fatal(err)
 		}

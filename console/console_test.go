@@ -156,7 +156,7 @@ func (b *bundle) stats() outbox.Stats {
 	return s
 }
 
-func (b *bundle) inboxDead(consumer string) []inbox.DeadEvent {
+func (b *bundle) inboxDead(consumer string) []inbox.DeadLetter {
 	b.t.Helper()
 	dl, err := inbox.NewDeadLetters(b.db.Pool, inbox.DeadLetterConfig{Schema: b.db.Schema, Consumer: consumer})
 	if err != nil {
@@ -215,7 +215,7 @@ func TestOutboxDeadPages(t *testing.T) {
 	b := setup(t, console.Config{PageSize: 2})
 	orders := opstest.OutboxDead(t, b.db, "orders", 3)
 	payments := opstest.OutboxDead(t, b.db, "payments", 1)
-	list, err := b.admin.ListDeadLetters(context.Background(), outbox.ListParams{})
+	list, err := b.admin.List(context.Background(), core.ListParams{})
 	if err != nil {
 		t.Fatal(err)
 	}

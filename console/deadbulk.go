@@ -180,7 +180,7 @@ func (c *Console) bulkDryRun(ctx context.Context, f deadFilter, page int) (int, 
 	var rows []bulkRow
 	switch f.Kind {
 	case "outbox":
-		d, err := c.outbox.DryRunDeadLetters(ctx, f.deadQuery(), page)
+		d, err := c.outbox.DryRun(ctx, f.deadQuery(), page)
 		if err != nil {
 			return 0, nil, err
 		}

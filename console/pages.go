@@ -347,7 +347,7 @@ func (c *Console) outboxDead(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := reqCtx(r)
 	defer cancel()
 	if f.selected() {
-		dry, err := c.outbox.DryRunDeadLetters(ctx, f.deadQuery(), c.cfg.PageSize)
+		dry, err := c.outbox.DryRun(ctx, f.deadQuery(), c.cfg.PageSize)
 		if err != nil {
 			c.dbFail(w, r, err)
 			return
@@ -362,7 +362,7 @@ func (c *Console) outboxDead(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	// One more than a page says whether a next page exists.
-	list, err := c.outbox.ListDeadLetters(ctx, outbox.ListParams{
+	list, err := c.outbox.List(ctx, core.ListParams{
 		Limit: c.cfg.PageSize + 1, AfterID: d.After, Topic: d.Topic, PartitionKey: d.Key,
 	})
 	if err != nil {
@@ -380,7 +380,7 @@ func (c *Console) outboxDead(w http.ResponseWriter, r *http.Request) {
 type inboxDeadData struct {
 	Consumer  string
 	Consumers []consumerRow
-	List      []inbox.DeadEvent
+	List      []inbox.DeadLetter
 	More      bool
 	// Filter narrows the list (deadbulk.go); Matching is how many dead
 	// letters it selects, for "requeue or discard all N matching", -1 when

@@ -15,7 +15,7 @@ const DefaultListLimit = 100
 var ErrInvalidListParams = errors.New("millrace: invalid list params")
 
 // ListParams selects and pages dead letters, in the outbox
-// (outbox.Admin.ListDeadLetters) and in the inbox (inbox.DeadLetters.List).
+// (outbox.Admin.List) and in the inbox (inbox.DeadLetters.List).
 // The zero value lists the first DefaultListLimit dead letters, oldest
 // first. To page, pass the ID of the last dead letter of one page as
 // AfterID of the next.
@@ -46,7 +46,7 @@ func (p ListParams) Normalize() (ListParams, error) {
 }
 
 // DeadLetterQuery selects dead letters for a bulk requeue or discard, in
-// the outbox (outbox.Admin.DryRunDeadLetters, RequeueMatching,
+// the outbox (outbox.Admin.DryRun, RequeueMatching,
 // DiscardMatching) and in the inbox (inbox.DeadLetters.DryRun,
 // RequeueMatching, DiscardMatching). Every condition set must hold; the
 // zero value selects every dead letter.
@@ -61,4 +61,11 @@ type DeadLetterQuery struct {
 	// DeadBefore keeps only dead letters that died before it (older than
 	// an age). Defaults to any.
 	DeadBefore time.Time
+}
+
+// DryRun is what a bulk action would act on: how many items its query
+// selects, and the first of them (a page).
+type DryRun[T any] struct {
+	Count int
+	First []T
 }

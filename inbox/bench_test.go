@@ -8,6 +8,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
 )
 
@@ -42,7 +43,7 @@ func BenchmarkHandlerWithDedup(b *testing.B) {
 		b.Fatal(err)
 	}
 	h := d.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-		tx, _ := inbox.TxFromContext(msg.Context())
+		tx, _ := core.TxFromContext(msg.Context())
 		return nil, bb.apply(msg.Context(), tx, msg.UUID, "")
 	})
 	b.SetParallelism(4)

@@ -80,18 +80,18 @@ func TestDeadLettersInBulk(t *testing.T) {
 	}
 	halfHourAgo := time.Now().Add(-30 * time.Minute)
 	for _, c := range []struct {
-		q    inbox.DeadLetterQuery
+		q    core.DeadLetterQuery
 		want []string
 	}{
-		{inbox.DeadLetterQuery{}, ids("c", 0, 1, 2, 3, 4, 5)},
-		{inbox.DeadLetterQuery{Topic: "payments"}, ids("c", 4, 5)},
-		{inbox.DeadLetterQuery{PartitionKey: "k1"}, ids("c", 1, 3, 5)},
-		{inbox.DeadLetterQuery{Error: "%timeout%"}, ids("c", 0, 1, 2)},
-		{inbox.DeadLetterQuery{Error: "payments: timeout after _s"}, ids("c", 0, 1, 2)},
-		{inbox.DeadLetterQuery{Error: "timeout%"}, nil}, // the whole error must match
-		{inbox.DeadLetterQuery{Topic: "payments", Error: "malformed%"}, ids("c", 4, 5)},
-		{inbox.DeadLetterQuery{DeadBefore: halfHourAgo}, ids("c", 5)},
-		{inbox.DeadLetterQuery{Topic: "orders", DeadBefore: halfHourAgo}, nil},
+		{core.DeadLetterQuery{}, ids("c", 0, 1, 2, 3, 4, 5)},
+		{core.DeadLetterQuery{Topic: "payments"}, ids("c", 4, 5)},
+		{core.DeadLetterQuery{PartitionKey: "k1"}, ids("c", 1, 3, 5)},
+		{core.DeadLetterQuery{Error: "%timeout%"}, ids("c", 0, 1, 2)},
+		{core.DeadLetterQuery{Error: "payments: timeout after _s"}, ids("c", 0, 1, 2)},
+		{core.DeadLetterQuery{Error: "timeout%"}, nil}, // the whole error must match
+		{core.DeadLetterQuery{Topic: "payments", Error: "malformed%"}, ids("c", 4, 5)},
+		{core.DeadLetterQuery{DeadBefore: halfHourAgo}, ids("c", 5)},
+		{core.DeadLetterQuery{Topic: "orders", DeadBefore: halfHourAgo}, nil},
 	} {
 		d, err := dl.DryRun(ctx, c.q, 2)
 		if err != nil {
@@ -108,7 +108,7 @@ func TestDeadLettersInBulk(t *testing.T) {
 	if got := dead("c"); len(got) != 6 {
 		t.Fatalf("the dry runs changed the dead letters: %v", got)
 	}
-	if n, err := dl.RequeueMatching(ctx, inbox.DeadLetterQuery{Error: "%timeout%"}); err != nil || n != 3 {
+	if n, err := dl.RequeueMatching(ctx, core.DeadLetterQuery{Error: "%timeout%"}); err != nil || n != 3 {
 		t.Fatalf("requeue matching: %d, %v; want 3", n, err)
 	}
 	if got := dead("c"); !slices.Equal(got, ids("c", 3, 4, 5)) {
@@ -119,13 +119,13 @@ func TestDeadLettersInBulk(t *testing.T) {
 		` WHERE consumer = 'c' AND attempts = 0 AND dead_at IS NULL AND NOT processed`).Scan(&attempts); err != nil || attempts != 3 {
 		t.Errorf("requeued rows with a fresh start: %d, %v; want 3", attempts, err)
 	}
-	if n, err := dl.DiscardMatching(ctx, inbox.DeadLetterQuery{Topic: "payments", DeadBefore: halfHourAgo}); err != nil || n != 1 {
+	if n, err := dl.DiscardMatching(ctx, core.DeadLetterQuery{Topic: "payments", DeadBefore: halfHourAgo}); err != nil || n != 1 {
 		t.Fatalf("discard matching: %d, %v; want 1", n, err)
 	}
 	if got := dead("c"); !slices.Equal(got, ids("c", 3, 4)) {
 		t.Errorf("after discarding the old one, dead %v; want %v", got, ids("c", 3, 4))
 	}
-	if n, err := dl.DiscardMatching(ctx, inbox.DeadLetterQuery{Error: "%timeout%"}); err != nil || n != 0 {
+	if n, err := dl.DiscardMatching(ctx, core.DeadLetterQuery{Error: "%timeout%"}); err != nil || n != 0 {
 		t.Errorf("discard of what was requeued: %d, %v; want 0", n, err)
 	}
 	if got := dead("other"); len(got) != 6 {

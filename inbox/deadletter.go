@@ -23,10 +23,10 @@ type DeadLetterConfig struct {
 	Consumer string
 }
 
-// DeadEvent is a dead-lettered inbox message: it failed MaxAttempts times
+// DeadLetter is a dead-lettered inbox message: it failed MaxAttempts times
 // (or permanently) and waits for an operator. With OrderByKey, later
 // messages of its partition key wait behind it.
-type DeadEvent struct {
+type DeadLetter struct {
 	ID           int64 // row id in inbox_event; order and paging key (ListParams.AfterID)
 	EventID      string
 	Topic        string
@@ -80,8 +80,8 @@ func NewDeadLetters(pool *pgxpool.Pool, cfg DeadLetterConfig) (*DeadLetters, err
 // p.PartitionKey when set. Page by passing the last ID of one page as the
 // next page's AfterID. A negative Limit or AfterID is an error wrapping
 // core.ErrInvalidListParams. It takes the same params, with the same
-// meaning, as outbox.Admin.ListDeadLetters.
-func (d *DeadLetters) List(ctx context.Context, p core.ListParams) ([]DeadEvent, error) {
+// meaning, as outbox.Admin.List.
+func (d *DeadLetters) List(ctx context.Context, p core.ListParams) ([]DeadLetter, error) {
 	if d.pool == nil {
 		return nil, fmt.Errorf("%w: DeadLetters made without a pool; use the ...Tx methods", core.ErrConfig)
 	}
@@ -89,7 +89,7 @@ func (d *DeadLetters) List(ctx context.Context, p core.ListParams) ([]DeadEvent,
 }
 
 // ListTx is List in the caller's transaction.
-func (d *DeadLetters) ListTx(ctx context.Context, tx pgx.Tx, p core.ListParams) ([]DeadEvent, error) {
+func (d *DeadLetters) ListTx(ctx context.Context, tx pgx.Tx, p core.ListParams) ([]DeadLetter, error) {
 	return d.listQ(ctx, tx, p)
 }
 
@@ -98,7 +98,7 @@ type querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
-func (d *DeadLetters) listQ(ctx context.Context, tx querier, p core.ListParams) ([]DeadEvent, error) {
+func (d *DeadLetters) listQ(ctx context.Context, tx querier, p core.ListParams) ([]DeadLetter, error) {
 	p, err := p.Normalize()
 	if err != nil {
 		return nil, fmt.Errorf("inbox: list dead letters of %s: %w", d.consumer, err)
@@ -108,10 +108,10 @@ func (d *DeadLetters) listQ(ctx context.Context, tx querier, p core.ListParams) 
 		return nil, fmt.Errorf("inbox: list dead letters of %s: %w", d.consumer, err)
 	}
 	defer rows.Close()
-	var out []DeadEvent
+	var out []DeadLetter
 	for rows.Next() {
 		var (
-			e  DeadEvent
+			e  DeadLetter
 			md string
 		)
 		if err := rows.Scan(&e.ID, &e.EventID, &e.Topic, &e.PartitionKey, &e.Payload, &md, &e.Attempts, &e.LastError, &e.ReceivedAt, &e.DeadAt); err != nil {

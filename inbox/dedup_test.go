@@ -35,7 +35,7 @@ func newDedup(t testing.TB, b *bundle, consumer string) *inbox.Deduplicator {
 // effectHandler writes one effect row with the middleware's transaction.
 func (b *bundle) effectHandler(t testing.TB) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		tx, ok := inbox.TxFromContext(msg.Context())
+		tx, ok := core.TxFromContext(msg.Context())
 		if !ok {
 			return nil, errors.New("no tx in context")
 		}
@@ -121,7 +121,7 @@ func TestDedupFailedHandlerRunsAgain(t *testing.T) {
 	d := newDedup(t, b, "c")
 	var calls atomic.Int32
 	failFirst := func(msg *message.Message) ([]*message.Message, error) {
-		tx, _ := inbox.TxFromContext(msg.Context())
+		tx, _ := core.TxFromContext(msg.Context())
 		n := calls.Add(1)
 		if err := b.apply(msg.Context(), tx, msg.UUID, fmt.Sprint("call ", n)); err != nil {
 			return nil, err
@@ -136,7 +136,7 @@ func TestDedupFailedHandlerRunsAgain(t *testing.T) {
 	if _, err := h(msg); err == nil || err.Error() != "transient" {
 		t.Fatalf("first delivery: %v, want the handler's error", err)
 	}
-	if _, ok := inbox.TxFromContext(msg.Context()); ok {
+	if _, ok := core.TxFromContext(msg.Context()); ok {
 		t.Fatal("the middleware left its transaction in the message context")
 	}
 	if got := b.effects(t); got != 0 {
@@ -309,7 +309,7 @@ func TestHelperKilledChild(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := d.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-		tx, _ := inbox.TxFromContext(msg.Context())
+		tx, _ := core.TxFromContext(msg.Context())
 		if _, err := tx.Exec(msg.Context(), `INSERT INTO `+sqlident.Table(schema, "effect")+` (event_id, note) VALUES ($1, 'child')`, msg.UUID); err != nil {
 			return nil, err
 		}

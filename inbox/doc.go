@@ -97,7 +97,7 @@
 // DeadLetters (Processor.DeadLetters, or NewDeadLetters) lists, requeues
 // and discards an inbox's dead letters, with the outbox Admin's shapes:
 // List takes core.ListParams (Limit, default 100; AfterID to page by
-// DeadEvent.ID; Topic and PartitionKey filters; a negative value is an
+// DeadLetter.ID; Topic and PartitionKey filters; a negative value is an
 // error wrapping core.ErrInvalidListParams). Requeue and Discard take
 // event ids and return how many they changed; ids that are not dead
 // letters of the inbox are ignored, and an id that is not a UUID fails the
@@ -118,7 +118,7 @@
 // Every constructor checks its Config and returns an error wrapping
 // core.ErrConfig (a nil pool, a missing or unstorable Consumer, an
 // invalid Schema, a negative value, RetryMax below RetryMin).
-// inbox.ErrConfig is the same value, kept for existing callers.
+// core.ErrConfig is the same value, kept for existing callers.
 //
 // # Retention
 //

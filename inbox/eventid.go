@@ -1,14 +1,12 @@
 package inbox
 
 import (
-	"context"
 	"errors"
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/sqlident"
@@ -20,12 +18,6 @@ import (
 // retrying is skipped (see ShouldRetry) and Watermill's PoisonQueue
 // middleware dead-letters the message with the reason in its metadata.
 var ErrNoEventID = errors.New("inbox: message has no usable event id")
-
-// ErrConfig is core.ErrConfig, which every constructor's error for an
-// invalid Config wraps.
-//
-// Deprecated: test for core.ErrConfig; this is the same value.
-var ErrConfig = core.ErrConfig
 
 // configSchema returns the configured schema name validated (the default when
 // empty); an invalid name is a config error.
@@ -71,10 +63,3 @@ func eventID(fn EventIDFunc, msg *message.Message) (uuid.UUID, error) {
 // retrying permanent errors (core.IsPermanent), such as ErrNoEventID,
 // so they reach the PoisonQueue middleware at once.
 func ShouldRetry(p middleware.RetryParams) bool { return !core.IsPermanent(p.Err) }
-
-// TxFromContext returns the transaction that the Deduplicator's middleware
-// or the Processor put in a message's context (msg.Context()). A handler
-// writes its effects with it, and emits events with outbox.Writer.WriteTx
-// or the outbox's ContextPublisher, so that everything commits with the
-// dedup mark.
-func TxFromContext(ctx context.Context) (pgx.Tx, bool) { return core.TxFromContext(ctx) }

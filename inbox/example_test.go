@@ -55,7 +55,7 @@ func Example_consumeProcessProduce() {
 		log.Fatal(err)
 	}
 	handle := func(msg *message.Message) ([]*message.Message, error) {
-		tx, _ := inbox.TxFromContext(msg.Context())
+		tx, _ := core.TxFromContext(msg.Context())
 		orderID := msg.Metadata.Get(core.MetadataAggregateID)
 		if _, err := tx.Exec(msg.Context(), `INSERT INTO `+payment+` (order_id) VALUES ($1)`, orderID); err != nil {
 			return nil, err

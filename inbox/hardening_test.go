@@ -336,7 +336,7 @@ func TestDeadLettersListParams(t *testing.T) {
 		t.Fatal(err)
 	}
 	dl := p.DeadLetters()
-	ids := func(ds []inbox.DeadEvent) (out []string) {
+	ids := func(ds []inbox.DeadLetter) (out []string) {
 		for _, d := range ds {
 			out = append(out, d.EventID)
 		}
@@ -378,7 +378,7 @@ func TestDeadLettersListParams(t *testing.T) {
 	}
 }
 
-// Every inbox constructor wraps core.ErrConfig (inbox.ErrConfig is the
+// Every inbox constructor wraps core.ErrConfig (core.ErrConfig is the
 // same value), also for a schema or consumer name the tables cannot hold.
 func TestConfigErrorsWrapMillraceErrConfig(t *testing.T) {
 	t.Parallel()
@@ -394,7 +394,7 @@ func TestConfigErrorsWrapMillraceErrConfig(t *testing.T) {
 		"dedup schema":          second(inbox.NewDeduplicator(b.db.Pool, inbox.DedupConfig{Schema: "Bad-Schema", Consumer: "c"})),
 		"cleaner":               second(inbox.NewCleaner(b.db.Pool, inbox.CleanerConfig{Retention: -1})),
 	} {
-		if !errors.Is(err, core.ErrConfig) || !errors.Is(err, inbox.ErrConfig) {
+		if !errors.Is(err, core.ErrConfig) || !errors.Is(err, core.ErrConfig) {
 			t.Errorf("%s: %v, want core.ErrConfig", name, err)
 		}
 	}

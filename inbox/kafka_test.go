@@ -130,7 +130,7 @@ func TestKafkaRouterDedupPoisonAndOutbox(t *testing.T) {
 	}
 	h := router.AddConsumerHandler("billing", topic, kafkatest.NewSubscriber(t, brokers), func(msg *message.Message) error {
 		calls.Add(1)
-		tx, ok := inbox.TxFromContext(msg.Context())
+		tx, ok := core.TxFromContext(msg.Context())
 		if !ok {
 			return errors.New("no tx")
 		}
@@ -204,7 +204,7 @@ func TestKafkaRetryTopicAndDeadLetterTopic(t *testing.T) {
 	dedup := newDedup(t, b, "shipping")
 	var flakyCalls atomic.Int32
 	handler := func(msg *message.Message) error {
-		tx, _ := inbox.TxFromContext(msg.Context())
+		tx, _ := core.TxFromContext(msg.Context())
 		if err := b.apply(msg.Context(), tx, msg.UUID, message.SubscribeTopicFromCtx(msg.Context())); err != nil {
 			return err
 		}

@@ -101,7 +101,7 @@ func TestReceiverStoresOnceAndKeepsBytes(t *testing.T) {
 		if m.UUID == bin.UUID {
 			got = m
 		}
-		if ctxTx, ok := inbox.TxFromContext(m.Context()); !ok || ctxTx != tx {
+		if ctxTx, ok := core.TxFromContext(m.Context()); !ok || ctxTx != tx {
 			return errors.New("the message context does not carry the batch tx")
 		}
 		return nil
@@ -247,7 +247,7 @@ func TestProcessorFailuresAndDeadLetters(t *testing.T) {
 	if err != nil || len(dead) != 2 {
 		t.Fatalf("List = %v, %v", dead, err)
 	}
-	byID := map[string]inbox.DeadEvent{dead[0].EventID: dead[0], dead[1].EventID: dead[1]}
+	byID := map[string]inbox.DeadLetter{dead[0].EventID: dead[0], dead[1].EventID: dead[1]}
 	if d := byID[permanent]; d.Attempts != 1 || d.LastError != "malformed order" {
 		t.Fatalf("permanent dead letter: %+v", d)
 	}

@@ -14,7 +14,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millrace/millrace/core"
-	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/internal/streamtest"
 	"github.com/millrace/millrace/outbox"
@@ -92,7 +91,7 @@ func relayToInbox(t *testing.T, topic string, pub message.Publisher, sub message
 			failures.Add(1)
 			return errors.New("first try fails") // rolled back; the transport redelivers
 		}
-		tx, ok := inbox.TxFromContext(msg.Context())
+		tx, ok := core.TxFromContext(msg.Context())
 		if !ok {
 			return errors.New("no tx")
 		}

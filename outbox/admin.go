@@ -202,11 +202,8 @@ type DeadLetter struct {
 	Metadata      map[string]string
 }
 
-// ListParams selects dead letters; see core.ListParams.
-type ListParams = core.ListParams
-
-// ListDeadLetters returns dead letters in row id order.
-func (a *Admin) ListDeadLetters(ctx context.Context, p ListParams) ([]DeadLetter, error) {
+// List returns dead letters in row id order.
+func (a *Admin) List(ctx context.Context, p core.ListParams) ([]DeadLetter, error) {
 	if p.Limit < 0 || p.AfterID < 0 {
 		return nil, fmt.Errorf("outbox: list dead letters: Limit and AfterID must not be negative")
 	}
@@ -240,7 +237,7 @@ func (a *Admin) ListDeadLetters(ctx context.Context, p ListParams) ([]DeadLetter
 // the relay retries them from the first attempt (their last error is kept
 // for history). Ids that are not dead letters are ignored; the count says
 // how many were requeued. An id that is not a UUID fails the whole call
-// with an error wrapping ErrInvalidEventID. An id written to several topics
+// with an error wrapping core.ErrInvalidEventID. An id written to several topics
 // (copies of one message) names each copy: every one of them that is a
 // dead letter is requeued (Discard likewise).
 func (a *Admin) Requeue(ctx context.Context, eventIDs ...string) (int, error) {
@@ -261,7 +258,7 @@ func (a *Admin) requeueOn(ctx context.Context, db dbtx, eventIDs []string) (int,
 // by the Cleaner after the retention period), and the later events of
 // their keys flow again. Ids that are not dead letters are ignored; the
 // count says how many were discarded. An id that is not a UUID fails the
-// whole call with an error wrapping ErrInvalidEventID.
+// whole call with an error wrapping core.ErrInvalidEventID.
 func (a *Admin) Discard(ctx context.Context, eventIDs ...string) (int, error) {
 	return a.deadLetterOp(ctx, a.pool, "discard", a.discard, eventIDs)
 }
@@ -298,7 +295,7 @@ func parseEventIDs(op string, eventIDs []string) ([][16]byte, error) {
 	for _, s := range eventIDs {
 		id, err := uuid.Parse(s)
 		if err != nil {
-			return nil, fmt.Errorf("outbox: %s: event id %q: %w: %v", op, s, ErrInvalidEventID, err)
+			return nil, fmt.Errorf("outbox: %s: event id %q: %w: %v", op, s, core.ErrInvalidEventID, err)
 		}
 		ids = append(ids, id)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/internal/sqlident"
 	"github.com/millrace/millrace/outbox"
@@ -171,7 +172,7 @@ func TestNewAdminValidates(t *testing.T) {
 	}
 }
 
-func TestListDeadLetters(t *testing.T) {
+func TestList(t *testing.T) {
 	t.Parallel()
 	b := opsSetup(t)
 	bin := opsEvent("payments", "k2")
@@ -187,7 +188,7 @@ func TestListDeadLetters(t *testing.T) {
 	b.fail(ids[4], "still trying", 2, false) // blocked, not dead: not listed
 	// ids[1] waits behind ids[0]; ids[5] is pending: neither is listed.
 
-	got, err := b.admin.ListDeadLetters(b.ctx, outbox.ListParams{})
+	got, err := b.admin.List(b.ctx, core.ListParams{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,33 +211,33 @@ func TestListDeadLetters(t *testing.T) {
 	}
 
 	// Keyset paging.
-	page1, err := b.admin.ListDeadLetters(b.ctx, outbox.ListParams{Limit: 2})
+	page1, err := b.admin.List(b.ctx, core.ListParams{Limit: 2})
 	if err != nil || len(page1) != 2 || page1[1].EventID != ids[2] {
 		t.Fatalf("page 1 = %v, %v", page1, err)
 	}
-	page2, err := b.admin.ListDeadLetters(b.ctx, outbox.ListParams{Limit: 2, AfterID: page1[1].ID})
+	page2, err := b.admin.List(b.ctx, core.ListParams{Limit: 2, AfterID: page1[1].ID})
 	if err != nil || len(page2) != 1 || page2[0].EventID != ids[3] {
 		t.Fatalf("page 2 = %v, %v", page2, err)
 	}
-	page3, err := b.admin.ListDeadLetters(b.ctx, outbox.ListParams{Limit: 2, AfterID: page2[0].ID})
+	page3, err := b.admin.List(b.ctx, core.ListParams{Limit: 2, AfterID: page2[0].ID})
 	if err != nil || len(page3) != 0 {
 		t.Fatalf("page 3 = %v, %v", page3, err)
 	}
 
 	// Filters.
-	byTopic, err := b.admin.ListDeadLetters(b.ctx, outbox.ListParams{Topic: "payments"})
+	byTopic, err := b.admin.List(b.ctx, core.ListParams{Topic: "payments"})
 	if err != nil || len(byTopic) != 1 || byTopic[0].EventID != ids[2] {
 		t.Errorf("topic filter = %v, %v", byTopic, err)
 	}
-	byKey, err := b.admin.ListDeadLetters(b.ctx, outbox.ListParams{PartitionKey: "k3"})
+	byKey, err := b.admin.List(b.ctx, core.ListParams{PartitionKey: "k3"})
 	if err != nil || len(byKey) != 1 || byKey[0].EventID != ids[3] {
 		t.Errorf("key filter = %v, %v", byKey, err)
 	}
-	none, err := b.admin.ListDeadLetters(b.ctx, outbox.ListParams{Topic: "orders", PartitionKey: "k2"})
+	none, err := b.admin.List(b.ctx, core.ListParams{Topic: "orders", PartitionKey: "k2"})
 	if err != nil || len(none) != 0 {
 		t.Errorf("topic+key filter = %v, %v", none, err)
 	}
-	if _, err := b.admin.ListDeadLetters(b.ctx, outbox.ListParams{Limit: -1}); err == nil {
+	if _, err := b.admin.List(b.ctx, core.ListParams{Limit: -1}); err == nil {
 		t.Error("negative limit accepted")
 	}
 }
@@ -274,7 +275,7 @@ func TestRequeue(t *testing.T) {
 	}
 
 	// A bad id fails the call and changes nothing.
-	if _, err := b.admin.Requeue(b.ctx, ids[1], "not-a-uuid"); !errors.Is(err, outbox.ErrInvalidEventID) || !strings.Contains(err.Error(), "not-a-uuid") {
+	if _, err := b.admin.Requeue(b.ctx, ids[1], "not-a-uuid"); !errors.Is(err, core.ErrInvalidEventID) || !strings.Contains(err.Error(), "not-a-uuid") {
 		t.Errorf("Requeue(bad id) = %v, want ErrInvalidEventID naming the id", err)
 	}
 	if p, _ := b.pendingRow(ids[1]); !p.Dead {
@@ -342,10 +343,10 @@ func TestDiscard(t *testing.T) {
 	if l := b.logRow(ids[2]); l.DiscardedAt != nil {
 		t.Error("a blocked event was marked discarded")
 	}
-	if dl, err := b.admin.ListDeadLetters(b.ctx, outbox.ListParams{}); err != nil || len(dl) != 1 || dl[0].EventID != ids[3] {
+	if dl, err := b.admin.List(b.ctx, core.ListParams{}); err != nil || len(dl) != 1 || dl[0].EventID != ids[3] {
 		t.Errorf("dead letters after discard = %v, %v", dl, err)
 	}
-	if _, err := b.admin.Discard(b.ctx, "nope"); !errors.Is(err, outbox.ErrInvalidEventID) {
+	if _, err := b.admin.Discard(b.ctx, "nope"); !errors.Is(err, core.ErrInvalidEventID) {
 		t.Errorf("Discard(bad id) = %v", err)
 	}
 

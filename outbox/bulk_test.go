@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/opstest"
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/outbox"
@@ -33,17 +34,17 @@ func TestDeadLettersInBulk(t *testing.T) {
 	}
 	refusal := "%" + opstest.Refusal + "%"
 	for _, c := range []struct {
-		q    outbox.DeadLetterQuery
+		q    core.DeadLetterQuery
 		want int
 	}{
-		{outbox.DeadLetterQuery{Topic: "orders"}, 3},
-		{outbox.DeadLetterQuery{Error: refusal}, 5},
-		{outbox.DeadLetterQuery{Topic: "billing", Error: refusal}, 2},
-		{outbox.DeadLetterQuery{Error: "%no such error%"}, 0},
-		{outbox.DeadLetterQuery{DeadBefore: time.Now().Add(-time.Hour)}, 0},
-		{outbox.DeadLetterQuery{DeadBefore: time.Now().Add(time.Hour)}, 5},
+		{core.DeadLetterQuery{Topic: "orders"}, 3},
+		{core.DeadLetterQuery{Error: refusal}, 5},
+		{core.DeadLetterQuery{Topic: "billing", Error: refusal}, 2},
+		{core.DeadLetterQuery{Error: "%no such error%"}, 0},
+		{core.DeadLetterQuery{DeadBefore: time.Now().Add(-time.Hour)}, 0},
+		{core.DeadLetterQuery{DeadBefore: time.Now().Add(time.Hour)}, 5},
 	} {
-		d, err := admin.DryRunDeadLetters(ctx, c.q, 2)
+		d, err := admin.DryRun(ctx, c.q, 2)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -51,19 +52,19 @@ func TestDeadLettersInBulk(t *testing.T) {
 			t.Errorf("dry run %+v: %d, first %d; want %d", c.q, d.Count, len(d.First), c.want)
 		}
 	}
-	if d, _ := admin.DryRunDeadLetters(ctx, outbox.DeadLetterQuery{Topic: "orders"}, 0); d.First[0].EventID != orders[0] {
+	if d, _ := admin.DryRun(ctx, core.DeadLetterQuery{Topic: "orders"}, 0); d.First[0].EventID != orders[0] {
 		t.Errorf("dry run lists %s first, want %s", d.First[0].EventID, orders[0])
 	}
 	if n := dead(); n != 5 {
 		t.Fatalf("the dry runs changed the dead letters: %d", n)
 	}
-	if n, err := admin.RequeueMatching(ctx, outbox.DeadLetterQuery{Topic: "orders", Error: refusal}); err != nil || n != 3 {
+	if n, err := admin.RequeueMatching(ctx, core.DeadLetterQuery{Topic: "orders", Error: refusal}); err != nil || n != 3 {
 		t.Fatalf("requeue matching: %d, %v; want 3", n, err)
 	}
 	if n := dead(); n != 2 {
 		t.Errorf("after requeueing orders: %d dead, want 2", n)
 	}
-	if n, err := admin.DiscardMatching(ctx, outbox.DeadLetterQuery{Error: "%"}); err != nil || n != 2 {
+	if n, err := admin.DiscardMatching(ctx, core.DeadLetterQuery{Error: "%"}); err != nil || n != 2 {
 		t.Fatalf("discard matching: %d, %v; want 2", n, err)
 	}
 	if n := dead(); n != 0 {

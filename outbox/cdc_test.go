@@ -227,7 +227,7 @@ func TestCDCDeadLetterHoldsItsKeyAndRequeues(t *testing.T) {
 	var dead []outbox.DeadLetter
 	eventually(t, 30*time.Second, "the dead letter recorded", func() bool {
 		var err error
-		dead, err = b.admin.ListDeadLetters(ctx, outbox.ListParams{})
+		dead, err = b.admin.List(ctx, core.ListParams{})
 		if err != nil {
 			t.Fatal(err)
 		}

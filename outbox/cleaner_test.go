@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/outbox"
 )
@@ -114,7 +115,7 @@ func TestCleanerDeletesOnlyWhatRetentionReleased(t *testing.T) {
 		t.Errorf("second CleanOnce = %d, %v; want 0", n, err)
 	}
 	// The states of what was kept are untouched.
-	if dl, err := b.admin.ListDeadLetters(b.ctx, outbox.ListParams{}); err != nil || len(dl) != 1 || dl[0].EventID != ids[1] {
+	if dl, err := b.admin.List(b.ctx, core.ListParams{}); err != nil || len(dl) != 1 || dl[0].EventID != ids[1] {
 		t.Errorf("dead letters after cleaning = %v, %v", dl, err)
 	}
 	if got := b.pendingIDs(); !slices.Equal(got, []string{ids[0], ids[1], ids[2], ids[14]}) {

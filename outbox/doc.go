@@ -138,7 +138,7 @@
 // own should too.
 //
 // An Admin lists, requeues and discards dead letters (one by one, or in
-// bulk by a DeadLetterQuery: DryRunDeadLetters, RequeueMatching,
+// bulk by a DeadLetterQuery: DryRun, RequeueMatching,
 // DiscardMatching), replays published
 // events with their original ids (so a consumer can rebuild a read model
 // from the log, and skip what it applied) and

@@ -85,9 +85,7 @@ type Event struct {
 var (
 	ErrMissingTopic      = errors.New("outbox: event has no topic")
 	ErrEmptyPartitionKey = errors.New("outbox: event has an empty partition key")
-	// ErrInvalidEventID is core.ErrInvalidEventID, shared with the inbox.
-	ErrInvalidEventID = core.ErrInvalidEventID
-	ErrInvalidJSON    = errors.New("outbox: payload is not valid JSON in UTF-8 (set Binary for opaque payloads)")
+	ErrInvalidJSON       = errors.New("outbox: payload is not valid JSON in UTF-8 (set Binary for opaque payloads)")
 	// ErrInvalidText: a text field holds a NUL byte or invalid UTF-8.
 	ErrInvalidText = errors.New("outbox: text holds NUL or invalid UTF-8")
 	// ErrTooLong: a Topic or PartitionKey longer than MaxKeyBytes.
@@ -158,7 +156,7 @@ func (e *Event) normalize(index int, validateTopic func(string) error) (uuid.UUI
 			return fail(err)
 		}
 	} else if id, err = uuid.Parse(e.ID); err != nil {
-		return fail(fmt.Errorf("%w: %v", ErrInvalidEventID, err))
+		return fail(fmt.Errorf("%w: %v", core.ErrInvalidEventID, err))
 	}
 	given := e.ID
 	e.ID = id.String()

@@ -190,7 +190,7 @@ func Example_deadLetters() {
 		log.Fatal(err)
 	}
 
-	dead, err := admin.ListDeadLetters(ctx, outbox.ListParams{Topic: "orders"})
+	dead, err := admin.List(ctx, core.ListParams{Topic: "orders"})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -103,7 +103,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	for i, msg := range msgs {
 		if msg.UUID == "" {
 			// An empty id would be generated; a message must name its own.
-			return &EventError{Index: i, Err: ErrInvalidEventID}
+			return &EventError{Index: i, Err: core.ErrInvalidEventID}
 		}
 		key, err := p.partitionKey(topic, msg)
 		if err != nil {

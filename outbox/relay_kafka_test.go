@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/devkafka"
 	"github.com/millrace/millrace/internal/kafkatest"
 	"github.com/millrace/millrace/internal/pgtest"
@@ -614,7 +615,7 @@ func TestRequeuedDeadLetterIsPublishedThroughKafka(t *testing.T) {
 	c := consume(t, bundle.brokers, bundle.topic)
 	eventually(t, time.Minute, "others consumed", func() bool { return c.unique() == len(others) })
 	eventually(t, 30*time.Second, "dead letter listed", func() bool {
-		dl, err := admin.ListDeadLetters(ctx, outbox.ListParams{})
+		dl, err := admin.List(ctx, core.ListParams{})
 		return err == nil && len(dl) == 1 && dl[0].EventID == first[0] && strings.Contains(dl[0].LastError, "too large")
 	})
 	if c.count(first[0]) != 0 || c.count(behind[0]) != 0 {

@@ -121,7 +121,7 @@ func TestWriteRefusesBadEvents(t *testing.T) {
 	}{
 		"no topic":    {outbox.Event{PartitionKey: "k", Payload: []byte(`{}`)}, outbox.ErrMissingTopic},
 		"empty key":   {outbox.Event{Topic: "t", Payload: []byte(`{}`)}, outbox.ErrEmptyPartitionKey},
-		"bad id":      {outbox.Event{ID: "not-a-uuid", Topic: "t", PartitionKey: "k", Payload: []byte(`{}`)}, outbox.ErrInvalidEventID},
+		"bad id":      {outbox.Event{ID: "not-a-uuid", Topic: "t", PartitionKey: "k", Payload: []byte(`{}`)}, core.ErrInvalidEventID},
 		"bad json":    {outbox.Event{Topic: "t", PartitionKey: "k", Payload: []byte(`{"a":`)}, outbox.ErrInvalidJSON},
 		"nil payload": {outbox.Event{Topic: "t", PartitionKey: "k"}, outbox.ErrInvalidJSON},
 	} {
@@ -184,7 +184,7 @@ func TestPublisherWritesWatermillMessages(t *testing.T) {
 	}
 	badID := message.NewMessage("not-a-uuid", []byte(`{}`))
 	badID.Metadata.Set(core.MetadataPartitionKey, "k")
-	if err := w.TxPublisher(tx).Publish("things", badID); !errors.Is(err, outbox.ErrInvalidEventID) {
+	if err := w.TxPublisher(tx).Publish("things", badID); !errors.Is(err, core.ErrInvalidEventID) {
 		t.Fatalf("message with bad id: %v, want ErrInvalidEventID", err)
 	}
 	if err := tx.Commit(ctx); err != nil {

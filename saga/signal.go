@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/millrace/core"
-	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/outbox"
 )
 
@@ -293,7 +292,7 @@ type EventTarget struct {
 // Retry (with inbox.ShouldRetry) middleware, as any inbox handler.
 func (o *Orchestrator) EventHandler(route func(msg *message.Message) (EventTarget, error)) message.NoPublishHandlerFunc {
 	h := o.dedup.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-		tx, ok := inbox.TxFromContext(msg.Context())
+		tx, ok := core.TxFromContext(msg.Context())
 		if !ok {
 			return nil, outbox.ErrNoTx
 		}

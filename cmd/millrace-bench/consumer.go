@@ -172,7 +172,7 @@ func (b *bench) consume(ctx context.Context, topic string, n int, batched bool) 
 			return 0, err
 		}
 		h := dedup.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-			tx, ok := inbox.TxFromContext(msg.Context())
+			tx, ok := core.TxFromContext(msg.Context())
 			if !ok {
 				return nil, errors.New("no transaction in the message context")
 			}

@@ -41,7 +41,7 @@ func (b *bench) benchDedup(ctx context.Context) error {
 		return err
 	}
 	withDedup := dedup.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-		tx, ok := inbox.TxFromContext(msg.Context())
+		tx, ok := core.TxFromContext(msg.Context())
 		if !ok {
 			return nil, errors.New("no transaction in the message context")
 		}

@@ -110,7 +110,7 @@ func (b *billing) handleOrderPlaced(msg *message.Message) error {
 		return core.Permanent(fmt.Errorf("billing: OrderPlaced %s: %w", msg.UUID, err))
 	}
 	ctx := msg.Context()
-	tx, ok := inbox.TxFromContext(ctx)
+	tx, ok := core.TxFromContext(ctx)
 	if !ok {
 		return errors.New("billing: no transaction in the message context (is the dedup middleware installed?)")
 	}

@@ -303,7 +303,7 @@ func (a *app) outboxDeadBulk(cmd *cobra.Command, action string, s *deadSelection
 		act = admin.DiscardMatching
 	}
 	return a.deadBulk(action, "outbox dead letters", s, deadBulkJSON{}, func() (int, []string, error) {
-		d, err := admin.DryRunDeadLetters(ctx, q, 20)
+		d, err := admin.DryRun(ctx, q, 20)
 		if err != nil {
 			return 0, nil, err
 		}

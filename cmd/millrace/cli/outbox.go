@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/outbox"
 )
 
@@ -98,7 +99,7 @@ type outboxDeadLetter struct {
 }
 
 func (a *app) outboxDeadListCmd() *cobra.Command {
-	var p outbox.ListParams
+	var p core.ListParams
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List dead letters in write order, a page at a time",
@@ -111,7 +112,7 @@ func (a *app) outboxDeadListCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			list, err := admin.ListDeadLetters(cmd.Context(), p)
+			list, err := admin.List(cmd.Context(), p)
 			if err != nil {
 				return err
 			}
