@@ -1,18 +1,15 @@
 package compensation
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"sync"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/millrace/core"
-	"github.com/millrace/millrace/internal/backoff"
 	"github.com/millrace/millrace/internal/dedupmark"
 	"github.com/millrace/millrace/internal/fetch"
 	"github.com/millrace/millrace/internal/pipeline"
@@ -22,8 +19,9 @@ import (
 // RunConfig configures RunBatched.
 type RunConfig struct {
 	// Subscriber reads Topic. Required. When it is also a
-	// kafka.BatchSubscriber (kafka.Subscriber is), the commands are read
-	// whole fetches at a time.
+	// core.BatchSubscriber (kafka.Subscriber is), the commands are read
+	// whole fetches at a time; from another, a batch takes what has
+	// arrived within core.DefaultBatchWait of its first command.
 	Subscriber message.Subscriber
 	// Topic is the command topic. Required.
 	Topic string
@@ -32,8 +30,9 @@ type RunConfig struct {
 	Poison message.Publisher
 	// PoisonTopic is the topic of Poison. Defaults to Topic + ".poison".
 	PoisonTopic string
-	// MaxBatch is the most commands in one transaction. Defaults to 500.
-	MaxBatch int
+	// BatchSize is the most commands in one transaction. Defaults to
+	// core.DefaultBatchSize.
+	BatchSize int
 	// Workers is the number of batch transactions in flight at once.
 	// Defaults to 1: while a batch's transaction runs, the next batch
 	// gathers what arrives, so batches grow with the load. More workers
@@ -68,17 +67,8 @@ func (p *Participant) RunBatched(ctx context.Context, cfg RunConfig) error {
 		return fmt.Errorf("%w: compensation: RunConfig.Subscriber and Poison are required", core.ErrConfig)
 	case cfg.Topic == "":
 		return fmt.Errorf("%w: compensation: RunConfig.Topic is required", core.ErrConfig)
-	case cfg.MaxBatch < 0 || cfg.Workers < 0:
+	case cfg.BatchSize < 0 || cfg.Workers < 0:
 		return fmt.Errorf("%w: compensation: RunConfig values must not be negative", core.ErrConfig)
-	}
-	if cfg.MaxBatch == 0 {
-		cfg.MaxBatch = 500
-	}
-	if cfg.Workers == 0 {
-		cfg.Workers = 1
-	}
-	if cfg.PoisonTopic == "" {
-		cfg.PoisonTopic = cfg.Topic + ".poison"
 	}
 	p.mu.RLock()
 	none := len(p.commands) == 0
@@ -86,83 +76,21 @@ func (p *Participant) RunBatched(ctx context.Context, cfg RunConfig) error {
 	if none {
 		return fmt.Errorf("%w: compensation: %s: no command is registered (compensation.Register)", core.ErrConfig, p.name)
 	}
-	poisonPub := poison.Publisher(cfg.Poison, p.logger, func(*message.Message) { p.metrics.poisoned(p.name) })
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	in, _, waitSubs, err := fetch.Subscribe(ctx, cfg.Subscriber, []string{cfg.Topic})
-	if err != nil {
-		return fmt.Errorf("compensation: %s: %w", p.name, err)
-	}
-	// settle acknowledges a handled command, once its poison copy (for a
-	// malformed one) is published.
-	settle := func(msg *message.Message, perr error) {
-		if perr != nil {
-			c := msg.Copy()
-			c.Metadata.Set(middleware.ReasonForPoisonedKey, perr.Error())
-			c.Metadata.Set(middleware.PoisonedTopicKey, cfg.Topic)
-			if err := poisonPub.Publish(cfg.PoisonTopic, c); err != nil {
-				p.logger.Error("compensation: poison a malformed command", err, map[string]any{"message": msg.UUID})
-				msg.Nack()
-				return
-			}
+	c := fetch.Consumer{What: "compensation: " + p.name + ": command", Max: cmp.Or(cfg.BatchSize, core.DefaultBatchSize),
+		Wait: core.DefaultBatchWait, Workers: cmp.Or(cfg.Workers, 1), PoisonTopic: cfg.PoisonTopic, Logger: p.logger,
+		Poison:  poison.Publisher(cfg.Poison, p.logger, func(*message.Message) { p.metrics.poisoned(p.name) }),
+		OnBatch: func(n int) { p.metrics.batch(p.name, n) }}
+	return c.Run(ctx, cfg.Subscriber, []string{cfg.Topic}, func(ctx context.Context, msgs []*message.Message) ([]error, error) {
+		bad, err := p.runBatch(ctx, msgs)
+		if err != nil {
+			return nil, err
 		}
-		msg.Ack()
-	}
-	var wg sync.WaitGroup
-	for range cfg.Workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			g := &fetch.Gatherer{In: in, Max: cfg.MaxBatch}
-			failures := 0
-			for {
-				runs := g.Next(ctx)
-				if runs == nil {
-					return
-				}
-				msgs := fetch.Messages(runs)
-				p.metrics.batch(p.name, len(msgs))
-				bad, err := p.runBatch(ctx, msgs)
-				if err == nil {
-					failures = 0
-					for _, m := range msgs {
-						settle(m, bad[m.UUID])
-					}
-					continue
-				}
-				if ctx.Err() == nil {
-					p.logger.Error("compensation: command batch", err, map[string]any{"commands": len(msgs)})
-				}
-				if len(msgs) > 1 {
-					applied := g.EachAlone(ctx, runs, func(_ string, m *message.Message) bool {
-						bad, err := p.runBatch(ctx, []*message.Message{m})
-						if err != nil {
-							if ctx.Err() == nil {
-								p.logger.Error("compensation: command", err, map[string]any{"message": m.UUID})
-							}
-							return false
-						}
-						settle(m, bad[m.UUID])
-						return true
-					})
-					if applied > 0 {
-						failures = 0
-						continue
-					}
-				} else {
-					g.NackAll(runs)
-				}
-				failures++
-				backoff.Sleep(ctx, backoff.Exponential(failures, 10*time.Millisecond, time.Second))
-			}
-		}()
-	}
-	wg.Wait() // until ctx ends, or the subscriptions do
-	waitSubs()
-	if ctx.Err() == nil {
-		return fmt.Errorf("compensation: %s: the subscription to %s ended", p.name, cfg.Topic)
-	}
-	return nil
+		poisoned := make([]error, len(msgs))
+		for i, m := range msgs {
+			poisoned[i] = bad[m.UUID]
+		}
+		return poisoned, nil
+	})
 }
 
 // runBatch handles msgs in one transaction: marks, then HandleTx for

@@ -1,19 +1,17 @@
 package saga
 
 import (
+	"cmp"
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
-	"github.com/millrace/millrace/internal/backoff"
 	"github.com/millrace/millrace/internal/fetch"
 	"github.com/millrace/millrace/internal/pipeline"
 	"github.com/millrace/millrace/internal/sqlident"
@@ -37,11 +35,12 @@ type BatchConfig struct {
 	// PoisonTopic is the topic of Poison. Defaults to the reply topic +
 	// ".poison".
 	PoisonTopic string
-	// BatchSize is the most replies one transaction applies. Defaults to 500.
+	// BatchSize is the most replies one transaction applies. Defaults to
+	// core.DefaultBatchSize.
 	BatchSize int
 	// BatchWait is how long a batch waits for more replies after its
 	// first, with a Subscriber that delivers one message at a time (not
-	// used with a kafka.BatchSubscriber). Defaults to 1ms.
+	// used with a core.BatchSubscriber). Defaults to core.DefaultBatchWait.
 	BatchWait time.Duration
 	// Workers is the number of batches in flight at once. Defaults to 1:
 	// while a batch's transaction runs, the next batch gathers what
@@ -75,116 +74,24 @@ func (o *Orchestrator) RunBatched(ctx context.Context, cfg BatchConfig) error {
 	if cfg.Subscriber == nil || cfg.Poison == nil {
 		return fmt.Errorf("%w: saga: BatchConfig.Subscriber and Poison are required", core.ErrConfig)
 	}
-	if cfg.BatchSize <= 0 {
-		cfg.BatchSize = 500
-	}
-	if cfg.BatchWait <= 0 {
-		cfg.BatchWait = time.Millisecond
-	}
-	if cfg.Workers <= 0 {
-		cfg.Workers = 1
-	}
 	topics := o.ReplyTopics()
 	if len(topics) == 0 {
 		return fmt.Errorf("%w: saga: RunBatched: no definitions registered", core.ErrConfig)
 	}
-	poisonPub := o.poisonPublisher(cfg.Poison)
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	in, batched, waitSubs, err := fetch.Subscribe(ctx, cfg.Subscriber, topics)
-	if err != nil {
-		return fmt.Errorf("saga: %w", err)
-	}
-	wait := cfg.BatchWait
-	if batched {
-		wait = 0 // a fetch is all there is: close the batch when it is drained
-	}
-	var wg sync.WaitGroup
-	for range cfg.Workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			g := &fetch.Gatherer{In: in, Max: cfg.BatchSize, Wait: wait}
-			failures := 0
-			for {
-				runs := g.Next(ctx)
-				if runs == nil {
-					return
-				}
-				// settle acknowledges a handled message, once its poison
-				// copy (for one that is not a saga reply) is published.
-				settle := func(topic string, msg *message.Message, perr error) {
-					if perr != nil {
-						ptopic := cfg.PoisonTopic
-						if ptopic == "" {
-							ptopic = topic + ".poison"
-						}
-						p := msg.Copy()
-						p.Metadata.Set(middleware.ReasonForPoisonedKey, perr.Error())
-						p.Metadata.Set(middleware.PoisonedTopicKey, topic) // where a requeue sends it back
-						if err := poisonPub.Publish(ptopic, p); err != nil {
-							o.logger.Error("saga: poison a bad reply", err, map[string]any{"message": msg.UUID})
-							msg.Nack()
-							return
-						}
-					}
-					msg.Ack()
-				}
-				msgs := fetch.Messages(runs)
-				o.metrics.replyBatch(len(msgs))
-				res, err := o.HandleReplies(ctx, msgs)
-				if err == nil {
-					failures = 0
-					i := 0
-					for _, r := range runs {
-						for _, m := range r.Msgs {
-							settle(r.Topic, m, res.Poisoned[i])
-							i++
-						}
-					}
-					continue
-				}
-				if ctx.Err() == nil {
-					o.logger.Error("saga: reply batch", err, map[string]any{"replies": len(msgs)})
-				}
-				if len(msgs) == 1 {
-					g.NackAll(runs)
-				} else {
-					// The batch rolled back whole: one reply that cannot
-					// be applied must not hold up the others. Each again
-					// in a transaction of its own, for its own result (as
-					// the participants' batches do); only the failing
-					// ones are nacked (with what follows them in their
-					// partition, from a batch subscriber).
-					applied := g.EachAlone(ctx, runs, func(topic string, m *message.Message) bool {
-						res, err := o.HandleReplies(ctx, []*message.Message{m})
-						if err != nil {
-							if ctx.Err() == nil {
-								o.logger.Error("saga: reply", err, map[string]any{"message": m.UUID})
-							}
-							return false
-						}
-						settle(topic, m, res.Poisoned[0])
-						return true
-					})
-					if applied > 0 {
-						failures = 0
-						continue
-					}
-				}
-				// Nothing could be applied: the database is likely
-				// unavailable. Wait before the redeliveries.
-				failures++
-				backoff.Sleep(ctx, backoff.Exponential(failures, 10*time.Millisecond, time.Second))
-			}
-		}()
-	}
-	wg.Wait() // until ctx ends, or the subscriptions do
-	waitSubs()
-	if ctx.Err() == nil {
-		return fmt.Errorf("saga: the subscription to the reply topics %v ended", topics)
-	}
-	return nil
+	c := fetch.Consumer{What: "saga: reply", Max: cmp.Or(max(cfg.BatchSize, 0), core.DefaultBatchSize),
+		Wait: cmp.Or(max(cfg.BatchWait, 0), core.DefaultBatchWait), Workers: cmp.Or(max(cfg.Workers, 0), 1),
+		Poison: o.poisonPublisher(cfg.Poison), PoisonTopic: cfg.PoisonTopic, Logger: o.logger, OnBatch: o.metrics.replyBatch}
+	return c.Run(ctx, cfg.Subscriber, topics, func(ctx context.Context, msgs []*message.Message) ([]error, error) {
+		res, err := o.HandleReplies(ctx, msgs)
+		if err != nil {
+			return nil, err
+		}
+		poisoned := make([]error, len(msgs))
+		for i, err := range res.Poisoned {
+			poisoned[i] = err
+		}
+		return poisoned, nil
+	})
 }
 
 // BatchResult says what HandleReplies did with each message.

@@ -417,7 +417,7 @@ func (b *bench) sagaPhase(ctx context.Context, name string, rate int) (float64, 
 		go func() {
 			defer wg.Done()
 			fail(p.RunBatched(rctx, compensation.RunConfig{Subscriber: sub, Topic: topics[s], Poison: pub,
-				MaxBatch: sagaBatchSize}))
+				BatchSize: sagaBatchSize}))
 		}()
 	}
 	sub, err := subscriber()
