@@ -2,8 +2,8 @@
 // outbox relay and for anyone who needs Kafka throughput from Watermill,
 // without ever storing a message of a partition key ahead of an earlier one
 // of that key that failed. Subscriber reads them back in consumer groups,
-// one message or one Batch of a partition at a time (see Consuming with
-// Subscriber).
+// one message or one core.Batch of a partition at a time (see Consuming
+// with Subscriber).
 //
 // # Why batching
 //
@@ -110,7 +110,7 @@
 //		ConsumerGroup: "billing", // required
 //	}, logger)
 //	msgs, err := sub.Subscribe(ctx, "orders")          // one message per partition at a time
-//	batches, err := sub.SubscribeBatch(ctx, "orders")  // or many per partition, as a *Batch
+//	batches, err := sub.SubscribeBatch(ctx, "orders")  // or many per partition, as a *core.Batch
 //
 // Subscribe keeps Watermill's semantics, one message of a partition in
 // flight at a time, as watermill-kafka's subscriber does; a nacked message

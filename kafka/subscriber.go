@@ -17,6 +17,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/millrace/millrace/core"
 )
 
 // Where a consumer group with no committed offset for a partition starts
@@ -234,56 +236,22 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	return out, nil
 }
 
-// BatchSubscriber is the optional ability of a message.Subscriber to
-// deliver many messages of a partition at once, which Subscriber has. The
-// batched consumers (saga.Orchestrator.RunBatched,
-// compensation.Participant.RunBatched) look for it by type assertion and
-// then take whole fetches per transaction.
-type BatchSubscriber interface {
-	SubscribeBatch(ctx context.Context, topic string) (<-chan *Batch, error)
-}
-
-var _ BatchSubscriber = (*Subscriber)(nil)
-
-// Batch is a run of consecutive records of one partition, delivered by
-// SubscribeBatch as messages in offset order. Ack and Nack act on all its
-// messages; each message can also be acked or nacked alone. Once each
-// message is acked or nacked, the partition goes on: committed up to the
-// first nacked message, and delivering again from it (with all the
-// messages after it, acked or not) after NackResendSleep.
-type Batch struct {
-	// Topic and Partition are where the records come from.
-	Topic     string
-	Partition int32
-	// Messages are the records, in offset order; each message's context
-	// carries its offset (MessagePartitionOffsetFromCtx).
-	Messages []*message.Message
-}
-
-// Ack acks every message of the batch that was not nacked.
-func (b *Batch) Ack() {
-	for _, m := range b.Messages {
-		m.Ack()
-	}
-}
-
-// Nack nacks every message of the batch that was not acked: the partition
-// is delivered again from the first of them.
-func (b *Batch) Nack() {
-	for _, m := range b.Messages {
-		m.Nack()
-	}
-}
+// Subscriber delivers batches (SubscribeBatch) to the batched consumers.
+var _ core.BatchSubscriber = (*Subscriber)(nil)
 
 // SubscribeBatch is Subscribe, but delivers many records of a partition at
-// once: whatever the partition has buffered, up to MaxBatch, as one Batch.
-// A partition has one Batch in flight at a time; batches of different
-// partitions come concurrently. The channel closes when ctx ends or the
-// Subscriber closes.
-func (s *Subscriber) SubscribeBatch(ctx context.Context, topic string) (<-chan *Batch, error) {
-	out := make(chan *Batch)
-	if err := s.start(ctx, topic, s.cfg.MaxBatch, nil, func(d *delivery) (chan<- *Batch, *Batch) {
-		return out, &Batch{Topic: topic, Partition: d.part, Messages: d.msgs}
+// once: whatever the partition has buffered, up to MaxBatch, as one
+// core.Batch, its messages in offset order (each message's context carries
+// its offset: MessagePartitionOffsetFromCtx). A partition has one Batch in
+// flight at a time; batches of different partitions come concurrently.
+// Once each message of a Batch is acked or nacked, the partition goes on:
+// committed up to the first nacked message, and delivering again from it
+// (with all the messages after it, acked or not) after NackResendSleep.
+// The channel closes when ctx ends or the Subscriber closes.
+func (s *Subscriber) SubscribeBatch(ctx context.Context, topic string) (<-chan *core.Batch, error) {
+	out := make(chan *core.Batch)
+	if err := s.start(ctx, topic, s.cfg.MaxBatch, nil, func(d *delivery) (chan<- *core.Batch, *core.Batch) {
+		return out, &core.Batch{Topic: topic, Partition: d.part, Messages: d.msgs}
 	}, func() { close(out) }); err != nil {
 		return nil, err
 	}
@@ -331,7 +299,7 @@ type subscription struct {
 
 func (s *Subscriber) start(ctx context.Context, topic string, maxRecs int,
 	one func(*delivery) (chan<- *message.Message, *message.Message),
-	batch func(*delivery) (chan<- *Batch, *Batch),
+	batch func(*delivery) (chan<- *core.Batch, *core.Batch),
 	done func(),
 ) error {
 	if topic == "" {

@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/kafkatest"
 	"github.com/millrace/millrace/kafka"
 )
@@ -444,7 +445,7 @@ func TestSubscribeBatchRebalanceMidBatch(t *testing.T) {
 	}
 	deliveries := map[string]int{}
 	batches := map[string]int{}
-	ack := func(who string, b *kafka.Batch) {
+	ack := func(who string, b *core.Batch) {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, m := range b.Messages {
@@ -461,7 +462,7 @@ func TestSubscribeBatchRebalanceMidBatch(t *testing.T) {
 		}
 		b.Ack()
 	}
-	count := func(who string, b *kafka.Batch) {
+	count := func(who string, b *core.Batch) {
 		mu.Lock()
 		deliveries[who] += len(b.Messages)
 		batches[who]++

@@ -126,7 +126,7 @@ func (b *bench) consume(ctx context.Context, topic string, n int, batched bool) 
 			sub.Close()
 			return 0, err
 		}
-		handle := func(bt *kafka.Batch) error {
+		handle := func(bt *core.Batch) error {
 			delivered()
 			return pgx.BeginFunc(cctx, pool, func(tx pgx.Tx) error {
 				fresh, err := dedup.MarkTx(cctx, tx, bt.Messages...)
