@@ -24,7 +24,7 @@ import (
 // BatchConfig configures RunBatched.
 type BatchConfig struct {
 	// Subscriber reads the reply topics. Required. When it is also a
-	// kafka.BatchSubscriber (kafka.Subscriber is), the replies are read
+	// core.BatchSubscriber (kafka.Subscriber is), the replies are read
 	// whole fetches at a time: a transaction takes what the partitions
 	// have delivered, up to BatchSize, without waiting for more.
 	Subscriber message.Subscriber
@@ -41,7 +41,7 @@ type BatchConfig struct {
 	BatchSize int
 	// BatchWait is how long a batch waits for more replies after its
 	// first, with a Subscriber that delivers one message at a time (not
-	// used with a kafka.BatchSubscriber). Defaults to 1ms.
+	// used with a core.BatchSubscriber). Defaults to 1ms.
 	BatchWait time.Duration
 	// Workers is the number of batches in flight at once. Defaults to 1:
 	// while a batch's transaction runs, the next batch gathers what
@@ -64,7 +64,7 @@ type BatchConfig struct {
 // transaction. A failed batch rolls back whole and its replies are applied
 // again one per transaction: the ones that fail again are nacked for
 // redelivery and the others acknowledged, so one reply that cannot be
-// applied holds up no other saga's (from a kafka.BatchSubscriber, the
+// applied holds up no other saga's (from a core.BatchSubscriber, the
 // replies after a failing one in its partition are nacked with it, and
 // come again in order). Use it instead of AddToRouter when throughput
 // matters. With kafka.Subscriber a batch is whatever its partitions have
