@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -40,10 +39,9 @@ type Config struct {
 	// Publisher is where the relay ships the outbox. Defaults to a
 	// kafka.Publisher on Brokers, closed when Run returns.
 	Publisher message.Publisher
-	// Subscriber reads the reply and command topics. Defaults to
-	// watermill-kafka's Subscriber on Brokers in consumer group Name
-	// (kafka.DefaultMarshaler, kafka.DefaultSaramaSubscriberConfig: from
-	// the oldest offset when the group has none), closed when Run returns.
+	// Subscriber reads the reply and command topics. Defaults to a
+	// kafka.Subscriber on Brokers in consumer group Name (from the oldest
+	// offset when the group has none), closed when Run returns.
 	Subscriber message.Subscriber
 	// Writer is the outbox Writer the poisoned messages go through.
 	// Defaults to a new outbox.Writer on Schema. Give the same Writer to
@@ -211,11 +209,10 @@ func New(pool *pgxpool.Pool, cfg Config) (_ *Service, err error) {
 	}
 
 	if consumes && cfg.Subscriber == nil {
-		sub, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{
-			Brokers:               cfg.Brokers,
-			Unmarshaler:           kafka.DefaultMarshaler(),
-			OverwriteSaramaConfig: kafka.DefaultSaramaSubscriberConfig(),
-			ConsumerGroup:         cfg.Name,
+		sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
+			Brokers:       cfg.Brokers,
+			ConsumerGroup: cfg.Name,
+			InitialOffset: kafka.OffsetOldest,
 		}, cfg.Logger)
 		if err != nil {
 			return nil, fmt.Errorf("%w: service %s: Kafka subscriber: %v", core.ErrConfig, cfg.Name, err)
