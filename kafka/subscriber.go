@@ -9,9 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
-	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -25,10 +23,10 @@ import (
 // reading it: SubscriberConfig.InitialOffset.
 const (
 	// OffsetOldest starts at the oldest record the partition holds.
-	OffsetOldest int64 = sarama.OffsetOldest
+	OffsetOldest int64 = -2
 	// OffsetNewest starts after the newest record: only records produced
 	// from then on are read.
-	OffsetNewest int64 = sarama.OffsetNewest
+	OffsetNewest int64 = -1
 )
 
 // Defaults of SubscriberConfig.
@@ -54,13 +52,13 @@ type SubscriberConfig struct {
 	// Required.
 	ConsumerGroup string
 	// Unmarshaler turns a record into a message. Defaults to
-	// DefaultMarshaler(), which reads what Publisher and watermill-kafka's
+	// DefaultUnmarshaler(), which reads what Publisher and watermill-kafka's
 	// Publisher write: the UUID from the "_watermill_message_uuid" header,
 	// the other headers as metadata, the value as payload.
-	Unmarshaler wkafka.Unmarshaler
+	Unmarshaler Unmarshaler
 	// InitialOffset is where the group starts reading a partition it has
 	// no committed offset for: OffsetOldest or OffsetNewest. Defaults to
-	// OffsetOldest (as DefaultSaramaSubscriberConfig).
+	// OffsetOldest.
 	InitialOffset int64
 	// FetchMaxWait is the longest a fetch waits on the broker for records
 	// to arrive. A broker answers as soon as it has records; this bounds
@@ -110,7 +108,7 @@ type SubscriberConfig struct {
 
 func (c *SubscriberConfig) setDefaults() {
 	if c.Unmarshaler == nil {
-		c.Unmarshaler = DefaultMarshaler()
+		c.Unmarshaler = DefaultUnmarshaler()
 	}
 	if c.InitialOffset == 0 {
 		c.InitialOffset = OffsetOldest
@@ -782,7 +780,7 @@ func (d *delivery) cancelAll() {
 func (p *partition) newDelivery(recs []*kgo.Record) *delivery {
 	d := &delivery{part: p.id}
 	for _, r := range recs {
-		msg, err := p.sub.s.cfg.Unmarshaler.Unmarshal(consumerMessage(r))
+		msg, err := p.sub.s.cfg.Unmarshaler.Unmarshal(r)
 		if err != nil || msg == nil {
 			if err == nil {
 				err = errors.New("no message")
@@ -820,20 +818,6 @@ func RecordUUID(topic string, partition int32, offset int64) string {
 	return uuid.NewSHA1(recordNamespace, fmt.Appendf(nil, "%s/%d/%d", topic, partition, offset)).String()
 }
 
-func consumerMessage(r *kgo.Record) *sarama.ConsumerMessage {
-	cm := &sarama.ConsumerMessage{
-		Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
-		Key: r.Key, Value: r.Value, Timestamp: r.Timestamp,
-	}
-	if len(r.Headers) > 0 {
-		cm.Headers = make([]*sarama.RecordHeader, len(r.Headers))
-		for i, h := range r.Headers {
-			cm.Headers[i] = &sarama.RecordHeader{Key: []byte(h.Key), Value: h.Value}
-		}
-	}
-	return cm
-}
-
 // recordKey is the context key of a delivered message's record: one
 // value for its partition, offset, timestamp and key (four values took
 // four contexts and the allocations of their boxes, per message).
@@ -845,38 +829,46 @@ func recordFromCtx(ctx context.Context) (*kgo.Record, bool) {
 }
 
 // MessagePartitionFromCtx returns the partition of a message a Subscriber
-// (or watermill-kafka's subscriber) delivered.
+// delivered. It reads only this package's Subscriber's messages: for
+// watermill-kafka's subscriber, use its own accessors.
 func MessagePartitionFromCtx(ctx context.Context) (int32, bool) {
-	if r, ok := recordFromCtx(ctx); ok {
-		return r.Partition, true
+	r, ok := recordFromCtx(ctx)
+	if !ok {
+		return 0, false
 	}
-	return wkafka.MessagePartitionFromCtx(ctx)
+	return r.Partition, true
 }
 
 // MessagePartitionOffsetFromCtx returns the offset of a message a
-// Subscriber (or watermill-kafka's subscriber) delivered.
+// Subscriber delivered. It reads only this package's Subscriber's
+// messages.
 func MessagePartitionOffsetFromCtx(ctx context.Context) (int64, bool) {
-	if r, ok := recordFromCtx(ctx); ok {
-		return r.Offset, true
+	r, ok := recordFromCtx(ctx)
+	if !ok {
+		return 0, false
 	}
-	return wkafka.MessagePartitionOffsetFromCtx(ctx)
+	return r.Offset, true
 }
 
 // MessageTimestampFromCtx returns the record timestamp of a message a
-// Subscriber (or watermill-kafka's subscriber) delivered.
+// Subscriber delivered. It reads only this package's Subscriber's
+// messages.
 func MessageTimestampFromCtx(ctx context.Context) (time.Time, bool) {
-	if r, ok := recordFromCtx(ctx); ok {
-		return r.Timestamp, true
+	r, ok := recordFromCtx(ctx)
+	if !ok {
+		return time.Time{}, false
 	}
-	return wkafka.MessageTimestampFromCtx(ctx)
+	return r.Timestamp, true
 }
 
-// MessageKeyFromCtx returns the record key of a message a Subscriber (or
-// watermill-kafka's subscriber) delivered: for what Publisher writes, the
-// message's core.MetadataPartitionKey.
+// MessageKeyFromCtx returns the record key of a message a Subscriber
+// delivered: for what Publisher writes with DefaultMarshaler, the
+// message's core.MetadataPartitionKey. It reads only this package's
+// Subscriber's messages.
 func MessageKeyFromCtx(ctx context.Context) ([]byte, bool) {
-	if r, ok := recordFromCtx(ctx); ok {
-		return r.Key, true
+	r, ok := recordFromCtx(ctx)
+	if !ok {
+		return nil, false
 	}
-	return wkafka.MessageKeyFromCtx(ctx)
+	return r.Key, true
 }

@@ -4,13 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"strconv"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -380,50 +378,11 @@ func TestSubscriberHostileRecords(t *testing.T) {
 // "refuse me".
 type refusing struct{}
 
-func (refusing) Unmarshal(m *sarama.ConsumerMessage) (*message.Message, error) {
-	if string(m.Value) == "refuse me" {
+func (refusing) Unmarshal(r *kgo.Record) (*message.Message, error) {
+	if string(r.Value) == "refuse me" {
 		return nil, errors.New("refused")
 	}
-	return kafka.DefaultMarshaler().Unmarshal(m)
-}
-
-// What watermill-kafka's Publisher writes reads back the same: UUID,
-// metadata, payload and key.
-func TestSubscriberReadsWatermillKafkaPublisher(t *testing.T) {
-	t.Parallel()
-	brokers, topic := kafkatest.Brokers(t), kafkatest.Topic()
-	pub, err := wkafka.NewPublisher(wkafka.PublisherConfig{
-		Brokers: brokers, Marshaler: kafka.DefaultMarshaler(), OverwriteSaramaConfig: kafka.DefaultSaramaConfig(),
-	}, watermill.NopLogger{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
-	var sent []*message.Message
-	for i := range 5 {
-		m := newMessage(i, "order-7")
-		sent = append(sent, m)
-	}
-	if err := pub.Publish(topic, sent...); err != nil {
-		t.Fatal(err)
-	}
-	ch, err := newSub(t, brokers, kafkatest.Group()).Subscribe(context.Background(), topic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, want := range sent {
-		m := next(t, ch)
-		if m.UUID != want.UUID || string(m.Payload) != string(want.Payload) || !maps.Equal(m.Metadata, want.Metadata) {
-			t.Fatalf("got %s %s %v, want %s %s %v", m.UUID, m.Payload, m.Metadata, want.UUID, want.Payload, want.Metadata)
-		}
-		if key, _ := kafka.MessageKeyFromCtx(m.Context()); string(key) != "order-7" {
-			t.Fatalf("key %q", key)
-		}
-		if ts, ok := kafka.MessageTimestampFromCtx(m.Context()); !ok || ts.IsZero() {
-			t.Fatal("no timestamp")
-		}
-		m.Ack()
-	}
+	return kafka.DefaultUnmarshaler().Unmarshal(r)
 }
 
 // A second member joins while the first holds a batch, and leaves holding

@@ -13,8 +13,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/IBM/sarama"
-	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -73,7 +71,7 @@ func Read(ctx context.Context, brokers []string, topic string, limit int) (total
 		return 0, nil, nil
 	}
 	cl.AddConsumePartitions(map[string]map[int32]kgo.Offset{topic: parts})
-	unmarshal := kafka.DefaultMarshaler()
+	unmarshal := kafka.DefaultUnmarshaler()
 	pos := map[int32]int64{}
 	for p := range parts {
 		pos[p] = start[p]
@@ -121,12 +119,8 @@ func Read(ctx context.Context, brokers []string, topic string, limit int) (total
 	return total, msgs, nil
 }
 
-func decode(u wkafka.Unmarshaler, r *kgo.Record) (Message, error) {
-	cm := &sarama.ConsumerMessage{Key: r.Key, Value: r.Value, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Timestamp: r.Timestamp}
-	for _, h := range r.Headers {
-		cm.Headers = append(cm.Headers, &sarama.RecordHeader{Key: []byte(h.Key), Value: h.Value})
-	}
-	wm, err := u.Unmarshal(cm)
+func decode(u kafka.Unmarshaler, r *kgo.Record) (Message, error) {
+	wm, err := u.Unmarshal(r)
 	if err != nil {
 		return Message{}, err
 	}

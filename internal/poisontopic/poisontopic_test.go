@@ -104,22 +104,13 @@ func produce(t *testing.T, brokers []string, topic string, at time.Time, msgs ..
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	marshal := kafka.DefaultMarshaler()
 	var recs []*kgo.Record
 	for _, m := range msgs {
-		pm, err := marshal.Marshal(topic, m)
+		r, err := kafka.DefaultMarshaler().Marshal(topic, m)
 		if err != nil {
 			t.Fatal(err)
 		}
-		r := &kgo.Record{Topic: topic, Timestamp: at}
-		if pm.Value != nil {
-			if r.Value, err = pm.Value.Encode(); err != nil {
-				t.Fatal(err)
-			}
-		}
-		for _, h := range pm.Headers {
-			r.Headers = append(r.Headers, kgo.RecordHeader{Key: string(h.Key), Value: h.Value})
-		}
+		r.Topic, r.Timestamp = topic, at
 		recs = append(recs, r)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
