@@ -70,8 +70,7 @@
 // NewPublisher refuses client options that would break this:
 // kgo.DisableIdempotentWrite (without idempotence a retried request can land
 // behind a later one: up to five requests are in flight per broker),
-// kgo.TransactionalID and kgo.ManualFlushing; errors wrap ErrInvalidConfig,
-// which is core.ErrConfig.
+// kgo.TransactionalID and kgo.ManualFlushing; errors wrap core.ErrConfig.
 //
 // Outages: a record waits for the brokers up to the delivery timeout (30 s,
 // DefaultDeliveryTimeout; kgo.RecordDeliveryTimeout changes it) and then

@@ -21,10 +21,6 @@ import (
 
 // Errors returned by NewPublisher and Publish. Test for them with errors.Is.
 var (
-	// ErrInvalidConfig is returned by NewPublisher for a configuration it
-	// cannot work with. It is core.ErrConfig, so errors.Is matches
-	// either.
-	ErrInvalidConfig = core.ErrConfig
 	// ErrClosed is the error of every message published after Close. It is
 	// temporary.
 	ErrClosed = errors.New("kafka: publisher closed")
@@ -138,18 +134,18 @@ type Publisher struct {
 // slog.Default() (the default of every millrace part, outbox.DefaultLogger).
 func NewPublisher(cfg PublisherConfig, logger watermill.LoggerAdapter) (*Publisher, error) {
 	if len(cfg.Brokers) == 0 {
-		return nil, fmt.Errorf("%w: kafka: PublisherConfig.Brokers is required", ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: kafka: PublisherConfig.Brokers is required", core.ErrConfig)
 	}
 	for _, b := range cfg.Brokers {
 		if strings.TrimSpace(b) == "" {
-			return nil, fmt.Errorf("%w: kafka: empty broker address in PublisherConfig.Brokers %q", ErrInvalidConfig, cfg.Brokers)
+			return nil, fmt.Errorf("%w: kafka: empty broker address in PublisherConfig.Brokers %q", core.ErrConfig, cfg.Brokers)
 		}
 	}
 	if cfg.MaxMessageBytes == 0 {
 		cfg.MaxMessageBytes = DefaultMaxMessageBytes
 	}
 	if cfg.MaxMessageBytes < 512 || cfg.MaxMessageBytes > 1<<30 {
-		return nil, fmt.Errorf("%w: kafka: PublisherConfig.MaxMessageBytes must be in 512..%d, got %d", ErrInvalidConfig, 1<<30, cfg.MaxMessageBytes)
+		return nil, fmt.Errorf("%w: kafka: PublisherConfig.MaxMessageBytes must be in 512..%d, got %d", core.ErrConfig, 1<<30, cfg.MaxMessageBytes)
 	}
 	if cfg.Marshaler == nil {
 		cfg.Marshaler = DefaultMarshaler()
@@ -219,7 +215,7 @@ func (p *Publisher) newClient() (*kgo.Client, error) {
 	// and ProducerBatchMaxBytesFn above would hide the user's.
 	probe, err := kgo.NewClient(p.opts...)
 	if err != nil {
-		return nil, fmt.Errorf("%w: kafka: client options: %w", ErrInvalidConfig, err)
+		return nil, fmt.Errorf("%w: kafka: client options: %w", core.ErrConfig, err)
 	}
 	defer probe.Close()
 	if err := checkOrderSafe(probe); err != nil {
@@ -227,7 +223,7 @@ func (p *Publisher) newClient() (*kgo.Client, error) {
 	}
 	client, err := kgo.NewClient(opts...)
 	if err != nil {
-		return nil, fmt.Errorf("%w: kafka: client options: %w", ErrInvalidConfig, err)
+		return nil, fmt.Errorf("%w: kafka: client options: %w", core.ErrConfig, err)
 	}
 	return client, nil
 }
@@ -236,15 +232,15 @@ func (p *Publisher) newClient() (*kgo.Client, error) {
 // could be stored before an earlier one.
 func checkOrderSafe(c *kgo.Client) error {
 	if off, _ := c.OptValue(kgo.DisableIdempotentWrite).(bool); off {
-		return fmt.Errorf("%w: kafka: kgo.DisableIdempotentWrite breaks per-key order (a retried request can land behind a later one); the Publisher needs the idempotent producer", ErrInvalidConfig)
+		return fmt.Errorf("%w: kafka: kgo.DisableIdempotentWrite breaks per-key order (a retried request can land behind a later one); the Publisher needs the idempotent producer", core.ErrConfig)
 	}
 	if vs := c.OptValues(kgo.TransactionalID); len(vs) == 2 {
 		if set, _ := vs[1].(bool); set {
-			return fmt.Errorf("%w: kafka: kgo.TransactionalID is not supported: the Publisher does not produce in transactions", ErrInvalidConfig)
+			return fmt.Errorf("%w: kafka: kgo.TransactionalID is not supported: the Publisher does not produce in transactions", core.ErrConfig)
 		}
 	}
 	if manual, _ := c.OptValue(kgo.ManualFlushing).(bool); manual {
-		return fmt.Errorf("%w: kafka: kgo.ManualFlushing is not supported: the Publisher flushes each Publish call itself", ErrInvalidConfig)
+		return fmt.Errorf("%w: kafka: kgo.ManualFlushing is not supported: the Publisher flushes each Publish call itself", core.ErrConfig)
 	}
 	return nil
 }

@@ -135,21 +135,21 @@ func (c *SubscriberConfig) setDefaults() {
 
 func (c *SubscriberConfig) validate() error {
 	if len(c.Brokers) == 0 {
-		return fmt.Errorf("%w: kafka: SubscriberConfig.Brokers is empty", ErrInvalidConfig)
+		return fmt.Errorf("%w: kafka: SubscriberConfig.Brokers is empty", core.ErrConfig)
 	}
 	for _, b := range c.Brokers {
 		if strings.TrimSpace(b) == "" {
-			return fmt.Errorf("%w: kafka: empty address in SubscriberConfig.Brokers %q", ErrInvalidConfig, c.Brokers)
+			return fmt.Errorf("%w: kafka: empty address in SubscriberConfig.Brokers %q", core.ErrConfig, c.Brokers)
 		}
 	}
 	if c.ConsumerGroup == "" {
-		return fmt.Errorf("%w: kafka: SubscriberConfig.ConsumerGroup is required", ErrInvalidConfig)
+		return fmt.Errorf("%w: kafka: SubscriberConfig.ConsumerGroup is required", core.ErrConfig)
 	}
 	if c.InitialOffset != OffsetOldest && c.InitialOffset != OffsetNewest {
-		return fmt.Errorf("%w: kafka: SubscriberConfig.InitialOffset must be OffsetOldest or OffsetNewest, got %d", ErrInvalidConfig, c.InitialOffset)
+		return fmt.Errorf("%w: kafka: SubscriberConfig.InitialOffset must be OffsetOldest or OffsetNewest, got %d", core.ErrConfig, c.InitialOffset)
 	}
 	if c.FetchMaxWait < 0 || c.MaxBatch < 0 || c.SessionTimeout < 0 || c.CommitInterval < 0 || c.NackResendSleep < 0 || c.RevokeGrace < 0 {
-		return fmt.Errorf("%w: kafka: SubscriberConfig durations and MaxBatch must not be negative", ErrInvalidConfig)
+		return fmt.Errorf("%w: kafka: SubscriberConfig durations and MaxBatch must not be negative", core.ErrConfig)
 	}
 	return nil
 }
@@ -178,7 +178,7 @@ type Subscriber struct {
 
 // NewSubscriber checks cfg, connects to the brokers and returns a
 // Subscriber. A nil logger logs to slog.Default(). Errors for a bad cfg
-// wrap ErrInvalidConfig; a broker that does not answer is an error too.
+// wrap core.ErrConfig; a broker that does not answer is an error too.
 func NewSubscriber(cfg SubscriberConfig, logger watermill.LoggerAdapter) (*Subscriber, error) {
 	cfg.setDefaults()
 	if err := cfg.validate(); err != nil {
@@ -191,7 +191,7 @@ func NewSubscriber(cfg SubscriberConfig, logger watermill.LoggerAdapter) (*Subsc
 	s := &Subscriber{cfg: cfg, logger: logger, subs: map[*subscription]struct{}{}}
 	probe, err := kgo.NewClient(s.clientOpts()...)
 	if err != nil {
-		return nil, fmt.Errorf("%w: kafka: client options: %w", ErrInvalidConfig, err)
+		return nil, fmt.Errorf("%w: kafka: client options: %w", core.ErrConfig, err)
 	}
 	defer probe.Close()
 	dial, _ := probe.OptValue(kgo.DialTimeout).(time.Duration)
@@ -350,7 +350,7 @@ func (s *Subscriber) start(ctx context.Context, topic string, maxRecs int,
 	client, err := kgo.NewClient(opts...)
 	if err != nil {
 		cancel()
-		return fmt.Errorf("%w: kafka: client options: %w", ErrInvalidConfig, err)
+		return fmt.Errorf("%w: kafka: client options: %w", core.ErrConfig, err)
 	}
 	sub.client = client
 	s.subs[sub] = struct{}{}

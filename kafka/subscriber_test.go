@@ -511,7 +511,7 @@ func TestSubscribeBatchRebalanceMidBatch(t *testing.T) {
 }
 
 // NewSubscriber refuses a config it cannot work with, wrapping
-// ErrInvalidConfig, and a broker that does not answer.
+// core.ErrConfig, and a broker that does not answer.
 func TestNewSubscriberRefuses(t *testing.T) {
 	t.Parallel()
 	brokers := kafkatest.Brokers(t)
@@ -521,13 +521,13 @@ func TestNewSubscriberRefuses(t *testing.T) {
 		"initial offset": {Brokers: brokers, ConsumerGroup: "g", InitialOffset: 5},
 		"negative batch": {Brokers: brokers, ConsumerGroup: "g", MaxBatch: -1},
 	} {
-		if _, err := kafka.NewSubscriber(cfg, nil); !errors.Is(err, kafka.ErrInvalidConfig) {
-			t.Errorf("%s: %v, want ErrInvalidConfig", name, err)
+		if _, err := kafka.NewSubscriber(cfg, nil); !errors.Is(err, core.ErrConfig) {
+			t.Errorf("%s: %v, want core.ErrConfig", name, err)
 		}
 	}
 	_, err := kafka.NewSubscriber(kafka.SubscriberConfig{Brokers: []string{"127.0.0.1:1"}, ConsumerGroup: "g",
 		ClientOptions: []kgo.Opt{kgo.DialTimeout(200 * time.Millisecond)}}, nil)
-	if err == nil || errors.Is(err, kafka.ErrInvalidConfig) {
+	if err == nil || errors.Is(err, core.ErrConfig) {
 		t.Errorf("unreachable broker: %v", err)
 	}
 }
