@@ -88,13 +88,13 @@ func TestHelperGroupParticipant(t *testing.T) {
 		t.Fatal(err)
 	}
 	brokers := devkafka.EnvBrokers()
-	scfg := kafka.DefaultSaramaSubscriberConfig()
+	scfg := kafkatest.SaramaSubscriberConfig()
 	// A killed member leaves the group when its session times out: the
 	// shortest a Kafka broker allows by default.
 	scfg.Consumer.Group.Session.Timeout = 6 * time.Second
 	scfg.Consumer.Group.Heartbeat.Interval = time.Second
 	scfg.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyRoundRobin()}
-	sub, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{Brokers: brokers, Unmarshaler: kafka.DefaultMarshaler(),
+	sub, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{Brokers: brokers, Unmarshaler: wkafka.DefaultMarshaler{},
 		OverwriteSaramaConfig: scfg, ConsumerGroup: os.Getenv(groupChildGroupEnv)}, watermill.NopLogger{})
 	if err != nil {
 		t.Fatal(err)

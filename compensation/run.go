@@ -49,7 +49,7 @@ type RunConfig struct {
 // round trip of BEGIN and the barrier claims, in a form that fails on a
 // command applied before; a batch that holds one is rolled back and marked
 // again with Deduplicator.MarkTx, so that only its new commands run.
-// With a kafka.BatchSubscriber, a batch is what the partitions have
+// With a core.BatchSubscriber, a batch is what the partitions have
 // fetched, up to MaxBatch, closed as soon as nothing more is ready; with
 // another subscriber, the messages it has delivered and that are ready.
 // Order per saga holds because commands are keyed by saga id (one
@@ -59,7 +59,7 @@ type RunConfig struct {
 // its batch before anything is written and published to the poison topic.
 // A batch that fails otherwise rolls back whole and is run again one
 // command per transaction: a command that fails alone is nacked (from a
-// kafka.BatchSubscriber, with the commands after it in its partition,
+// core.BatchSubscriber, with the commands after it in its partition,
 // which come again in order) and the others acknowledged.
 func (p *Participant) RunBatched(ctx context.Context, cfg RunConfig) error {
 	switch {

@@ -12,7 +12,7 @@ import (
 
 	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
-	"github.com/millrace/millrace/internal/poison"
+	"github.com/millrace/millrace/internal/poisontopic"
 	"github.com/millrace/millrace/kafka"
 )
 
@@ -113,8 +113,8 @@ func (f deadFilter) deadQuery() core.DeadLetterQuery {
 	return core.DeadLetterQuery{Topic: f.Topic, PartitionKey: f.Key, Error: f.Error, DeadBefore: f.before}
 }
 
-func (f deadFilter) poisonQuery() poison.Query {
-	return poison.Query{Reason: f.Error, FromTopic: f.From, PoisonedBefore: f.before}
+func (f deadFilter) poisonQuery() poisontopic.Query {
+	return poisontopic.Query{Reason: f.Error, FromTopic: f.From, PoisonedBefore: f.before}
 }
 
 // listPath is the path of f's list page, filter kept, ending so that more
@@ -202,7 +202,7 @@ func (c *Console) bulkDryRun(ctx context.Context, f deadFilter, page int) (int, 
 		}
 		return d.Count, rows, nil
 	default:
-		d, err := poison.DryRunMatching(ctx, c.cfg.KafkaBrokers, f.Topic, f.poisonQuery(), page)
+		d, err := poisontopic.DryRunMatching(ctx, c.cfg.KafkaBrokers, f.Topic, f.poisonQuery(), page)
 		if err != nil {
 			return 0, nil, err
 		}
@@ -237,8 +237,8 @@ func (c *Console) bulkAct(ctx context.Context, f deadFilter, action string) (n, 
 		n, err = act(ctx, f.deadQuery())
 		return n, 0, err
 	default:
-		out, err := poison.RequeueMatching(ctx, c.cfg.KafkaBrokers, f.Topic, f.poisonQuery())
-		return out.Requeued, out.Refused[poison.RefusedNoTopic], err
+		out, err := poisontopic.RequeueMatching(ctx, c.cfg.KafkaBrokers, f.Topic, f.poisonQuery())
+		return out.Requeued, out.Refused[poisontopic.RefusedNoTopic], err
 	}
 }
 

@@ -14,7 +14,7 @@ import (
 	"github.com/millrace/millrace/console"
 	"github.com/millrace/millrace/internal/kafkatest"
 	"github.com/millrace/millrace/internal/opstest"
-	"github.com/millrace/millrace/internal/poison"
+	"github.com/millrace/millrace/internal/poisontopic"
 	"github.com/millrace/millrace/kafka"
 )
 
@@ -207,7 +207,7 @@ func TestPoisonBulkConsole(t *testing.T) {
 	}
 	r = b.get(r.location[len(b.prefix):])
 	contains(t, "after the requeue", r.body, "Requeued 1 poisoned message.")
-	if n, got, err := poison.Read(context.Background(), brokers, from, 0); err != nil || n != 1 || got[0].UUID != msgs[0].UUID {
+	if n, got, err := poisontopic.Read(context.Background(), brokers, from, 0); err != nil || n != 1 || got[0].UUID != msgs[0].UUID {
 		t.Errorf("on %s after the requeue: %d %+v %v; want only %s", from, n, got, err, msgs[0].UUID)
 	}
 	if n := kafkatest.RecordCount(t, brokers, other); n != 0 {

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"strconv"
 
-	"github.com/millrace/millrace/internal/poison"
+	"github.com/millrace/millrace/internal/poisontopic"
 	"github.com/millrace/millrace/kafka"
 )
 
@@ -15,7 +15,7 @@ type poisonData struct {
 	Topics   []string // Config.PoisonTopics
 	Topic    string
 	Total    int
-	Messages []poison.Message
+	Messages []poisontopic.Message
 	Error    string
 	// Filter narrows the list (reason, original topic, age; deadbulk.go);
 	// Matching is how many messages it selects, for "requeue all N
@@ -46,9 +46,9 @@ func (c *Console) poisonPage(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := reqCtx(r)
 		defer cancel()
 		var err error
-		if d.Total, d.Messages, err = poison.Read(ctx, c.cfg.KafkaBrokers, d.Topic, c.cfg.PageSize); err == nil && f.selected() {
-			var dry *poison.DryRun
-			if dry, err = poison.DryRunMatching(ctx, c.cfg.KafkaBrokers, d.Topic, f.poisonQuery(), c.cfg.PageSize); err == nil {
+		if d.Total, d.Messages, err = poisontopic.Read(ctx, c.cfg.KafkaBrokers, d.Topic, c.cfg.PageSize); err == nil && f.selected() {
+			var dry *poisontopic.DryRun
+			if dry, err = poisontopic.DryRunMatching(ctx, c.cfg.KafkaBrokers, d.Topic, f.poisonQuery(), c.cfg.PageSize); err == nil {
 				d.Messages = dry.First
 				if !c.cfg.ReadOnly {
 					d.Matching = dry.Count
@@ -85,7 +85,7 @@ func (c *Console) poisonRequeue(w http.ResponseWriter, r *http.Request) (string,
 	}
 	ctx, cancel := reqCtx(r)
 	defer cancel()
-	n, err := poison.Requeue(ctx, c.cfg.KafkaBrokers, topic, ids)
+	n, err := poisontopic.Requeue(ctx, c.cfg.KafkaBrokers, topic, ids)
 	operator := c.cfg.Operator(r)
 	if err != nil {
 		c.log.Error("console: poison requeue failed", "operator", operator, "topic", topic, "ids", ids, "requeued", n, "err", err)

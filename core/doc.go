@@ -10,7 +10,9 @@
 //     IsPermanent for a failure that retrying will not fix, and BatchError
 //     for a publisher that says which messages of a batch failed;
 //   - the transaction a handler runs in (ContextWithTx, TxFromContext);
-//   - the dead-letter listing parameters (ListParams, DeadLetterQuery).
+//   - the dead-letter listing parameters (ListParams, DeadLetterQuery);
+//   - the batch interface of a subscriber (BatchSubscriber, Batch), which
+//     kafka.Subscriber has and the batched consumers look for.
 //
 // It imports no other millrace package: every other package imports it.
 // The service that runs everything is in the root package, millrace.

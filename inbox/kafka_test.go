@@ -18,14 +18,13 @@ import (
 	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/internal/kafkatest"
-	"github.com/millrace/millrace/kafka"
 	"github.com/millrace/millrace/outbox"
 )
 
 func kafkaPublisher(t testing.TB, brokers []string) *wkafka.Publisher {
 	t.Helper()
 	p, err := wkafka.NewPublisher(wkafka.PublisherConfig{
-		Brokers: brokers, Marshaler: wkafka.DefaultMarshaler{}, OverwriteSaramaConfig: kafka.DefaultSaramaConfig(),
+		Brokers: brokers, Marshaler: wkafka.DefaultMarshaler{}, OverwriteSaramaConfig: kafkatest.SaramaConfig(),
 	}, watermill.NopLogger{})
 	if err != nil {
 		t.Fatal(err)

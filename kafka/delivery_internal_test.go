@@ -15,7 +15,7 @@ import (
 func TestDeliveryContextHoldsTheRecord(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	p := &partition{sub: &subscription{s: &Subscriber{cfg: SubscriberConfig{Unmarshaler: DefaultMarshaler()}, logger: watermill.NopLogger{}}, ctx: ctx}, id: 7}
+	p := &partition{sub: &subscription{s: &Subscriber{cfg: SubscriberConfig{Unmarshaler: DefaultUnmarshaler()}, logger: watermill.NopLogger{}}, ctx: ctx}, id: 7}
 	at := time.Unix(1700000000, 0)
 	recs := make([]*kgo.Record, 100)
 	for i := range recs {

@@ -1,9 +1,9 @@
 // Package kafka publishes Watermill messages to Kafka in batches, for the
 // outbox relay and for anyone who needs Kafka throughput from Watermill,
-// without ever storing a message of a partition key ahead of an earlier one
+// without ever storing a message of a key ahead of an earlier one
 // of that key that failed. Subscriber reads them back in consumer groups,
-// one message or one Batch of a partition at a time (see Consuming with
-// Subscriber).
+// one message or one core.Batch of a partition at a time (see Consuming
+// with Subscriber).
 //
 // # Why batching
 //
@@ -31,8 +31,9 @@
 // # Order per key
 //
 // Publish guarantees that a message is never stored after an earlier
-// message of its partition key, in the same call, that failed
-// (PublishTopics: of its topic and key). How:
+// message of its record key, in the same call, that failed (PublishTopics:
+// of its topic and key). The record key is the one the Marshaler gives the
+// message: with DefaultMarshaler, its core.MetadataPartitionKey. How:
 //
 //   - Publish calls go out one at a time. All records of a call are buffered
 //     before the first is sent (franz-go's manual flushing), then flushed.
@@ -48,7 +49,9 @@
 //     ordering"). A key's records all go to one partition.
 //   - A record refused before sending (too large for its topic, or not
 //     marshalable) holds back the later messages of its key, which fail
-//     with the temporary ErrHeldBack.
+//     with the temporary ErrHeldBack. A message the Marshaler refuses
+//     without saying the key it would have had (see Marshaler) holds back
+//     every later message of its topic in the call.
 //   - A batch the broker refuses for a reason that may be one record's
 //     (INVALID_RECORD, MESSAGE_TOO_LARGE, ...) is sent again record by
 //     record, one per partition at a time, in order, a key held back after
@@ -62,13 +65,12 @@
 //
 // A caller that must keep the order across calls (the outbox relay does)
 // holds a key back after its first failure rather than sending later
-// messages of it in the next call. Order is per topic and partition key.
+// messages of it in the next call. Order is per topic and record key.
 //
 // NewPublisher refuses client options that would break this:
 // kgo.DisableIdempotentWrite (without idempotence a retried request can land
 // behind a later one: up to five requests are in flight per broker),
-// kgo.TransactionalID and kgo.ManualFlushing; errors wrap ErrInvalidConfig,
-// which is core.ErrConfig.
+// kgo.TransactionalID and kgo.ManualFlushing; errors wrap core.ErrConfig.
 //
 // Outages: a record waits for the brokers up to the delivery timeout (30 s,
 // DefaultDeliveryTimeout; kgo.RecordDeliveryTimeout changes it) and then
@@ -79,28 +81,33 @@
 //
 // # Reading it back
 //
-// Records use watermill-kafka's marshaling: the message UUID in the
-// "_watermill_message_uuid" header, metadata as headers, the payload as value
-// and the metadata core.MetadataPartitionKey as record key. Any
-// watermill-kafka Subscriber reads them:
+// A Marshaler turns a message into a franz-go record, an Unmarshaler a
+// record into a message. DefaultMarshaler writes watermill-kafka's record
+// format: the message UUID in the "_watermill_message_uuid" header,
+// metadata as headers, the payload as value and the metadata
+// core.MetadataPartitionKey as record key. Any watermill-kafka Subscriber
+// reads them, with its own DefaultMarshaler; sarama's consumer groups need
+// a protocol version the brokers speak:
 //
+//	sc := sarama.NewConfig()
+//	sc.Version = sarama.V3_6_0_0
+//	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
 //	sub, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{
 //		Brokers:               brokers,
-//		Unmarshaler:           kafka.DefaultMarshaler(), // or wkafka.DefaultMarshaler{}
-//		OverwriteSaramaConfig: kafka.DefaultSaramaSubscriberConfig(),
+//		Unmarshaler:           wkafka.DefaultMarshaler{},
+//		OverwriteSaramaConfig: sc,
 //		ConsumerGroup:         "billing",
 //	}, logger)
 //
-// DefaultSaramaSubscriberConfig sets the protocol version (sarama's consumer
-// groups need one that the brokers speak) and starts a new group at the
-// oldest offset. The record key is in the message context:
-// wkafka.MessageKeyFromCtx(msg.Context()).
+// The record key is in the message context:
+// wkafka.MessageKeyFromCtx(msg.Context()). Package kafka itself links
+// neither sarama nor watermill-kafka.
 //
 // # Consuming with Subscriber
 //
 // Subscriber is a Watermill message.Subscriber for consumer groups on
 // franz-go. It reads what Publisher and watermill-kafka's Publisher write
-// (DefaultMarshaler: the UUID header, metadata as headers), rebalances
+// (DefaultUnmarshaler: the UUID header, metadata as headers), rebalances
 // cooperatively (cooperative-sticky: a member joining or leaving moves only
 // the partitions that must move) and commits, per partition, only the
 // offset after the messages acknowledged in order:
@@ -110,7 +117,7 @@
 //		ConsumerGroup: "billing", // required
 //	}, logger)
 //	msgs, err := sub.Subscribe(ctx, "orders")          // one message per partition at a time
-//	batches, err := sub.SubscribeBatch(ctx, "orders")  // or many per partition, as a *Batch
+//	batches, err := sub.SubscribeBatch(ctx, "orders")  // or many per partition, as a *core.Batch
 //
 // Subscribe keeps Watermill's semantics, one message of a partition in
 // flight at a time, as watermill-kafka's subscriber does; a nacked message
@@ -133,15 +140,15 @@
 //
 // The record's partition, offset, timestamp and key are in the message
 // context: MessagePartitionFromCtx, MessagePartitionOffsetFromCtx,
-// MessageTimestampFromCtx, MessageKeyFromCtx. They read watermill-kafka's
-// context too, so code using them works with either subscriber
-// (watermill-kafka's own accessors do not see this Subscriber's values:
-// their keys are unexported).
+// MessageTimestampFromCtx, MessageKeyFromCtx. They read this Subscriber's
+// messages only: a message from watermill-kafka's subscriber has its
+// values under watermill-kafka's own accessors (wkafka.MessageKeyFromCtx,
+// ...), which in turn do not see this Subscriber's.
 //
 // Records not written by a Watermill publisher: one with no UUID header (or
 // an empty one) gets RecordUUID(topic, partition, offset), the same on every
 // delivery, so deduplication still works; header bytes come through as
-// they are. A record the Unmarshaler refuses (DefaultMarshaler refuses
+// they are. A record the Unmarshaler refuses (DefaultUnmarshaler refuses
 // none) is logged as an error with its topic, partition and offset and
 // skipped: it is passed like an acked message and stays in the topic.
 //
@@ -164,8 +171,9 @@
 //     UNSUPPORTED_FOR_MESSAGE_FORMAT, POLICY_VIOLATION);
 //   - refused for its topic (INVALID_TOPIC_EXCEPTION, for a name Kafka does
 //     not accept, or TOPIC_AUTHORIZATION_FAILED): every message of the topic;
-//   - refused by the Marshaler (ErrMarshal), for instance because its
-//     metadata uses the reserved "_watermill_message_uuid" key.
+//   - refused by the Marshaler (ErrMarshal), for instance by
+//     DefaultMarshaler because its metadata uses the reserved
+//     "_watermill_message_uuid" key.
 //
 // Errors that sending again later will fix say so: IsTemporary reports true
 // (they have a Temporary() bool method, which the outbox relay reads): the

@@ -6,8 +6,10 @@ import (
 	"log"
 	"time"
 
+	"github.com/IBM/sarama"
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/devbroker"
@@ -40,10 +42,15 @@ func Example_publishAndReadBack() {
 		log.Fatal(err)
 	}
 
+	// sarama's consumer groups need a protocol version the brokers speak;
+	// a new group starts at the oldest record.
+	sc := sarama.NewConfig()
+	sc.Version = sarama.V3_6_0_0
+	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
 	sub, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{
 		Brokers:               broker.Addrs(),
-		Unmarshaler:           kafka.DefaultMarshaler(),
-		OverwriteSaramaConfig: kafka.DefaultSaramaSubscriberConfig(),
+		Unmarshaler:           wkafka.DefaultMarshaler{},
+		OverwriteSaramaConfig: sc,
 		ConsumerGroup:         "example",
 	}, nil)
 	if err != nil {
@@ -66,4 +73,32 @@ func Example_publishAndReadBack() {
 	// 0190c2a4-0000-7000-8000-000000000000 key=order-42 ItemAdded {"item":"tea"}
 	// 0190c2a4-0000-7000-8000-000000000001 key=order-42 ItemAdded {"item":"milk"}
 	// 0190c2a4-0000-7000-8000-000000000002 key=order-42 ItemAdded {"item":"bread"}
+}
+
+// byCustomerID keys records by the metadata "customer_id" instead of the
+// partition key, in DefaultMarshaler's format otherwise. When the default
+// refuses a message it returns the record with the key it would have had;
+// the Publisher then holds back only that key's later messages.
+type byCustomerID struct{}
+
+func (byCustomerID) Marshal(topic string, msg *message.Message) (*kgo.Record, error) {
+	r, err := kafka.DefaultMarshaler().Marshal(topic, msg)
+	if r != nil {
+		r.Key = []byte(msg.Metadata.Get("customer_id"))
+	}
+	return r, err
+}
+
+// A Publisher whose records are keyed by another field than the partition
+// key: a customer's messages keep their order, whatever their partition
+// key.
+func ExampleMarshaler() {
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
+		Brokers:   []string{"127.0.0.1:9092"},
+		Marshaler: byCustomerID{},
+	}, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pub.Close()
 }

@@ -11,9 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
-	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -23,25 +21,23 @@ import (
 
 // Errors returned by NewPublisher and Publish. Test for them with errors.Is.
 var (
-	// ErrInvalidConfig is returned by NewPublisher for a configuration it
-	// cannot work with. It is core.ErrConfig, so errors.Is matches
-	// either.
-	ErrInvalidConfig = core.ErrConfig
 	// ErrClosed is the error of every message published after Close. It is
 	// temporary.
 	ErrClosed = errors.New("kafka: publisher closed")
 	// ErrMarshal is the error of a message the Marshaler refused (for
-	// example one whose metadata uses watermill-kafka's reserved UUID key).
-	// Such a message was not sent; the error is permanent.
+	// example one whose metadata uses the reserved
+	// "_watermill_message_uuid" key). Such a message was not sent; the
+	// error is permanent.
 	ErrMarshal = errors.New("kafka: cannot marshal message")
 	// ErrMessageTooLarge is the error of a message larger than its topic
 	// accepts (the topic's max.message.bytes, or MaxMessageBytes if lower).
 	// It is permanent.
 	ErrMessageTooLarge = errors.New("kafka: message too large")
 	// ErrHeldBack is the error of a message not sent, or failed with the
-	// rest of its partition, because an earlier message of the same
-	// partition key in the same Publish call failed; storing it would have
-	// put it ahead of that message. It is temporary: it goes out once the
+	// rest of its partition, because an earlier message of the same record
+	// key in the same Publish call failed (or one of its topic that the
+	// Marshaler refused without saying its key); storing it would have put
+	// it ahead of that message. It is temporary: it goes out once the
 	// failed message is dealt with.
 	ErrHeldBack = errors.New("kafka: held back behind a failed message of the same key")
 )
@@ -86,26 +82,12 @@ type PublisherConfig struct {
 	MaxMessageBytes int32
 
 	// Marshaler turns a Watermill message into a Kafka record; the
-	// ProducerMessage's key, value, headers and timestamp are sent.
-	// Defaults to watermill-kafka's partitioning marshaler keyed by the
-	// message metadata core.MetadataPartitionKey: the record carries the
-	// message UUID in the "_watermill_message_uuid" header, the metadata as
-	// headers, the payload as value and the partition key as key (an empty
-	// key when the metadata is missing), so watermill-kafka's Subscriber
+	// record's key, value, headers and timestamp are sent, and its key is
+	// the one whose order the Publisher keeps. Defaults to
+	// DefaultMarshaler(): watermill-kafka's format, keyed by the message
+	// metadata core.MetadataPartitionKey, so watermill-kafka's Subscriber
 	// reads it as usual.
-	Marshaler wkafka.Marshaler
-}
-
-// DefaultMarshaler returns the marshaler a Publisher uses when
-// PublisherConfig.Marshaler is nil: watermill-kafka's partitioning marshaler
-// with the record key taken from core.MetadataPartitionKey. It also
-// unmarshals, for a watermill-kafka Subscriber.
-func DefaultMarshaler() wkafka.MarshalerUnmarshaler {
-	return wkafka.NewWithPartitioningMarshaler(partitionKeyFromMetadata)
-}
-
-func partitionKeyFromMetadata(_ string, msg *message.Message) (string, error) {
-	return msg.Metadata.Get(core.MetadataPartitionKey), nil
+	Marshaler Marshaler
 }
 
 // Publisher is a Watermill message.Publisher that sends all the messages of
@@ -115,15 +97,17 @@ func partitionKeyFromMetadata(_ string, msg *message.Message) (string, error) {
 //
 // When some messages of a batch fail, Publish returns a *core.BatchError
 // naming each failed message by its UUID; the others were delivered. A
-// message of a partition key is never stored after an earlier message of
-// that key in the same call failed. Errors that retrying will not fix are
-// marked with core.Permanent, errors that retrying will fix report
-// Temporary() == true (the lists are in the package documentation).
+// message is never stored after an earlier message of its record key in
+// the same call failed (the key the Marshaler gives it: with
+// DefaultMarshaler, its core.MetadataPartitionKey). Errors that retrying
+// will not fix are marked with core.Permanent, errors that retrying will
+// fix report Temporary() == true (the lists are in the package
+// documentation).
 type Publisher struct {
 	brokers   []string
 	opts      []kgo.Opt
 	maxBytes  int32
-	marshaler wkafka.Marshaler
+	marshaler Marshaler
 	logger    watermill.LoggerAdapter
 
 	closed atomic.Bool
@@ -150,18 +134,18 @@ type Publisher struct {
 // slog.Default() (the default of every millrace part, outbox.DefaultLogger).
 func NewPublisher(cfg PublisherConfig, logger watermill.LoggerAdapter) (*Publisher, error) {
 	if len(cfg.Brokers) == 0 {
-		return nil, fmt.Errorf("%w: kafka: PublisherConfig.Brokers is required", ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: kafka: PublisherConfig.Brokers is required", core.ErrConfig)
 	}
 	for _, b := range cfg.Brokers {
 		if strings.TrimSpace(b) == "" {
-			return nil, fmt.Errorf("%w: kafka: empty broker address in PublisherConfig.Brokers %q", ErrInvalidConfig, cfg.Brokers)
+			return nil, fmt.Errorf("%w: kafka: empty broker address in PublisherConfig.Brokers %q", core.ErrConfig, cfg.Brokers)
 		}
 	}
 	if cfg.MaxMessageBytes == 0 {
 		cfg.MaxMessageBytes = DefaultMaxMessageBytes
 	}
 	if cfg.MaxMessageBytes < 512 || cfg.MaxMessageBytes > 1<<30 {
-		return nil, fmt.Errorf("%w: kafka: PublisherConfig.MaxMessageBytes must be in 512..%d, got %d", ErrInvalidConfig, 1<<30, cfg.MaxMessageBytes)
+		return nil, fmt.Errorf("%w: kafka: PublisherConfig.MaxMessageBytes must be in 512..%d, got %d", core.ErrConfig, 1<<30, cfg.MaxMessageBytes)
 	}
 	if cfg.Marshaler == nil {
 		cfg.Marshaler = DefaultMarshaler()
@@ -231,7 +215,7 @@ func (p *Publisher) newClient() (*kgo.Client, error) {
 	// and ProducerBatchMaxBytesFn above would hide the user's.
 	probe, err := kgo.NewClient(p.opts...)
 	if err != nil {
-		return nil, fmt.Errorf("%w: kafka: client options: %w", ErrInvalidConfig, err)
+		return nil, fmt.Errorf("%w: kafka: client options: %w", core.ErrConfig, err)
 	}
 	defer probe.Close()
 	if err := checkOrderSafe(probe); err != nil {
@@ -239,7 +223,7 @@ func (p *Publisher) newClient() (*kgo.Client, error) {
 	}
 	client, err := kgo.NewClient(opts...)
 	if err != nil {
-		return nil, fmt.Errorf("%w: kafka: client options: %w", ErrInvalidConfig, err)
+		return nil, fmt.Errorf("%w: kafka: client options: %w", core.ErrConfig, err)
 	}
 	return client, nil
 }
@@ -248,15 +232,15 @@ func (p *Publisher) newClient() (*kgo.Client, error) {
 // could be stored before an earlier one.
 func checkOrderSafe(c *kgo.Client) error {
 	if off, _ := c.OptValue(kgo.DisableIdempotentWrite).(bool); off {
-		return fmt.Errorf("%w: kafka: kgo.DisableIdempotentWrite breaks per-key order (a retried request can land behind a later one); the Publisher needs the idempotent producer", ErrInvalidConfig)
+		return fmt.Errorf("%w: kafka: kgo.DisableIdempotentWrite breaks per-key order (a retried request can land behind a later one); the Publisher needs the idempotent producer", core.ErrConfig)
 	}
 	if vs := c.OptValues(kgo.TransactionalID); len(vs) == 2 {
 		if set, _ := vs[1].(bool); set {
-			return fmt.Errorf("%w: kafka: kgo.TransactionalID is not supported: the Publisher does not produce in transactions", ErrInvalidConfig)
+			return fmt.Errorf("%w: kafka: kgo.TransactionalID is not supported: the Publisher does not produce in transactions", core.ErrConfig)
 		}
 	}
 	if manual, _ := c.OptValue(kgo.ManualFlushing).(bool); manual {
-		return fmt.Errorf("%w: kafka: kgo.ManualFlushing is not supported: the Publisher flushes each Publish call itself", ErrInvalidConfig)
+		return fmt.Errorf("%w: kafka: kgo.ManualFlushing is not supported: the Publisher flushes each Publish call itself", core.ErrConfig)
 	}
 	return nil
 }
@@ -268,8 +252,8 @@ func fnv32a(b []byte) uint32 {
 }
 
 // Publish sends msgs to topic as one batch and returns when every message is
-// acknowledged or has failed. Records of one partition key keep the order of
-// msgs, and none is stored after an earlier one of its key failed. It
+// acknowledged or has failed. Records of one key keep the order of msgs,
+// and none is stored after an earlier one of its key failed. It
 // returns nil when all were delivered, else a *core.BatchError listing
 // every failed message by UUID (the others were delivered), each error
 // marked permanent when retrying will not fix it. After Close, every message
@@ -332,7 +316,7 @@ func (p *Publisher) publishTopics(batches []topicBatch) error {
 
 // outcome is what became of one message of a Publish call.
 type outcome struct {
-	rec  *kgo.Record // nil when it was not sent
+	rec  *kgo.Record // nil when the Marshaler refused it without a key; only the key when with one
 	err  error       // nil: delivered
 	size int32       // the record's batch size when alone
 }
@@ -343,8 +327,10 @@ func (p *Publisher) publish(batches []topicBatch, all []*message.Message) error 
 	out := make([]outcome, len(all))
 	// A key with a failed message holds its later messages of this call
 	// back, so they cannot overtake it (core.BatchError's contract).
-	// Keys are per topic: topicKey.
+	// Keys are per topic: topicKey. A message the Marshaler refused
+	// without saying its key holds back its whole topic.
 	failedKeys := map[string]bool{}
+	failedTopics := map[string]bool{}
 	hold := func(i int, key string, err error) {
 		out[i].err = err
 		failedKeys[key] = true
@@ -370,25 +356,28 @@ func (p *Publisher) publish(batches []topicBatch, all []*message.Message) error 
 		limit := p.limitFor(topic)
 		batches[b].out = out[i : i+len(batches[b].msgs)]
 		for _, msg := range batches[b].msgs {
-			pm, err := p.marshaler.Marshal(topic, msg)
+			rec, err := p.marshaler.Marshal(topic, msg)
+			if err == nil && rec == nil {
+				err = errors.New("the Marshaler returned no record")
+			}
 			if err != nil {
-				hold(i, topicKey(topic, msg.Metadata.Get(core.MetadataPartitionKey)),
-					core.Permanent(fmt.Errorf("%w %s: %w", ErrMarshal, msg.UUID, err)))
+				err = core.Permanent(fmt.Errorf("%w %s: %w", ErrMarshal, msg.UUID, err))
+				if rec != nil { // it says the key: hold that
+					out[i].rec = &kgo.Record{Topic: topic, Key: rec.Key}
+					hold(i, topicKey(topic, string(rec.Key)), err)
+				} else {
+					out[i].err = err
+					failedTopics[topic] = true
+				}
 				i++
 				continue
 			}
-			rec, err := toRecord(topic, pm)
-			if err != nil {
-				hold(i, topicKey(topic, msg.Metadata.Get(core.MetadataPartitionKey)),
-					core.Permanent(fmt.Errorf("%w %s: %w", ErrMarshal, msg.UUID, err)))
-				i++
-				continue
-			}
+			rec.Topic = topic
 			key := topicKey(topic, string(rec.Key))
 			out[i].rec = rec
 			out[i].size = recordBatchSize(rec)
 			switch {
-			case failedKeys[key]:
+			case failedKeys[key] || failedTopics[topic]:
 				out[i].err = temporary(fmt.Errorf("%w: message %s", ErrHeldBack, msg.UUID))
 			case out[i].size > limit:
 				hold(i, key, core.Permanent(fmt.Errorf("%w: message %s needs %d bytes, topic %s takes %d",
@@ -396,7 +385,7 @@ func (p *Publisher) publish(batches []topicBatch, all []*message.Message) error 
 			default:
 				if len(round) >= p.chunk || p.chunkBytes > 0 && roundBytes+int64(out[i].size) > p.chunkBytes {
 					flush()
-					if failedKeys[key] {
+					if failedKeys[key] || failedTopics[topic] {
 						out[i].err = temporary(fmt.Errorf("%w: message %s", ErrHeldBack, msg.UUID))
 						break
 					}
@@ -439,7 +428,7 @@ func (p *Publisher) publish(batches []topicBatch, all []*message.Message) error 
 	return &core.BatchError{Errors: failed}
 }
 
-// topicKey is a partition key of a topic: keys of different topics are
+// topicKey is a record key of a topic: keys of different topics are
 // different keys.
 func topicKey(topic, key string) string { return topic + "\x00" + key }
 
@@ -644,16 +633,16 @@ func (p *Publisher) isolate(topic string, msgs []*message.Message, out []outcome
 // one of it failed. The design above rules it out; this makes a breach loud.
 func (p *Publisher) checkOrder(topic string, msgs []*message.Message, out []outcome) {
 	failed := map[string]bool{}
+	failedAll := false // a message whose key the Marshaler did not say failed
 	for i, o := range out {
-		key := msgs[i].Metadata.Get(core.MetadataPartitionKey)
-		if o.rec != nil {
-			key = string(o.rec.Key)
-		}
-		if o.err != nil {
-			failed[key] = true
-		} else if failed[key] {
+		switch {
+		case o.rec == nil:
+			failedAll = true
+		case o.err != nil:
+			failed[string(o.rec.Key)] = true
+		case failedAll || failed[string(o.rec.Key)]:
 			p.logger.Error("Kafka message stored ahead of a failed message of its key", nil,
-				watermill.LogFields{"topic": topic, "message_uuid": msgs[i].UUID, "partition_key": key})
+				watermill.LogFields{"topic": topic, "message_uuid": msgs[i].UUID, "record_key": string(o.rec.Key)})
 		}
 	}
 }
@@ -709,30 +698,6 @@ func failAll(msgs []*message.Message, err error) error {
 		failed[i] = core.MessageError{UUID: m.UUID, Err: temporary(err)}
 	}
 	return &core.BatchError{Errors: failed}
-}
-
-// toRecord turns the marshaler's sarama message into a franz-go record with
-// the same key, value, headers and timestamp.
-func toRecord(topic string, pm *sarama.ProducerMessage) (*kgo.Record, error) {
-	r := &kgo.Record{Topic: topic, Timestamp: pm.Timestamp}
-	var err error
-	if pm.Key != nil {
-		if r.Key, err = pm.Key.Encode(); err != nil {
-			return nil, fmt.Errorf("encode key: %w", err)
-		}
-	}
-	if pm.Value != nil {
-		if r.Value, err = pm.Value.Encode(); err != nil {
-			return nil, fmt.Errorf("encode value: %w", err)
-		}
-	}
-	if len(pm.Headers) > 0 {
-		r.Headers = make([]kgo.RecordHeader, len(pm.Headers))
-		for i, h := range pm.Headers {
-			r.Headers[i] = kgo.RecordHeader{Key: string(h.Key), Value: h.Value}
-		}
-	}
-	return r, nil
 }
 
 // recordBatchSize bounds from above the size of a record batch holding r

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -211,6 +212,97 @@ func TestPublishMarshalErrorFailsAlone(t *testing.T) {
 	}
 }
 
+// byCustomer keys records by the metadata "customer", in DefaultMarshaler's
+// format otherwise, and refuses a message with the metadata "refuse": with
+// the record key it would have had when sayKey, with no record otherwise.
+type byCustomer struct{ sayKey bool }
+
+func (m byCustomer) Marshal(topic string, msg *message.Message) (*kgo.Record, error) {
+	key := []byte(msg.Metadata.Get("customer"))
+	if msg.Metadata.Get("refuse") != "" {
+		if m.sayKey {
+			return &kgo.Record{Key: key}, errors.New("refused")
+		}
+		return nil, errors.New("refused")
+	}
+	r, err := kafka.DefaultMarshaler().Marshal(topic, msg)
+	if err != nil {
+		return nil, err
+	}
+	r.Key = key
+	return r, nil
+}
+
+// A custom Marshaler keys records by another field than the partition key:
+// a message it refuses holds back the later messages of its RECORD key (a
+// later message of that customer with another partition key is not stored
+// past it). A refusal that says the key holds back that key only; one that
+// does not holds back the rest of its topic, and no other topic.
+func TestPublishMarshalErrorHoldsTheRecordKey(t *testing.T) {
+	t.Parallel()
+	brokers := kafkatest.Brokers(t)
+	for _, sayKey := range []bool{true, false} {
+		t.Run(fmt.Sprintf("sayKey=%v", sayKey), func(t *testing.T) {
+			t.Parallel()
+			topic, other := kafkatest.Topic(), kafkatest.Topic()
+			p := newPublisherWith(t, kafka.PublisherConfig{Brokers: brokers, Marshaler: byCustomer{sayKey: sayKey}})
+			msg := func(i int, customer, partitionKey string) *message.Message {
+				m := newMessage(i, partitionKey)
+				m.Metadata.Set("customer", customer)
+				return m
+			}
+			msgs := []*message.Message{msg(1, "alice", "order-1"), msg(2, "alice", "order-2"), msg(3, "alice", "order-3"), msg(4, "bob", "order-2")}
+			msgs[1].Metadata.Set("refuse", "yes")
+			elsewhere := msg(5, "alice", "order-2")
+			err := p.PublishTopics(map[string][]*message.Message{topic: msgs, other: {elsewhere}})
+			var be *core.BatchError
+			if !errors.As(err, &be) {
+				t.Fatalf("PublishTopics: %v, want a BatchError", err)
+			}
+			failed := map[string]error{}
+			for _, me := range be.Errors {
+				failed[me.UUID] = me.Err
+			}
+			if err := failed[msgs[1].UUID]; !errors.Is(err, kafka.ErrMarshal) || !core.IsPermanent(err) {
+				t.Errorf("the refused message: %v, want a permanent ErrMarshal", err)
+			}
+			if err := failed[msgs[2].UUID]; !errors.Is(err, kafka.ErrHeldBack) {
+				t.Errorf("alice's next message (another partition key): %v, want ErrHeldBack", err)
+			}
+			wantStored := []*message.Message{msgs[0], msgs[3]} // bob's goes: the key is known
+			if !sayKey {
+				wantStored = wantStored[:1]
+				if err := failed[msgs[3].UUID]; !errors.Is(err, kafka.ErrHeldBack) {
+					t.Errorf("bob's message behind a refusal of unknown key: %v, want ErrHeldBack", err)
+				}
+			}
+			if len(be.Errors) != len(msgs)-len(wantStored) {
+				t.Errorf("%d failed: %v; want %d", len(be.Errors), err, len(msgs)-len(wantStored))
+			}
+			var got []string
+			for _, r := range readBack(t, brokers, topic, len(wantStored)) {
+				got = append(got, r.msg.UUID)
+				if want := r.msg.Metadata.Get("customer"); r.key != want {
+					t.Errorf("message %s keyed %q, want %q", r.msg.UUID, r.key, want)
+				}
+			}
+			var want []string
+			for _, m := range wantStored {
+				want = append(want, m.UUID)
+			}
+			if slices.Sort(got); !slices.Equal(got, want) {
+				t.Errorf("stored %v, want %v", got, want)
+			}
+			if n := kafkatest.RecordCount(t, brokers, topic); n != int64(len(wantStored)) {
+				t.Errorf("topic holds %d records, want %d", n, len(wantStored))
+			}
+			if n := kafkatest.RecordCount(t, brokers, other); n != 1 {
+				t.Errorf("the other topic holds %d records, want 1: a refusal holds back its own topic only", n)
+			}
+		})
+	}
+}
+
 // shortTimeouts gives up on an unreachable broker within a few seconds.
 func shortTimeouts() []kgo.Opt {
 	return []kgo.Opt{
@@ -349,8 +441,8 @@ func TestNewPublisherValidates(t *testing.T) {
 		"manual flushing":        {Brokers: []string{"127.0.0.1:1"}, ClientOptions: []kgo.Opt{kgo.ManualFlushing()}},
 	} {
 		_, err := kafka.NewPublisher(cfg, nil)
-		if !errors.Is(err, kafka.ErrInvalidConfig) || !errors.Is(err, core.ErrConfig) {
-			t.Errorf("%s: NewPublisher error %v, want ErrInvalidConfig and core.ErrConfig", name, err)
+		if !errors.Is(err, core.ErrConfig) {
+			t.Errorf("%s: NewPublisher error %v, want core.ErrConfig", name, err)
 		}
 	}
 	// The error says which setting and why.
@@ -496,8 +588,8 @@ func BenchmarkPublish(b *testing.B) {
 func BenchmarkPublishWatermillKafka(b *testing.B) {
 	p, err := wkafka.NewPublisher(wkafka.PublisherConfig{
 		Brokers:               kafkatest.Brokers(b),
-		Marshaler:             kafka.DefaultMarshaler(),
-		OverwriteSaramaConfig: kafka.DefaultSaramaConfig(),
+		Marshaler:             kafkatest.WatermillMarshaler(),
+		OverwriteSaramaConfig: kafkatest.SaramaConfig(),
 	}, nil)
 	if err != nil {
 		b.Fatal(err)

@@ -9,24 +9,24 @@ import (
 	"sync"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
-	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/millrace/millrace/core"
 )
 
 // Where a consumer group with no committed offset for a partition starts
 // reading it: SubscriberConfig.InitialOffset.
 const (
 	// OffsetOldest starts at the oldest record the partition holds.
-	OffsetOldest int64 = sarama.OffsetOldest
+	OffsetOldest int64 = -2
 	// OffsetNewest starts after the newest record: only records produced
 	// from then on are read.
-	OffsetNewest int64 = sarama.OffsetNewest
+	OffsetNewest int64 = -1
 )
 
 // Defaults of SubscriberConfig.
@@ -52,13 +52,13 @@ type SubscriberConfig struct {
 	// Required.
 	ConsumerGroup string
 	// Unmarshaler turns a record into a message. Defaults to
-	// DefaultMarshaler(), which reads what Publisher and watermill-kafka's
+	// DefaultUnmarshaler(), which reads what Publisher and watermill-kafka's
 	// Publisher write: the UUID from the "_watermill_message_uuid" header,
 	// the other headers as metadata, the value as payload.
-	Unmarshaler wkafka.Unmarshaler
+	Unmarshaler Unmarshaler
 	// InitialOffset is where the group starts reading a partition it has
 	// no committed offset for: OffsetOldest or OffsetNewest. Defaults to
-	// OffsetOldest (as DefaultSaramaSubscriberConfig).
+	// OffsetOldest.
 	InitialOffset int64
 	// FetchMaxWait is the longest a fetch waits on the broker for records
 	// to arrive. A broker answers as soon as it has records; this bounds
@@ -108,7 +108,7 @@ type SubscriberConfig struct {
 
 func (c *SubscriberConfig) setDefaults() {
 	if c.Unmarshaler == nil {
-		c.Unmarshaler = DefaultMarshaler()
+		c.Unmarshaler = DefaultUnmarshaler()
 	}
 	if c.InitialOffset == 0 {
 		c.InitialOffset = OffsetOldest
@@ -135,21 +135,21 @@ func (c *SubscriberConfig) setDefaults() {
 
 func (c *SubscriberConfig) validate() error {
 	if len(c.Brokers) == 0 {
-		return fmt.Errorf("%w: kafka: SubscriberConfig.Brokers is empty", ErrInvalidConfig)
+		return fmt.Errorf("%w: kafka: SubscriberConfig.Brokers is empty", core.ErrConfig)
 	}
 	for _, b := range c.Brokers {
 		if strings.TrimSpace(b) == "" {
-			return fmt.Errorf("%w: kafka: empty address in SubscriberConfig.Brokers %q", ErrInvalidConfig, c.Brokers)
+			return fmt.Errorf("%w: kafka: empty address in SubscriberConfig.Brokers %q", core.ErrConfig, c.Brokers)
 		}
 	}
 	if c.ConsumerGroup == "" {
-		return fmt.Errorf("%w: kafka: SubscriberConfig.ConsumerGroup is required", ErrInvalidConfig)
+		return fmt.Errorf("%w: kafka: SubscriberConfig.ConsumerGroup is required", core.ErrConfig)
 	}
 	if c.InitialOffset != OffsetOldest && c.InitialOffset != OffsetNewest {
-		return fmt.Errorf("%w: kafka: SubscriberConfig.InitialOffset must be OffsetOldest or OffsetNewest, got %d", ErrInvalidConfig, c.InitialOffset)
+		return fmt.Errorf("%w: kafka: SubscriberConfig.InitialOffset must be OffsetOldest or OffsetNewest, got %d", core.ErrConfig, c.InitialOffset)
 	}
 	if c.FetchMaxWait < 0 || c.MaxBatch < 0 || c.SessionTimeout < 0 || c.CommitInterval < 0 || c.NackResendSleep < 0 || c.RevokeGrace < 0 {
-		return fmt.Errorf("%w: kafka: SubscriberConfig durations and MaxBatch must not be negative", ErrInvalidConfig)
+		return fmt.Errorf("%w: kafka: SubscriberConfig durations and MaxBatch must not be negative", core.ErrConfig)
 	}
 	return nil
 }
@@ -178,7 +178,7 @@ type Subscriber struct {
 
 // NewSubscriber checks cfg, connects to the brokers and returns a
 // Subscriber. A nil logger logs to slog.Default(). Errors for a bad cfg
-// wrap ErrInvalidConfig; a broker that does not answer is an error too.
+// wrap core.ErrConfig; a broker that does not answer is an error too.
 func NewSubscriber(cfg SubscriberConfig, logger watermill.LoggerAdapter) (*Subscriber, error) {
 	cfg.setDefaults()
 	if err := cfg.validate(); err != nil {
@@ -191,7 +191,7 @@ func NewSubscriber(cfg SubscriberConfig, logger watermill.LoggerAdapter) (*Subsc
 	s := &Subscriber{cfg: cfg, logger: logger, subs: map[*subscription]struct{}{}}
 	probe, err := kgo.NewClient(s.clientOpts()...)
 	if err != nil {
-		return nil, fmt.Errorf("%w: kafka: client options: %w", ErrInvalidConfig, err)
+		return nil, fmt.Errorf("%w: kafka: client options: %w", core.ErrConfig, err)
 	}
 	defer probe.Close()
 	dial, _ := probe.OptValue(kgo.DialTimeout).(time.Duration)
@@ -234,56 +234,22 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	return out, nil
 }
 
-// BatchSubscriber is the optional ability of a message.Subscriber to
-// deliver many messages of a partition at once, which Subscriber has. The
-// batched consumers (saga.Orchestrator.RunBatched,
-// compensation.Participant.RunBatched) look for it by type assertion and
-// then take whole fetches per transaction.
-type BatchSubscriber interface {
-	SubscribeBatch(ctx context.Context, topic string) (<-chan *Batch, error)
-}
-
-var _ BatchSubscriber = (*Subscriber)(nil)
-
-// Batch is a run of consecutive records of one partition, delivered by
-// SubscribeBatch as messages in offset order. Ack and Nack act on all its
-// messages; each message can also be acked or nacked alone. Once each
-// message is acked or nacked, the partition goes on: committed up to the
-// first nacked message, and delivering again from it (with all the
-// messages after it, acked or not) after NackResendSleep.
-type Batch struct {
-	// Topic and Partition are where the records come from.
-	Topic     string
-	Partition int32
-	// Messages are the records, in offset order; each message's context
-	// carries its offset (MessagePartitionOffsetFromCtx).
-	Messages []*message.Message
-}
-
-// Ack acks every message of the batch that was not nacked.
-func (b *Batch) Ack() {
-	for _, m := range b.Messages {
-		m.Ack()
-	}
-}
-
-// Nack nacks every message of the batch that was not acked: the partition
-// is delivered again from the first of them.
-func (b *Batch) Nack() {
-	for _, m := range b.Messages {
-		m.Nack()
-	}
-}
+// Subscriber delivers batches (SubscribeBatch) to the batched consumers.
+var _ core.BatchSubscriber = (*Subscriber)(nil)
 
 // SubscribeBatch is Subscribe, but delivers many records of a partition at
-// once: whatever the partition has buffered, up to MaxBatch, as one Batch.
-// A partition has one Batch in flight at a time; batches of different
-// partitions come concurrently. The channel closes when ctx ends or the
-// Subscriber closes.
-func (s *Subscriber) SubscribeBatch(ctx context.Context, topic string) (<-chan *Batch, error) {
-	out := make(chan *Batch)
-	if err := s.start(ctx, topic, s.cfg.MaxBatch, nil, func(d *delivery) (chan<- *Batch, *Batch) {
-		return out, &Batch{Topic: topic, Partition: d.part, Messages: d.msgs}
+// once: whatever the partition has buffered, up to MaxBatch, as one
+// core.Batch, its messages in offset order (each message's context carries
+// its offset: MessagePartitionOffsetFromCtx). A partition has one Batch in
+// flight at a time; batches of different partitions come concurrently.
+// Once each message of a Batch is acked or nacked, the partition goes on:
+// committed up to the first nacked message, and delivering again from it
+// (with all the messages after it, acked or not) after NackResendSleep.
+// The channel closes when ctx ends or the Subscriber closes.
+func (s *Subscriber) SubscribeBatch(ctx context.Context, topic string) (<-chan *core.Batch, error) {
+	out := make(chan *core.Batch)
+	if err := s.start(ctx, topic, s.cfg.MaxBatch, nil, func(d *delivery) (chan<- *core.Batch, *core.Batch) {
+		return out, &core.Batch{Topic: topic, Partition: d.part, Messages: d.msgs}
 	}, func() { close(out) }); err != nil {
 		return nil, err
 	}
@@ -331,7 +297,7 @@ type subscription struct {
 
 func (s *Subscriber) start(ctx context.Context, topic string, maxRecs int,
 	one func(*delivery) (chan<- *message.Message, *message.Message),
-	batch func(*delivery) (chan<- *Batch, *Batch),
+	batch func(*delivery) (chan<- *core.Batch, *core.Batch),
 	done func(),
 ) error {
 	if topic == "" {
@@ -384,7 +350,7 @@ func (s *Subscriber) start(ctx context.Context, topic string, maxRecs int,
 	client, err := kgo.NewClient(opts...)
 	if err != nil {
 		cancel()
-		return fmt.Errorf("%w: kafka: client options: %w", ErrInvalidConfig, err)
+		return fmt.Errorf("%w: kafka: client options: %w", core.ErrConfig, err)
 	}
 	sub.client = client
 	s.subs[sub] = struct{}{}
@@ -814,7 +780,7 @@ func (d *delivery) cancelAll() {
 func (p *partition) newDelivery(recs []*kgo.Record) *delivery {
 	d := &delivery{part: p.id}
 	for _, r := range recs {
-		msg, err := p.sub.s.cfg.Unmarshaler.Unmarshal(consumerMessage(r))
+		msg, err := p.sub.s.cfg.Unmarshaler.Unmarshal(r)
 		if err != nil || msg == nil {
 			if err == nil {
 				err = errors.New("no message")
@@ -852,20 +818,6 @@ func RecordUUID(topic string, partition int32, offset int64) string {
 	return uuid.NewSHA1(recordNamespace, fmt.Appendf(nil, "%s/%d/%d", topic, partition, offset)).String()
 }
 
-func consumerMessage(r *kgo.Record) *sarama.ConsumerMessage {
-	cm := &sarama.ConsumerMessage{
-		Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
-		Key: r.Key, Value: r.Value, Timestamp: r.Timestamp,
-	}
-	if len(r.Headers) > 0 {
-		cm.Headers = make([]*sarama.RecordHeader, len(r.Headers))
-		for i, h := range r.Headers {
-			cm.Headers[i] = &sarama.RecordHeader{Key: []byte(h.Key), Value: h.Value}
-		}
-	}
-	return cm
-}
-
 // recordKey is the context key of a delivered message's record: one
 // value for its partition, offset, timestamp and key (four values took
 // four contexts and the allocations of their boxes, per message).
@@ -877,38 +829,46 @@ func recordFromCtx(ctx context.Context) (*kgo.Record, bool) {
 }
 
 // MessagePartitionFromCtx returns the partition of a message a Subscriber
-// (or watermill-kafka's subscriber) delivered.
+// delivered. It reads only this package's Subscriber's messages: for
+// watermill-kafka's subscriber, use its own accessors.
 func MessagePartitionFromCtx(ctx context.Context) (int32, bool) {
-	if r, ok := recordFromCtx(ctx); ok {
-		return r.Partition, true
+	r, ok := recordFromCtx(ctx)
+	if !ok {
+		return 0, false
 	}
-	return wkafka.MessagePartitionFromCtx(ctx)
+	return r.Partition, true
 }
 
 // MessagePartitionOffsetFromCtx returns the offset of a message a
-// Subscriber (or watermill-kafka's subscriber) delivered.
+// Subscriber delivered. It reads only this package's Subscriber's
+// messages.
 func MessagePartitionOffsetFromCtx(ctx context.Context) (int64, bool) {
-	if r, ok := recordFromCtx(ctx); ok {
-		return r.Offset, true
+	r, ok := recordFromCtx(ctx)
+	if !ok {
+		return 0, false
 	}
-	return wkafka.MessagePartitionOffsetFromCtx(ctx)
+	return r.Offset, true
 }
 
 // MessageTimestampFromCtx returns the record timestamp of a message a
-// Subscriber (or watermill-kafka's subscriber) delivered.
+// Subscriber delivered. It reads only this package's Subscriber's
+// messages.
 func MessageTimestampFromCtx(ctx context.Context) (time.Time, bool) {
-	if r, ok := recordFromCtx(ctx); ok {
-		return r.Timestamp, true
+	r, ok := recordFromCtx(ctx)
+	if !ok {
+		return time.Time{}, false
 	}
-	return wkafka.MessageTimestampFromCtx(ctx)
+	return r.Timestamp, true
 }
 
-// MessageKeyFromCtx returns the record key of a message a Subscriber (or
-// watermill-kafka's subscriber) delivered: for what Publisher writes, the
-// message's core.MetadataPartitionKey.
+// MessageKeyFromCtx returns the record key of a message a Subscriber
+// delivered: for what Publisher writes with DefaultMarshaler, the
+// message's core.MetadataPartitionKey. It reads only this package's
+// Subscriber's messages.
 func MessageKeyFromCtx(ctx context.Context) ([]byte, bool) {
-	if r, ok := recordFromCtx(ctx); ok {
-		return r.Key, true
+	r, ok := recordFromCtx(ctx)
+	if !ok {
+		return nil, false
 	}
-	return wkafka.MessageKeyFromCtx(ctx)
+	return r.Key, true
 }

@@ -4,19 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"strconv"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/kafkatest"
 	"github.com/millrace/millrace/kafka"
 )
@@ -379,50 +378,11 @@ func TestSubscriberHostileRecords(t *testing.T) {
 // "refuse me".
 type refusing struct{}
 
-func (refusing) Unmarshal(m *sarama.ConsumerMessage) (*message.Message, error) {
-	if string(m.Value) == "refuse me" {
+func (refusing) Unmarshal(r *kgo.Record) (*message.Message, error) {
+	if string(r.Value) == "refuse me" {
 		return nil, errors.New("refused")
 	}
-	return kafka.DefaultMarshaler().Unmarshal(m)
-}
-
-// What watermill-kafka's Publisher writes reads back the same: UUID,
-// metadata, payload and key.
-func TestSubscriberReadsWatermillKafkaPublisher(t *testing.T) {
-	t.Parallel()
-	brokers, topic := kafkatest.Brokers(t), kafkatest.Topic()
-	pub, err := wkafka.NewPublisher(wkafka.PublisherConfig{
-		Brokers: brokers, Marshaler: kafka.DefaultMarshaler(), OverwriteSaramaConfig: kafka.DefaultSaramaConfig(),
-	}, watermill.NopLogger{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
-	var sent []*message.Message
-	for i := range 5 {
-		m := newMessage(i, "order-7")
-		sent = append(sent, m)
-	}
-	if err := pub.Publish(topic, sent...); err != nil {
-		t.Fatal(err)
-	}
-	ch, err := newSub(t, brokers, kafkatest.Group()).Subscribe(context.Background(), topic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, want := range sent {
-		m := next(t, ch)
-		if m.UUID != want.UUID || string(m.Payload) != string(want.Payload) || !maps.Equal(m.Metadata, want.Metadata) {
-			t.Fatalf("got %s %s %v, want %s %s %v", m.UUID, m.Payload, m.Metadata, want.UUID, want.Payload, want.Metadata)
-		}
-		if key, _ := kafka.MessageKeyFromCtx(m.Context()); string(key) != "order-7" {
-			t.Fatalf("key %q", key)
-		}
-		if ts, ok := kafka.MessageTimestampFromCtx(m.Context()); !ok || ts.IsZero() {
-			t.Fatal("no timestamp")
-		}
-		m.Ack()
-	}
+	return kafka.DefaultUnmarshaler().Unmarshal(r)
 }
 
 // A second member joins while the first holds a batch, and leaves holding
@@ -444,7 +404,7 @@ func TestSubscribeBatchRebalanceMidBatch(t *testing.T) {
 	}
 	deliveries := map[string]int{}
 	batches := map[string]int{}
-	ack := func(who string, b *kafka.Batch) {
+	ack := func(who string, b *core.Batch) {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, m := range b.Messages {
@@ -461,7 +421,7 @@ func TestSubscribeBatchRebalanceMidBatch(t *testing.T) {
 		}
 		b.Ack()
 	}
-	count := func(who string, b *kafka.Batch) {
+	count := func(who string, b *core.Batch) {
 		mu.Lock()
 		deliveries[who] += len(b.Messages)
 		batches[who]++
@@ -551,7 +511,7 @@ func TestSubscribeBatchRebalanceMidBatch(t *testing.T) {
 }
 
 // NewSubscriber refuses a config it cannot work with, wrapping
-// ErrInvalidConfig, and a broker that does not answer.
+// core.ErrConfig, and a broker that does not answer.
 func TestNewSubscriberRefuses(t *testing.T) {
 	t.Parallel()
 	brokers := kafkatest.Brokers(t)
@@ -561,13 +521,13 @@ func TestNewSubscriberRefuses(t *testing.T) {
 		"initial offset": {Brokers: brokers, ConsumerGroup: "g", InitialOffset: 5},
 		"negative batch": {Brokers: brokers, ConsumerGroup: "g", MaxBatch: -1},
 	} {
-		if _, err := kafka.NewSubscriber(cfg, nil); !errors.Is(err, kafka.ErrInvalidConfig) {
-			t.Errorf("%s: %v, want ErrInvalidConfig", name, err)
+		if _, err := kafka.NewSubscriber(cfg, nil); !errors.Is(err, core.ErrConfig) {
+			t.Errorf("%s: %v, want core.ErrConfig", name, err)
 		}
 	}
 	_, err := kafka.NewSubscriber(kafka.SubscriberConfig{Brokers: []string{"127.0.0.1:1"}, ConsumerGroup: "g",
 		ClientOptions: []kgo.Opt{kgo.DialTimeout(200 * time.Millisecond)}}, nil)
-	if err == nil || errors.Is(err, kafka.ErrInvalidConfig) {
+	if err == nil || errors.Is(err, core.ErrConfig) {
 		t.Errorf("unreachable broker: %v", err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/IBM/sarama"
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
@@ -90,11 +91,16 @@ func Example_relay() {
 	go func() { done <- relay.Run(rctx) }()
 	defer func() { stop(); <-done }() // a graceful stop finishes the batch in flight
 
-	// Any watermill-kafka consumer reads it.
+	// Any watermill-kafka consumer reads it (sarama's consumer groups need
+	// a protocol version the brokers speak; a new group starts at the
+	// oldest record).
+	sc := sarama.NewConfig()
+	sc.Version = sarama.V3_6_0_0
+	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
 	sub, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{
 		Brokers:               brokers,
-		Unmarshaler:           kafka.DefaultMarshaler(),
-		OverwriteSaramaConfig: kafka.DefaultSaramaSubscriberConfig(),
+		Unmarshaler:           wkafka.DefaultMarshaler{},
+		OverwriteSaramaConfig: sc,
 		ConsumerGroup:         "billing-" + topic,
 	}, nil)
 	if err != nil {

@@ -21,9 +21,9 @@ import (
 
 	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/devkafka"
+	"github.com/millrace/millrace/internal/kafkatest"
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/internal/sqlident"
-	"github.com/millrace/millrace/kafka"
 	"github.com/millrace/millrace/migrations"
 	"github.com/millrace/millrace/outbox"
 )
@@ -270,7 +270,7 @@ func (b *bench) inBatches(ctx context.Context, what string, n int, fn func(ctx c
 // topicRecords returns how many records topic holds, summed over its
 // partitions (newest minus oldest offset).
 func topicRecords(brokers []string, topic string) (int64, error) {
-	client, err := sarama.NewClient(brokers, kafka.DefaultSaramaSubscriberConfig())
+	client, err := sarama.NewClient(brokers, kafkatest.SaramaSubscriberConfig())
 	if err != nil {
 		return 0, err
 	}

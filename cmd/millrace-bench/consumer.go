@@ -16,6 +16,7 @@ import (
 
 	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
+	"github.com/millrace/millrace/internal/kafkatest"
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/internal/sqlident"
 	"github.com/millrace/millrace/kafka"
@@ -126,7 +127,7 @@ func (b *bench) consume(ctx context.Context, topic string, n int, batched bool) 
 			sub.Close()
 			return 0, err
 		}
-		handle := func(bt *kafka.Batch) error {
+		handle := func(bt *core.Batch) error {
 			delivered()
 			return pgx.BeginFunc(cctx, pool, func(tx pgx.Tx) error {
 				fresh, err := dedup.MarkTx(cctx, tx, bt.Messages...)
@@ -158,8 +159,8 @@ func (b *bench) consume(ctx context.Context, topic string, n int, batched bool) 
 	} else {
 		sub, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{
 			Brokers:               b.brokers,
-			Unmarshaler:           kafka.DefaultMarshaler(),
-			OverwriteSaramaConfig: kafka.DefaultSaramaSubscriberConfig(),
+			Unmarshaler:           wkafka.DefaultMarshaler{},
+			OverwriteSaramaConfig: kafkatest.SaramaSubscriberConfig(),
 			ConsumerGroup:         group,
 		}, nil)
 		if err != nil {

@@ -13,8 +13,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/millrace/millrace/internal/kafkatest"
 	"github.com/millrace/millrace/internal/sqlident"
-	"github.com/millrace/millrace/kafka"
 )
 
 // Past this projected time for the whole backlog the forwarder is measured
@@ -86,8 +86,8 @@ func (b *bench) benchForwarder(ctx context.Context) error {
 	// as watermill-kafka users would configure it.
 	kp, err := wkafka.NewPublisher(wkafka.PublisherConfig{
 		Brokers:               b.brokers,
-		Marshaler:             kafka.DefaultMarshaler(),
-		OverwriteSaramaConfig: kafka.DefaultSaramaConfig(),
+		Marshaler:             kafkatest.WatermillMarshaler(),
+		OverwriteSaramaConfig: kafkatest.SaramaConfig(),
 	}, nil)
 	if err != nil {
 		return err

@@ -8,23 +8,24 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/google/uuid"
 
-	"github.com/millrace/millrace/kafka"
+	"github.com/millrace/millrace/internal/kafkatest"
 )
 
 // benchRaw measures raw_produce_events_per_s, the ceiling: the same n
-// records (key, value, headers as the relay sends them, marshaled by the
-// same marshaler) produced straight to the broker by a sarama SyncProducer
-// with kafka.DefaultSaramaConfig(), SendMessages in batches of produceSize.
+// records (key, value, headers as the relay sends them, in the same record
+// format: watermill-kafka's partitioning marshaler keyed by the partition
+// key) produced straight to the broker by a sarama SyncProducer with
+// kafkatest.SaramaConfig(), SendMessages in batches of produceSize.
 // Building and marshaling each batch is timed, as it is in the relay.
 func (b *bench) benchRaw(ctx context.Context) error {
 	n := b.opts.n
 	topic := newTopic("raw")
-	producer, err := sarama.NewSyncProducer(b.brokers, kafka.DefaultSaramaConfig())
+	producer, err := sarama.NewSyncProducer(b.brokers, kafkatest.SaramaConfig())
 	if err != nil {
 		return err
 	}
 	defer producer.Close()
-	marshaler := kafka.DefaultMarshaler()
+	marshaler := kafkatest.WatermillMarshaler()
 	batch := make([]*sarama.ProducerMessage, 0, produceSize)
 
 	b.progress("raw: producing %d records in batches of %d", n, produceSize)

@@ -108,14 +108,14 @@ type hopSubscriber struct {
 	rec *hopRecorder
 }
 
-var _ kafka.BatchSubscriber = (*hopSubscriber)(nil)
+var _ core.BatchSubscriber = (*hopSubscriber)(nil)
 
-func (s *hopSubscriber) SubscribeBatch(ctx context.Context, topic string) (<-chan *kafka.Batch, error) {
+func (s *hopSubscriber) SubscribeBatch(ctx context.Context, topic string) (<-chan *core.Batch, error) {
 	in, err := s.Subscriber.SubscribeBatch(ctx, topic)
 	if err != nil {
 		return nil, err
 	}
-	out := make(chan *kafka.Batch)
+	out := make(chan *core.Batch)
 	go func() {
 		defer close(out)
 		for b := range in {

@@ -11,11 +11,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/millrace/millrace/devbroker"
-	"github.com/millrace/millrace/kafka"
 )
 
 var validName = regexp.MustCompile(`^[a-z][a-z0-9_]{0,40}$`)
@@ -60,12 +59,17 @@ func broker(ctx context.Context, cfg *config, lg *logger) (closeFn func(), kind 
 }
 
 func waitForBroker(ctx context.Context, brokers []string, timeout time.Duration) error {
-	return waitFor(ctx, timeout, func(context.Context) (bool, error) {
-		c, err := sarama.NewClient(brokers, kafka.DefaultSaramaConfig())
+	return waitFor(ctx, timeout, func(ctx context.Context) (bool, error) {
+		c, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 		if err != nil {
 			return false, err
 		}
-		_ = c.Close()
+		defer c.Close()
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		if err := c.Ping(ctx); err != nil {
+			return false, err
+		}
 		return true, nil
 	})
 }

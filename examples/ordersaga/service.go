@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -159,14 +160,20 @@ const dupEvery = 7
 
 // subscriber returns a Kafka subscriber in the service's consumer group.
 func (s *service) subscriber() (message.Subscriber, error) {
-	sc := kafka.DefaultSaramaSubscriberConfig()
+	// sarama's consumer groups need a protocol version the brokers speak;
+	// a new group starts at the oldest record.
+	sc := sarama.NewConfig()
+	sc.Version = sarama.V3_6_0_0
+	sc.Net.DialTimeout = 10 * time.Second
+	sc.Consumer.Return.Errors = true
+	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
 	// A fetch returns as soon as a record is there, or after MaxWaitTime
 	// (sarama's default, 500ms, is a long wait per hop for a saga whose
 	// every step is a command and a reply).
 	sc.Consumer.MaxWaitTime = 20 * time.Millisecond
 	return wkafka.NewSubscriber(wkafka.SubscriberConfig{
 		Brokers:               s.brokers,
-		Unmarshaler:           kafka.DefaultMarshaler(),
+		Unmarshaler:           wkafka.DefaultMarshaler{},
 		OverwriteSaramaConfig: sc,
 		ConsumerGroup:         s.group,
 	}, s.wlog)

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/IBM/sarama"
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
@@ -17,7 +18,6 @@ import (
 
 	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
-	"github.com/millrace/millrace/kafka"
 	"github.com/millrace/millrace/outbox"
 )
 
@@ -52,12 +52,18 @@ func startBilling(ctx context.Context, e *env) (*billing, error) {
 	b := &billing{pool: e.pool, outbox: w, invoicesTopic: e.invoicesTopic, deliveries: newDeliveryLog(), done: make(chan error, 1)}
 
 	// watermill-kafka's Subscriber reads what millrace's Kafka publisher
-	// wrote (the same marshaling), in a consumer group, one message at a
-	// time per partition: each customer's events arrive in order.
+	// wrote (watermill-kafka's own record format), in a consumer group, one
+	// message at a time per partition: each customer's events arrive in
+	// order. sarama's consumer groups need a protocol version the brokers
+	// speak; a new group starts at the oldest record.
+	sc := sarama.NewConfig()
+	sc.Version = sarama.V3_6_0_0
+	sc.Consumer.Return.Errors = true
+	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
 	sub, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{
 		Brokers:               e.brokers,
-		Unmarshaler:           kafka.DefaultMarshaler(),
-		OverwriteSaramaConfig: kafka.DefaultSaramaSubscriberConfig(),
+		Unmarshaler:           wkafka.DefaultMarshaler{},
+		OverwriteSaramaConfig: sc,
 		ConsumerGroup:         e.billingGroup,
 	}, e.logger)
 	if err != nil {

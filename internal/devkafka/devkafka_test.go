@@ -10,7 +10,6 @@ import (
 	"github.com/millrace/millrace/internal/devkafka"
 	"github.com/millrace/millrace/internal/kafkatest"
 	"github.com/millrace/millrace/internal/leaktest"
-	"github.com/millrace/millrace/kafka"
 )
 
 func TestMain(m *testing.M) { leaktest.VerifyTestMain(m) }
@@ -20,7 +19,7 @@ func TestMain(m *testing.M) { leaktest.VerifyTestMain(m) }
 // key), and returns their UUIDs in order.
 func produce(t *testing.T, addrs []string, topic string, n int) []string {
 	t.Helper()
-	p, err := sarama.NewSyncProducer(addrs, kafka.DefaultSaramaConfig())
+	p, err := sarama.NewSyncProducer(addrs, kafkatest.SaramaConfig())
 	if err != nil {
 		t.Fatal(err)
 	}

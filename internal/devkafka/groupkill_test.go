@@ -15,7 +15,6 @@ import (
 
 	"github.com/millrace/millrace/internal/childtest"
 	"github.com/millrace/millrace/internal/kafkatest"
-	"github.com/millrace/millrace/kafka"
 )
 
 // The consumer settings of the group-kill test: millrace's subscriber
@@ -38,7 +37,7 @@ const (
 )
 
 func killSubscriberConfig() *sarama.Config {
-	c := kafka.DefaultSaramaSubscriberConfig()
+	c := kafkatest.SaramaSubscriberConfig()
 	c.Consumer.Group.Session.Timeout = killSessionTimeout
 	c.Consumer.Group.Heartbeat.Interval = killHeartbeat
 	return c
@@ -48,7 +47,7 @@ func newKillSubscriber(t testing.TB, brokers []string, group string) *wkafka.Sub
 	t.Helper()
 	sub, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{
 		Brokers:               brokers,
-		Unmarshaler:           kafka.DefaultMarshaler(),
+		Unmarshaler:           wkafka.DefaultMarshaler{},
 		OverwriteSaramaConfig: killSubscriberConfig(),
 		ConsumerGroup:         group,
 	}, nil)
@@ -97,7 +96,7 @@ func TestConsumerKilledWhileJoiningLosesItsPartitions(t *testing.T) {
 	t.Parallel()
 	brokers := kafkatest.Brokers(t)
 	topic, group := kafkatest.Topic(), kafkatest.Group()
-	admin, err := sarama.NewClusterAdmin(brokers, kafka.DefaultSaramaConfig())
+	admin, err := sarama.NewClusterAdmin(brokers, kafkatest.SaramaConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +106,7 @@ func TestConsumerKilledWhileJoiningLosesItsPartitions(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	pcfg := kafka.DefaultSaramaConfig()
+	pcfg := kafkatest.SaramaConfig()
 	pcfg.Producer.Partitioner = sarama.NewManualPartitioner
 	producer, err := sarama.NewSyncProducer(brokers, pcfg)
 	if err != nil {

@@ -1,6 +1,6 @@
 // Package fetch reads topics as runs of messages for the batched consumers
 // (saga.RunBatched, compensation.Participant.RunBatched): whole fetches of
-// a partition from a kafka.BatchSubscriber, one message at a time from any
+// a partition from a core.BatchSubscriber, one message at a time from any
 // other message.Subscriber, and gathers them into transaction batches that
 // close as soon as nothing more is ready.
 package fetch
@@ -13,7 +13,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/millrace/millrace/kafka"
+	"github.com/millrace/millrace/core"
 )
 
 // Run is consecutive messages of one partition of Topic, in order (from a
@@ -21,20 +21,20 @@ import (
 type Run struct {
 	Topic string
 	Msgs  []*message.Message
-	// Batched is true when the run comes from a kafka.BatchSubscriber: a
+	// Batched is true when the run comes from a core.BatchSubscriber: a
 	// nacked message there is delivered again with every message after it
 	// in its partition, so those need not be tried.
 	Batched bool
 }
 
 // Subscribe subscribes to each topic, with SubscribeBatch when sub is a
-// kafka.BatchSubscriber, and sends the runs to the returned channel until
+// core.BatchSubscriber, and sends the runs to the returned channel until
 // ctx ends or every subscription has ended, then closes it. batched tells
 // which interface was used; wait waits for the forwarding goroutines and
 // nacks what no batch took; call it after the batches' workers have
 // returned.
 func Subscribe(ctx context.Context, sub message.Subscriber, topics []string) (out <-chan Run, batched bool, wait func(), err error) {
-	bs, batched := sub.(kafka.BatchSubscriber)
+	bs, batched := sub.(core.BatchSubscriber)
 	// Buffered: the runs the partitions have ready wait here, so a batch
 	// that takes what is ready sees them all, not only the one a
 	// forwarding goroutine holds.

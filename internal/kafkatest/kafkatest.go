@@ -14,9 +14,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/devkafka"
 	"github.com/millrace/millrace/internal/pgtest"
-	"github.com/millrace/millrace/kafka"
 )
 
 // Brokers returns broker addresses for the test: KAFKA_BROKERS when set,
@@ -71,16 +71,68 @@ func Topic() string { return pgtest.RandomName("topic") }
 // Group returns a consumer-group name no other test uses.
 func Group() string { return pgtest.RandomName("group") }
 
+// SaramaConfig returns sarama producer settings for a real Kafka cluster,
+// for the producers that tests and the bench's baselines run beside
+// kafka.Publisher (watermill-kafka's Publisher, sarama's SyncProducer):
+// protocol version 3.6, an idempotent producer (acks=all, one in-flight
+// request per connection, retries on), producer successes and errors
+// returned, sarama's hash partitioner (kafka.Publisher places keys as it
+// does) and a 10-second dial timeout. The result is the caller's to change.
+func SaramaConfig() *sarama.Config {
+	c := sarama.NewConfig()
+	c.Version = sarama.V3_6_0_0
+	c.ClientID = "millrace"
+	c.Net.DialTimeout = 10 * time.Second
+	c.Net.MaxOpenRequests = 1
+	c.Metadata.AllowAutoTopicCreation = true
+	c.Producer.Idempotent = true
+	c.Producer.RequiredAcks = sarama.WaitForAll
+	c.Producer.Retry.Max = 10
+	c.Producer.Retry.Backoff = 100 * time.Millisecond
+	c.Producer.Return.Successes = true
+	c.Producer.Return.Errors = true
+	c.Producer.Partitioner = sarama.NewHashPartitioner
+	c.Producer.Compression = sarama.CompressionNone
+	c.Producer.Flush.Frequency = 0
+	c.Producer.Flush.MaxMessages = 0
+	return c
+}
+
+// SaramaSubscriberConfig returns consumer settings for reading what
+// kafka.Publisher writes with watermill-kafka's subscriber: protocol
+// version 3.6 (sarama's consumer groups need one the brokers speak) and
+// reading from the oldest offset when a group has none.
+func SaramaSubscriberConfig() *sarama.Config {
+	c := sarama.NewConfig()
+	c.Version = sarama.V3_6_0_0
+	c.ClientID = "millrace"
+	c.Net.DialTimeout = 10 * time.Second
+	c.Consumer.Return.Errors = true
+	c.Consumer.Offsets.Initial = sarama.OffsetOldest
+	return c
+}
+
+// WatermillMarshaler returns watermill-kafka's partitioning marshaler keyed
+// by core.MetadataPartitionKey: a watermill-kafka Publisher with it writes
+// the records kafka.Publisher writes with kafka.DefaultMarshaler (the bench's
+// baselines and the compatibility tests use it).
+func WatermillMarshaler() wkafka.MarshalerUnmarshaler {
+	return wkafka.NewWithPartitioningMarshaler(func(_ string, m *message.Message) (string, error) {
+		return m.Metadata.Get(core.MetadataPartitionKey), nil
+	})
+}
+
 // NewSubscriber returns a watermill-kafka Subscriber in a consumer group no
-// other test uses, reading what kafka.Publisher writes (kafka.DefaultMarshaler,
-// kafka.DefaultSaramaSubscriberConfig: from the oldest offset). It is closed
-// when the test ends; closing it earlier is fine, Close is idempotent.
+// other test uses, reading what kafka.Publisher writes with watermill-kafka's
+// own DefaultMarshaler (SaramaSubscriberConfig: from the oldest offset). It
+// is closed when the test ends; closing it earlier is fine, Close is
+// idempotent.
 func NewSubscriber(t testing.TB, brokers []string) *wkafka.Subscriber {
 	t.Helper()
 	sub, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{
 		Brokers:               brokers,
-		Unmarshaler:           kafka.DefaultMarshaler(),
-		OverwriteSaramaConfig: kafka.DefaultSaramaSubscriberConfig(),
+		Unmarshaler:           wkafka.DefaultMarshaler{},
+		OverwriteSaramaConfig: SaramaSubscriberConfig(),
 		ConsumerGroup:         Group(),
 	}, nil)
 	if err != nil {
@@ -126,7 +178,7 @@ func Read(t testing.TB, brokers []string, topic string, n int) []*message.Messag
 // partitions' high-water marks.
 func RecordCount(t testing.TB, brokers []string, topic string) int64 {
 	t.Helper()
-	c, err := sarama.NewClient(brokers, kafka.DefaultSaramaSubscriberConfig())
+	c, err := sarama.NewClient(brokers, SaramaSubscriberConfig())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,8 +13,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
-
-	"github.com/millrace/millrace/kafka"
 )
 
 // GroupSubscriber is the subscriber side of Watermill's conformance suite:
@@ -54,8 +52,8 @@ func (s *GroupSubscriber) subscriber(topic string) (*wkafka.Subscriber, error) {
 	}
 	sub, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{
 		Brokers:                s.brokers,
-		Unmarshaler:            kafka.DefaultMarshaler(),
-		OverwriteSaramaConfig:  kafka.DefaultSaramaSubscriberConfig(),
+		Unmarshaler:            wkafka.DefaultMarshaler{},
+		OverwriteSaramaConfig:  SaramaSubscriberConfig(),
 		ConsumerGroup:          group,
 		InitializeTopicDetails: &sarama.TopicDetail{NumPartitions: 4, ReplicationFactor: -1},
 	}, nil)

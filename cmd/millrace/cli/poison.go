@@ -10,7 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/millrace/millrace/internal/poison"
+	"github.com/millrace/millrace/internal/poisontopic"
 )
 
 func (a *app) poisonCmd() *cobra.Command {
@@ -37,17 +37,17 @@ func (a *app) poisonCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			total, msgs, err := poison.Read(cmd.Context(), bs, argv[0], limit)
+			total, msgs, err := poisontopic.Read(cmd.Context(), bs, argv[0], limit)
 			if err != nil {
 				return err
 			}
 			if msgs == nil {
-				msgs = []poison.Message{}
+				msgs = []poisontopic.Message{}
 			}
 			out := struct {
-				Topic    string           `json:"topic"`
-				Total    int              `json:"total"`
-				Messages []poison.Message `json:"messages"`
+				Topic    string                `json:"topic"`
+				Total    int                   `json:"total"`
+				Messages []poisontopic.Message `json:"messages"`
 			}{argv[0], total, msgs}
 			return a.emit(out, func(w io.Writer) {
 				fmt.Fprintf(w, "%d poisoned message(s) on %s", total, argv[0])
@@ -112,7 +112,7 @@ func (a *app) poisonCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			n, err := poison.Requeue(cmd.Context(), bs, argv[0], ids)
+			n, err := poisontopic.Requeue(cmd.Context(), bs, argv[0], ids)
 			if err != nil {
 				return err
 			}
@@ -152,13 +152,13 @@ type poisonSelection struct {
 }
 
 // poisonBulk requeues the messages of a poison topic the flags select
-// (poison.RequeueMatching), or with --dry-run counts and lists them; the
+// (poisontopic.RequeueMatching), or with --dry-run counts and lists them; the
 // output is a bulk dead-letter action's.
 func (a *app) poisonBulk(cmd *cobra.Command, topic string, s *poisonSelection, brokerList func() ([]string, error)) error {
 	if s.older < 0 {
 		return usagef("--older-than must not be negative")
 	}
-	q := poison.Query{Reason: s.reason, FromTopic: s.from}
+	q := poisontopic.Query{Reason: s.reason, FromTopic: s.from}
 	if s.older > 0 {
 		q.PoisonedBefore = time.Now().Add(-s.older)
 	}
@@ -172,7 +172,7 @@ func (a *app) poisonBulk(cmd *cobra.Command, topic string, s *poisonSelection, b
 	ctx := cmd.Context()
 	out := deadBulkJSON{Action: "requeue", DryRun: s.dryRun, Topic: topic, EventIDs: []string{}}
 	if s.dryRun {
-		d, err := poison.DryRunMatching(ctx, bs, topic, q, 20)
+		d, err := poisontopic.DryRunMatching(ctx, bs, topic, q, 20)
 		if err != nil {
 			return err
 		}
@@ -181,7 +181,7 @@ func (a *app) poisonBulk(cmd *cobra.Command, topic string, s *poisonSelection, b
 			out.EventIDs = append(out.EventIDs, m.UUID)
 		}
 	} else {
-		done, err := poison.RequeueMatching(ctx, bs, topic, q)
+		done, err := poisontopic.RequeueMatching(ctx, bs, topic, q)
 		if err != nil && done.Matched > 0 {
 			return fmt.Errorf("%w (%d of the %d matching were requeued before it)", err, done.Requeued, done.Matched)
 		}

@@ -12,7 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/millrace/millrace/internal/kafkatest"
-	"github.com/millrace/millrace/internal/poison"
+	"github.com/millrace/millrace/internal/poisontopic"
 	"github.com/millrace/millrace/kafka"
 )
 
@@ -171,7 +171,7 @@ func TestPoisonBulk(t *testing.T) {
 	if done.DryRun || done.Count != 1 || done.Action != "requeue" || done.Refused != nil {
 		t.Fatalf("requeue: %+v", done)
 	}
-	if n, got, err := poison.Read(context.Background(), brokers, from, 0); err != nil || n != 1 || got[0].UUID != unknown.UUID {
+	if n, got, err := poisontopic.Read(context.Background(), brokers, from, 0); err != nil || n != 1 || got[0].UUID != unknown.UUID {
 		t.Errorf("on %s after the requeue: %d %+v %v; want only %s", from, n, got, err, unknown.UUID)
 	}
 	if n := kafkatest.RecordCount(t, brokers, other); n != 0 {

@@ -1,4 +1,4 @@
-package poison_test
+package poisontopic_test
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/millrace/millrace/internal/kafkatest"
-	"github.com/millrace/millrace/internal/poison"
+	"github.com/millrace/millrace/internal/poisontopic"
 	"github.com/millrace/millrace/kafka"
 )
 
@@ -47,18 +47,18 @@ func TestRequeueMatching(t *testing.T) {
 
 	halfHourAgo := now.Add(-30 * time.Minute)
 	for _, c := range []struct {
-		q    poison.Query
+		q    poisontopic.Query
 		want []string // newest first
 	}{
-		{poison.Query{}, []string{lost.UUID, bad.UUID, unknown.UUID, old.UUID}},
-		{poison.Query{Reason: "%unknown command%"}, []string{lost.UUID, unknown.UUID, old.UUID}},
-		{poison.Query{Reason: "unknown command%"}, nil}, // the whole reason must match
-		{poison.Query{FromTopic: from}, []string{bad.UUID, unknown.UUID}},
-		{poison.Query{PoisonedBefore: halfHourAgo}, []string{old.UUID}},
-		{poison.Query{Reason: `%"refund"`, FromTopic: other}, []string{old.UUID}},
-		{poison.Query{Reason: `%"refund"`, FromTopic: from}, nil},
+		{poisontopic.Query{}, []string{lost.UUID, bad.UUID, unknown.UUID, old.UUID}},
+		{poisontopic.Query{Reason: "%unknown command%"}, []string{lost.UUID, unknown.UUID, old.UUID}},
+		{poisontopic.Query{Reason: "unknown command%"}, nil}, // the whole reason must match
+		{poisontopic.Query{FromTopic: from}, []string{bad.UUID, unknown.UUID}},
+		{poisontopic.Query{PoisonedBefore: halfHourAgo}, []string{old.UUID}},
+		{poisontopic.Query{Reason: `%"refund"`, FromTopic: other}, []string{old.UUID}},
+		{poisontopic.Query{Reason: `%"refund"`, FromTopic: from}, nil},
 	} {
-		d, err := poison.DryRunMatching(ctx, brokers, topic, c.q, 2)
+		d, err := poisontopic.DryRunMatching(ctx, brokers, topic, c.q, 2)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -74,15 +74,15 @@ func TestRequeueMatching(t *testing.T) {
 		t.Fatalf("the dry runs sent %d messages", n)
 	}
 
-	out, err := poison.RequeueMatching(ctx, brokers, topic, poison.Query{Reason: "%unknown command%"})
+	out, err := poisontopic.RequeueMatching(ctx, brokers, topic, poisontopic.Query{Reason: "%unknown command%"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if out.Matched != 3 || out.Requeued != 2 || len(out.Refused) != 1 || out.Refused[poison.RefusedNoTopic] != 1 {
-		t.Fatalf("requeue matching: %+v; want 3 matched, 2 requeued, 1 refused: %s", out, poison.RefusedNoTopic)
+	if out.Matched != 3 || out.Requeued != 2 || len(out.Refused) != 1 || out.Refused[poisontopic.RefusedNoTopic] != 1 {
+		t.Fatalf("requeue matching: %+v; want 3 matched, 2 requeued, 1 refused: %s", out, poisontopic.RefusedNoTopic)
 	}
 	for tp, want := range map[string]*message.Message{from: unknown, other: old} {
-		n, got, err := poison.Read(ctx, brokers, tp, 0)
+		n, got, err := poisontopic.Read(ctx, brokers, tp, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -90,7 +90,7 @@ func TestRequeueMatching(t *testing.T) {
 			t.Errorf("on %s after the requeue: %d, %+v; want only %s, as it was", tp, n, got, want.UUID)
 		}
 	}
-	if n, _, err := poison.Read(ctx, brokers, topic, 0); err != nil || n != 4 {
+	if n, _, err := poisontopic.Read(ctx, brokers, topic, 0); err != nil || n != 4 {
 		t.Errorf("the poison topic after the requeue: %d, %v; Kafka keeps all 4", n, err)
 	}
 }
@@ -104,22 +104,13 @@ func produce(t *testing.T, brokers []string, topic string, at time.Time, msgs ..
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	marshal := kafka.DefaultMarshaler()
 	var recs []*kgo.Record
 	for _, m := range msgs {
-		pm, err := marshal.Marshal(topic, m)
+		r, err := kafka.DefaultMarshaler().Marshal(topic, m)
 		if err != nil {
 			t.Fatal(err)
 		}
-		r := &kgo.Record{Topic: topic, Timestamp: at}
-		if pm.Value != nil {
-			if r.Value, err = pm.Value.Encode(); err != nil {
-				t.Fatal(err)
-			}
-		}
-		for _, h := range pm.Headers {
-			r.Headers = append(r.Headers, kgo.RecordHeader{Key: string(h.Key), Value: h.Value})
-		}
+		r.Topic, r.Timestamp = topic, at
 		recs = append(recs, r)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
