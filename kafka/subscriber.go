@@ -33,7 +33,7 @@ const (
 const (
 	DefaultFetchMaxWait    = 20 * time.Millisecond
 	DefaultMaxBatch        = 500
-	DefaultSessionTimeout  = 45 * time.Second
+	DefaultSessionTimeout  = 10 * time.Second
 	DefaultCommitInterval  = time.Second
 	DefaultNackResendSleep = 100 * time.Millisecond
 	DefaultRevokeGrace     = 10 * time.Second
@@ -80,7 +80,12 @@ type SubscriberConfig struct {
 	MaxBatch int
 	// SessionTimeout is how long the group's coordinator waits for a
 	// member's heartbeat before it gives the member's partitions to the
-	// others. Defaults to DefaultSessionTimeout (45 s, Kafka's default).
+	// others: how long the partitions of a process that died unannounced
+	// (SIGKILL, a lost machine) wait for another member. Defaults to
+	// DefaultSessionTimeout (10 s, sarama's and watermill-kafka's default;
+	// Kafka's consumers default to 45 s). It must be within the brokers'
+	// group.min.session.timeout.ms and group.max.session.timeout.ms (6 s
+	// and 30 min by default).
 	SessionTimeout time.Duration
 	// CommitInterval is how often acknowledged offsets are committed.
 	// They are committed too when a partition is revoked and on Close.
