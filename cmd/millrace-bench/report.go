@@ -20,15 +20,15 @@ type target struct {
 
 var targets = map[string]target{
 	"relay_vs_forwarder":  {true, 10},
-	"relay_vs_raw":        {true, 0.5},
+	"relay_vs_raw":        {true, 0.8},
 	"latency_p50_ms":      {false, 5},
-	"latency_p99_ms":      {false, 50},
+	"latency_p99_ms":      {false, 10},
 	"write_ratio":         {true, 0.9},
 	"relay_rss_mib":       {false, 64},
 	"dedup_ratio":         {true, 0.85},
-	"sagas_per_s":         {true, 1000},
-	"saga_latency_p50_ms": {false, 30},
-	"saga_latency_p99_ms": {false, 100},
+	"sagas_per_s":         {true, 1500},
+	"saga_latency_p50_ms": {false, 20},
+	"saga_latency_p99_ms": {false, 50},
 	"write_ratio_cdc":     {true, 0.95},
 	"consumer_vs_wkafka":  {true, 3},
 }

@@ -4,30 +4,19 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/millrace/millrace/compensation"
-	"github.com/millrace/millrace/outbox"
-	"github.com/millrace/millrace/saga"
 )
 
 // batchMeter counts the transactions of a saga rig's three batching
 // components and the messages they carried, through the library's own
-// instruments: the Prometheus histograms of the relay, the participants
-// and the orchestrator (millrace_outbox_batch_size,
+// instruments, which the service registers (Config.Metrics): the
+// Prometheus histograms of the relay, the participants and the
+// orchestrator (millrace_outbox_batch_size,
 // millrace_compensation_batch_size, millrace_saga_reply_batch_size).
 type batchMeter struct {
-	reg          *prometheus.Registry
-	relay        *outbox.Metrics
-	participants *compensation.Metrics
-	orchestrator *saga.Metrics
+	reg *prometheus.Registry // the service's Config.Metrics
 }
 
-func newBatchMeter() *batchMeter {
-	m := &batchMeter{reg: prometheus.NewRegistry(), relay: outbox.NewMetrics(nil, nil),
-		participants: compensation.NewMetrics(nil), orchestrator: saga.NewMetrics(nil)}
-	m.reg.MustRegister(m.relay, m.participants, m.orchestrator)
-	return m
-}
+func newBatchMeter(reg *prometheus.Registry) *batchMeter { return &batchMeter{reg: reg} }
 
 // batchCounts are a batchMeter's reading: per component, transactions and
 // messages.
