@@ -3,8 +3,9 @@
 // faults on, checked from the databases at the end.
 //
 //   - orders places an order and starts its saga in one transaction
-//     (saga.StartTx), and runs the saga orchestrator (package saga): a
-//     Router on the saga's reply topic and the timers. After reserving
+//     (saga.StartTx), and runs the saga orchestrator (package saga) in its
+//     millrace.Service: the saga's replies, many per transaction, and the
+//     timers. After reserving
 //     credit the saga waits for the payment provider's confirmation (a
 //     wait step); the provider's webhook delivers it with saga.SignalTx,
 //     for one order in three before the saga waits for it (it is stored
@@ -19,7 +20,8 @@
 // Each service has its own schemas, as if in a database of its own: one for
 // its tables (<name>_payment) and one for its millrace tables (outbox,
 // inbox marks, the barrier or the saga state: <name>_payment_millrace),
-// and its own relay shipping its outbox to Kafka. Credit
+// and runs one millrace.Service (millrace.New): its relay shipping its
+// outbox to Kafka, its participant or its sagas, retention. Credit
 // and stock are scarce, and the fraud check at approval (the pivot, a
 // local step) refuses one order in 25, so some orders fail and are
 // compensated: stock returned, credit released, order cancelled.
@@ -33,8 +35,9 @@
 //     taken, the reply held back past the step's timeout): the saga sends
 //     attempt 2, the barrier answers it with the stored reply without
 //     taking the stock again, and the late reply of attempt 1 is fenced;
-//   - the orchestrator is stopped and restarted mid-run (a new
-//     saga.Orchestrator): it resumes every saga from PostgreSQL;
+//   - the orders service (its orchestrator and its relay) is stopped and
+//     restarted mid-run (a new millrace.Service): it resumes every saga
+//     from PostgreSQL;
 //   - one saga's credit release fails twice, then succeeds: the
 //     orchestrator retries the compensation with backoff;
 //   - one saga's credit release fails until an operator lifts a hold on

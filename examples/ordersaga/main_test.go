@@ -118,8 +118,8 @@ func TestOrderSaga(t *testing.T) {
 	// Each fault happened and is told in the progress output.
 	for _, s := range []string{
 		"fault: inventory: its reply to " + newPlan(cfg.Sagas, cfg.Seed).slowStock,
-		"fault: orchestrator stopped",
-		"fault: orchestrator restarted",
+		"fault: orders service stopped",
+		"fault: orders service restarted",
 		"release of " + newPlan(cfg.Sagas, cfg.Seed).flakyRelease + "'s credit fails (2 of 2",
 		"credit succeeds on try 3",
 		"operator: saga " + newPlan(cfg.Sagas, cfg.Seed).heldRelease + " is stuck",

@@ -137,16 +137,14 @@ func orderSaga(n names, p *plan) (*saga.Definition[Order], error) {
 // sagaConsumer is the inbox consumer name of the orchestrator's replies.
 const sagaConsumer = "orders-saga"
 
-// ordersService places orders and runs their sagas: the orchestrator (a
-// Router on the reply topic and the timers) and an operator.
+// ordersService places orders and runs their sagas (the orchestrator of
+// its millrace.Service: the replies and the timers), and an operator.
 type ordersService struct {
 	*service
 	cfg  config
 	def  *saga.Definition[Order]
 	plan *plan
-	// api places orders (StartTx) and takes operator actions. The
-	// orchestrator component, which handles replies and timers, is a
-	// separate saga.Orchestrator that the demo stops and restarts.
+	// api places orders (StartTx) and takes operator actions.
 	api *saga.Orchestrator
 
 	placed atomic.Int64
@@ -154,9 +152,6 @@ type ordersService struct {
 	// refused because the saga had ended.
 	webhooks                         sync.WaitGroup
 	confirmations, lateConfirmations atomic.Int64
-
-	mu   sync.Mutex
-	orch *orchestrator
 }
 
 func startOrders(ctx context.Context, cfg config, lg *logger, p *plan) (*ordersService, error) {
@@ -166,102 +161,51 @@ func startOrders(ctx context.Context, cfg config, lg *logger, p *plan) (*ordersS
 		return nil, err
 	}
 	svc := &ordersService{service: s, cfg: cfg, plan: p}
-	if svc.def, err = orderSaga(n, p); err != nil {
-		s.close()
-		return nil, err
-	}
-	if svc.api, err = saga.New(s.pool, saga.Config{Schema: s.mschema, Consumer: sagaConsumer, Writer: s.writer}); err == nil {
-		err = svc.api.Register(svc.def)
+	if svc.def, err = orderSaga(n, p); err == nil {
+		err = s.svc.Orchestrator().Register(svc.def)
 	}
 	if err != nil {
 		s.close()
 		return nil, err
 	}
-	if err := svc.startOrchestrator(ctx); err != nil {
-		s.close()
-		return nil, err
-	}
+	// The first service's orchestrator places orders and takes operator
+	// actions for the whole run: it only writes to PostgreSQL, so it
+	// serves while the service is stopped and after it was restarted.
+	svc.api = s.svc.Orchestrator()
+	s.start()
 	return svc, nil
 }
 
-// orchestrator is the saga orchestrator component: the reply handler in a
-// Router of its own, and the timers (saga.Orchestrator.Run).
-type orchestrator struct {
-	router *runningRouter
-	cancel context.CancelFunc
-	done   chan struct{}
-}
-
-func (svc *ordersService) startOrchestrator(ctx context.Context) error {
-	o, err := saga.New(svc.pool, saga.Config{Schema: svc.mschema, Consumer: sagaConsumer, Writer: svc.writer, PollInterval: 100 * time.Millisecond, Logger: svc.wlog})
-	if err != nil {
-		return err
-	}
-	if err := o.Register(svc.def); err != nil {
-		return err
-	}
-	r, err := svc.newRouter()
-	if err != nil {
-		return err
-	}
-	sub, err := svc.subscriber()
-	if err != nil {
-		return err
-	}
-	if _, err := o.AddToRouter(r, saga.RouterConfig{Subscriber: sub, Poison: svc.poison, Retry: svc.retry()}); err != nil {
-		_ = sub.Close()
-		return err
-	}
-	rr, err := start(ctx, r)
-	if err != nil {
-		return fmt.Errorf("orchestrator: %w", err)
-	}
-	rctx, cancel := context.WithCancel(context.Background())
-	orch := &orchestrator{router: rr, cancel: cancel, done: make(chan struct{})}
-	go func() { defer close(orch.done); _ = o.Run(rctx) }()
-	svc.mu.Lock()
-	svc.orch = orch
-	svc.mu.Unlock()
-	return nil
-}
-
-// stopOrchestrator stops the orchestrator component: its Router waits for
-// the replies in hand and closes its subscriber; the timers stop.
-func (svc *ordersService) stopOrchestrator() {
-	svc.mu.Lock()
-	orch := svc.orch
-	svc.orch = nil
-	svc.mu.Unlock()
-	if orch == nil {
-		return
-	}
-	orch.router.stop()
-	orch.cancel()
-	<-orch.done
-}
-
-// restartOrchestrator stops the orchestrator, waits pause, and starts a new
-// one (a new saga.Orchestrator, the same consumer group): it resumes every
-// saga from PostgreSQL.
+// restartOrchestrator stops the orders service (its orchestrator and its
+// relay), waits pause, and runs a new millrace.Service in its place (the
+// same Config, the same consumer group): it resumes every saga from
+// PostgreSQL.
 func (svc *ordersService) restartOrchestrator(ctx context.Context, pause time.Duration) error {
 	inFlight, _ := svc.countLive(ctx)
-	svc.stopOrchestrator()
-	svc.log.fault("orchestrator stopped with %d sagas in flight; replies wait in Kafka, timers wait in PostgreSQL", inFlight)
+	svc.stop()
+	svc.log.fault("orders service stopped with %d sagas in flight; replies wait in Kafka, timers and commands in PostgreSQL", inFlight)
 	select {
 	case <-time.After(pause):
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	if err := svc.startOrchestrator(ctx); err != nil {
+	next, err := svc.newMillrace()
+	if err == nil {
+		err = next.Orchestrator().Register(svc.def)
+	}
+	if err != nil {
 		return err
 	}
-	svc.log.fault("orchestrator restarted (a new saga.Orchestrator, same consumer group): it resumes every saga from its row")
+	svc.mu.Lock()
+	svc.svc = next
+	svc.mu.Unlock()
+	svc.start()
+	svc.log.fault("orders service restarted (a new millrace.Service, same consumer group): it resumes every saga from its row")
 	return nil
 }
 
 func (svc *ordersService) close() {
 	svc.webhooks.Wait()
-	svc.stopOrchestrator()
 	svc.service.close()
 }
 

@@ -89,7 +89,7 @@ CREATE TABLE shipment (
 )
 
 // participant is a running participant service: a compensation.Participant
-// on its command topic.
+// of its millrace.Service, on its command topic.
 type participant struct {
 	*service
 	p *compensation.Participant
@@ -108,32 +108,15 @@ func startParticipant(ctx context.Context, cfg config, lg *logger, name, ddl str
 		s.close()
 		return nil, fmt.Errorf("%s: seed: %w", name, err)
 	}
-	p, err := compensation.NewParticipant(s.pool, compensation.Config{Schema: s.mschema, Name: name, Writer: s.writer, Logger: s.wlog})
+	p, err := s.svc.AddParticipant(name, n.commands(name))
 	if err == nil {
 		err = register(p)
 	}
 	if err != nil {
 		s.close()
-		return nil, err
-	}
-	r, err := s.newRouter()
-	if err != nil {
-		s.close()
-		return nil, err
-	}
-	sub, err := s.subscriber()
-	if err == nil {
-		if _, err = p.AddToRouter(r, compensation.RouterConfig{Topic: n.commands(name), Subscriber: sub, Poison: s.poison, Retry: s.retry()}); err != nil {
-			_ = sub.Close()
-		}
-	}
-	if err == nil {
-		err = s.run(ctx, r)
-	}
-	if err != nil {
-		s.close()
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
+	s.start()
 	return &participant{service: s, p: p}, nil
 }
 
@@ -307,7 +290,7 @@ func startShipping(ctx context.Context, cfg config, lg *logger, plan *plan) (*pa
 					if n <= carrierFailures {
 						// A technical error: this transaction rolls back,
 						// nothing is replied, and the command is tried
-						// again (Retry middleware, then redelivery).
+						// again (nacked and delivered again).
 						st.failures.Add(1)
 						if logIt {
 							lg.fault("shipping: carrier API down for %s (call %d of %d fails; the command is retried, nothing is booked or replied)",

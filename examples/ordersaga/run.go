@@ -256,16 +256,15 @@ func run(ctx context.Context, cfg config) (_ *result, err error) {
 	// Stop everything before counting, so nothing moves under the checks.
 	stopOp()
 	bg.Wait()
-	orders.stopOrchestrator()
-	orders.stopConsuming()
+	orders.stop()
 	for _, pt := range parts {
-		pt.stopConsuming()
+		pt.stop()
 	}
 	res.operatorFixed, res.operatorUnknown = op.fixed.Load(), op.unknown.Load()
 	orders.webhooks.Wait()
 	res.confirmations, res.lateConfirmations = orders.confirmations.Load(), orders.lateConfirmations.Load()
 	for _, s := range append([]*service{orders.service}, servicesOf(parts)...) {
-		res.deliveries += s.deliveries.Load()
+		res.deliveries += s.deliveries()
 		res.duplicatesSent += s.dup.dups.Load()
 	}
 	if ship != nil {

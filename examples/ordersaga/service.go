@@ -9,18 +9,17 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
-	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/millrace/millrace/inbox"
+	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/kafka"
 	"github.com/millrace/millrace/migrations"
 	"github.com/millrace/millrace/outbox"
+	"github.com/millrace/millrace/saga"
 )
 
 // names are the schemas, topics and consumer groups of one run, derived
@@ -55,36 +54,37 @@ func (n names) replies() string { return n.run + ".orders.saga-replies" }
 func (n names) group(service string) string { return n.run + "." + service }
 
 // service is what every service of the demo runs on: a connection pool to
-// its own schema, a relay that ships its outbox to Kafka, and a Watermill
-// Router that consumes its topics.
+// its own schema, and a millrace.Service on millrace's schema that runs its
+// relay (publishing through a publisher that injects faults), its
+// participant or its sagas, and retention.
 type service struct {
 	name    string
 	schema  string // the service's own tables
 	mschema string // millrace's tables
 	pool    *pgxpool.Pool
-	writer  *outbox.Writer // the service's one outbox Writer, shared by its components
 	log     *logger
 
-	brokers   []string
-	group     string
-	wlog      watermill.LoggerAdapter
-	dup       *duplicating // the relay's publisher, duplicating some messages
-	poison    *kafka.Publisher
-	relayStop func()
+	cfg  millrace.Config
+	wlog watermill.LoggerAdapter
+	dup  *duplicating // the relay's publisher, duplicating some messages
+	// metrics are the registries of the millrace.Services run so far, one
+	// each (a restarted service is a new process, with registries of its
+	// own).
+	metrics []*prometheus.Registry
 
-	routers []*runningRouter
-
-	deliveries atomic.Int64 // messages delivered to this service's handlers
+	mu      sync.Mutex
+	svc     *millrace.Service // the running one
+	stopRun func() error      // stops it: nil when none runs
 }
 
 // newService connects to the database, recreates the service's schemas
-// with its own tables (ddl) and millrace's, and starts its relay.
+// with its own tables (ddl) and millrace's, and builds its millrace.Service:
+// add its participant or register its sagas, then start it.
 func newService(ctx context.Context, cfg config, name, ddl string, lg *logger) (_ *service, err error) {
 	n := names{cfg.Name}
 	schema, mschema := n.schema(name), n.millrace(name)
-	s := &service{name: name, schema: schema, mschema: mschema, log: lg, brokers: cfg.Brokers,
-		group: n.group(name),
-		wlog:  watermill.NewSlogLogger(slog.New(slog.NewTextHandler(lg.w, &slog.HandlerOptions{Level: slog.LevelError}))),
+	s := &service{name: name, schema: schema, mschema: mschema, log: lg,
+		wlog: watermill.NewSlogLogger(slog.New(slog.NewTextHandler(lg.w, &slog.HandlerOptions{Level: slog.LevelError}))),
 	}
 	if lg.w == io.Discard {
 		s.wlog = watermill.NopLogger{}
@@ -113,16 +113,9 @@ func newService(ctx context.Context, cfg config, name, ddl string, lg *logger) (
 		return s, fmt.Errorf("%s: create tables: %w", name, err)
 	}
 
-	// One Writer per service: its wake-up hints to the relay (a pg_notify,
-	// which takes a database-wide lock at commit) are coalesced to one per
-	// notifyInterval; the relay polls as a fallback.
-	if s.writer, err = outbox.NewWriter(s.pool, outbox.WriterConfig{Schema: mschema, NotifyInterval: notifyInterval}); err != nil {
-		return s, err
-	}
-
-	// The relay ships this service's outbox to Kafka. Its publisher sends
-	// every dupEvery-th message twice, as a relay that crashed between the
-	// broker's ack and marking the batch would: at-least-once, on purpose.
+	// The relay's publisher sends every dupEvery-th message twice, as a
+	// relay that crashed between the broker's ack and marking the batch
+	// would: at-least-once, on purpose.
 	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: cfg.Brokers}, s.wlog)
 	if err != nil {
 		return s, fmt.Errorf("%s: Kafka publisher: %w", name, err)
@@ -131,136 +124,108 @@ func newService(ctx context.Context, cfg config, name, ddl string, lg *logger) (
 	if cfg.Faults {
 		s.dup.every = dupEvery
 	}
-	relay, err := outbox.NewRelay(s.pool, outbox.RelayConfig{Schema: mschema, Publisher: s.dup, Logger: s.wlog,
-		PollInterval: 100 * time.Millisecond})
-	if err != nil {
-		_ = pub.Close()
-		return s, err
+	// One service, one Config: the schema, the brokers (its consumer
+	// group is its name), the publisher and the logger are said here.
+	s.cfg = millrace.Config{
+		Name: n.group(name), Schema: mschema, Brokers: cfg.Brokers, Publisher: s.dup, Logger: s.wlog,
+		Saga:  saga.Config{Consumer: sagaConsumer, PollInterval: 100 * time.Millisecond},
+		Relay: outbox.RelayConfig{PollInterval: 100 * time.Millisecond},
 	}
-	rctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = relay.Run(rctx) }()
-	s.relayStop = func() { cancel(); <-done; s.dup.held.Wait(); _ = pub.Close() }
-
-	// Poison messages (ones that can never be handled) go straight to the
-	// broker, to <topic>.poison, with the reason.
-	if s.poison, err = kafka.NewPublisher(kafka.PublisherConfig{Brokers: cfg.Brokers}, s.wlog); err != nil {
-		return s, err
+	if s.svc, err = s.newMillrace(); err != nil {
+		return s, fmt.Errorf("%s: %w", name, err)
 	}
 	return s, nil
 }
 
-// notifyInterval is the least time between two relay wake-ups a service's
-// Writer sends.
-const notifyInterval = 20 * time.Millisecond
+// newMillrace builds a millrace.Service from s.cfg, with a metrics
+// registry of its own.
+func (s *service) newMillrace() (*millrace.Service, error) {
+	reg := prometheus.NewRegistry()
+	cfg := s.cfg
+	cfg.Metrics = reg
+	svc, err := millrace.New(s.pool, cfg)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.metrics = append(s.metrics, reg)
+	s.mu.Unlock()
+	return svc, nil
+}
 
 // dupEvery: with faults on, every dupEvery-th message a relay publishes is
 // published twice.
 const dupEvery = 7
 
-// subscriber returns a Kafka subscriber in the service's consumer group.
-func (s *service) subscriber() (message.Subscriber, error) {
-	// sarama's consumer groups need a protocol version the brokers speak;
-	// a new group starts at the oldest record.
-	sc := sarama.NewConfig()
-	sc.Version = sarama.V3_6_0_0
-	sc.Net.DialTimeout = 10 * time.Second
-	sc.Consumer.Return.Errors = true
-	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
-	// A fetch returns as soon as a record is there, or after MaxWaitTime
-	// (sarama's default, 500ms, is a long wait per hop for a saga whose
-	// every step is a command and a reply).
-	sc.Consumer.MaxWaitTime = 20 * time.Millisecond
-	return wkafka.NewSubscriber(wkafka.SubscriberConfig{
-		Brokers:               s.brokers,
-		Unmarshaler:           wkafka.DefaultMarshaler{},
-		OverwriteSaramaConfig: sc,
-		ConsumerGroup:         s.group,
-	}, s.wlog)
-}
-
-// newRouter returns a Router whose outermost middleware counts deliveries.
-func (s *service) newRouter() (*message.Router, error) {
-	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, s.wlog)
-	if err != nil {
-		return nil, err
-	}
-	r.AddMiddleware(func(h message.HandlerFunc) message.HandlerFunc {
-		return func(msg *message.Message) ([]*message.Message, error) {
-			s.deliveries.Add(1)
-			return h(msg)
+// start runs the service's millrace.Service until stop; a Run that fails
+// on its own is logged.
+func (s *service) start() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	svc := s.svc
+	go func() {
+		err := svc.Run(ctx)
+		if err != nil {
+			s.log.say("%s: %v", s.name, err)
 		}
-	})
-	return r, nil
-}
-
-// retry is the in-process retry of every handler: a failed try rolls its
-// transaction back and runs again in a fresh one; permanent errors are
-// not retried (they go to the poison topic).
-func (s *service) retry() *middleware.Retry {
-	return &middleware.Retry{MaxRetries: 8, InitialInterval: 50 * time.Millisecond, MaxInterval: time.Second,
-		Multiplier: 2, ShouldRetry: inbox.ShouldRetry}
-}
-
-// runningRouter is a Router running in the background.
-type runningRouter struct {
-	r    *message.Router
-	done chan error
-	once sync.Once
-}
-
-// start runs r until stop.
-func start(ctx context.Context, r *message.Router) (*runningRouter, error) {
-	rr := &runningRouter{r: r, done: make(chan error, 1)}
-	go func() { rr.done <- r.Run(context.Background()) }()
-	select {
-	case <-r.Running():
-		return rr, nil
-	case err := <-rr.done:
-		return nil, fmt.Errorf("router: %w", err)
-	case <-ctx.Done():
-		rr.stop()
-		return nil, ctx.Err()
+		done <- err
+	}()
+	var once sync.Once
+	var err error
+	s.stopRun = func() error {
+		once.Do(func() { cancel(); err = <-done })
+		return err
 	}
 }
 
-// stop closes the router: it waits for the handlers in progress and closes
-// the subscribers. Stopping twice is a no-op.
-func (rr *runningRouter) stop() {
-	rr.once.Do(func() {
-		_ = rr.r.Close()
-		<-rr.done
-	})
+// stop stops the running service: it finishes the batches in hand, then
+// its relay ships what was written meanwhile. Stopping twice is a no-op.
+func (s *service) stop() {
+	s.mu.Lock()
+	stop := s.stopRun
+	s.stopRun = nil
+	s.mu.Unlock()
+	if stop != nil {
+		_ = stop()
+	}
 }
 
-// run starts r and keeps it for close.
-func (s *service) run(ctx context.Context, r *message.Router) error {
-	rr, err := start(ctx, r)
-	if err != nil {
-		return fmt.Errorf("%s: %w", s.name, err)
+// deliveries is the number of messages this service's consumers took into
+// their transactions (duplicates among them), from its metrics.
+func (s *service) deliveries() int64 {
+	s.mu.Lock()
+	regs := s.metrics
+	s.mu.Unlock()
+	var n float64
+	for _, reg := range regs {
+		mfs, err := reg.Gather()
+		if err != nil {
+			continue
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "millrace_saga_reply_batch_size" || mf.GetName() == "millrace_compensation_batch_size" {
+				for _, m := range mf.GetMetric() {
+					n += m.GetHistogram().GetSampleSum()
+				}
+			}
+		}
 	}
-	s.routers = append(s.routers, rr)
-	return nil
-}
-
-// stopConsuming stops the service's routers.
-func (s *service) stopConsuming() {
-	for _, r := range s.routers {
-		r.stop()
-	}
+	return int64(n)
 }
 
 // close stops everything the service runs and closes its pool. The schema
 // stays (tearDown drops it).
 func (s *service) close() {
-	s.stopConsuming()
-	if s.relayStop != nil {
-		s.relayStop()
-		s.relayStop = nil
+	s.stop()
+	if s.svc != nil {
+		_ = s.svc.Close()
 	}
-	if s.poison != nil {
-		_ = s.poison.Close()
-		s.poison = nil
+	if s.dup != nil {
+		s.dup.held.Wait()
+		_ = s.dup.Close()
+		s.dup = nil
 	}
 	if s.pool != nil {
 		s.pool.Close()
