@@ -88,7 +88,7 @@ func (b *bench) benchScale(ctx context.Context) error {
 	removed := pass.Sagas
 	b.results["scale_cleaner_removed"] = float64(removed)
 	b.results["scale_cleaner_sagas_per_s"] = round(float64(removed)/took.Seconds(), 0)
-	b.progress("scale: cleaner removed %d sagas in %s (%.0f/s)", removed, took.Round(time.Millisecond), float64(removed)/took.Seconds())
+	b.progress("scale: retention removed %d sagas in %s (%.0f/s)", removed, took.Round(time.Millisecond), float64(removed)/took.Seconds())
 	after, err := tableStats(ctx, pool, schema)
 	if err != nil {
 		return err
