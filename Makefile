@@ -59,7 +59,7 @@ bench-kafka:
 	DATABASE_URL="$$url" KAFKA_BROKERS="$${brokers#KAFKA_BROKERS=}" $(GO) run ./cmd/millrace-bench -out bench/results-kafka.json
 
 # Operating at scale: a million sagas and ten million history rows, the
-# operator's reads timed with their plans, a saga.Cleaner pass with
+# operator's reads timed with their plans, a retention pass with
 # pg_stat_user_tables before and after, into bench/results-scale.json.
 bench-scale:
 	@url="$$(scripts/pg-up.sh)" && DATABASE_URL="$$url" $(GO) run ./cmd/millrace-bench -only scale -out bench/results-scale.json

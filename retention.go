@@ -13,10 +13,10 @@ const (
 	// DefaultRetention is how long published outbox events, inbox dedup
 	// marks, barrier rows and completed sagas stay after they ended.
 	DefaultRetention = retention.DefaultEvents
-	// DefaultFailedRetention is how long compensated sagas, sagas that were
-	// ever stuck, and bulk operations stay: a failure is what someone asks
-	// about later.
-	DefaultFailedRetention = retention.DefaultCompensated
+	// DefaultCompensatedRetention is how long compensated sagas, sagas that
+	// were ever stuck, and bulk operations stay: a failure is what someone
+	// asks about later.
+	DefaultCompensatedRetention = retention.DefaultCompensated
 	// DefaultRetentionInterval is the time between two retention passes.
 	DefaultRetentionInterval = retention.DefaultInterval
 )
@@ -37,22 +37,23 @@ type Retention struct {
 	// longest time a command of the saga can still arrive. Defaults to
 	// DefaultRetention.
 	Barrier time.Duration
-	// Sagas is how long a completed saga and its history stay. Defaults
-	// to DefaultRetention.
-	Sagas time.Duration
-	// FailedSagas is how long a compensated saga, or one that was ever
-	// stuck, and a bulk operation stay. Defaults to DefaultFailedRetention.
-	FailedSagas time.Duration
+	// Completed is how long a completed saga, its history and its stored
+	// events stay. Defaults to DefaultRetention.
+	Completed time.Duration
+	// Compensated is how long a compensated saga, any saga that was ever
+	// stuck (also one that then completed), and a bulk operation stay.
+	// Defaults to DefaultCompensatedRetention.
+	Compensated time.Duration
 	// Interval is the time between two passes. Defaults to
 	// DefaultRetentionInterval.
 	Interval time.Duration
-	// Off runs no retention in this service: another process does (a
-	// Service of its own, with NoRelay and nothing else, runs only
-	// retention). Defaults to false.
+	// Off runs no retention in this service: another process does. A
+	// Service with NoRelay, no saga registered and no participant runs
+	// only retention. Defaults to false.
 	Off bool
 }
 
 func (r Retention) config(schema string, logger watermill.LoggerAdapter) retention.Config {
-	return retention.Config{Schema: schema, Events: r.Events, Marks: r.Marks, Barrier: r.Barrier, Completed: r.Sagas,
-		Compensated: r.FailedSagas, Interval: r.Interval, Logger: logger}
+	return retention.Config{Schema: schema, Events: r.Events, Marks: r.Marks, Barrier: r.Barrier, Completed: r.Completed,
+		Compensated: r.Compensated, Interval: r.Interval, Logger: logger}
 }

@@ -28,7 +28,8 @@ import (
 const DefaultSchema = "millrace"
 
 // Config configures a Service. Only Name is always required; Brokers is
-// required unless Publisher and Subscriber are set. Every part the Service
+// required unless Publisher (or NoRelay) and Subscriber are set, and
+// Subscriber only when the service consumes (sagas or participants). Every part the Service
 // builds (the outbox Writer, the relay, the orchestrator, the
 // participants, retention) takes its schema, publisher, logger and
 // metrics from here.
@@ -142,8 +143,8 @@ func New(pool *pgxpool.Pool, cfg Config) (_ *Service, err error) {
 	if cfg.Publisher == nil {
 		cfg.Publisher = cfg.Relay.Publisher
 	}
-	if len(cfg.Brokers) == 0 && (cfg.Publisher == nil && !cfg.NoRelay || cfg.Subscriber == nil) {
-		return nil, fmt.Errorf("%w: service %s: Config.Brokers is required without a Publisher and a Subscriber", core.ErrConfig, cfg.Name)
+	if len(cfg.Brokers) == 0 && cfg.Publisher == nil && !cfg.NoRelay {
+		return nil, fmt.Errorf("%w: service %s: Config.Brokers is required without a Publisher", core.ErrConfig, cfg.Name)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = logging.Default()
@@ -183,7 +184,7 @@ func New(pool *pgxpool.Pool, cfg Config) (_ *Service, err error) {
 			return nil, fmt.Errorf("service %s: relay: %w", cfg.Name, err)
 		}
 	}
-	if s.sub == nil {
+	if s.sub == nil && len(cfg.Brokers) > 0 {
 		sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{Brokers: cfg.Brokers, ConsumerGroup: cfg.Name}, cfg.Logger)
 		if err != nil {
 			return nil, fmt.Errorf("service %s: Kafka subscriber: %w", cfg.Name, err)
@@ -315,6 +316,9 @@ func (s *Service) parts() ([][]part, error) {
 				return p.p.RunBatched(ctx, compensation.RunConfig{Subscriber: s.sub, Topic: topic, Poison: s.poison})
 			}})
 		}
+	}
+	if len(consumers) > 0 && s.sub == nil {
+		return nil, fmt.Errorf("%w: service %s: Config.Brokers or Config.Subscriber is required to consume", core.ErrConfig, s.name)
 	}
 	stages := [][]part{consumers}
 	if len(s.orch.ReplyTopics()) > 0 {

@@ -319,12 +319,59 @@ func TestRunFailsWhenASubscriptionEnds(t *testing.T) {
 	}
 }
 
+// A Service with NoRelay and nothing to consume, and no broker, runs only
+// retention: a process of its own for it.
+func TestRetentionOnlyService(t *testing.T) {
+	t.Parallel()
+	b := setup(t, true)
+	ctx := context.Background()
+	// An event published two hours ago, as the relay marks one.
+	events, pending := pgx.Identifier{b.db.Schema, "outbox_event"}.Sanitize(), pgx.Identifier{b.db.Schema, "outbox_pending"}.Sanitize()
+	w, err := outbox.NewWriter(b.db.Pool, outbox.WriterConfig{Schema: b.db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write(ctx, outbox.Event{Topic: "t", PartitionKey: "k", Payload: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.db.Pool.Exec(ctx, `WITH e AS (UPDATE `+events+` SET created_at = now() - interval '3 hours', published_at = now() - interval '2 hours' RETURNING id)
+DELETE FROM `+pending+` p USING e WHERE p.id = e.id`); err != nil {
+		t.Fatal(err)
+	}
+	svc, err := millrace.New(b.db.Pool, millrace.Config{Name: "retention", Schema: b.db.Schema, NoRelay: true, Logger: watermill.NopLogger{},
+		Retention: millrace.Retention{Events: time.Hour, Interval: 50 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, svc)
+	waitFor(t, "the old event removed", func() bool {
+		var n int
+		if err := b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+events).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 0
+	})
+	if _, err := svc.AddParticipant("p", b.creditTopic); !errors.Is(err, core.ErrConfig) {
+		t.Fatalf("AddParticipant after Run: %v", err)
+	}
+	bare, err := millrace.New(b.db.Pool, millrace.Config{Name: "no-broker", Schema: b.db.Schema, NoRelay: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bare.AddParticipant("p", b.creditTopic); err != nil {
+		t.Fatal(err)
+	}
+	if err := bare.Run(ctx); !errors.Is(err, core.ErrConfig) || !strings.Contains(err.Error(), "to consume") {
+		t.Fatalf("a participant without a broker: %v, want ErrConfig", err)
+	}
+}
+
 // A Service runs retention: a completed saga whose window has passed is
 // removed with its history; one that ended recently stays.
 func TestRunCleansEndedSagas(t *testing.T) {
 	t.Parallel()
 	b := setup(t, true)
-	b.cfg.Retention = millrace.Retention{Sagas: time.Hour, Interval: 50 * time.Millisecond}
+	b.cfg.Retention = millrace.Retention{Completed: time.Hour, Interval: 50 * time.Millisecond}
 	svc := b.service(t)
 	run(t, svc)
 	ctx := context.Background()

@@ -206,11 +206,19 @@
 //
 // # Retention
 //
-// A Cleaner removes the barrier rows of sagas that ended; since a
-// participant is not told when a saga ends, it takes a saga as ended when
-// no command of it arrived for a window (default 7 days). The window must
-// outlast the longest time a command can still arrive; see Cleaner for what
-// goes wrong otherwise.
+// The service runs retention (millrace.Config.Retention), which removes
+// the barrier rows of sagas that ended; since a participant is not told
+// when a saga ends, it takes a saga as ended when no command of it arrived
+// for its Barrier window (7 days by default), and removes a saga's rows
+// together. The window must outlast the longest time after which a command
+// of a saga can still arrive: the saga's deadline plus the time an
+// operator may take to retry a stuck saga, the broker's retention if
+// consumers may rewind, outbox replays, the longest outage after which old
+// messages are still delivered. A command that arrives after its saga's
+// rows were removed meets an empty barrier: a duplicate action runs a
+// second time, a late action runs after its compensation (its effect is
+// then never undone), and a compensation of an action that ran is taken
+// for an empty one (the effect stays).
 //
 // # Metrics
 //

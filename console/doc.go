@@ -61,7 +61,7 @@
 // # Logging
 //
 // Config.Logger is a *slog.Logger. millrace's workers (outbox.Relay,
-// inbox.Processor, the cleaners, kafka.Publisher) log through Watermill's
+// inbox.Processor, the service's retention, kafka.Publisher) log through Watermill's
 // LoggerAdapter; route them to the same slog logger with
 // watermill.NewSlogLogger(logger). Fields carry one name everywhere:
 // event_id, topic, partition_key, saga_id, consumer, component, schema,

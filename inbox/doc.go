@@ -122,9 +122,10 @@
 //
 // # Retention
 //
-// A Cleaner deletes processed_event marks and processed inbox rows older
-// than its Retention window (default 7 days), in small batches. The window
-// must outlast the longest redelivery or replay horizon (broker retention
+// The service runs retention (millrace.Config.Retention): it deletes
+// processed_event marks and processed inbox rows older than its Marks
+// window (7 days by default), in small batches; an inbox row not yet
+// processed stays. The window must outlast the longest redelivery or replay horizon (broker retention
 // you may rewind over, replays from the outbox, the longest outage after
 // which old messages may still arrive): a duplicate that arrives after its
 // mark was deleted is applied again.

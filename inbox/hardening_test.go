@@ -392,7 +392,6 @@ func TestConfigErrorsWrapMillraceErrConfig(t *testing.T) {
 		"processor retry":       second(inbox.NewProcessor(b.db.Pool, inbox.ProcessorConfig{Consumer: "c", Handler: h, RetryMin: time.Minute, RetryMax: time.Second})),
 		"dead letters":          second(inbox.NewDeadLetters(b.db.Pool, inbox.DeadLetterConfig{Consumer: "c\x00"})),
 		"dedup schema":          second(inbox.NewDeduplicator(b.db.Pool, inbox.DedupConfig{Schema: "Bad-Schema", Consumer: "c"})),
-		"cleaner":               second(inbox.NewCleaner(b.db.Pool, inbox.CleanerConfig{Retention: -1})),
 	} {
 		if !errors.Is(err, core.ErrConfig) || !errors.Is(err, core.ErrConfig) {
 			t.Errorf("%s: %v, want core.ErrConfig", name, err)

@@ -374,40 +374,4 @@ func TestProcessorConfig(t *testing.T) {
 	if _, err := inbox.NewReceiver(b.db.Pool, inbox.ReceiverConfig{}); !errors.Is(err, core.ErrConfig) {
 		t.Errorf("receiver without consumer: %v", err)
 	}
-	if _, err := inbox.NewCleaner(b.db.Pool, inbox.CleanerConfig{Retention: -1}); !errors.Is(err, core.ErrConfig) {
-		t.Errorf("cleaner: %v", err)
-	}
-}
-
-// The cleaner removes marks and processed rows older than the window, in
-// batches, and keeps the rest: unprocessed rows whatever their age.
-func TestCleaner(t *testing.T) {
-	t.Parallel()
-	b := setup(t, 2)
-	ctx := context.Background()
-	pe, ie := b.table("processed_event"), b.table("inbox_event")
-	if _, err := b.db.Pool.Exec(ctx, `
-INSERT INTO `+pe+` (consumer, event_id, processed_at)
-SELECT 'c', gen_random_uuid(), now() - CASE WHEN g <= 25 THEN interval '8 days' ELSE interval '1 hour' END
-  FROM generate_series(1, 30) g;
-INSERT INTO `+ie+` (consumer, event_id, payload, processed, processed_at, received_at)
-SELECT 'c', gen_random_uuid(), '\x00', g <= 15, CASE WHEN g <= 15 THEN now() - interval '9 days' END, now() - interval '10 days'
-  FROM generate_series(1, 20) g;`); err != nil {
-		t.Fatal(err)
-	}
-	c, err := inbox.NewCleaner(b.db.Pool, inbox.CleanerConfig{Schema: b.db.Schema, BatchSize: 4})
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := c.CleanOnce(ctx)
-	if err != nil || res.ProcessedEvents != 25 || res.InboxEvents != 15 {
-		t.Fatalf("CleanOnce = %+v, %v; want 25 marks and 15 rows", res, err)
-	}
-	if got := b.count(t, `SELECT count(*) FROM `+pe); got != 5 {
-		t.Fatalf("marks left %d, want 5", got)
-	}
-	if got := b.count(t, `SELECT count(*) FROM `+ie+` WHERE NOT processed`); got != 5 {
-		t.Fatalf("unprocessed rows left %d, want 5", got)
-	}
-	run(t, c) // Run does a round at once and stops cleanly at the end
 }

@@ -134,7 +134,7 @@ UPDATE %[2]s e SET discarded_at = now()
   FROM pend WHERE e.id = pend.id`, pending, event)
 
 	// Replay walks the log in id order (primary key), a chunk at a time.
-	// FOR KEY SHARE keeps a Cleaner from deleting a selected row before the
+	// FOR KEY SHARE keeps retention from deleting a selected row before the
 	// pending row that points to it commits (it does not block the relay's
 	// mark, a non-key update).
 	// The filter's fields are parameters; an unset one ($n IS NULL or '')
@@ -255,7 +255,7 @@ func (a *Admin) requeueOn(ctx context.Context, db dbtx, eventIDs []string) (int,
 
 // Discard drops dead letters for good, in a transaction of its own: they
 // leave the pending set, their log rows are marked discarded (and removed
-// by the Cleaner after the retention period), and the later events of
+// by the service's retention after its window), and the later events of
 // their keys flow again. Ids that are not dead letters are ignored; the
 // count says how many were discarded. An id that is not a UUID fails the
 // whole call with an error wrapping core.ErrInvalidEventID.
@@ -352,8 +352,8 @@ func (f ReplayFilter) validate() error {
 // chunks before stay replayed and running it again is safe. It returns how
 // many events it queued.
 //
-// Only what the Cleaner kept can be replayed: events older than the
-// retention period are gone. Events not yet published (pending, dead or
+// Only what retention kept can be replayed: events published longer ago
+// than its window are gone. Events not yet published (pending, dead or
 // discarded) are never selected, and an event already queued for replay
 // is not queued twice. Consumers that deduplicate on the event id (the
 // inbox) skip replayed events they have seen: rebuild a read model under a

@@ -142,8 +142,10 @@
 // DiscardMatching), replays published
 // events with their original ids (so a consumer can rebuild a read model
 // from the log, and skip what it applied) and
-// reports the backlog; a Cleaner deletes published events older than the
-// retention window in small batches; Metrics exposes it all to Prometheus.
+// reports the backlog; Metrics exposes it all to Prometheus. The service
+// runs retention (millrace.Config.Retention): it deletes events published
+// or discarded longer ago than its Events window (7 days by default), in
+// small batches, never one that is pending, dead or queued for replay.
 //
 // # Change data capture
 //
@@ -210,7 +212,7 @@
 // # Tables
 //
 // outbox_event is the log: every event, kept after publication for audit
-// and replay until the Cleaner removes it. outbox_pending is the unpublished
+// and replay until retention removes it. outbox_pending is the unpublished
 // set, one narrow row per event; it plays the part of the partial index
 // "WHERE published_at IS NULL" and is far cheaper to claim from and delete
 // from than updating an indexed column of the log. outbox_lane holds one row

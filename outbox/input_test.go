@@ -425,10 +425,6 @@ func TestConfigErrorsWrapErrConfig(t *testing.T) {
 	check("NewAdmin", "ReplayChunk", err)
 	_, err = outbox.NewAdmin(db.Pool, outbox.AdminConfig{Schema: "Bad-Schema"})
 	check("NewAdmin", "Schema", err)
-	_, err = outbox.NewCleaner(db.Pool, outbox.CleanerConfig{BatchSize: -1})
-	check("NewCleaner", "BatchSize", err)
-	_, err = outbox.NewCleaner(nil, outbox.CleanerConfig{})
-	check("NewCleaner(nil)", "pool", err)
 	if _, err := outbox.NewRelay(db.Pool, outbox.RelayConfig{Publisher: rec, BatchSize: outbox.MaxBatchSize}); err != nil {
 		t.Errorf("BatchSize = MaxBatchSize refused: %v", err)
 	}

@@ -161,7 +161,7 @@ func (c *RelayConfig) setDefaults() {
 }
 
 // DefaultLogger is the logger of the outbox's long-running parts (Relay,
-// Cleaner) when their config sets none: Watermill's slog adapter over
+// CDCRelay) when their config sets none: Watermill's slog adapter over
 // slog.Default() as it is when called, with Watermill's Info level mapped
 // to slog's Debug, so that by default errors are printed and routine lines
 // are not.

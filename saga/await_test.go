@@ -604,29 +604,6 @@ func TestDefineRefusesBadWaits(t *testing.T) {
 	}
 }
 
-// The Cleaner removes an ended saga's stored events with it.
-func TestCleanerRemovesStoredEvents(t *testing.T) {
-	t.Parallel()
-	d, def := setupAwait(t, single, bundleOptions{})
-	ctx := context.Background()
-	startPayment(t, d, def, "old")
-	d.signal("old", "payment.confirmed", "psp", confirmation{Ref: "r"})
-	d.reply("old", d.last("old"), core.OutcomeSuccess)
-	if _, err := d.db.Pool.Exec(ctx, `UPDATE `+d.tbl("saga_instance")+` SET ended_at = now() - interval '30 days' WHERE id = 'old'`); err != nil {
-		t.Fatal(err)
-	}
-	c, err := saga.NewCleaner(d.db.Pool, saga.CleanerConfig{Schema: d.db.Schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n, err := c.Clean(ctx); err != nil || n != 1 {
-		t.Fatalf("Clean: %d, %v", n, err)
-	}
-	if got := d.eventStates("old"); len(got) != 0 {
-		t.Fatalf("events left: %v", got)
-	}
-}
-
 // An event for a paused saga that waits is stored, not applied, also by
 // the timer pass; Resume applies it and the saga goes on. A scheduled
 // saga keeps an early event until its wait.

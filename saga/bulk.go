@@ -162,7 +162,7 @@ const (
 	RefusedNotAllowed = "not_allowed"
 	// RefusedRequestPending: another operator request waits on the saga.
 	RefusedRequestPending = "request_pending"
-	// RefusedNotFound: the saga is gone (deleted by a Cleaner).
+	// RefusedNotFound: the saga is gone (removed by retention).
 	RefusedNotFound = "not_found"
 	// RefusedNotRegistered: no orchestrator has the saga's definition.
 	RefusedNotRegistered = "not_registered"

@@ -375,17 +375,19 @@
 //
 // # Retention
 //
-// A Cleaner (NewCleaner, then Run, or Clean for one pass) removes ended
-// sagas with their history once their window has passed since they ended:
-// CleanerConfig.CompletedAfter for completed ones (default 7 days),
-// CompensatedAfter for compensated ones (default 30 days), and StuckAfter
-// (default 30 days) for a saga that was ever stuck, when that is longer. It
+// The service runs retention (millrace.Config.Retention), which removes
+// ended sagas with their history and stored events once their window has
+// passed since they ended: Completed for completed ones (7 days by
+// default), Compensated for compensated ones (30 days by default), and,
+// for a saga that was ever stuck, Compensated too when that is longer. It
 // never removes a saga in any other status: running, compensating, stuck,
-// or a status it does not know. It works oldest first in batches of
-// BatchSize sagas (default 500), each batch one short statement that skips
-// rows another Cleaner holds. After a saga is removed, a late reply for it
-// is recorded as fenced for an unknown saga, and Start with its id starts
-// a new saga: keep the windows longer than any start may be retried.
+// paused, scheduled, or a status it does not know. It works oldest first
+// in batches of 500 sagas, each batch one short statement that skips rows
+// another instance's retention holds, and removes bulk operations, with
+// their record of each saga, once they were made Compensated ago. After a
+// saga is removed, a late reply for it is recorded as fenced for an
+// unknown saga, and Start with its id starts a new saga: keep the windows
+// longer than any start may be retried.
 //
 // A saga's history stays bounded by its steps and attempts, not by the
 // replies that reach it: a run of identical fenced replies (the same step,
@@ -397,14 +399,14 @@
 //
 // Migration 005_saga creates saga_instance (one row per saga; indexes for
 // due timers, pending operator requests, and listing by type, status and
-// age) and saga_history; 007_saga_retention adds the Cleaner's index on
+// age) and saga_history; 007_saga_retention adds retention's index on
 // ended sagas; 009_saga_events creates saga_event, the events delivered
-// to sagas (the Cleaner removes them with their saga); 010_saga_pause
+// to sagas (retention removes them with their saga); 010_saga_pause
 // adds the paused and scheduled statuses, saga_pause and the held
 // replies (saga_held_reply); 011_saga_bulk adds the bulk operations
 // (saga_bulk_operation, saga_bulk_item) and an index selecting sagas by
 // status and step; 012_saga_history_stuck indexes the history's stuck
-// lines for the Cleaner.
+// lines for retention.
 // Config.Clock replaces the real time (for tests that skip time) and
 // Config.Hook is called at each persistence boundary (HookLoaded,
 // HookBeforeCommit, HookAfterCommit), for harnesses that inject crashes;

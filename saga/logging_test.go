@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/millrace/millrace/compensation"
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/outbox"
 	"github.com/millrace/millrace/saga"
@@ -33,9 +32,9 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
-// With no Logger, the orchestrator's and the compensation Cleaner's errors
-// go to slog.Default(), as the relay's do. Not parallel: it replaces
-// slog's default logger (parallel tests start after it ends).
+// With no Logger, the orchestrator's errors go to slog.Default(), as the
+// relay's do. Not parallel: it replaces slog's default logger (parallel
+// tests start after it ends).
 func TestNoLoggerLogsErrorsToSlogDefault(t *testing.T) {
 	var buf lockedBuffer
 	prev := slog.Default()
@@ -44,7 +43,7 @@ func TestNoLoggerLogsErrorsToSlogDefault(t *testing.T) {
 
 	// Run fails at start on a schema without tables (and returns that), so
 	// the tables go once the orchestrator's timer passes are under way:
-	// every pass fails after that, and so does the cleaner's.
+	// every pass fails after that.
 	db := pgtest.New(t)
 	w, err := outbox.NewWriter(db.Pool, outbox.WriterConfig{Schema: db.Schema})
 	if err != nil {
@@ -57,15 +56,10 @@ func TestNoLoggerLogsErrorsToSlogDefault(t *testing.T) {
 	if err := o.Register(mustDefine(t, plainSpec(1))); err != nil { // timers claim registered types only
 		t.Fatal(err)
 	}
-	c, err := compensation.NewCleaner(db.Pool, compensation.CleanerConfig{Schema: db.Schema, Interval: 10 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(1)
 	go func() { defer wg.Done(); _ = o.Run(ctx) }()
-	go func() { defer wg.Done(); _ = c.Run(ctx) }()
 	defer func() { cancel(); wg.Wait() }()
 	scans := func() int64 {
 		var n int64
@@ -78,18 +72,17 @@ func TestNoLoggerLogsErrorsToSlogDefault(t *testing.T) {
 			t.Fatal("the orchestrator's timer passes did not start within 30s")
 		}
 	}
-	if _, err := db.Pool.Exec(ctx, `DROP TABLE "`+db.Schema+`".saga_instance, "`+db.Schema+`".compensation_barrier CASCADE`); err != nil {
+	if _, err := db.Pool.Exec(ctx, `DROP TABLE "`+db.Schema+`".saga_instance CASCADE`); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		out := buf.String()
-		if strings.Contains(out, "level=ERROR") && strings.Contains(out, "saga: timers") &&
-			strings.Contains(out, "compensation.Cleaner") {
+		if strings.Contains(out, "level=ERROR") && strings.Contains(out, "saga: timers") {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no errors of the orchestrator and the cleaner on slog.Default() within 30s; got:\n%s", out)
+			t.Fatalf("no errors of the orchestrator on slog.Default() within 30s; got:\n%s", out)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace/console"
+	"github.com/millrace/millrace/internal/retention"
 	"github.com/millrace/millrace/internal/sqlident"
 	"github.com/millrace/millrace/saga"
 )
@@ -37,9 +38,10 @@ const (
 //     a page deep in the keyset, one saga's history, the console's
 //     overview and sagas pages) and captures each statement's plan with
 //     auto_explain (EXPLAIN ANALYZE, sent back as notices);
-//   - runs a saga.Cleaner pass with the default windows and reports
-//     pg_stat_user_tables for the two tables before and after it, and
-//     after a VACUUM, with the pass's rate.
+//   - runs a retention pass (internal/retention, as the service runs it)
+//     with the default windows and reports pg_stat_user_tables for the two
+//     tables before and after it, and after a VACUUM, with the rate at
+//     which it removed sagas.
 //
 // The sagas are written with SQL (generate_series), not run: the figures
 // are about the tables, not the engine.
@@ -73,19 +75,20 @@ func (b *bench) benchScale(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	cl, err := saga.NewCleaner(pool, saga.CleanerConfig{Schema: schema})
+	cl, err := retention.New(pool, retention.Config{Schema: schema})
 	if err != nil {
 		return err
 	}
 	cstart := time.Now()
-	removed, err := cl.Clean(ctx)
+	pass, err := cl.Pass(ctx)
 	if err != nil {
 		return err
 	}
 	took := time.Since(cstart)
+	removed := pass.Sagas
 	b.results["scale_cleaner_removed"] = float64(removed)
 	b.results["scale_cleaner_sagas_per_s"] = round(float64(removed)/took.Seconds(), 0)
-	b.progress("scale: cleaner removed %d sagas in %s (%.0f/s)", removed, took.Round(time.Millisecond), float64(removed)/took.Seconds())
+	b.progress("scale: retention removed %d sagas in %s (%.0f/s)", removed, took.Round(time.Millisecond), float64(removed)/took.Seconds())
 	after, err := tableStats(ctx, pool, schema)
 	if err != nil {
 		return err

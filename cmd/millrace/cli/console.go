@@ -135,9 +135,8 @@ func loggingTopic() *cobra.Command {
 
 const loggingHelp = `Logging
 
-millrace's parts (outbox.Relay, outbox.Cleaner, inbox.Processor, inbox.Cleaner,
-saga.Orchestrator, compensation.Participant, compensation.Cleaner, kafka.Publisher,
-service.Service) log through Watermill's watermill.LoggerAdapter, given in their Config's Logger
+millrace's parts (outbox.Relay, inbox.Processor, saga.Orchestrator,
+compensation.Participant, kafka.Publisher, millrace.Service and the retention it runs) log through Watermill's watermill.LoggerAdapter, given in their Config's Logger
 field. One default everywhere (outbox.DefaultLogger): errors and warnings go to slog.Default(),
 routine lines are logged at slog's Debug level and so are not shown. To log elsewhere, or more,
 wrap your *slog.Logger with Watermill's adapter; watermill.NopLogger{} silences a part:
