@@ -38,7 +38,7 @@ func (c *Console) sagaQuery(w http.ResponseWriter, r *http.Request, get func(str
 }
 
 // bulkCount is, for the sagas list, how many sagas its filter selects
-// (saga.Operator.DryRun), or -1 when the filter selects nothing in
+// (saga.Orchestrator.DryRun), or -1 when the filter selects nothing in
 // particular (no type, status, step or error) or the console is
 // read-only.
 func (c *Console) bulkCount(ctx context.Context, q saga.Query) (int64, error) {
@@ -53,7 +53,7 @@ func (c *Console) bulkCount(ctx context.Context, q saga.Query) (int64, error) {
 }
 
 // sagaBulkPlan records a bulk operation on every saga the list's filter
-// selects now (saga.Operator.Plan), with the operator and the reason, and
+// selects now (saga.Orchestrator.Plan), with the operator and the reason, and
 // goes to its confirm page. Nothing is filed yet.
 func (c *Console) sagaBulkPlan(w http.ResponseWriter, r *http.Request) (string, bool) {
 	action := r.PostFormValue("action")
@@ -109,7 +109,7 @@ type sagaBulkData struct {
 
 // sagaBulkPage shows a bulk operation: before it is applied, the confirm
 // page with the count and the first sagas it selected; after, its progress
-// and outcome counts (saga.Operator.BulkStatus).
+// and outcome counts (saga.Orchestrator.BulkStatus).
 func (c *Console) sagaBulkPage(w http.ResponseWriter, r *http.Request) {
 	id := r.URL.Query().Get("id")
 	ctx, cancel := reqCtx(r)
@@ -153,7 +153,7 @@ func (c *Console) sagaBulkPage(w http.ResponseWriter, r *http.Request) {
 // answers; a larger one is filed in the background.
 const bulkInRequest = 5000
 
-// sagaBulkApply files the operation's requests (saga.Operator.Apply) and
+// sagaBulkApply files the operation's requests (saga.Orchestrator.Apply) and
 // goes to its outcome page. The filing goes on if the browser goes away; a
 // second press files only what is left.
 func (c *Console) sagaBulkApply(w http.ResponseWriter, r *http.Request) (string, bool) {

@@ -106,7 +106,7 @@ func TestBrowserBulkRetry(t *testing.T) {
 	opID := text(`#bulk-id`)
 
 	// The service's running orchestrator applies the requests.
-	p, err := saga.NewOperator(db.Pool, saga.OperatorConfig{Schema: db.Schema})
+	p, err := saga.New(db.Pool, saga.Config{Schema: db.Schema})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,7 +231,7 @@ func TestSagaBulkFiledInTheBackground(t *testing.T) {
 	if r.status != http.StatusSeeOther || !strings.Contains(r.location, "filing=1") {
 		t.Fatalf("POST /sagas/bulk/apply: %d to %q\n%s", r.status, r.location, r.body)
 	}
-	p, err := saga.NewOperator(db.Pool, saga.OperatorConfig{Schema: db.Schema})
+	p, err := saga.New(db.Pool, saga.Config{Schema: db.Schema})
 	if err != nil {
 		t.Fatal(err)
 	}

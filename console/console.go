@@ -57,7 +57,7 @@ type Config struct {
 	// definition: pass the service's own Orchestrator, with its definitions
 	// registered: actions then act at once. Defaults to an Orchestrator on
 	// Schema with none: the pages show every saga, and an action records an
-	// operator request (saga.Operator), checked against the saga's state,
+	// operator request (saga.Orchestrator.Request), checked against the saga's state,
 	// that the service's running orchestrator applies on its next timer
 	// pass.
 	Sagas *saga.Orchestrator
@@ -140,9 +140,9 @@ type Console struct {
 	sagas  *saga.Orchestrator
 	// requests records operator requests when Config.Sagas was not given
 	// (no definitions to act with); nil otherwise.
-	requests *saga.Operator
+	requests *saga.Orchestrator
 	// operator withdraws pending requests (whoever recorded them).
-	operator *saga.Operator
+	operator *saga.Orchestrator
 	csrf     *csrf
 	log      *slog.Logger
 	pages    map[string]*template.Template
@@ -213,8 +213,8 @@ func newSingle(pool *pgxpool.Pool, cfg Config) (*Console, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: console: %v", core.ErrConfig, err)
 	}
-	var requests *saga.Operator
-	operator, err := saga.NewOperator(pool, saga.OperatorConfig{Schema: schema})
+	var requests *saga.Orchestrator
+	operator, err := saga.New(pool, saga.Config{Schema: schema})
 	if err != nil {
 		return nil, fmt.Errorf("%w: console: %v", core.ErrConfig, err)
 	}

@@ -108,22 +108,22 @@ type DryRun struct {
 // DryRun counts the sagas q selects and returns the newest page of them
 // (page sagas; defaults to 20 when page <= 0, at most 1000). It changes
 // nothing.
-func (p *Operator) DryRun(ctx context.Context, q Query, page int) (*DryRun, error) {
+func (o *Orchestrator) DryRun(ctx context.Context, q Query, page int) (*DryRun, error) {
 	if page <= 0 {
 		page = 20
 	}
 	page = min(page, 1000)
 	list, arg := args()
-	sel, err := q.selectIDs(p.o.sql.instance, arg)
+	sel, err := q.selectIDs(o.sql.instance, arg)
 	if err != nil {
 		return nil, err
 	}
 	d := &DryRun{}
-	err = pgx.BeginTxFunc(ctx, p.o.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+	err = pgx.BeginTxFunc(ctx, o.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		if err := tx.QueryRow(ctx, `SELECT count(*) FROM (`+sel+`) s`, *list...).Scan(&d.Count); err != nil {
 			return err
 		}
-		d.Sagas, err = p.sample(ctx, tx, q, page)
+		d.Sagas, err = o.sample(ctx, tx, q, page)
 		return err
 	})
 	if err != nil {
@@ -133,7 +133,7 @@ func (p *Operator) DryRun(ctx context.Context, q Query, page int) (*DryRun, erro
 }
 
 // sample returns the newest n sagas q selects.
-func (p *Operator) sample(ctx context.Context, tx pgx.Tx, q Query, n int) ([]*Instance, error) {
+func (o *Orchestrator) sample(ctx context.Context, tx pgx.Tx, q Query, n int) ([]*Instance, error) {
 	list, arg := args()
 	where, err := q.where(arg)
 	if err != nil {
@@ -143,7 +143,7 @@ func (p *Operator) sample(ctx context.Context, tx pgx.Tx, q Query, n int) ([]*In
 		n = min(n, q.Limit)
 	}
 	return queryInstances(ctx, tx, fmt.Sprintf(`SELECT %s FROM %s %s ORDER BY created_at DESC, id DESC LIMIT %s`,
-		instanceCols, p.o.sql.instance, where, arg(n)), *list...)
+		instanceCols, o.sql.instance, where, arg(n)), *list...)
 }
 
 // Why a bulk operation's saga was refused (BulkCounts.Refused). At filing
@@ -267,7 +267,7 @@ VALUES ($1, $2, $3, $4, $5, $6, 0)`, op),
 // request is refused (RefusedChanged), not acted on. It returns an error
 // wrapping ErrInvalidQuery for a bad query and ErrActionNotAllowed for an
 // unknown action or an incomplete Actor.
-func (p *Operator) Plan(ctx context.Context, action Action, q Query, by Actor) (*BulkOperation, error) {
+func (o *Orchestrator) Plan(ctx context.Context, action Action, q Query, by Actor) (*BulkOperation, error) {
 	if action.op() == nil {
 		return nil, fmt.Errorf("%w: unknown action %q", ErrActionNotAllowed, action)
 	}
@@ -276,7 +276,7 @@ func (p *Operator) Plan(ctx context.Context, action Action, q Query, by Actor) (
 	}
 	list, arg := args()
 	arg(nil) // $1: the operation id
-	sel, err := q.selectIDs(p.o.sql.instance, arg)
+	sel, err := q.selectIDs(o.sql.instance, arg)
 	if err != nil {
 		return nil, err
 	}
@@ -285,11 +285,11 @@ func (p *Operator) Plan(ctx context.Context, action Action, q Query, by Actor) (
 		return nil, err
 	}
 	b := &BulkOperation{ID: uuid.NewString(), Action: action, Operator: clean(by.Operator), Reason: oneLine(by.Reason),
-		Query: q, Created: p.o.clock.Now()}
+		Query: q, Created: o.clock.Now()}
 	(*list)[0] = b.ID
-	bs := &p.o.sql.bulk
-	item := sqlident.Table(p.o.schema, "saga_bulk_item")
-	err = pgx.BeginTxFunc(ctx, p.o.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, func(tx pgx.Tx) error {
+	bs := &o.sql.bulk
+	item := sqlident.Table(o.schema, "saga_bulk_item")
+	err = pgx.BeginTxFunc(ctx, o.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, bs.insertOp, b.ID, string(action), b.Operator, b.Reason, rawQuery, b.Created); err != nil {
 			return err
 		}
@@ -301,7 +301,7 @@ func (p *Operator) Plan(ctx context.Context, action Action, q Query, by Actor) (
 		if _, err := tx.Exec(ctx, bs.setSelected, b.ID, b.Counts.Selected); err != nil {
 			return err
 		}
-		b.Sample, err = p.sample(ctx, tx, q, 20)
+		b.Sample, err = o.sample(ctx, tx, q, 20)
 		return err
 	})
 	if err != nil {
@@ -322,16 +322,16 @@ func (p *Operator) Plan(ctx context.Context, action Action, q Query, by Actor) (
 // see Operator). Apply again after a failure or a crash goes on where it
 // stopped; Apply of an operation filed already files nothing. It returns
 // an error wrapping ErrBulkNotFound for an unknown id.
-func (p *Operator) Apply(ctx context.Context, id string) (*BulkOperation, error) {
-	b, err := p.BulkStatus(ctx, id)
+func (o *Orchestrator) Apply(ctx context.Context, id string) (*BulkOperation, error) {
+	b, err := o.BulkStatus(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	by := Actor{Operator: b.Operator, Reason: b.Reason, Operation: b.ID}
-	bs := &p.o.sql.bulk
+	bs := &o.sql.bulk
 	for {
 		n := 0
-		err := pgx.BeginFunc(ctx, p.o.pool, func(tx pgx.Tx) error {
+		err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
 			rows, err := tx.Query(ctx, bs.pick, b.ID, bulkBatch)
 			if err != nil {
 				return err
@@ -351,7 +351,7 @@ func (p *Operator) Apply(ctx context.Context, id string) (*BulkOperation, error)
 			ids, states, reasons, errs := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 			for i, it := range items {
 				ids[i], states[i] = it.id, "filed"
-				reason, ferr := p.file(ctx, tx, b, it.id, it.rev, by)
+				reason, ferr := o.file(ctx, tx, b, it.id, it.rev, by)
 				if reason == "" && ferr != nil {
 					return ferr
 				}
@@ -360,10 +360,10 @@ func (p *Operator) Apply(ctx context.Context, id string) (*BulkOperation, error)
 				}
 			}
 			if n == 0 {
-				_, err := tx.Exec(ctx, bs.setFiled, b.ID, p.o.clock.Now())
+				_, err := tx.Exec(ctx, bs.setFiled, b.ID, o.clock.Now())
 				return err
 			}
-			_, err = tx.Exec(ctx, bs.settle, b.ID, p.o.clock.Now(), ids, states, reasons, errs)
+			_, err = tx.Exec(ctx, bs.settle, b.ID, o.clock.Now(), ids, states, reasons, errs)
 			return err
 		})
 		if err != nil {
@@ -373,14 +373,14 @@ func (p *Operator) Apply(ctx context.Context, id string) (*BulkOperation, error)
 			break
 		}
 	}
-	return p.BulkStatus(ctx, id)
+	return o.BulkStatus(ctx, id)
 }
 
 // file files the request of one saga of b, selected at revision rev. It
 // returns the refusal's reason and error, or "" and a technical error (or
 // nil once filed).
-func (p *Operator) file(ctx context.Context, tx pgx.Tx, b *BulkOperation, id string, rev int64, by Actor) (string, error) {
-	in, err := p.o.lock(ctx, tx, id)
+func (o *Orchestrator) file(ctx context.Context, tx pgx.Tx, b *BulkOperation, id string, rev int64, by Actor) (string, error) {
+	in, err := o.lock(ctx, tx, id)
 	if errors.Is(err, ErrNotFound) {
 		return RefusedNotFound, err
 	}
@@ -393,7 +393,7 @@ func (p *Operator) file(ctx context.Context, tx pgx.Tx, b *BulkOperation, id str
 		err = fmt.Errorf("%w: %s of saga %q: it changed since it was selected (revision %d, now %d): look again and plan a new bulk action",
 			ErrActionNotAllowed, b.Action, id, rev, in.Revision)
 	} else {
-		_, err = p.RequestTx(ctx, tx, id, b.Action, by)
+		_, err = o.requestTx(ctx, tx, id, b.Action, by)
 		switch {
 		case err == nil:
 			return "", nil
@@ -406,7 +406,7 @@ func (p *Operator) file(ctx context.Context, tx pgx.Tx, b *BulkOperation, id str
 		}
 	}
 	detail, _ := json.Marshal(map[string]any{"action": b.Action, "operation": b.ID, "error": err.Error()})
-	herr := p.o.writeHistory(ctx, tx, []historyRow{{sagaID: id, at: p.o.clock.Now(), event: "operator_refused", step: in.Step,
+	herr := o.writeHistory(ctx, tx, []historyRow{{sagaID: id, at: o.clock.Now(), event: "operator_refused", step: in.Step,
 		actor: by.Operator, reason: by.Reason, status: string(in.Status), detail: detail}})
 	if herr != nil {
 		return "", herr
@@ -416,13 +416,13 @@ func (p *Operator) file(ctx context.Context, tx pgx.Tx, b *BulkOperation, id str
 
 // Bulk is Plan then Apply: it selects the sagas q selects now and files
 // action's request on each (see Apply).
-func (p *Operator) Bulk(ctx context.Context, action Action, q Query, by Actor) (*BulkOperation, error) {
-	b, err := p.Plan(ctx, action, q, by)
+func (o *Orchestrator) Bulk(ctx context.Context, action Action, q Query, by Actor) (*BulkOperation, error) {
+	b, err := o.Plan(ctx, action, q, by)
 	if err != nil {
 		return nil, err
 	}
 	sample := b.Sample
-	if b, err = p.Apply(ctx, b.ID); err != nil {
+	if b, err = o.Apply(ctx, b.ID); err != nil {
 		return nil, err
 	}
 	b.Sample = sample
@@ -432,12 +432,12 @@ func (p *Operator) Bulk(ctx context.Context, action Action, q Query, by Actor) (
 // BulkStatus returns a bulk operation with its progress and outcome
 // counts now. It returns an error wrapping ErrBulkNotFound for an unknown
 // id.
-func (p *Operator) BulkStatus(ctx context.Context, id string) (*BulkOperation, error) {
-	bs := &p.o.sql.bulk
+func (o *Orchestrator) BulkStatus(ctx context.Context, id string) (*BulkOperation, error) {
+	bs := &o.sql.bulk
 	b := &BulkOperation{Counts: BulkCounts{Refused: map[string]int64{}}}
 	var action string
 	var rawQuery []byte
-	err := pgx.BeginTxFunc(ctx, p.o.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+	err := pgx.BeginTxFunc(ctx, o.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		err := tx.QueryRow(ctx, bs.getOp, id).Scan(&b.ID, &action, &b.Operator, &b.Reason, &rawQuery, &b.Created, &b.Filed, &b.Counts.Selected)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("%w: %q", ErrBulkNotFound, id)
@@ -528,14 +528,14 @@ func operatorDetail(action, operation string) []byte {
 // BulkSagas returns up to limit of the sagas a bulk operation selected,
 // as they are now, in id order (on the primary keys); a saga deleted since
 // is left out. limit defaults to 20 when <= 0, at most 1000.
-func (p *Operator) BulkSagas(ctx context.Context, id string, limit int) ([]*Instance, error) {
+func (o *Orchestrator) BulkSagas(ctx context.Context, id string, limit int) ([]*Instance, error) {
 	if limit <= 0 {
 		limit = 20
 	}
 	limit = min(limit, 1000)
 	q := fmt.Sprintf(`SELECT %s FROM %s WHERE id IN (SELECT saga_id FROM %s WHERE operation_id = $1 ORDER BY saga_id LIMIT $2) ORDER BY id`,
-		instanceCols, p.o.sql.instance, sqlident.Table(p.o.schema, "saga_bulk_item"))
-	sagas, err := queryInstances(ctx, p.o.pool, q, id, limit)
+		instanceCols, o.sql.instance, sqlident.Table(o.schema, "saga_bulk_item"))
+	sagas, err := queryInstances(ctx, o.pool, q, id, limit)
 	if err != nil {
 		return nil, fmt.Errorf("saga: bulk operation %s: sagas: %w", id, err)
 	}

@@ -17,7 +17,7 @@ import (
 
 // drain runs the orchestrator's timer passes until the bulk operation has
 // every outcome, or fails the test after a deadline.
-func drain(t *testing.T, o *saga.Orchestrator, p *saga.Operator, id string) *saga.BulkOperation {
+func drain(t *testing.T, o *saga.Orchestrator, p *saga.Orchestrator, id string) *saga.BulkOperation {
 	t.Helper()
 	ctx := context.Background()
 	deadline := time.Now().Add(60 * time.Second)
@@ -53,7 +53,7 @@ func TestBulkRetryByQuery(t *testing.T) {
 	ctx := context.Background()
 	ids := s.StuckRefunds(t, db, "refund", 30)
 	s.WaitingShip(t, "ship-1") // running at step reserve: not selected
-	p, err := saga.NewOperator(db.Pool, saga.OperatorConfig{Schema: db.Schema})
+	p, err := saga.New(db.Pool, saga.Config{Schema: db.Schema})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +171,7 @@ func TestBulkLimitAndRefusal(t *testing.T) {
 	s := opstest.NewSagas(t, db)
 	ctx := context.Background()
 	ids := s.StuckRefunds(t, db, "refund", 10)
-	p, err := saga.NewOperator(db.Pool, saga.OperatorConfig{Schema: db.Schema})
+	p, err := saga.New(db.Pool, saga.Config{Schema: db.Schema})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -215,7 +215,7 @@ func TestBulkPauseAndResume(t *testing.T) {
 		ships = append(ships, id)
 	}
 	s.StuckRefund(t, "refund-1")
-	p, err := saga.NewOperator(db.Pool, saga.OperatorConfig{Schema: db.Schema})
+	p, err := saga.New(db.Pool, saga.Config{Schema: db.Schema})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,9 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/millrace/millrace/core"
 )
 
 // Action is an operator action on a saga.
@@ -116,56 +113,30 @@ func checkAction(in *Instance, action Action, by Actor) error {
 	return fmt.Errorf("%s of saga %q: %w: %s", action, in.ID, ErrActionNotAllowed, why)
 }
 
-// OperatorConfig configures an Operator.
-type OperatorConfig struct {
-	// Schema holds millrace's tables. Defaults to "millrace".
-	Schema string
-	// Clock stamps the requests. Defaults to the real time.
-	Clock Clock
-}
-
-// Operator records operator actions on sagas for the service's running
-// orchestrator to apply, without the saga definitions: it is what the
-// stock millrace command and a console without the service's Orchestrator
-// act through. A request is checked against the saga's status and phase
-// (as the orchestrator checks it), recorded on the saga with a history
-// line "operator_request", and applied by the next timer pass of an
-// Orchestrator that has the saga's type and version registered (Run, RunDue), as the
-// requester; if by then the saga has changed at all (another step or
-// revision than the request recorded) or the action is no longer allowed,
-// the orchestrator records it as "operator_refused" and drops it. Withdraw
-// withdraws a pending request. It is safe for concurrent use.
-type Operator struct {
-	o *Orchestrator
-}
-
-// NewOperator returns an Operator on pool. It does not touch the database.
-func NewOperator(pool *pgxpool.Pool, cfg OperatorConfig) (*Operator, error) {
-	if pool == nil {
-		return nil, fmt.Errorf("%w: saga.NewOperator: nil pool", core.ErrConfig)
-	}
-	o, err := New(pool, Config{Schema: cfg.Schema, Clock: cfg.Clock})
-	if err != nil {
-		return nil, err
-	}
-	return &Operator{o: o}, nil
-}
-
 // Request records an operator request of action (ActionRetry, ActionSkip,
-// ...) for the running orchestrator to apply as the Orchestrator's method
-// of that name, with the saga's current step and revision, and returns the
-// saga with it (Instance.Request). A request is refused as stale when the
-// saga has moved on by then, except a pause, which is applied whatever
-// step the saga has moved on to as long as it is still running or
-// compensating. It returns an error wrapping ErrNotFound for an
+// ...) for the service's running orchestrator to apply, as the
+// Orchestrator's method of that name (Retry, Skip, ...), and returns the
+// saga with it (Instance.Request). It needs no saga definition: it is what
+// the millrace command and a console without the service's definitions
+// act through, on an Orchestrator with none registered. A request is
+// checked against the saga's status and phase (as the orchestrator checks
+// it), recorded on the saga with its current step and revision and a
+// history line "operator_request", and applied by the next timer pass of
+// an Orchestrator that has the saga's type and version registered (Run,
+// RunDue), as the requester; if by then the saga has changed at all
+// (another step or revision than the request recorded) or the action is no
+// longer allowed, the orchestrator records it as "operator_refused" and
+// drops it. A pause is applied whatever step the saga has moved on to, as
+// long as it is still running or compensating. Withdraw withdraws a
+// pending request. It returns an error wrapping ErrNotFound for an
 // unknown id, ErrActionNotAllowed for an action the saga's state forbids
 // (or an incomplete Actor), and ErrRequestPending while another request
 // waits; then nothing is recorded.
-func (p *Operator) Request(ctx context.Context, id string, action Action, by Actor) (*Instance, error) {
+func (o *Orchestrator) Request(ctx context.Context, id string, action Action, by Actor) (*Instance, error) {
 	var in *Instance
-	err := pgx.BeginFunc(ctx, p.o.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
 		var err error
-		in, err = p.RequestTx(ctx, tx, id, action, by)
+		in, err = o.requestTx(ctx, tx, id, action, by)
 		return err
 	})
 	if err != nil {
@@ -174,9 +145,7 @@ func (p *Operator) Request(ctx context.Context, id string, action Action, by Act
 	return in, nil
 }
 
-// RequestTx is Request in the caller's transaction.
-func (p *Operator) RequestTx(ctx context.Context, tx pgx.Tx, id string, action Action, by Actor) (*Instance, error) {
-	o := p.o
+func (o *Orchestrator) requestTx(ctx context.Context, tx pgx.Tx, id string, action Action, by Actor) (*Instance, error) {
 	in, err := o.lock(ctx, tx, id)
 	if err != nil {
 		return nil, err
@@ -217,11 +186,11 @@ func (p *Operator) RequestTx(ctx context.Context, tx pgx.Tx, id string, action A
 // request it withdrew. It returns an error wrapping ErrNotFound for an
 // unknown id, ErrNoRequest when no request is pending, and
 // ErrActionNotAllowed for an incomplete Actor.
-func (p *Operator) Withdraw(ctx context.Context, id string, by Actor) (*Request, error) {
+func (o *Orchestrator) Withdraw(ctx context.Context, id string, by Actor) (*Request, error) {
 	var r *Request
-	err := pgx.BeginFunc(ctx, p.o.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
 		var err error
-		r, err = p.WithdrawTx(ctx, tx, id, by)
+		r, err = o.withdrawTx(ctx, tx, id, by)
 		return err
 	})
 	if err != nil {
@@ -230,9 +199,7 @@ func (p *Operator) Withdraw(ctx context.Context, id string, by Actor) (*Request,
 	return r, nil
 }
 
-// WithdrawTx is Withdraw in the caller's transaction.
-func (p *Operator) WithdrawTx(ctx context.Context, tx pgx.Tx, id string, by Actor) (*Request, error) {
-	o := p.o
+func (o *Orchestrator) withdrawTx(ctx context.Context, tx pgx.Tx, id string, by Actor) (*Request, error) {
 	if strings.TrimSpace(by.Operator) == "" || strings.TrimSpace(by.Reason) == "" {
 		return nil, fmt.Errorf("%w: withdraw of the request on saga %q: Actor.Operator and Actor.Reason are required", ErrActionNotAllowed, id)
 	}

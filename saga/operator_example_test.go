@@ -17,7 +17,7 @@ import (
 // An operator without the saga's definitions (the stock millrace command,
 // a standalone console) records a request; the service's orchestrator
 // applies it on its next timer pass.
-func ExampleOperator() {
+func ExampleOrchestrator_Request() {
 	ctx := context.Background()
 	url := os.Getenv("DATABASE_URL")
 	if url == "" {
@@ -70,7 +70,7 @@ func ExampleOperator() {
 	}
 
 	// The operator's tool: no definitions, only the database.
-	op, err := saga.NewOperator(pool, saga.OperatorConfig{Schema: schema})
+	op, err := saga.New(pool, saga.Config{Schema: schema})
 	if err != nil {
 		fmt.Println(err)
 		return

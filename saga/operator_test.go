@@ -11,9 +11,9 @@ import (
 	"github.com/millrace/millrace/saga"
 )
 
-func newOperator(t *testing.T, d *driver) *saga.Operator {
+func newOperator(t *testing.T, d *driver) *saga.Orchestrator {
 	t.Helper()
-	p, err := saga.NewOperator(d.db.Pool, saga.OperatorConfig{Schema: d.db.Schema, Clock: d.clock})
+	p, err := saga.New(d.db.Pool, saga.Config{Schema: d.db.Schema, Clock: d.clock})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -215,7 +215,7 @@ func TestOperatorPauseResume(t *testing.T) {
 	t.Parallel()
 	d, def := orderDriver(t, nil)
 	ctx := context.Background()
-	p, err := saga.NewOperator(d.db.Pool, saga.OperatorConfig{Schema: d.db.Schema, Clock: d.clock})
+	p, err := saga.New(d.db.Pool, saga.Config{Schema: d.db.Schema, Clock: d.clock})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -117,7 +117,7 @@ func TestScheduledSagaCancelled(t *testing.T) {
 	if in.Status != saga.StatusCompensated || in.NextWakeupAt != nil || in.EndedAt == nil {
 		t.Fatalf("cancelled: %s, next wake-up %v", in.Status, in.NextWakeupAt)
 	}
-	p, err := saga.NewOperator(d.db.Pool, saga.OperatorConfig{Schema: d.db.Schema, Clock: d.clock})
+	p, err := saga.New(d.db.Pool, saga.Config{Schema: d.db.Schema, Clock: d.clock})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -125,7 +125,7 @@ func TestOperatorRequestFailureDoesNotStopTheOthers(t *testing.T) {
 	d := &driver{testBundle: b, clock: clock}
 	start(t, b, def, "rb", 1)
 	start(t, b, def, "ra", 1)
-	p, err := saga.NewOperator(b.db.Pool, saga.OperatorConfig{Schema: b.db.Schema, Clock: clock})
+	p, err := saga.New(b.db.Pool, saga.Config{Schema: b.db.Schema, Clock: clock})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -243,7 +243,7 @@ func TestPassRemovesOldBulkOperations(t *testing.T) {
 	db := pgtest.New(t)
 	s := opstest.NewSagas(t, db)
 	s.StuckRefunds(t, db, "refund", 25)
-	p, err := saga.NewOperator(db.Pool, saga.OperatorConfig{Schema: db.Schema})
+	p, err := saga.New(db.Pool, saga.Config{Schema: db.Schema})
 	if err != nil {
 		t.Fatal(err)
 	}

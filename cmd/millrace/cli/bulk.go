@@ -15,7 +15,7 @@ import (
 )
 
 // bulkFlags are a saga action's selection flags: without a saga id, the
-// action applies to every saga they select (saga.Operator.Bulk).
+// action applies to every saga they select (saga.Orchestrator.Bulk).
 type bulkFlags struct {
 	typ, status, step, errMatch, by string
 	older, idle                     time.Duration

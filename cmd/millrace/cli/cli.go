@@ -41,7 +41,7 @@ type Config struct {
 	// definition's Go code: only a binary built with the definitions can
 	// take it at once. Defaults to none (the stock binary): listing and
 	// showing work for every saga, and an action records an operator
-	// request (saga.Operator), checked against the saga's state, that the
+	// request (an Orchestrator without definitions: saga.Orchestrator.Request), checked against the saga's state, that the
 	// service's running orchestrator applies on its next timer pass.
 	Sagas func(*saga.Orchestrator) error
 }

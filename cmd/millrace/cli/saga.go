@@ -97,14 +97,14 @@ func (a *app) sagaWithdrawCmd() *cobra.Command {
 	return cmd
 }
 
-// sagaOperator returns a saga.Operator on the schema: it records
+// sagaOperator returns an Orchestrator without definitions on the schema: it records
 // operator requests for the service's running orchestrator.
-func (a *app) sagaOperator(ctx context.Context) (*saga.Operator, error) {
+func (a *app) sagaOperator(ctx context.Context) (*saga.Orchestrator, error) {
 	pool, err := a.connect(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return saga.NewOperator(pool, saga.OperatorConfig{Schema: a.schema})
+	return saga.New(pool, saga.Config{Schema: a.schema})
 }
 
 // orchestrator returns an Orchestrator on the schema with the saga
@@ -387,7 +387,7 @@ func (a *app) sagaActionCmd(action saga.Action, short string, act sagaAction) *c
 			"The operator\n(--operator, default $USER) and the reason are recorded in the saga's history.\n" +
 			"A millrace built with the saga definitions (Config.Sagas) acts at once. The stock binary has none:\n" +
 			"it records an operator request that the service's running orchestrator applies on its next timer\n" +
-			"pass (saga.Operator); --wait waits for that and prints the outcome.\n" +
+			"pass (an Orchestrator without definitions: saga.Orchestrator.Request); --wait waits for that and prints the outcome.\n" +
 			"Without an ID it is a bulk action on every saga the selection flags select (--type, --status, --step,\n" +
 			"--error, --older-than, --idle-for, --limit; --by and --reason required): first --dry-run to count and\n" +
 			"list them, then the action, which files a request on each for the running orchestrator (saga bulk status).",
@@ -444,7 +444,7 @@ func (a *app) sagaActionCmd(action saga.Action, short string, act sagaAction) *c
 	return cmd
 }
 
-// sagaRequest records an operator request (saga.Operator) and, with
+// sagaRequest records an operator request (an Orchestrator without definitions: saga.Orchestrator.Request) and, with
 // wait, polls until the orchestrator has applied or refused it.
 func (a *app) sagaRequest(ctx context.Context, id string, action saga.Action, by saga.Actor, wait time.Duration) error {
 	p, err := a.sagaOperator(ctx)
