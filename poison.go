@@ -18,28 +18,23 @@ import (
 	"github.com/millrace/millrace/outbox"
 )
 
-// MetadataPoisonedID is the metadata key under which a poisoned message
-// keeps its own id (Watermill's message UUID): in the outbox it is written
-// under an id of its own (see PoisonPublisher).
-const MetadataPoisonedID = "poisoned_message_id"
-
-// PoisonPublisher returns a Watermill Publisher for poisoned messages that
+// newPoisonPublisher returns a Watermill Publisher for poisoned messages that
 // writes each message to the outbox with w, in a transaction of its own on
 // pool, and returns once that committed; the relay then ships it to the
-// broker like any event. It is the default Config.Poison of a Service, and
-// fits saga.RouterConfig.Poison and compensation.RouterConfig.Poison.
+// broker like any event. It is where a Service poisons the messages its
+// consumers can never handle.
 //
 // A poisoned message is one that could not be handled, so it may be
 // anything: its event id is derived from its topic and its UUID (a UUID of
 // version 5, so a message poisoned twice, after a redelivery, is written
 // once and the second write is taken as done), its own UUID is kept in
-// metadata MetadataPoisonedID, text that PostgreSQL cannot store (NUL,
+// metadata core.MetadataPoisonedID, text that PostgreSQL cannot store (NUL,
 // invalid UTF-8) in its metadata is replaced with U+FFFD, and a payload
 // that is not JSON is stored as bytes (and a content_type metadata that
 // said JSON then says bytes). Its partition key is its
 // partition_key metadata, else its aggregate_id, else its UUID. It is safe
 // for concurrent use.
-func PoisonPublisher(pool *pgxpool.Pool, w *outbox.Writer) message.Publisher {
+func newPoisonPublisher(pool *pgxpool.Pool, w *outbox.Writer) message.Publisher {
 	return &poisonPublisher{pool: pool, w: w}
 }
 
@@ -83,8 +78,8 @@ func poisonEvent(topic string, msg *message.Message) outbox.Event {
 			md[k] = clean(v)
 		}
 	}
-	md[MetadataPoisonedID] = clean(msg.UUID)
-	key := firstKey(md[core.MetadataPartitionKey], md[core.MetadataAggregateID], md[MetadataPoisonedID], id)
+	md[core.MetadataPoisonedID] = clean(msg.UUID)
+	key := firstKey(md[core.MetadataPartitionKey], md[core.MetadataAggregateID], md[core.MetadataPoisonedID], id)
 	ct := md[core.MetadataContentType]
 	binary := ct == core.ContentTypeBinary || !utf8.Valid(msg.Payload) || !json.Valid(msg.Payload)
 	// The millrace keys must agree with the event's own fields (the relay

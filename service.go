@@ -159,7 +159,7 @@ func New(pool *pgxpool.Pool, cfg Config) (_ *Service, err error) {
 	if s.writer, err = outbox.NewWriter(pool, outbox.WriterConfig{Schema: cfg.Schema}); err != nil {
 		return nil, fmt.Errorf("service %s: %w", cfg.Name, err)
 	}
-	s.poison = PoisonPublisher(pool, s.writer)
+	s.poison = newPoisonPublisher(pool, s.writer)
 	metrics, err := s.metrics(cfg)
 	if err != nil {
 		return nil, err

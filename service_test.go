@@ -202,8 +202,8 @@ func TestPoisonGoesThroughTheOutboxByDefault(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := kafkatest.Read(t, b.brokers, b.creditTopic+".poison", 1)[0]
-	if got.Metadata.Get(millrace.MetadataPoisonedID) != bad.UUID {
-		t.Fatalf("poisoned message id %q, want %q", got.Metadata.Get(millrace.MetadataPoisonedID), bad.UUID)
+	if got.Metadata.Get(core.MetadataPoisonedID) != bad.UUID {
+		t.Fatalf("poisoned message id %q, want %q", got.Metadata.Get(core.MetadataPoisonedID), bad.UUID)
 	}
 	if got.Metadata.Get(middleware.ReasonForPoisonedKey) == "" {
 		t.Fatal("no reason_poisoned on the poisoned message")

@@ -8,16 +8,16 @@ import (
 // compensation.ErrFailure) reports whether err came from Fail.
 var ErrFailure = errors.New("compensation: business failure")
 
-// FailureError is a business failure returned by an action or a
-// compensation: "insufficient credit". Make one with Fail.
-type FailureError struct {
-	Reason string
+// failure is a business failure returned by an action or a compensation:
+// "insufficient credit". Fail makes one.
+type failure struct {
+	reason string
 }
 
-func (e *FailureError) Error() string { return "business failure: " + e.Reason }
+func (e *failure) Error() string { return "business failure: " + e.reason }
 
 // Is makes errors.Is(err, ErrFailure) true.
-func (e *FailureError) Is(target error) bool { return target == ErrFailure }
+func (e *failure) Is(target error) bool { return target == ErrFailure }
 
 // Fail returns the business failure reason. An action that returns it (or
 // an error wrapping it) replies core.OutcomeFailure with the reason, and
@@ -33,11 +33,11 @@ func (e *FailureError) Is(target error) bool { return target == ErrFailure }
 //
 // Any other error is technical (the database is down, a bug): the whole
 // transaction rolls back, nothing is replied, and the message is retried.
-func Fail(reason string) error { return &FailureError{Reason: reason} }
+func Fail(reason string) error { return &failure{reason: reason} }
 
 // asFailure returns the business failure in err's chain.
-func asFailure(err error) (*FailureError, bool) {
-	var f *FailureError
+func asFailure(err error) (*failure, bool) {
+	var f *failure
 	ok := errors.As(err, &f)
 	return f, ok
 }

@@ -294,8 +294,8 @@ func (p *Participant) decide(ctx context.Context, tx pgx.Tx, it *item, cl claim,
 			}
 			count(p.name, call.Command)
 			p.metrics.failure(p.name, call.Command, call.Operation)
-			p.logger.Debug("Business failure", watermill.LogFields{"saga_id": call.SagaID, "step": call.Step, "operation": call.Operation, "reason": f.Reason})
-			return reply{outcome: core.OutcomeFailure, reason: cleanReason(f.Reason), payload: emptyReply, failed: true, finish: true}, nil
+			p.logger.Debug("Business failure", watermill.LogFields{"saga_id": call.SagaID, "step": call.Step, "operation": call.Operation, "reason": f.reason})
+			return reply{outcome: core.OutcomeFailure, reason: cleanReason(f.reason), payload: emptyReply, failed: true, finish: true}, nil
 		}
 		count(p.name, call.Command)
 		if payload == nil {

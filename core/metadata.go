@@ -22,6 +22,12 @@ const (
 	MetadataContentType = "content_type"
 )
 
+// MetadataPoisonedID is the metadata key under which a message a service
+// poisoned keeps its own id (Watermill's message UUID): the poisoned copy
+// goes through the service's outbox under an event id of its own, derived
+// from its topic and that id.
+const MetadataPoisonedID = "poisoned_message_id"
+
 // Content types of outbox payloads.
 const (
 	ContentTypeJSON   = "application/json"
