@@ -15,6 +15,7 @@ import (
 
 	"github.com/millrace/millrace/compensation"
 	"github.com/millrace/millrace/core"
+	"github.com/millrace/millrace/internal/kafkalag"
 	"github.com/millrace/millrace/internal/logging"
 	"github.com/millrace/millrace/internal/retention"
 	"github.com/millrace/millrace/internal/sqlident"
@@ -61,7 +62,10 @@ type Config struct {
 	Logger watermill.LoggerAdapter
 	// Metrics, when set, registers the Prometheus collectors of the
 	// relay, the orchestrator and the participants, labelled with the
-	// service's Name. Defaults to nil: nothing is counted.
+	// service's Name, and with Brokers the lag of its consumer group per
+	// partition (millrace_kafka_consumer_lag, _oldest_age_seconds,
+	// _stalled, _assigned: a partition nobody consumes shows before its
+	// sagas' steps time out). Defaults to nil: nothing is counted.
 	Metrics prometheus.Registerer
 	// Saga tunes the orchestrator (Service.Orchestrator). Its Schema,
 	// Writer, Logger and Metrics default to the service's; a Schema other
@@ -245,7 +249,16 @@ func (s *Service) metrics(cfg Config) (serviceMetrics, error) {
 	}
 	labels := prometheus.Labels{"service": cfg.Name}
 	m := serviceMetrics{relay: outbox.NewMetrics(nil, labels), saga: saga.NewMetrics(labels), participants: compensation.NewMetrics(labels)}
-	for _, c := range []prometheus.Collector{m.relay, m.saga, m.participants} {
+	collectors := []prometheus.Collector{m.relay, m.saga, m.participants}
+	if len(cfg.Brokers) > 0 {
+		lag, err := kafkalag.New(kafkalag.Config{Brokers: cfg.Brokers, Groups: []string{cfg.Name}})
+		if err != nil {
+			return m, fmt.Errorf("service %s: lag reader: %w", cfg.Name, err)
+		}
+		s.owned = append(s.owned, closer(lag.Close))
+		collectors = append(collectors, lag.Collector())
+	}
+	for _, c := range collectors {
 		if err := cfg.Metrics.Register(c); err != nil {
 			return m, fmt.Errorf("%w: service %s: register metrics: %v", core.ErrConfig, cfg.Name, err)
 		}
@@ -432,3 +445,8 @@ func (s *Service) closeOwned() error {
 	}
 	return errors.Join(errs...)
 }
+
+// closer makes a Close without an error a Close with one.
+type closer func()
+
+func (c closer) Close() error { c(); return nil }

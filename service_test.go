@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/millrace/millrace"
 	"github.com/millrace/millrace/compensation"
@@ -134,6 +135,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func TestRunCompletesASagaAndStopsOnCancel(t *testing.T) {
 	t.Parallel()
 	b := setup(t, true)
+	b.cfg.Metrics = prometheus.NewRegistry()
 	svc := b.service(t)
 	stop := run(t, svc)
 	ctx := context.Background()
@@ -148,6 +150,27 @@ func TestRunCompletesASagaAndStopsOnCancel(t *testing.T) {
 		}
 		return in.Status == saga.StatusCompleted
 	})
+	// The service's metrics: its parts' counters and its consumer group's
+	// lag, labelled with its name.
+	mfs, err := b.cfg.Metrics.(*prometheus.Registry).Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	families := map[string]bool{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "service" && l.GetValue() == b.cfg.Name || l.GetName() == "group" && l.GetValue() == b.cfg.Name {
+					families[mf.GetName()] = true
+				}
+			}
+		}
+	}
+	for _, name := range []string{"millrace_saga_started_total", "millrace_compensation_actions_total", "millrace_outbox_published_total", "millrace_kafka_consumer_lag"} {
+		if !families[name] {
+			t.Errorf("no %s of the service among %v", name, families)
+		}
+	}
 	if err := stop(); err != nil {
 		t.Fatalf("Run after cancel: %v, want nil", err)
 	}

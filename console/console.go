@@ -68,7 +68,7 @@ type Config struct {
 	KafkaBrokers []string
 	// LagStallAfter is how old the oldest unconsumed record of a partition
 	// may get before the consumer-lag page flags the partition stalled
-	// (kafka.LagConfig.StallAfter). Defaults to 1 minute.
+	// (kafkalag.Config.StallAfter). Defaults to 1 minute.
 	LagStallAfter time.Duration
 	// PoisonTopics are poison topics the poison-topic page links to
 	// (any other can be typed in). Defaults to none.

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"net/http"
 
-	"github.com/millrace/millrace/kafka"
+	"github.com/millrace/millrace/internal/kafkalag"
 	"github.com/millrace/millrace/saga"
 )
 
@@ -16,7 +16,7 @@ type lagData struct {
 	Partitions int
 	Groups     int
 	Stalled    int
-	Lags       []kafka.PartitionLag
+	Lags       []kafkalag.Partition
 	Error      string
 }
 
@@ -30,13 +30,13 @@ func (c *Console) lagPage(w http.ResponseWriter, r *http.Request) {
 	if d.Brokers {
 		lags, err := c.readLag(r, "", "")
 		switch {
-		case errors.Is(err, kafka.ErrNoGroups):
+		case errors.Is(err, kafkalag.ErrNoGroups):
 		case err != nil:
 			c.log.Error("console: consumer lag", "err", err)
 			d.Error, status = "Could not read the consumer groups from Kafka: "+err.Error(), http.StatusBadGateway
 		}
 		groups := map[string]bool{}
-		var stalled, rest []kafka.PartitionLag
+		var stalled, rest []kafkalag.Partition
 		for _, l := range lags {
 			groups[l.Group] = true
 			switch {
@@ -54,8 +54,8 @@ func (c *Console) lagPage(w http.ResponseWriter, r *http.Request) {
 
 // readLag reads, with the console's settings, every consumer group's lag
 // (key "") or the lag on the partition of topic that key is sent to.
-func (c *Console) readLag(r *http.Request, topic, key string) ([]kafka.PartitionLag, error) {
-	lr, err := kafka.NewLagReader(kafka.LagConfig{Brokers: c.cfg.KafkaBrokers, StallAfter: c.cfg.LagStallAfter})
+func (c *Console) readLag(r *http.Request, topic, key string) ([]kafkalag.Partition, error) {
+	lr, err := kafkalag.New(kafkalag.Config{Brokers: c.cfg.KafkaBrokers, StallAfter: c.cfg.LagStallAfter})
 	if err != nil {
 		return nil, err
 	}
@@ -71,7 +71,7 @@ func (c *Console) readLag(r *http.Request, topic, key string) ([]kafka.Partition
 // stalledCommand is a saga's command that waits on a stalled partition.
 type stalledCommand struct {
 	Step, Topic string
-	Lag         kafka.PartitionLag
+	Lag         kafkalag.Partition
 }
 
 // stalledCommand returns where the saga's current step's command waits

@@ -183,11 +183,11 @@ func TestSubscriberReadsWatermillKafkaPublisher(t *testing.T) {
 	var got []arrived
 	for range sent {
 		m := next(t, ch)
-		key, _ := kafka.MessageKeyFromCtx(m.Context())
-		part, _ := kafka.MessagePartitionFromCtx(m.Context())
-		if ts, ok := kafka.MessageTimestampFromCtx(m.Context()); !ok || ts.IsZero() {
-			t.Fatal("no timestamp")
+		r, ok := kafka.RecordFromContext(m.Context())
+		if !ok || r.Timestamp.IsZero() {
+			t.Fatal("no record, or no timestamp")
 		}
+		key, part := r.Key, r.Partition
 		got = append(got, arrived{msg: m, key: string(key), partition: part})
 		m.Ack()
 	}

@@ -24,17 +24,9 @@ func TestDeliveryContextHoldsTheRecord(t *testing.T) {
 	}
 	d := p.newDelivery(recs[:1])
 	mctx := d.msgs[0].Context()
-	if part, ok := MessagePartitionFromCtx(mctx); !ok || part != 7 {
-		t.Errorf("partition %d, %v", part, ok)
-	}
-	if off, ok := MessagePartitionOffsetFromCtx(mctx); !ok || off != 1000 {
-		t.Errorf("offset %d, %v", off, ok)
-	}
-	if ts, ok := MessageTimestampFromCtx(mctx); !ok || !ts.Equal(at) {
-		t.Errorf("timestamp %v, %v", ts, ok)
-	}
-	if key, ok := MessageKeyFromCtx(mctx); !ok || string(key) != "saga-1" {
-		t.Errorf("key %q, %v", key, ok)
+	r, ok := RecordFromContext(mctx)
+	if !ok || r.Partition != 7 || r.Offset != 1000 || !r.Timestamp.Equal(at) || string(r.Key) != "saga-1" {
+		t.Errorf("record %+v, %v: want partition 7, offset 1000, the timestamp, key saga-1", r, ok)
 	}
 	for _, c := range d.cancels {
 		c()

@@ -138,16 +138,17 @@
 // Delivery is at least once: after a rebalance or a crash, a run of a
 // partition's messages may come twice, in order.
 //
-// The record's partition, offset, timestamp and key are in the message
-// context: MessagePartitionFromCtx, MessagePartitionOffsetFromCtx,
-// MessageTimestampFromCtx, MessageKeyFromCtx. They read this Subscriber's
-// messages only: a message from watermill-kafka's subscriber has its
-// values under watermill-kafka's own accessors (wkafka.MessageKeyFromCtx,
-// ...), which in turn do not see this Subscriber's.
+// The record (its partition, offset, timestamp, key and headers) is in the
+// message context: RecordFromContext. It reads this Subscriber's messages
+// only: a message from watermill-kafka's subscriber has its values under
+// watermill-kafka's own accessors (wkafka.MessageKeyFromCtx, ...), which in
+// turn do not see this Subscriber's.
 //
 // Records not written by a Watermill publisher: one with no UUID header (or
-// an empty one) gets RecordUUID(topic, partition, offset), the same on every
-// delivery, so deduplication still works; header bytes come through as
+// an empty one) gets a UUID derived from its place, the same on every
+// delivery, so deduplication still works: the name-based (version 5) UUID,
+// in namespace 5b1e0c1e-6f0a-4a8e-9a57-6d696c6c7261, of
+// "<topic>/<partition>/<offset>"; header bytes come through as
 // they are. A record the Unmarshaler refuses (DefaultUnmarshaler refuses
 // none) is logged as an error with its topic, partition and offset and
 // skipped: it is passed like an acked message and stays in the topic.

@@ -21,9 +21,10 @@ import (
 
 // Errors returned by NewPublisher and Publish. Test for them with errors.Is.
 var (
-	// ErrClosed is the error of every message published after Close. It is
-	// temporary.
-	ErrClosed = errors.New("kafka: publisher closed")
+	// ErrClosed is the error of every message published after the
+	// Publisher's Close (it is temporary), and of Subscribe and
+	// SubscribeBatch after the Subscriber's.
+	ErrClosed = errors.New("kafka: closed")
 	// ErrMarshal is the error of a message the Marshaler refused (for
 	// example one whose metadata uses the reserved
 	// "_watermill_message_uuid" key). Such a message was not sent; the
@@ -243,6 +244,18 @@ func checkOrderSafe(c *kgo.Client) error {
 		return fmt.Errorf("%w: kafka: kgo.ManualFlushing is not supported: the Publisher flushes each Publish call itself", core.ErrConfig)
 	}
 	return nil
+}
+
+// KeyPartition returns the partition, of a topic with n partitions, that
+// the Publisher's default partitioner sends a record of key to (FNV-1a, as
+// watermill-kafka's publisher and sarama's hash partitioner place keys).
+// n must be positive.
+func KeyPartition(key string, n int32) int32 {
+	p := int32(fnv32a([]byte(key))) % n
+	if p < 0 {
+		p = -p
+	}
+	return p
 }
 
 func fnv32a(b []byte) uint32 {

@@ -39,10 +39,6 @@ const (
 	DefaultRevokeGrace     = 10 * time.Second
 )
 
-// ErrSubscriberClosed is returned by Subscribe and SubscribeBatch after
-// Close.
-var ErrSubscriberClosed = errors.New("kafka: subscriber closed")
-
 // SubscriberConfig configures a Subscriber.
 type SubscriberConfig struct {
 	// Brokers are the seed brokers, host:port. Required.
@@ -228,7 +224,7 @@ func (s *Subscriber) clientOpts() []kgo.Opt {
 // previous one is acked; a nacked one comes again after NackResendSleep.
 // The channel closes when ctx ends or the Subscriber closes; a message's
 // context is ctx's, with the record's partition, offset, timestamp and key
-// (MessagePartitionFromCtx, ...), and is cancelled once the message is
+// (RecordFromContext), and is cancelled once the message is
 // acked or nacked, or its partition is taken away, or the subscription
 // ends.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
@@ -245,7 +241,7 @@ var _ core.BatchSubscriber = (*Subscriber)(nil)
 // SubscribeBatch is Subscribe, but delivers many records of a partition at
 // once: whatever the partition has buffered, up to MaxBatch, as one
 // core.Batch, its messages in offset order (each message's context carries
-// its offset: MessagePartitionOffsetFromCtx). A partition has one Batch in
+// its offset: RecordFromContext). A partition has one Batch in
 // flight at a time; batches of different partitions come concurrently.
 // Once each message of a Batch is acked or nacked, the partition goes on:
 // committed up to the first nacked message, and delivering again from it
@@ -350,7 +346,7 @@ func (s *Subscriber) start(ctx context.Context, topic string, maxRecs int,
 	defer s.mu.Unlock()
 	if s.closed {
 		cancel()
-		return ErrSubscriberClosed
+		return ErrClosed
 	}
 	client, err := kgo.NewClient(opts...)
 	if err != nil {
@@ -781,7 +777,7 @@ func (d *delivery) cancelAll() {
 
 // newDelivery unmarshals recs. A record the Unmarshaler refuses is logged
 // and skipped: passed like an acked message. One without a message UUID
-// gets RecordUUID's, the same each time it is delivered.
+// gets recordUUID's, the same each time it is delivered.
 func (p *partition) newDelivery(recs []*kgo.Record) *delivery {
 	d := &delivery{part: p.id}
 	for _, r := range recs {
@@ -801,7 +797,7 @@ func (p *partition) newDelivery(recs []*kgo.Record) *delivery {
 			continue
 		}
 		if msg.UUID == "" {
-			msg.UUID = RecordUUID(r.Topic, r.Partition, r.Offset)
+			msg.UUID = recordUUID(r.Topic, r.Partition, r.Offset)
 		}
 		ctx, cancel := context.WithCancel(context.WithValue(p.sub.ctx, recordKey{}, r))
 		msg.SetContext(ctx)
@@ -812,14 +808,14 @@ func (p *partition) newDelivery(recs []*kgo.Record) *delivery {
 	return d
 }
 
-// recordNamespace is the namespace of RecordUUID's name-based UUIDs.
+// recordNamespace is the namespace of recordUUID's name-based UUIDs.
 var recordNamespace = uuid.MustParse("5b1e0c1e-6f0a-4a8e-9a57-6d696c6c7261")
 
-// RecordUUID returns the UUID a Subscriber gives a record that carries none
+// recordUUID returns the UUID a Subscriber gives a record that carries none
 // (no "_watermill_message_uuid" header, or an empty one): a name-based
 // (version 5) UUID of its topic, partition and offset, the same on every
 // delivery of the record.
-func RecordUUID(topic string, partition int32, offset int64) string {
+func recordUUID(topic string, partition int32, offset int64) string {
 	return uuid.NewSHA1(recordNamespace, fmt.Appendf(nil, "%s/%d/%d", topic, partition, offset)).String()
 }
 
@@ -828,52 +824,13 @@ func RecordUUID(topic string, partition int32, offset int64) string {
 // four contexts and the allocations of their boxes, per message).
 type recordKey struct{}
 
-func recordFromCtx(ctx context.Context) (*kgo.Record, bool) {
+// RecordFromContext returns the record a Subscriber delivered as the
+// message of ctx (msg.Context()): its partition, offset, timestamp, key
+// (for what Publisher writes with DefaultMarshaler, the message's
+// core.MetadataPartitionKey) and headers. Treat it as read-only. It reads
+// only this package's Subscriber's messages: for watermill-kafka's
+// subscriber, use its own accessors.
+func RecordFromContext(ctx context.Context) (*kgo.Record, bool) {
 	r, ok := ctx.Value(recordKey{}).(*kgo.Record)
 	return r, ok
-}
-
-// MessagePartitionFromCtx returns the partition of a message a Subscriber
-// delivered. It reads only this package's Subscriber's messages: for
-// watermill-kafka's subscriber, use its own accessors.
-func MessagePartitionFromCtx(ctx context.Context) (int32, bool) {
-	r, ok := recordFromCtx(ctx)
-	if !ok {
-		return 0, false
-	}
-	return r.Partition, true
-}
-
-// MessagePartitionOffsetFromCtx returns the offset of a message a
-// Subscriber delivered. It reads only this package's Subscriber's
-// messages.
-func MessagePartitionOffsetFromCtx(ctx context.Context) (int64, bool) {
-	r, ok := recordFromCtx(ctx)
-	if !ok {
-		return 0, false
-	}
-	return r.Offset, true
-}
-
-// MessageTimestampFromCtx returns the record timestamp of a message a
-// Subscriber delivered. It reads only this package's Subscriber's
-// messages.
-func MessageTimestampFromCtx(ctx context.Context) (time.Time, bool) {
-	r, ok := recordFromCtx(ctx)
-	if !ok {
-		return time.Time{}, false
-	}
-	return r.Timestamp, true
-}
-
-// MessageKeyFromCtx returns the record key of a message a Subscriber
-// delivered: for what Publisher writes with DefaultMarshaler, the
-// message's core.MetadataPartitionKey. It reads only this package's
-// Subscriber's messages.
-func MessageKeyFromCtx(ctx context.Context) ([]byte, bool) {
-	r, ok := recordFromCtx(ctx)
-	if !ok {
-		return nil, false
-	}
-	return r.Key, true
 }

@@ -54,8 +54,8 @@ func Example_subscribeBatch() {
 	for read := 0; read < len(msgs); {
 		b := <-batches
 		for _, m := range b.Messages {
-			key, _ := kafka.MessageKeyFromCtx(m.Context())
-			fmt.Printf("%s key=%s %s\n", m.UUID, key, m.Payload)
+			r, _ := kafka.RecordFromContext(m.Context())
+			fmt.Printf("%s key=%s %s\n", m.UUID, r.Key, m.Payload)
 		}
 		read += len(b.Messages)
 		b.Ack() // the offset after the batch is committed

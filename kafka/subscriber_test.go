@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -150,7 +151,8 @@ func TestSubscriberNackNotCommittedPast(t *testing.T) {
 		if got := seqOf(t, m); got != want {
 			t.Fatalf("got message %d, want %d", got, want)
 		}
-		part, _ = kafka.MessagePartitionFromCtx(m.Context())
+		r, _ := kafka.RecordFromContext(m.Context())
+		part = r.Partition
 		m.Ack()
 	}
 	m := next(t, ch)
@@ -275,7 +277,7 @@ func TestSubscribeBatchAckAndNack(t *testing.T) {
 }
 
 // Records not written by a Watermill publisher: a record without a UUID
-// gets RecordUUID's, the same on redelivery; hostile header bytes come
+// gets the UUID of its place, the same on redelivery; hostile header bytes come
 // through as they are; a record the Unmarshaler refuses is skipped and
 // committed past.
 func TestSubscriberHostileRecords(t *testing.T) {
@@ -330,7 +332,11 @@ func TestSubscriberHostileRecords(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			want := []string{kafka.RecordUUID(topic, 0, 0), kafka.RecordUUID(topic, 0, 1), "second", "hostile", "last"}
+			// The UUID derived from a record's place, as the package documents it.
+			place := func(offset int) string {
+				return uuid.NewSHA1(uuid.MustParse("5b1e0c1e-6f0a-4a8e-9a57-6d696c6c7261"), fmt.Appendf(nil, "%s/0/%d", topic, offset)).String()
+			}
+			want := []string{place(0), place(1), "second", "hostile", "last"}
 			if want[0] == want[1] {
 				t.Error("two records without UUID got the same one")
 			}
@@ -347,19 +353,19 @@ func TestSubscriberHostileRecords(t *testing.T) {
 				}
 				switch w {
 				case 0:
-					if key, ok := kafka.MessageKeyFromCtx(m.Context()); !ok || key != nil {
-						t.Errorf("nil key: %q %v", key, ok)
+					if r, ok := kafka.RecordFromContext(m.Context()); !ok || r.Key != nil {
+						t.Errorf("nil key: %+v %v", r, ok)
 					}
 				case 3:
 					if string(m.Payload) != "\xff\x00 bytes" || m.Metadata.Get("\xffk\x00") != "\xfe\x00" {
 						t.Errorf("hostile bytes changed: payload %q metadata %q", m.Payload, m.Metadata)
 					}
-					if key, ok := kafka.MessageKeyFromCtx(m.Context()); !ok || string(key) != "\x00k\xff" {
-						t.Errorf("key %q %v", key, ok)
+					if r, ok := kafka.RecordFromContext(m.Context()); !ok || string(r.Key) != "\x00k\xff" {
+						t.Errorf("record %+v %v", r, ok)
 					}
 				case 4:
-					if off, ok := kafka.MessagePartitionOffsetFromCtx(m.Context()); !ok || off != 5 {
-						t.Errorf("offset of the last: %d %v, want 5", off, ok)
+					if r, ok := kafka.RecordFromContext(m.Context()); !ok || r.Offset != 5 {
+						t.Errorf("offset of the last: %+v %v, want 5", r, ok)
 					}
 				}
 				if i == 0 {

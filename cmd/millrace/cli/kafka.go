@@ -6,9 +6,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/millrace/millrace/internal/kafkalag"
 	"github.com/spf13/cobra"
-
-	"github.com/millrace/millrace/kafka"
 )
 
 // brokersFlag adds --brokers to cmd (and its subcommands) and returns the
@@ -58,7 +57,7 @@ func (a *app) kafkaCmd() *cobra.Command {
 			if stallAfter <= 0 {
 				return usagef("--stall-after must be positive")
 			}
-			r, err := kafka.NewLagReader(kafka.LagConfig{Brokers: bs, Groups: groups, StallAfter: stallAfter})
+			r, err := kafkalag.New(kafkalag.Config{Brokers: bs, Groups: groups, StallAfter: stallAfter})
 			if err != nil {
 				return err
 			}
@@ -67,7 +66,7 @@ func (a *app) kafkaCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			shown := []kafka.PartitionLag{}
+			shown := []kafkalag.Partition{}
 			stalled := 0
 			for _, l := range lags {
 				if l.Stalled {
@@ -80,7 +79,7 @@ func (a *app) kafkaCmd() *cobra.Command {
 			out := struct {
 				Partitions int                  `json:"partitions"`
 				Stalled    int                  `json:"stalled"`
-				Lags       []kafka.PartitionLag `json:"lags"`
+				Lags       []kafkalag.Partition `json:"lags"`
 			}{len(lags), stalled, shown}
 			return a.emit(out, func(w io.Writer) {
 				fmt.Fprintf(w, "%d partition(s) of %d group(s) read, %d lagging shown, %d stalled\n", len(lags), countGroups(lags), len(shown), stalled)
@@ -122,7 +121,7 @@ func (a *app) kafkaCmd() *cobra.Command {
 	return cmd
 }
 
-func countGroups(lags []kafka.PartitionLag) int {
+func countGroups(lags []kafkalag.Partition) int {
 	seen := map[string]bool{}
 	for _, l := range lags {
 		seen[l.Group] = true

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/millrace/millrace/internal/kafkalag"
 	"github.com/millrace/millrace/internal/kafkatest"
-	"github.com/millrace/millrace/kafka"
 )
 
 // A group that consumed one of three records an hour old and lost its
@@ -28,7 +28,7 @@ func TestKafkaLag(t *testing.T) {
 	}
 	var out struct {
 		Partitions, Stalled int
-		Lags                []kafka.PartitionLag
+		Lags                []kafkalag.Partition
 	}
 	if err := json.Unmarshal([]byte(res.stdout), &out); err != nil {
 		t.Fatalf("%v: %s", err, res.stdout)

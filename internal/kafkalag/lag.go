@@ -1,4 +1,8 @@
-package kafka
+// Package kafkalag reads Kafka consumer groups' lag per partition, and the
+// age of each partition's oldest unconsumed record: the console's and the
+// millrace command's lag pages, and the lag gauges a Service registers
+// with its metrics.
+package kafkalag
 
 import (
 	"cmp"
@@ -15,10 +19,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/millrace/millrace/core"
+	"github.com/millrace/millrace/kafka"
 )
 
-// LagConfig configures a LagReader.
-type LagConfig struct {
+// Config configures a Reader.
+type Config struct {
 	// Brokers are the seed brokers. Required.
 	Brokers []string
 	// Groups are the consumer groups to read. Defaults to every group the
@@ -34,8 +39,8 @@ type LagConfig struct {
 	Timeout time.Duration
 }
 
-// PartitionLag is one consumer group's position on one partition.
-type PartitionLag struct {
+// Partition is one consumer group's position on one partition.
+type Partition struct {
 	Group     string `json:"group"`
 	Topic     string `json:"topic"`
 	Partition int32  `json:"partition"`
@@ -61,30 +66,30 @@ type PartitionLag struct {
 	Err string `json:"error,omitempty"`
 }
 
-// LagReader reads consumer groups' lag per partition, and the age of each
+// Reader reads consumer groups' lag per partition, and the age of each
 // partition's oldest unconsumed record, from the cluster: what shows that
 // a participant's partitions are not consumed (a dead group member, a
 // crashed service) before its sagas' steps time out. Collector exports the
 // same figures as Prometheus gauges. It is safe for concurrent use; Close
 // it when done.
-type LagReader struct {
-	cfg LagConfig
+type Reader struct {
+	cfg Config
 	cl  *kgo.Client
 	adm *kadm.Client
 }
 
 // ErrNoGroups is returned by Read when the cluster has no consumer group
-// (and LagConfig.Groups names none).
-var ErrNoGroups = errors.New("kafka: no consumer groups")
+// (and Config.Groups names none).
+var ErrNoGroups = errors.New("kafkalag: no consumer groups")
 
-// NewLagReader returns a LagReader for cfg. Configuration errors wrap
+// New returns a Reader for cfg. Configuration errors wrap
 // core.ErrConfig.
-func NewLagReader(cfg LagConfig) (*LagReader, error) {
+func New(cfg Config) (*Reader, error) {
 	if len(cfg.Brokers) == 0 {
-		return nil, fmt.Errorf("%w: kafka: LagConfig.Brokers is required", core.ErrConfig)
+		return nil, fmt.Errorf("%w: kafka: Config.Brokers is required", core.ErrConfig)
 	}
 	if cfg.StallAfter < 0 || cfg.Timeout < 0 {
-		return nil, fmt.Errorf("%w: kafka: LagConfig.StallAfter and Timeout must not be negative", core.ErrConfig)
+		return nil, fmt.Errorf("%w: kafka: Config.StallAfter and Timeout must not be negative", core.ErrConfig)
 	}
 	if cfg.StallAfter == 0 {
 		cfg.StallAfter = time.Minute
@@ -94,19 +99,19 @@ func NewLagReader(cfg LagConfig) (*LagReader, error) {
 	}
 	cl, err := kgo.NewClient(kgo.SeedBrokers(cfg.Brokers...), kgo.DialTimeout(5*time.Second))
 	if err != nil {
-		return nil, fmt.Errorf("kafka: lag client: %w", err)
+		return nil, fmt.Errorf("kafkalag: client: %w", err)
 	}
-	return &LagReader{cfg: cfg, cl: cl, adm: kadm.NewClient(cl)}, nil
+	return &Reader{cfg: cfg, cl: cl, adm: kadm.NewClient(cl)}, nil
 }
 
 // Close closes the reader's connections.
-func (r *LagReader) Close() { r.cl.Close() }
+func (r *Reader) Close() { r.cl.Close() }
 
 // Read returns every partition of every topic the groups committed on,
 // sorted by group, topic and partition. A group whose figures cannot be
 // read is returned with Err set on its partitions when it has some, or as
 // an error when nothing could be read at all.
-func (r *LagReader) Read(ctx context.Context) ([]PartitionLag, error) {
+func (r *Reader) Read(ctx context.Context) ([]Partition, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
 	defer cancel()
 	return r.read(ctx, nil)
@@ -114,7 +119,7 @@ func (r *LagReader) Read(ctx context.Context) ([]PartitionLag, error) {
 
 // read is Read of the partitions keep keeps (all with keep nil): the ages
 // are read only for those.
-func (r *LagReader) read(ctx context.Context, keep func(topic string, p int32) bool) ([]PartitionLag, error) {
+func (r *Reader) read(ctx context.Context, keep func(topic string, p int32) bool) ([]Partition, error) {
 	lags, err := r.adm.Lag(ctx, r.cfg.Groups...)
 	if err != nil && len(lags) == 0 {
 		return nil, fmt.Errorf("kafka: read group lag: %w", err)
@@ -122,7 +127,7 @@ func (r *LagReader) read(ctx context.Context, keep func(topic string, p int32) b
 	if len(lags) == 0 {
 		return nil, ErrNoGroups
 	}
-	var out []PartitionLag
+	var out []Partition
 	var groupErrs error
 	for _, g := range lags {
 		if gerr := g.Error(); gerr != nil && len(g.Lag) == 0 {
@@ -133,7 +138,7 @@ func (r *LagReader) read(ctx context.Context, keep func(topic string, p int32) b
 			if keep != nil && !keep(l.Topic, l.Partition) {
 				continue
 			}
-			p := PartitionLag{Group: g.Group, Topic: l.Topic, Partition: l.Partition,
+			p := Partition{Group: g.Group, Topic: l.Topic, Partition: l.Partition,
 				Committed: l.Commit.At, End: l.End.Offset, Lag: l.Lag}
 			if l.Member != nil {
 				p.Member = l.Member.ClientID + "@" + l.Member.ClientHost
@@ -150,7 +155,7 @@ func (r *LagReader) read(ctx context.Context, keep func(topic string, p int32) b
 	if err := r.ages(ctx, out); err != nil {
 		return out, err
 	}
-	slices.SortFunc(out, func(a, b PartitionLag) int {
+	slices.SortFunc(out, func(a, b Partition) int {
 		if a.Group != b.Group {
 			return cmp.Compare(a.Group, b.Group)
 		}
@@ -167,7 +172,7 @@ func (r *LagReader) read(ctx context.Context, keep func(topic string, p int32) b
 // a commit) through short-lived consumers, one per round of distinct
 // offsets (several groups on one partition at different offsets need a
 // round each; one group per topic, the usual case, needs one).
-func (r *LagReader) ages(ctx context.Context, lags []PartitionLag) error {
+func (r *Reader) ages(ctx context.Context, lags []Partition) error {
 	want := map[lagTP][]int64{} // distinct waiting offsets of each partition
 	for _, l := range lags {
 		if l.Lag <= 0 || l.Err != "" {
@@ -222,7 +227,7 @@ type lagTP struct {
 }
 
 // oldestWaiting is the offset of l's oldest unconsumed record.
-func oldestWaiting(l PartitionLag) int64 {
+func oldestWaiting(l Partition) int64 {
 	if l.Committed < 0 {
 		return l.End - l.Lag
 	}
@@ -232,7 +237,7 @@ func oldestWaiting(l PartitionLag) int64 {
 // firstRecords reads, for each partition in at, the timestamp of the
 // first record at or after its offset (past a compacted or control
 // record) into stamps, until all are read or ctx ends.
-func (r *LagReader) firstRecords(ctx context.Context, parts map[string]map[int32]kgo.Offset, at map[lagTP]int64, stamps map[lagTP]map[int64]time.Time) error {
+func (r *Reader) firstRecords(ctx context.Context, parts map[string]map[int32]kgo.Offset, at map[lagTP]int64, stamps map[lagTP]map[int64]time.Time) error {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(r.cfg.Brokers...), kgo.DialTimeout(5*time.Second),
 		kgo.ConsumePartitions(parts), kgo.FetchMaxPartitionBytes(64<<10), kgo.FetchMaxWait(100*time.Millisecond))
 	if err != nil {
@@ -268,7 +273,7 @@ func (r *LagReader) firstRecords(ctx context.Context, parts map[string]map[int32
 //
 // and millrace_kafka_lag_read_errors_total. A scrape reads the cluster:
 // scrape it every 15 seconds or more.
-func (r *LagReader) Collector() prometheus.Collector {
+func (r *Reader) Collector() prometheus.Collector {
 	labels := []string{"group", "topic", "partition"}
 	return &lagCollector{r: r,
 		lag:      prometheus.NewDesc("millrace_kafka_consumer_lag", "Records of the partition the consumer group has not consumed yet.", labels, nil),
@@ -280,7 +285,7 @@ func (r *LagReader) Collector() prometheus.Collector {
 }
 
 type lagCollector struct {
-	r                           *LagReader
+	r                           *Reader
 	lag, age, stalled, assigned *prometheus.Desc
 	errors                      prometheus.Counter
 	mu                          sync.Mutex // one read at a time
@@ -321,22 +326,10 @@ func b2f(b bool) float64 {
 	return 0
 }
 
-// KeyPartition returns the partition, of a topic with n partitions, that
-// the Publisher's default partitioner sends a record of key to (FNV-1a, as
-// watermill-kafka's publisher and sarama's hash partitioner place keys).
-// n must be positive.
-func KeyPartition(key string, n int32) int32 {
-	p := int32(fnv32a([]byte(key))) % n
-	if p < 0 {
-		p = -p
-	}
-	return p
-}
-
 // ForKey returns the lag of every group on the partition of topic that
 // key is sent to (KeyPartition): where a saga's command waits, say. Only
 // groups that consume the topic are returned.
-func (r *LagReader) ForKey(ctx context.Context, topic, key string) ([]PartitionLag, error) {
+func (r *Reader) ForKey(ctx context.Context, topic, key string) ([]Partition, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
 	defer cancel()
 	topics, err := r.adm.ListTopics(ctx, topic)
@@ -347,6 +340,6 @@ func (r *LagReader) ForKey(ctx context.Context, topic, key string) ([]PartitionL
 	if !ok || td.Err != nil || len(td.Partitions) == 0 {
 		return nil, fmt.Errorf("kafka: topic %s: not found", topic)
 	}
-	p := KeyPartition(key, int32(len(td.Partitions)))
+	p := kafka.KeyPartition(key, int32(len(td.Partitions)))
 	return r.read(ctx, func(t string, q int32) bool { return t == topic && q == p })
 }

@@ -1,4 +1,4 @@
-package kafka_test
+package kafkalag_test
 
 import (
 	"context"
@@ -12,8 +12,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/millrace/millrace/core"
+	"github.com/millrace/millrace/internal/kafkalag"
 	"github.com/millrace/millrace/internal/kafkatest"
-	"github.com/millrace/millrace/kafka"
 )
 
 // Two groups on a two-partition topic of ten records a partition, written
@@ -56,12 +56,12 @@ func TestLagReaderReportsLagAgeAndStalledPartitions(t *testing.T) {
 		got = fs.NumRecords()
 	}
 
-	r, err := kafka.NewLagReader(kafka.LagConfig{Brokers: brokers, Groups: []string{dead, live}, StallAfter: time.Hour})
+	r, err := kafkalag.New(kafkalag.Config{Brokers: brokers, Groups: []string{dead, live}, StallAfter: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	var lags []kafka.PartitionLag
+	var lags []kafkalag.Partition
 	// The member's assignment shows in the group's description once the
 	// join completed everywhere: read until it does.
 	deadline := time.Now().Add(30 * time.Second)
@@ -77,14 +77,14 @@ func TestLagReaderReportsLagAgeAndStalledPartitions(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	byKey := map[string]kafka.PartitionLag{}
+	byKey := map[string]kafkalag.Partition{}
 	for _, l := range lags {
 		if l.Topic != topic || l.Err != "" {
 			t.Fatalf("unexpected line %+v", l)
 		}
 		byKey[l.Group+"/"+string(rune('0'+l.Partition))] = l
 	}
-	age := func(l kafka.PartitionLag, wantWritten time.Time) {
+	age := func(l kafkalag.Partition, wantWritten time.Time) {
 		t.Helper()
 		want := time.Since(wantWritten)
 		if d := l.OldestAge - want; d < -time.Minute || d > time.Minute {
@@ -126,7 +126,7 @@ millrace_kafka_consumer_stalled{group="` + live + `",partition="1",topic="` + to
 	}
 }
 
-func assigned(lags []kafka.PartitionLag, group string) bool {
+func assigned(lags []kafkalag.Partition, group string) bool {
 	for _, l := range lags {
 		if l.Group == group && l.Member == "" {
 			return false
@@ -137,10 +137,10 @@ func assigned(lags []kafka.PartitionLag, group string) bool {
 
 func TestLagReaderConfig(t *testing.T) {
 	t.Parallel()
-	if _, err := kafka.NewLagReader(kafka.LagConfig{}); !errors.Is(err, core.ErrConfig) {
+	if _, err := kafkalag.New(kafkalag.Config{}); !errors.Is(err, core.ErrConfig) {
 		t.Fatalf("no brokers: %v, want ErrConfig", err)
 	}
-	if _, err := kafka.NewLagReader(kafka.LagConfig{Brokers: []string{"127.0.0.1:1"}, StallAfter: -1}); !errors.Is(err, core.ErrConfig) {
+	if _, err := kafkalag.New(kafkalag.Config{Brokers: []string{"127.0.0.1:1"}, StallAfter: -1}); !errors.Is(err, core.ErrConfig) {
 		t.Fatalf("negative StallAfter: %v, want ErrConfig", err)
 	}
 }
