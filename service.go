@@ -104,7 +104,7 @@ type Service struct {
 	sub      message.Subscriber
 	poison   message.Publisher
 	cleaner  *retention.Cleaner
-	pmetrics *compensation.Metrics
+	metrics  prometheus.Registerer // nil: none
 
 	mu           sync.Mutex
 	participants []participant
@@ -164,8 +164,8 @@ func New(pool *pgxpool.Pool, cfg Config) (_ *Service, err error) {
 		return nil, fmt.Errorf("service %s: %w", cfg.Name, err)
 	}
 	s.poison = newPoisonPublisher(pool, s.writer)
-	metrics, err := s.metrics(cfg)
-	if err != nil {
+	var relayMetrics *outbox.Metrics
+	if s.metrics, relayMetrics, err = s.registerMetrics(cfg); err != nil {
 		return nil, err
 	}
 
@@ -182,7 +182,7 @@ func New(pool *pgxpool.Pool, cfg Config) (_ *Service, err error) {
 		rc.Publisher = cfg.Publisher
 		rc.Logger = cmpLogger(rc.Logger, cfg.Logger)
 		if rc.Metrics == nil {
-			rc.Metrics = metrics.relay
+			rc.Metrics = relayMetrics
 		}
 		if s.relay, err = outbox.NewRelay(pool, rc); err != nil {
 			return nil, fmt.Errorf("service %s: relay: %w", cfg.Name, err)
@@ -203,12 +203,11 @@ func New(pool *pgxpool.Pool, cfg Config) (_ *Service, err error) {
 	}
 	sc.Logger = cmpLogger(sc.Logger, cfg.Logger)
 	if sc.Metrics == nil {
-		sc.Metrics = metrics.saga
+		sc.Metrics = s.metrics
 	}
 	if s.orch, err = saga.New(pool, sc); err != nil {
 		return nil, fmt.Errorf("service %s: %w", cfg.Name, err)
 	}
-	s.pmetrics = metrics.participants
 
 	if !cfg.Retention.Off {
 		if s.cleaner, err = retention.New(pool, cfg.Retention.config(cfg.Schema, cfg.Logger)); err != nil {
@@ -236,34 +235,31 @@ func cmpLogger(l, def watermill.LoggerAdapter) watermill.LoggerAdapter {
 	return l
 }
 
-// serviceMetrics are the collectors New registers with Config.Metrics.
-type serviceMetrics struct {
-	relay        *outbox.Metrics
-	saga         *saga.Metrics
-	participants *compensation.Metrics
-}
-
-func (s *Service) metrics(cfg Config) (serviceMetrics, error) {
+// registerMetrics registers what the Service's parts do not register themselves
+// with cfg.Metrics: the relay's collector and its consumer group's lag. It
+// returns the Registerer the parts register with (labelled with the
+// service's name) and the relay's collector; nil without cfg.Metrics.
+func (s *Service) registerMetrics(cfg Config) (prometheus.Registerer, *outbox.Metrics, error) {
 	if cfg.Metrics == nil {
-		return serviceMetrics{}, nil
+		return nil, nil, nil
 	}
-	labels := prometheus.Labels{"service": cfg.Name}
-	m := serviceMetrics{relay: outbox.NewMetrics(nil, labels), saga: saga.NewMetrics(labels), participants: compensation.NewMetrics(labels)}
-	collectors := []prometheus.Collector{m.relay, m.saga, m.participants}
+	reg := prometheus.WrapRegistererWith(prometheus.Labels{"service": cfg.Name}, cfg.Metrics)
+	relay := outbox.NewMetrics(nil, nil)
+	collectors := []prometheus.Collector{relay}
 	if len(cfg.Brokers) > 0 {
 		lag, err := kafkalag.New(kafkalag.Config{Brokers: cfg.Brokers, Groups: []string{cfg.Name}})
 		if err != nil {
-			return m, fmt.Errorf("service %s: lag reader: %w", cfg.Name, err)
+			return nil, nil, fmt.Errorf("service %s: lag reader: %w", cfg.Name, err)
 		}
 		s.owned = append(s.owned, closer(lag.Close))
 		collectors = append(collectors, lag.Collector())
 	}
 	for _, c := range collectors {
-		if err := cfg.Metrics.Register(c); err != nil {
-			return m, fmt.Errorf("%w: service %s: register metrics: %v", core.ErrConfig, cfg.Name, err)
+		if err := reg.Register(c); err != nil {
+			return nil, nil, fmt.Errorf("%w: service %s: register metrics: %v", core.ErrConfig, cfg.Name, err)
 		}
 	}
-	return m, nil
+	return reg, relay, nil
 }
 
 // Orchestrator returns the service's saga orchestrator: register the saga
@@ -297,7 +293,7 @@ func (s *Service) AddParticipant(name string, topics ...string) (*compensation.P
 		}
 	}
 	p, err := compensation.NewParticipant(s.pool, compensation.Config{Schema: s.schema, Name: name, Writer: s.writer,
-		Metrics: s.pmetrics, Logger: s.logger})
+		Metrics: s.metrics, Logger: s.logger})
 	if err != nil {
 		return nil, fmt.Errorf("service %s: %w", s.name, err)
 	}

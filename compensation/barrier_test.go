@@ -9,7 +9,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/millrace/millrace/compensation"
@@ -317,9 +316,7 @@ func TestMetricsLabels(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 2)
 	must(t, b.handle(action(uuid.NewString(), 1)))
-	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(b.metrics)
-	n, err := testutil.GatherAndCount(reg, "millrace_compensation_actions_total")
+	n, err := testutil.GatherAndCount(b.metrics, "millrace_compensation_actions_total")
 	if err != nil || n != 1 {
 		t.Fatalf("actions_total series = %d, %v", n, err)
 	}
@@ -327,7 +324,7 @@ func TestMetricsLabels(t *testing.T) {
 # TYPE millrace_compensation_actions_total counter
 millrace_compensation_actions_total{command="reserve_credit",participant="payments"} 1
 `
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "millrace_compensation_actions_total"); err != nil {
+	if err := testutil.GatherAndCompare(b.metrics, strings.NewReader(want), "millrace_compensation_actions_total"); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -222,9 +222,20 @@
 //
 // # Metrics
 //
-// Metrics is a Prometheus collector of actions, compensations, empty
-// compensations, late actions, business failures and duplicates, by
-// participant and command, and of poisoned commands by participant. A
+// With Config.Metrics (a prometheus.Registerer; a Service passes its own,
+// labelled with its name) a participant counts, all prefixed
+// millrace_compensation_:
+//
+//	actions_total               action functions run (whatever their outcome)
+//	compensations_total         compensations run against an action's effect
+//	empty_compensations_total   compensations that found no action to undo
+//	late_actions_total          actions that arrived after their compensation
+//	business_failures_total     business failures returned (label operation)
+//	duplicates_total            repeated commands answered from the barrier (label operation)
+//	poisoned_total              commands sent to the poison topic (label participant only)
+//	batch_size                  commands a RunBatched transaction takes (histogram)
+//
+// by participant and command. A
 // poisoned command is also logged at error level with its reason
 // (Config.Logger, slog.Default() unless set); "millrace poison list" and
 // the console's poison-topic page show a poison topic, and requeue its

@@ -43,7 +43,7 @@ const replyTopic = "order-saga.replies"
 type bundle struct {
 	db          *pgtest.DB
 	p           *compensation.Participant
-	metrics     *compensation.Metrics
+	metrics     *prometheus.Registry
 	effect      string // quoted schema.effect
 	reservation string // quoted schema.reservation
 	handle      func(msg *message.Message) error
@@ -61,7 +61,7 @@ func setup(t testing.TB, maxConns int32) *bundle {
 		db:          db,
 		effect:      sqlident.Table(db.Schema, "effect"),
 		reservation: sqlident.Table(db.Schema, "reservation"),
-		metrics:     compensation.NewMetrics(nil),
+		metrics:     prometheus.NewPedanticRegistry(),
 	}
 	ctx := context.Background()
 	if _, err := db.Pool.Exec(ctx, `CREATE TABLE `+b.effect+` (saga_id text NOT NULL, step text NOT NULL, kind text NOT NULL, amount int NOT NULL);
@@ -218,9 +218,7 @@ func (b *bundle) barrier(t testing.TB, sagaID, operation string) (outcome string
 // metric sums the series of millrace_compensation_<name>.
 func (b *bundle) metric(t testing.TB, name string) float64 {
 	t.Helper()
-	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(b.metrics)
-	mfs, err := reg.Gather()
+	mfs, err := b.metrics.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,13 +1,14 @@
 package compensation
 
 import (
+	"errors"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Metrics counts what participants do, by participant and command, as a
-// Prometheus collector. Register it with a prometheus.Registerer and pass
-// it to Config.Metrics; one Metrics can serve several participants. A nil
-// *Metrics counts nothing.
+// metrics counts what participants do, by participant and command, as a
+// Prometheus collector registered with Config.metrics; participants that
+// share a Registerer share it. A nil *metrics counts nothing.
 //
 // The series, all prefixed millrace_compensation_:
 //
@@ -22,21 +23,37 @@ import (
 //
 // A count is taken when the handler returns, before its transaction
 // commits: a commit that then fails (and is retried) may count twice.
-type Metrics struct {
+type metrics struct {
 	actions, compensations, empties, lates, failures, duplicates *prometheus.CounterVec
 	poisonedVec                                                  *prometheus.CounterVec
 	batchSize                                                    *prometheus.HistogramVec
 }
 
-// NewMetrics returns the participants' collector. constLabels (may be nil)
-// are added to every series, for example {"service": "payments"}.
-func NewMetrics(constLabels prometheus.Labels) *Metrics {
+// registerMetrics registers the participants' collector with reg, or
+// returns the one another participant registered there before.
+func registerMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := newMetrics()
+	if err := reg.Register(m); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(*metrics); ok {
+				return existing, nil
+			}
+		}
+		return nil, err
+	}
+	return m, nil
+}
+
+// newMetrics returns the participants' collector.
+func newMetrics() *metrics {
+	var constLabels prometheus.Labels
 	vec := func(name, help string, labels ...string) *prometheus.CounterVec {
 		return prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "millrace", Subsystem: "compensation", Name: name, Help: help, ConstLabels: constLabels,
 		}, append([]string{"participant", "command"}, labels...))
 	}
-	return &Metrics{
+	return &metrics{
 		actions:       vec("actions_total", "Saga action functions run."),
 		compensations: vec("compensations_total", "Saga compensations run against an action's effect."),
 		empties:       vec("empty_compensations_total", "Saga compensations that found no action to undo."),
@@ -56,67 +73,67 @@ func NewMetrics(constLabels prometheus.Labels) *Metrics {
 	}
 }
 
-func (m *Metrics) all() []prometheus.Collector {
+func (m *metrics) all() []prometheus.Collector {
 	return []prometheus.Collector{m.actions, m.compensations, m.empties, m.lates, m.failures, m.duplicates, m.poisonedVec, m.batchSize}
 }
 
 // Describe implements prometheus.Collector.
-func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, v := range m.all() {
 		v.Describe(ch)
 	}
 }
 
 // Collect implements prometheus.Collector.
-func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
+func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	for _, v := range m.all() {
 		v.Collect(ch)
 	}
 }
 
-func (m *Metrics) action(participant, command string) {
+func (m *metrics) action(participant, command string) {
 	if m != nil {
 		m.actions.WithLabelValues(participant, command).Inc()
 	}
 }
 
-func (m *Metrics) compensation(participant, command string) {
+func (m *metrics) compensation(participant, command string) {
 	if m != nil {
 		m.compensations.WithLabelValues(participant, command).Inc()
 	}
 }
 
-func (m *Metrics) empty(participant, command string) {
+func (m *metrics) empty(participant, command string) {
 	if m != nil {
 		m.empties.WithLabelValues(participant, command).Inc()
 	}
 }
 
-func (m *Metrics) late(participant, command string) {
+func (m *metrics) late(participant, command string) {
 	if m != nil {
 		m.lates.WithLabelValues(participant, command).Inc()
 	}
 }
 
-func (m *Metrics) failure(participant, command, operation string) {
+func (m *metrics) failure(participant, command, operation string) {
 	if m != nil {
 		m.failures.WithLabelValues(participant, command, operation).Inc()
 	}
 }
 
-func (m *Metrics) duplicate(participant, command, operation string) {
+func (m *metrics) duplicate(participant, command, operation string) {
 	if m != nil {
 		m.duplicates.WithLabelValues(participant, command, operation).Inc()
 	}
 }
 
-func (m *Metrics) poisoned(participant string) {
+func (m *metrics) poisoned(participant string) {
 	if m != nil {
 		m.poisonedVec.WithLabelValues(participant).Inc()
 	}
 }
 
-func (m *Metrics) batch(participant string, n int) {
+func (m *metrics) batch(participant string, n int) {
 	if m != nil {
 		m.batchSize.WithLabelValues(participant).Observe(float64(n))
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
@@ -34,10 +35,13 @@ type Config struct {
 	// Writer writes the replies to the outbox. Defaults to a Writer on
 	// Schema with default settings.
 	Writer *outbox.Writer
-	// Metrics counts actions, compensations, empty compensations, late
-	// actions, business failures and duplicates by command. Defaults to nil
-	// (counts nothing).
-	Metrics *Metrics
+	// Metrics, when set, registers the participants' Prometheus collector
+	// with it: actions, compensations, empty compensations, late actions,
+	// business failures, duplicates and poisoned commands by participant
+	// and command, and the batch sizes (the package documentation lists
+	// the series). Participants sharing a Registerer share the collector.
+	// Defaults to nil: nothing counted.
+	Metrics prometheus.Registerer
 	// Logger receives business failures, late actions and empty
 	// compensations at debug level, and the commands AddToRouter poisons
 	// at error level, with the reason. Defaults to errors to
@@ -74,7 +78,7 @@ type Participant struct {
 	pool    *pgxpool.Pool
 	name    string
 	writer  *outbox.Writer
-	metrics *Metrics
+	metrics *metrics
 	logger  watermill.LoggerAdapter
 	dedup   *inbox.Deduplicator
 	sql     statements
@@ -107,11 +111,17 @@ func NewParticipant(pool *pgxpool.Pool, cfg Config) (*Participant, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = logging.Default()
 	}
+	var m *metrics
+	if cfg.Metrics != nil {
+		if m, err = registerMetrics(cfg.Metrics); err != nil {
+			return nil, fmt.Errorf("%w: compensation.Config.Metrics: %v", core.ErrConfig, err)
+		}
+	}
 	return &Participant{
 		pool:     pool,
 		name:     cfg.Name,
 		writer:   cfg.Writer,
-		metrics:  cfg.Metrics,
+		metrics:  m,
 		logger:   cfg.Logger.With(watermill.LogFields{"component": "compensation.Participant", "participant": cfg.Name}),
 		dedup:    dedup,
 		sql:      newStatements(schema),

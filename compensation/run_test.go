@@ -260,10 +260,8 @@ func TestRunBatchedOneCommandRoundTrips(t *testing.T) {
 
 // batchSizes reads the batch_size histogram of m: the number of batches,
 // the commands they held, and the upper bound of the bucket of the largest.
-func batchSizes(t *testing.T, m *compensation.Metrics) (batches uint64, commands float64, largest uint64) {
+func batchSizes(t *testing.T, reg *prometheus.Registry) (batches uint64, commands float64, largest uint64) {
 	t.Helper()
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(m)
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/internal/sqlident"
@@ -46,8 +47,10 @@ type bundleOptions struct {
 	clock   saga.Clock
 	hook    saga.Hook
 	poll    time.Duration
-	metrics *saga.Metrics
-	logger  watermill.LoggerAdapter
+	metrics *prometheus.Registry
+	// noProgressAfter is Config.NoProgressAfter.
+	noProgressAfter time.Duration
+	logger          watermill.LoggerAdapter
 }
 
 func setup(t testing.TB, opts bundleOptions) *testBundle {
@@ -61,7 +64,7 @@ func setup(t testing.TB, opts bundleOptions) *testBundle {
 		opts.poll = 20 * time.Millisecond
 	}
 	o, err := saga.New(db.Pool, saga.Config{Schema: db.Schema, Writer: w, Clock: opts.clock, Hook: opts.hook,
-		PollInterval: opts.poll, Metrics: opts.metrics, Logger: opts.logger})
+		PollInterval: opts.poll, Metrics: registerer(opts.metrics), NoProgressAfter: opts.noProgressAfter, Logger: opts.logger})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,4 +139,12 @@ func newRouter(t testing.TB) *message.Router {
 		t.Fatal(err)
 	}
 	return r
+}
+
+// registerer is reg as a Config.Metrics: nil when reg is.
+func registerer(reg *prometheus.Registry) prometheus.Registerer {
+	if reg == nil {
+		return nil
+	}
+	return reg
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/saga"
@@ -180,7 +181,7 @@ func TestUnregisteredVersionIsParkedAsStuck(t *testing.T) {
 	start(t, d.testBundle, v1, "o-a", 1)
 	start(t, d.testBundle, v1, "o-b", 1)
 	// A new orchestrator knows only v2.
-	metrics := saga.NewMetrics(nil)
+	metrics := prometheus.NewPedanticRegistry()
 	o2, err := saga.New(d.db.Pool, saga.Config{Schema: d.db.Schema, Clock: d.clock, Metrics: metrics})
 	if err != nil {
 		t.Fatal(err)

@@ -19,12 +19,8 @@ import (
 
 // replyBatches returns the transactions RunBatched began and the replies
 // they took, from the reply_batch_size histogram.
-func replyBatches(t *testing.T, m *saga.Metrics) (txs uint64, replies float64) {
+func replyBatches(t *testing.T, reg *prometheus.Registry) (txs uint64, replies float64) {
 	t.Helper()
-	reg := prometheus.NewPedanticRegistry()
-	if err := reg.Register(m); err != nil {
-		t.Fatal(err)
-	}
 	fams, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -58,7 +54,7 @@ func TestRunBatchedTakesWholeFetches(t *testing.T) {
 		}
 		return nil
 	}
-	metrics := saga.NewMetrics(nil)
+	metrics := prometheus.NewPedanticRegistry()
 	b := setup(t, bundleOptions{clock: newManualClock(), hook: hook, metrics: metrics})
 	spec := orderSpec(b, 1)
 	spec.ReplyTopic = replyTopic

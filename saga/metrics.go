@@ -2,16 +2,16 @@ package saga
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Metrics counts what orchestrators do and reads the sagas in flight, as a
-// Prometheus collector. Register it with a prometheus.Registerer and pass it
-// to Config.Metrics; one Metrics can serve several orchestrators. A nil
-// *Metrics counts nothing.
+// metrics counts what orchestrators do and reads the sagas in flight, as a
+// Prometheus collector, registered with Config.metrics; orchestrators that
+// share a Registerer share it. A nil *metrics counts nothing.
 //
 // The series, all prefixed millrace_saga_ and labelled by saga type
 // unless said otherwise:
@@ -32,7 +32,7 @@ import (
 // Counters are counted when the change commits (for StartTx: when it
 // returns, as the caller commits). The gauges are read at scrape time with
 // one query over saga_instance's status index.
-type Metrics struct {
+type metrics struct {
 	started, completed, compensated, stuck, fenced, unregistered *prometheus.CounterVec
 	poisonedVec                                                  *prometheus.CounterVec
 	stepLatency                                                  *prometheus.HistogramVec
@@ -49,9 +49,9 @@ type gaugeReader struct {
 	threshold time.Duration
 }
 
-// NewMetrics returns the saga collector. constLabels (may be nil) are added
-// to every series.
-func NewMetrics(constLabels prometheus.Labels) *Metrics {
+// newMetrics returns the saga collector.
+func newMetrics() *metrics {
+	var constLabels prometheus.Labels
 	counter := func(name, help string) *prometheus.CounterVec {
 		return prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "millrace", Subsystem: "saga", Name: name, Help: help, ConstLabels: constLabels,
@@ -60,7 +60,7 @@ func NewMetrics(constLabels prometheus.Labels) *Metrics {
 	desc := func(name, help string) *prometheus.Desc {
 		return prometheus.NewDesc(prometheus.BuildFQName("millrace", "saga", name), help, []string{"type"}, constLabels)
 	}
-	return &Metrics{
+	return &metrics{
 		started:      counter("started_total", "Sagas started."),
 		completed:    counter("completed_total", "Sagas completed."),
 		compensated:  counter("compensated_total", "Sagas compensated."),
@@ -88,31 +88,44 @@ func NewMetrics(constLabels prometheus.Labels) *Metrics {
 	}
 }
 
-// ReadGauges makes the collector read the in_flight, stuck and no_progress
-// gauges from o's schema at scrape time; a live saga with no change for
-// longer than threshold counts as no progress.
-func (m *Metrics) ReadGauges(o *Orchestrator, threshold time.Duration) {
+// registerMetrics registers the collector of o, which reads the
+// in_flight, stuck and no_progress gauges from o's schema at scrape time (a
+// live saga with no change for longer than threshold counts as no
+// progress), with reg; the collector another orchestrator registered
+// there before is shared.
+func registerMetrics(reg prometheus.Registerer, o *Orchestrator, threshold time.Duration) (*metrics, error) {
+	m := newMetrics()
 	m.gauges = &gaugeReader{o: o, threshold: threshold}
+	if err := reg.Register(m); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(*metrics); ok {
+				return existing, nil
+			}
+		}
+		return nil, err
+	}
+	return m, nil
 }
 
-func (m *Metrics) counters() []prometheus.Collector {
+func (m *metrics) counters() []prometheus.Collector {
 	return []prometheus.Collector{m.started, m.completed, m.compensated, m.stuck, m.fenced, m.unregistered, m.poisonedVec, m.stepLatency, m.replyBatchSize}
 }
 
-func (m *Metrics) poisoned(topic string) {
+func (m *metrics) poisoned(topic string) {
 	if m != nil {
 		m.poisonedVec.WithLabelValues(topic).Inc()
 	}
 }
 
-func (m *Metrics) replyBatch(n int) {
+func (m *metrics) replyBatch(n int) {
 	if m != nil {
 		m.replyBatchSize.Observe(float64(n))
 	}
 }
 
 // Describe implements prometheus.Collector.
-func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, c := range m.counters() {
 		c.Describe(ch)
 	}
@@ -122,7 +135,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 }
 
 // Collect implements prometheus.Collector.
-func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
+func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	for _, c := range m.counters() {
 		c.Collect(ch)
 	}

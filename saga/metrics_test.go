@@ -8,16 +8,11 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/millrace/millrace/core"
-	"github.com/millrace/millrace/saga"
 )
 
 // counterValue sums a metric's series in m.
-func counterValue(t testing.TB, m *saga.Metrics, name string) float64 {
+func counterValue(t testing.TB, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
-	reg := prometheus.NewPedanticRegistry()
-	if err := reg.Register(m); err != nil {
-		t.Fatal(err)
-	}
 	fams, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -48,14 +43,13 @@ func value(m *dto.Metric) float64 {
 
 func TestMetrics(t *testing.T) {
 	t.Parallel()
-	metrics := saga.NewMetrics(nil)
+	metrics := prometheus.NewPedanticRegistry()
 	clock := newManualClock()
-	b := setup(t, bundleOptions{clock: clock, metrics: metrics})
+	b := setup(t, bundleOptions{clock: clock, metrics: metrics, noProgressAfter: time.Minute})
 	def := mustDefine(t, orderSpec(b, 1))
 	if err := b.o.Register(def); err != nil {
 		t.Fatal(err)
 	}
-	metrics.ReadGauges(b.o, time.Minute)
 	d := &driver{testBundle: b, clock: clock, handler: b.o.Handler()}
 	for _, id := range []string{"m-ok", "m-comp", "m-live"} {
 		start(t, b, def, id, 1)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
@@ -100,8 +101,16 @@ type Config struct {
 	// Hook, when set, is called at each persistence boundary. Defaults to
 	// none (and costs nothing).
 	Hook Hook
-	// Metrics counts what the orchestrator does. Defaults to none.
-	Metrics *Metrics
+	// Metrics, when set, registers the orchestrator's Prometheus collector
+	// with it: the series listed in the package documentation ("Metrics").
+	// Orchestrators sharing a Registerer share the collector; wrap it with
+	// prometheus.WrapRegistererWith for labels of your own (a Service
+	// labels the series with its name). Defaults to nil: nothing counted.
+	Metrics prometheus.Registerer
+	// NoProgressAfter is how long a running or compensating saga may go
+	// unchanged before the no_progress gauge counts it. Defaults to 10
+	// minutes.
+	NoProgressAfter time.Duration
 	// Logger logs unregistered versions and timer and reply-batch errors.
 	// Defaults to errors to slog.Default() (outbox.DefaultLogger).
 	Logger watermill.LoggerAdapter
@@ -123,7 +132,7 @@ type Orchestrator struct {
 	// maxFailures is Config.MaxTimerFailures.
 	maxFailures int
 	hook        Hook
-	metrics     *Metrics
+	metrics     *metrics
 	logger      watermill.LoggerAdapter
 	sql         statements
 	consumer    string
@@ -171,12 +180,21 @@ func New(pool *pgxpool.Pool, cfg Config) (*Orchestrator, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = logging.Default()
 	}
-	return &Orchestrator{
+	if cfg.NoProgressAfter <= 0 {
+		cfg.NoProgressAfter = 10 * time.Minute
+	}
+	o := &Orchestrator{
 		pool: pool, schema: schema, writer: cfg.Writer, dedup: dedup, clock: cfg.Clock,
-		poll: cfg.PollInterval, batch: cfg.ClaimBatch, maxFailures: cfg.MaxTimerFailures, hook: cfg.Hook, metrics: cfg.Metrics,
+		poll: cfg.PollInterval, batch: cfg.ClaimBatch, maxFailures: cfg.MaxTimerFailures, hook: cfg.Hook,
 		logger: cfg.Logger, sql: newStatements(schema), consumer: cfg.Consumer,
 		defs: map[string]map[int]*def{},
-	}, nil
+	}
+	if cfg.Metrics != nil {
+		if o.metrics, err = registerMetrics(cfg.Metrics, o, cfg.NoProgressAfter); err != nil {
+			return nil, fmt.Errorf("%w: saga.Config.Metrics: %v", core.ErrConfig, err)
+		}
+	}
+	return o, nil
 }
 
 // Register adds definitions. Several versions of one type may be

@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/saga"
@@ -31,7 +32,7 @@ func TestPoisonedReplyIsLoggedAndCounted(t *testing.T) {
 			t.Parallel()
 			var logs lockedBuffer
 			logger := watermill.NewSlogLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelError})))
-			metrics := saga.NewMetrics(nil)
+			metrics := prometheus.NewPedanticRegistry()
 			b := setup(t, bundleOptions{metrics: metrics, logger: logger})
 			def := mustDefine(t, orderSpec(b, 1))
 			if err := b.o.Register(def); err != nil {
