@@ -98,13 +98,13 @@ type Service struct {
 	pool   *pgxpool.Pool
 	logger watermill.LoggerAdapter
 
-	writer   *outbox.Writer
-	relay    *outbox.Relay
-	orch     *saga.Orchestrator
-	sub      message.Subscriber
-	poison   message.Publisher
-	cleaner  *retention.Cleaner
-	metrics  prometheus.Registerer // nil: none
+	writer  *outbox.Writer
+	relay   *outbox.Relay
+	orch    *saga.Orchestrator
+	sub     message.Subscriber
+	poison  message.Publisher
+	cleaner *retention.Cleaner
+	metrics prometheus.Registerer // nil: none
 
 	mu           sync.Mutex
 	participants []participant

@@ -49,7 +49,7 @@ func (c *Console) bulkCount(ctx context.Context, q saga.Query) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return d.Count, nil
+	return int64(d.Count), nil
 }
 
 // sagaBulkPlan records a bulk operation on every saga the list's filter

@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/sqlident"
 )
 
@@ -98,17 +99,10 @@ func args() (*[]any, func(any) string) {
 	}
 }
 
-// DryRun is what a bulk action on a Query would act on: how many sagas it
-// selects now, and the newest of them.
-type DryRun struct {
-	Count int64
-	Sagas []*Instance
-}
-
 // DryRun counts the sagas q selects and returns the newest page of them
 // (page sagas; defaults to 20 when page <= 0, at most 1000). It changes
 // nothing.
-func (o *Orchestrator) DryRun(ctx context.Context, q Query, page int) (*DryRun, error) {
+func (o *Orchestrator) DryRun(ctx context.Context, q Query, page int) (*core.DryRun[*Instance], error) {
 	if page <= 0 {
 		page = 20
 	}
@@ -118,12 +112,12 @@ func (o *Orchestrator) DryRun(ctx context.Context, q Query, page int) (*DryRun, 
 	if err != nil {
 		return nil, err
 	}
-	d := &DryRun{}
+	d := &core.DryRun[*Instance]{}
 	err = pgx.BeginTxFunc(ctx, o.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		if err := tx.QueryRow(ctx, `SELECT count(*) FROM (`+sel+`) s`, *list...).Scan(&d.Count); err != nil {
 			return err
 		}
-		d.Sagas, err = o.sample(ctx, tx, q, page)
+		d.First, err = o.sample(ctx, tx, q, page)
 		return err
 	})
 	if err != nil {
@@ -147,29 +141,29 @@ func (o *Orchestrator) sample(ctx context.Context, tx pgx.Tx, q Query, n int) ([
 }
 
 // Why a bulk operation's saga was refused (BulkCounts.Refused). At filing
-// (Operator.Apply): RefusedChanged, RefusedNotAllowed,
-// RefusedRequestPending, RefusedNotFound. When the orchestrator came to
-// apply the request: RefusedChanged, RefusedNotAllowed,
-// RefusedNotRegistered, RefusedFailed (dropped after
-// Config.MaxTimerFailures technical failures), RefusedWithdrawn
+// (Operator.Apply): refusedChanged, refusedNotAllowed,
+// refusedRequestPending, refusedNotFound. When the orchestrator came to
+// apply the request: refusedChanged, refusedNotAllowed,
+// refusedNotRegistered, refusedFailed (dropped after
+// Config.MaxTimerFailures technical failures), refusedWithdrawn
 // (Operator.Withdraw).
 const (
-	// RefusedChanged: the saga changed (its revision) since it was
+	// refusedChanged: the saga changed (its revision) since it was
 	// selected, or since its request was filed: the operator decided on
 	// a state that is gone.
-	RefusedChanged = "changed"
-	// RefusedNotAllowed: the saga's state does not allow the action.
-	RefusedNotAllowed = "not_allowed"
-	// RefusedRequestPending: another operator request waits on the saga.
-	RefusedRequestPending = "request_pending"
-	// RefusedNotFound: the saga is gone (removed by retention).
-	RefusedNotFound = "not_found"
-	// RefusedNotRegistered: no orchestrator has the saga's definition.
-	RefusedNotRegistered = "not_registered"
-	// RefusedFailed: carrying it out failed technically too often.
-	RefusedFailed = "failed"
-	// RefusedWithdrawn: an operator withdrew the filed request.
-	RefusedWithdrawn = "withdrawn"
+	refusedChanged = "changed"
+	// refusedNotAllowed: the saga's state does not allow the action.
+	refusedNotAllowed = "not_allowed"
+	// refusedRequestPending: another operator request waits on the saga.
+	refusedRequestPending = "request_pending"
+	// refusedNotFound: the saga is gone (removed by retention).
+	refusedNotFound = "not_found"
+	// refusedNotRegistered: no orchestrator has the saga's definition.
+	refusedNotRegistered = "not_registered"
+	// refusedFailed: carrying it out failed technically too often.
+	refusedFailed = "failed"
+	// refusedWithdrawn: an operator withdrew the filed request.
+	refusedWithdrawn = "withdrawn"
 )
 
 // BulkCounts are a bulk operation's progress and outcome counts.
@@ -186,7 +180,7 @@ type BulkCounts struct {
 	Pending int64 `json:"pending"`
 	// Applied are requests the orchestrator carried out.
 	Applied int64 `json:"applied"`
-	// Refused counts the refused sagas by reason (RefusedChanged, ...),
+	// Refused counts the refused sagas by reason (refusedChanged, ...),
 	// at filing or when the orchestrator came to apply them.
 	Refused map[string]int64 `json:"refused"`
 }
@@ -264,7 +258,7 @@ VALUES ($1, $2, $3, $4, $5, $6, 0)`, op),
 // (who and why, both required), with the selected sagas and their
 // revisions, and returns it with its counts and a sample of the sagas. It
 // files nothing: Apply does. A saga that changes before Apply files its
-// request is refused (RefusedChanged), not acted on. It returns an error
+// request is refused (refusedChanged), not acted on. It returns an error
 // wrapping ErrInvalidQuery for a bad query and ErrActionNotAllowed for an
 // unknown action or an incomplete Actor.
 func (o *Orchestrator) Plan(ctx context.Context, action Action, q Query, by Actor) (*BulkOperation, error) {
@@ -313,9 +307,9 @@ func (o *Orchestrator) Plan(ctx context.Context, action Action, q Query, by Acto
 // Apply files the operation's operator requests, bulkBatch sagas per
 // transaction, and returns the operation with its counts. Each saga is
 // checked against its own state first, under its row lock: one that
-// changed since it was selected (RefusedChanged), whose state refuses the
-// action (RefusedNotAllowed), that has another request pending
-// (RefusedRequestPending) or is gone (RefusedNotFound) is refused,
+// changed since it was selected (refusedChanged), whose state refuses the
+// action (refusedNotAllowed), that has another request pending
+// (refusedRequestPending) or is gone (refusedNotFound) is refused,
 // counted, and not acted on, with an "operator_refused" history line;
 // each other saga gets its request as Request records it, naming the
 // operation, for the running orchestrator to apply (which checks it again:
@@ -382,14 +376,14 @@ func (o *Orchestrator) Apply(ctx context.Context, id string) (*BulkOperation, er
 func (o *Orchestrator) file(ctx context.Context, tx pgx.Tx, b *BulkOperation, id string, rev int64, by Actor) (string, error) {
 	in, err := o.lock(ctx, tx, id)
 	if errors.Is(err, ErrNotFound) {
-		return RefusedNotFound, err
+		return refusedNotFound, err
 	}
 	if err != nil {
 		return "", err
 	}
 	var reason string
 	if in.Revision != rev && in.Request == nil { // a pending request bumps the revision too: say that instead
-		reason = RefusedChanged
+		reason = refusedChanged
 		err = fmt.Errorf("%w: %s of saga %q: it changed since it was selected (revision %d, now %d): look again and plan a new bulk action",
 			ErrActionNotAllowed, b.Action, id, rev, in.Revision)
 	} else {
@@ -398,9 +392,9 @@ func (o *Orchestrator) file(ctx context.Context, tx pgx.Tx, b *BulkOperation, id
 		case err == nil:
 			return "", nil
 		case errors.Is(err, ErrRequestPending):
-			reason = RefusedRequestPending
+			reason = refusedRequestPending
 		case errors.Is(err, ErrActionNotAllowed):
-			reason = RefusedNotAllowed
+			reason = refusedNotAllowed
 		default:
 			return "", err
 		}
@@ -497,13 +491,13 @@ func (o *Orchestrator) bulkOutcome(ctx context.Context, tx pgx.Tx, in *Instance,
 		state, msg = "refused_on_apply", refused.Error()
 		switch {
 		case stale(in, r) != nil:
-			reason = RefusedChanged
+			reason = refusedChanged
 		case errors.Is(refused, ErrNotRegistered):
-			reason = RefusedNotRegistered
+			reason = refusedNotRegistered
 		case refusal(refused):
-			reason = RefusedNotAllowed
+			reason = refusedNotAllowed
 		default:
-			reason = RefusedFailed
+			reason = refusedFailed
 		}
 	}
 	return o.settleBulk(ctx, tx, r.Operation, in.ID, state, reason, msg)

@@ -63,8 +63,8 @@ func TestBulkRetryByQuery(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if dry.Count != 30 || len(dry.Sagas) != 5 || dry.Sagas[0].ID != ids[29] {
-		t.Fatalf("dry run: %d sagas, page of %d starting %v; want 30, 5, the newest %s", dry.Count, len(dry.Sagas), dry.Sagas[0].ID, ids[29])
+	if dry.Count != 30 || len(dry.First) != 5 || dry.First[0].ID != ids[29] {
+		t.Fatalf("dry run: %d sagas, page of %d starting %v; want 30, 5, the newest %s", dry.Count, len(dry.First), dry.First[0].ID, ids[29])
 	}
 	if in := s.Get(t, ids[0]); in.Request != nil {
 		t.Fatalf("the dry run recorded a request: %+v", in.Request)
@@ -98,7 +98,7 @@ func TestBulkRetryByQuery(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := saga.BulkCounts{Selected: 30, Filed: 28, Pending: 28, Refused: map[string]int64{saga.RefusedChanged: 1, saga.RefusedRequestPending: 1}}
+	want := saga.BulkCounts{Selected: 30, Filed: 28, Pending: 28, Refused: map[string]int64{"changed": 1, "request_pending": 1}}
 	if !sameCounts(b.Counts, want) || b.Filed == nil || b.Done() {
 		t.Fatalf("after Apply: %+v (filed at %v), want %+v", b.Counts, b.Filed, want)
 	}
@@ -120,7 +120,7 @@ func TestBulkRetryByQuery(t *testing.T) {
 	s.Fix.Store(true)
 	b = drain(t, s.O, p, plan.ID)
 	want = saga.BulkCounts{Selected: 30, Filed: 28, Applied: 26, Refused: map[string]int64{
-		saga.RefusedChanged: 2, saga.RefusedRequestPending: 1, saga.RefusedWithdrawn: 1}}
+		"changed": 2, "request_pending": 1, "withdrawn": 1}}
 	if !sameCounts(b.Counts, want) {
 		t.Fatalf("outcome: %+v, want %+v", b.Counts, want)
 	}
@@ -181,7 +181,7 @@ func TestBulkLimitAndRefusal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (saga.BulkCounts{Selected: 4, Refused: map[string]int64{saga.RefusedNotAllowed: 4}}); !sameCounts(b.Counts, want) || !b.Done() {
+	if want := (saga.BulkCounts{Selected: 4, Refused: map[string]int64{"not_allowed": 4}}); !sameCounts(b.Counts, want) || !b.Done() {
 		t.Fatalf("bulk skip: %+v, want %+v", b.Counts, want)
 	}
 	if len(b.Sample) != 4 || b.Sample[0].ID != ids[9] || b.Sample[3].ID != ids[6] {

@@ -224,7 +224,7 @@ func (o *Orchestrator) withdrawTx(ctx context.Context, tx pgx.Tx, id string, by 
 		return nil, err
 	}
 	if r.Operation != "" { // bulk.go
-		if err := o.settleBulk(ctx, tx, r.Operation, id, "refused_on_apply", RefusedWithdrawn, "withdrawn by "+by.Operator+": "+oneLine(by.Reason)); err != nil {
+		if err := o.settleBulk(ctx, tx, r.Operation, id, "refused_on_apply", refusedWithdrawn, "withdrawn by "+by.Operator+": "+oneLine(by.Reason)); err != nil {
 			return nil, err
 		}
 	}

@@ -107,13 +107,13 @@ func (a *app) sagaBulk(cmd *cobra.Command, action saga.Action, b *bulkFlags, ope
 		if err != nil {
 			return a.explainMissingTables(ctx, err)
 		}
-		out := bulkDryRunJSON{DryRun: true, Action: action, Query: q, Count: d.Count, Sagas: make([]sagaJSON, 0, len(d.Sagas))}
-		for _, in := range d.Sagas {
+		out := bulkDryRunJSON{DryRun: true, Action: action, Query: q, Count: int64(d.Count), Sagas: make([]sagaJSON, 0, len(d.First))}
+		for _, in := range d.First {
 			out.Sagas = append(out.Sagas, toJSON(in))
 		}
 		return a.emit(out, func(w io.Writer) {
 			fmt.Fprintf(w, "dry run: %s would apply to %d sagas; nothing was changed. The newest:\n", action, d.Count)
-			sagaRows(w, d.Sagas)
+			sagaRows(w, d.First)
 		})
 	}
 	op, err := p.Bulk(ctx, action, q, saga.Actor{Operator: operator, Reason: reason})
