@@ -207,6 +207,9 @@ func (p *Participant) HandleTx(ctx context.Context, tx pgx.Tx, msg *message.Mess
 	if err != nil {
 		return err
 	}
+	if it.unsupported != "" {
+		return p.refuseTx(ctx, tx, it)
+	}
 	ctx, span := traceCall(ctx, p.name, msg, it.call) // tracing.go
 	defer func() { span.End(err) }()
 	ctx, restore := withTx(ctx, tx, msg)
@@ -304,11 +307,17 @@ type item struct {
 	call Call
 	c    *command
 	cmd  any
+	// unsupported, if not empty, is why the command's protocol version
+	// is refused (protocol.go).
+	unsupported string
 }
 
 // item parses and decodes msg; its errors are permanent.
 func (p *Participant) item(msg *message.Message) (*item, error) {
 	call, err := parseCall(msg)
+	if errors.Is(err, ErrUnsupportedProtocol) {
+		return &item{msg: msg, call: call, unsupported: err.Error()}, nil // answered by refuseTx
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -446,6 +455,7 @@ func (p *Participant) replyEvent(call Call, r reply) outbox.Event {
 		core.MetadataSagaCommand:   call.Command,
 		core.MetadataSagaOutcome:   r.outcome,
 		core.MetadataContentType:   core.ContentTypeJSON,
+		core.MetadataSagaProtocol:  core.SagaProtocolVersion,
 	}
 	if r.reason != "" {
 		md[core.MetadataSagaReason] = r.reason
