@@ -28,6 +28,17 @@ demo:
 	echo "demo: built; running" >&2; \
 	DATABASE_URL="$$url" "$$dir/demo" $(DEMOFLAGS)
 
+# The same demo with its payment service in Python (examples/ordersaga/payment.py,
+# on python/'s millrace package), killed and restarted once mid-run besides
+# the demo's faults. The first run makes the Python environment
+# (scripts/python-venv.sh, about a minute).
+demo-polyglot:
+	@url="$$(scripts/pg-up.sh)" || exit 1; py="$$(scripts/python-venv.sh)" || exit 1; \
+	dir="$$(mktemp -d)" || exit 1; trap 'rm -rf "$$dir"' EXIT; \
+	echo "demo: building examples/ordersaga (a first build takes about half a minute)..." >&2; \
+	$(GO) build -o "$$dir/demo" ./examples/ordersaga || exit 1; \
+	DATABASE_URL="$$url" "$$dir/demo" -payment-cmd "PYTHONPATH='$(CURDIR)/python' '$$py' '$(CURDIR)/examples/ordersaga/payment.py'" $(DEMOFLAGS)
+
 # Two tiers. First the whole suite on the embedded broker (go vet, then
 # go test -race ./...), then the real-Kafka tier: KAFKA_PKGS and then the
 # failover tests against the cluster scripts/kafka-up.sh starts (or reuses).

@@ -304,16 +304,17 @@ class Participant:
     # The Kafka loop.
 
     def run(self, *, conninfo: str, brokers: str, topic: str, stop: threading.Event | None = None,
-            instance_id: str | None = None, consumer: dict | None = None) -> None:
-        """Consumes topic (consumer group: the participant's name) and handles
-        each command until stop is set. instance_id turns on static group
-        membership (one per process: a restarted process takes its
-        partitions back at once). consumer adds confluent_kafka settings."""
+            instance_id: str | None = None, group: str | None = None, consumer: dict | None = None) -> None:
+        """Consumes topic in consumer group group (default: the participant's
+        name) and handles each command until stop is set. instance_id turns
+        on static group membership (one per process: a restarted process
+        takes its partitions back at once). consumer adds confluent_kafka
+        settings."""
         import psycopg
 
         stop = stop or threading.Event()
         conn = retry_connection(lambda: psycopg.connect(conninfo, autocommit=True))
-        cfg = consumer_config(brokers, self.name, instance_id, **(consumer or {}))
+        cfg = consumer_config(brokers, group or self.name, instance_id, **(consumer or {}))
         run_consumer(cfg, [topic], lambda r: self.handle(conn(), r), stop)
 
 
