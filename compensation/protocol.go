@@ -38,7 +38,7 @@ func checkProtocol(md map[string]string) error {
 func (p *Participant) refuseTx(ctx context.Context, tx pgx.Tx, items ...*item) error {
 	events := make([]outbox.Event, len(items))
 	for i, it := range items {
-		p.logger.Error("Command of an unsupported saga protocol version refused", nil, watermill.LogFields{
+		p.logger.Error("Command of an unsupported saga protocol version refused", ErrUnsupportedProtocol, watermill.LogFields{
 			"saga_id": it.call.SagaID, "step": it.call.Step, "operation": it.call.Operation, "reason": it.unsupported})
 		events[i] = p.replyEvent(it.call, reply{outcome: core.OutcomeFailure, reason: it.unsupported, payload: emptyReply})
 	}
