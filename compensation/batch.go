@@ -52,6 +52,12 @@ func (p *Participant) HandleTx(ctx context.Context, tx pgx.Tx, msgs ...*message.
 	if len(bad) > 0 {
 		return &core.BatchError{Errors: bad}
 	}
+	items, refused := withoutRefused(items)
+	if len(refused) > 0 {
+		if err := p.refuseTx(ctx, tx, refused...); err != nil {
+			return err
+		}
+	}
 	// The functions get the transaction as a pipeline.Tx, and find it so in
 	// ctx: the savepoints between them are queued on it (handleRound).
 	if _, ok := tx.(*pipeline.Tx); !ok {

@@ -112,7 +112,10 @@ func parseCall(msg *message.Message) (Call, error) {
 	}
 	c.Attempt = n
 	c.IdempotencyKey = IdempotencyKey(c.SagaID, c.Step, c.Operation)
-	return c, nil
+	// The headers above address the reply in every protocol version; the
+	// rest of a command of a version this participant does not speak is
+	// not read (protocol.go).
+	return c, checkProtocol(md)
 }
 
 func checkIdentifier(s string, required bool) error {

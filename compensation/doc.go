@@ -41,11 +41,15 @@
 // # The wire protocol
 //
 // Commands and replies are Watermill messages (Kafka records) with the
-// metadata (Kafka headers) of package millrace, so that a participant or an
-// orchestrator in another language can take part by reading headers.
+// metadata (Kafka headers) of package core, so that a participant or an
+// orchestrator in another language can take part by reading headers;
+// docs/protocol.md specifies it, with test vectors (TestVectors runs them).
+// A command of a protocol version this participant does not speak is
+// answered "failure" (ErrUnsupportedProtocol) and writes no barrier row.
 //
 // A command, on the participant's command topic, carries:
 //
+//	saga_protocol     MetadataSagaProtocol    the protocol version, "1" (absent: 1)
 //	saga_id           MetadataSagaID          the saga instance (at most 200 bytes of UTF-8, no NUL)
 //	saga_type         MetadataSagaType        the saga type's name (may be empty)
 //	saga_step         MetadataSagaStep        the step's name, never its position
@@ -64,8 +68,9 @@
 // when the answer is a stored one), saga_operation and saga_command, and
 // adds:
 //
-//	saga_outcome  MetadataSagaOutcome  "success", "failure" or "cancelled"
-//	saga_reason   MetadataSagaReason   why, for "failure" and "cancelled"
+//	saga_outcome   MetadataSagaOutcome   "success", "failure" or "cancelled"
+//	saga_reason    MetadataSagaReason    why, for "failure" and "cancelled"
+//	saga_protocol  MetadataSagaProtocol  "1"
 //
 // Its payload is the action's reply as JSON for a successful action, "{}"
 // otherwise. Its event type is "saga.reply". The outbox stores payloads as

@@ -3,6 +3,7 @@ package compensation
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -230,11 +231,17 @@ type item struct {
 	call Call
 	c    *command
 	cmd  any
+	// unsupported, if not empty, is why the command's protocol version
+	// is refused (protocol.go).
+	unsupported string
 }
 
 // item parses and decodes msg; its errors are permanent.
 func (p *Participant) item(msg *message.Message) (*item, error) {
 	call, err := parseCall(msg)
+	if errors.Is(err, ErrUnsupportedProtocol) {
+		return &item{msg: msg, call: call, unsupported: err.Error()}, nil // answered by refuseTx
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -372,6 +379,7 @@ func (p *Participant) replyEvent(call Call, r reply) outbox.Event {
 		core.MetadataSagaCommand:   call.Command,
 		core.MetadataSagaOutcome:   r.outcome,
 		core.MetadataContentType:   core.ContentTypeJSON,
+		core.MetadataSagaProtocol:  core.SagaProtocolVersion,
 	}
 	if r.reason != "" {
 		md[core.MetadataSagaReason] = r.reason

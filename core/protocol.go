@@ -22,7 +22,19 @@ package core
 //
 // Commands and replies are keyed (MetadataPartitionKey) by saga id, so one
 // saga's messages keep their order.
+//
+// Every command and reply carries MetadataSagaProtocol, the protocol
+// version its sender speaks (SagaProtocolVersion); a message without it is
+// version 1. A participant answers a command of a version it does not know
+// with a failure reply whose reason says so (OutcomeFailure), without
+// running anything or writing its barrier; an orchestrator refuses a reply
+// of a version it does not know as malformed (it is poisoned, and the step
+// runs into its timeout). docs/protocol.md is the specification, with
+// test vectors under testdata/protocol.
 const (
+	// MetadataSagaProtocol is the saga protocol version of a command or
+	// reply, in decimal: SagaProtocolVersion. Absent means version 1.
+	MetadataSagaProtocol = "saga_protocol"
 	// MetadataSagaID is the saga instance id, chosen by the caller or
 	// generated: non-empty, at most 200 bytes of valid UTF-8 without NUL.
 	MetadataSagaID = "saga_id"
@@ -46,6 +58,15 @@ const (
 	// MetadataSagaReason is the reason of a failure or cancelled reply.
 	MetadataSagaReason = "saga_reason"
 )
+
+// SagaProtocolVersion is the saga protocol version this module speaks,
+// the value of MetadataSagaProtocol on the commands and replies it sends.
+const SagaProtocolVersion = "1"
+
+// SupportedSagaProtocol reports whether v, the MetadataSagaProtocol of a
+// command or reply, is a version this module understands: "1", or empty
+// (a message from before the header existed).
+func SupportedSagaProtocol(v string) bool { return v == "" || v == SagaProtocolVersion }
 
 // Operations of a saga command.
 const (

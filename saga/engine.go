@@ -78,6 +78,7 @@ func (m *machine) command(s *stepDef, c *command, op string, attempt int) error 
 		core.MetadataSagaCommand:    c.name,
 		core.MetadataSagaReplyTopic: m.d.replyTopic,
 		core.MetadataPartitionKey:   m.in.ID,
+		core.MetadataSagaProtocol:   core.SagaProtocolVersion,
 	}
 	traceCommand(m.ctx, md) // tracing.go
 	ev := outbox.Event{
@@ -475,6 +476,10 @@ func parseReply(md map[string]string, payload []byte) (reply, error) {
 	}
 	if err := checkName(r.sagaID); err != nil {
 		return bad("%s %q: %v", core.MetadataSagaID, r.sagaID, err)
+	}
+	if v := md[core.MetadataSagaProtocol]; !core.SupportedSagaProtocol(v) {
+		return bad("saga %s: %s %q is not supported (this orchestrator speaks version %s)",
+			r.sagaID, core.MetadataSagaProtocol, v, core.SagaProtocolVersion)
 	}
 	if err := checkName(r.step); err != nil {
 		return bad("saga %s: %s %q: %v", r.sagaID, core.MetadataSagaStep, r.step, err)

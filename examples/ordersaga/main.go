@@ -116,6 +116,7 @@ type config struct {
 	Timeout     time.Duration // the longest wait for every saga to end
 	Keep        bool          // keep the schemas
 	BrokerPort  int           // the embedded broker's port when -service is not all
+	PaymentCmd  string        // run the payment service as this shell command (payment.py; python.go)
 	Log         io.Writer     // progress, faults, operator
 	Out         io.Writer     // the summary and the last line
 }
@@ -141,6 +142,7 @@ func main() {
 	flag.DurationVar(&cfg.Timeout, "timeout", 2*time.Minute, "give up waiting for the sagas to end after this long")
 	flag.BoolVar(&cfg.Keep, "keep", false, "keep the schemas instead of dropping them")
 	flag.IntVar(&cfg.BrokerPort, "broker-port", 9092, "port of the embedded broker the services share with -service")
+	flag.StringVar(&cfg.PaymentCmd, "payment-cmd", "", "run the payment service as this shell command, the Python one: \"PYTHONPATH=python python3 examples/ordersaga/payment.py\" (make demo-polyglot)")
 	flag.Parse()
 	if cfg.Sagas < 12 || cfg.Writers < 1 || cfg.Rate < 0 || cfg.Conns < 2 {
 		fmt.Fprintln(os.Stderr, "demo: -sagas must be at least 12, -writers at least 1, -rate not negative, -conns at least 2")

@@ -151,6 +151,9 @@ SELECT c, l, l FROM unnest($1::text[], $2::bigint[]) AS t(c, l)`, customers, lim
 		}
 		return nil
 	}
+	if cfg.PaymentCmd != "" {
+		return startPythonPayment(ctx, cfg, lg, plan, seed) // python.go
+	}
 	register := func(p *compensation.Participant) error {
 		return compensation.Register(p, "reserve_credit",
 			func(ctx context.Context, tx pgx.Tx, call compensation.Call, cmd ReserveCredit) (CreditReserved, error) {

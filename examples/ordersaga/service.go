@@ -75,6 +75,11 @@ type service struct {
 	mu      sync.Mutex
 	svc     *millrace.Service // the running one
 	stopRun func() error      // stops it: nil when none runs
+	// consumer, if set, is what consumes the service's commands instead of
+	// svc (the Python payment service, python.go): stop stops it first, and
+	// it counts its deliveries.
+	consumer   func()
+	deliveredP atomic.Int64
 }
 
 // newService connects to the database, recreates the service's schemas
@@ -184,9 +189,12 @@ func (s *service) start() {
 // its relay ships what was written meanwhile. Stopping twice is a no-op.
 func (s *service) stop() {
 	s.mu.Lock()
-	stop := s.stopRun
-	s.stopRun = nil
+	stop, consumer := s.stopRun, s.consumer
+	s.stopRun, s.consumer = nil, nil
 	s.mu.Unlock()
+	if consumer != nil {
+		consumer()
+	}
 	if stop != nil {
 		_ = stop()
 	}
@@ -198,7 +206,7 @@ func (s *service) deliveries() int64 {
 	s.mu.Lock()
 	regs := s.metrics
 	s.mu.Unlock()
-	var n float64
+	n := float64(s.deliveredP.Load())
 	for _, reg := range regs {
 		mfs, err := reg.Gather()
 		if err != nil {

@@ -150,7 +150,7 @@ func (a *app) rootCmd() *cobra.Command {
 		a.schema = a.schemaList[0]
 		return nil
 	}
-	root.AddCommand(a.migrateCmd(), a.outboxCmd(), a.inboxCmd(), a.sagaCmd(), a.poisonCmd(), a.kafkaCmd(), a.consoleCmd(), loggingTopic())
+	root.AddCommand(a.migrateCmd(), a.outboxCmd(), a.inboxCmd(), a.sagaCmd(), a.poisonCmd(), a.kafkaCmd(), a.consoleCmd(), a.conformCmd(), loggingTopic())
 	return root
 }
 
