@@ -68,7 +68,6 @@ func (p *Participant) HandleTx(ctx context.Context, tx pgx.Tx, msgs ...*message.
 	// Rounds: the n-th message of a saga step goes to round n, so that a
 	// round claims each barrier row once and sees the previous rounds'
 	// answers.
-	type stepKey struct{ saga, step string }
 	seen := map[stepKey]int{}
 	var rounds [][]*item
 	for _, it := range items {
@@ -90,64 +89,9 @@ func (p *Participant) HandleTx(ctx context.Context, tx pgx.Tx, msgs ...*message.
 
 // handleRound handles items of distinct saga steps.
 func (p *Participant) handleRound(ctx context.Context, tx pgx.Tx, items []*item) error {
-	// Claims in a fixed lock order: compensation rows before action rows,
-	// each sorted by (saga id, step), so two batches never wait on each
-	// other in a cycle.
-	sorted := slices.Clone(items)
-	slices.SortFunc(sorted, func(a, b *item) int {
-		if c := strings.Compare(a.call.SagaID, b.call.SagaID); c != 0 {
-			return c
-		}
-		return strings.Compare(a.call.Step, b.call.Step)
-	})
-	var comp, act claimColumns
-	for _, it := range sorted {
-		if it.call.Operation == core.OperationCompensation {
-			comp.add(it.call, "", "", it.call.Attempt)
-			act.add(it.call, core.OutcomeCancelled, lateReason, 0)
-		} else {
-			act.add(it.call, "", "", it.call.Attempt)
-		}
-	}
-	b := &pgx.Batch{}
-	if len(comp.sagaIDs) > 0 {
-		b.Queue(p.sql.claimCompensations, comp.args()...)
-	}
-	b.Queue(p.sql.claimActions, act.args()...)
-	b.Queue(savepoint)
-	type rowKey struct{ saga, step string }
-	comps, acts := map[rowKey]claim{}, map[rowKey]claim{}
-	br := tx.SendBatch(ctx, b)
-	scan := func(into map[rowKey]claim) error {
-		rows, err := br.Query()
-		if err != nil {
-			return err
-		}
-		var (
-			k  rowKey
-			cl claim
-		)
-		_, err = pgx.ForEachRow(rows, []any{&k.saga, &k.step, &cl.inserted, &cl.outcome, &cl.reply, &cl.reason}, func() error {
-			into[k] = cl
-			return nil
-		})
-		return err
-	}
-	var err error
-	if len(comp.sagaIDs) > 0 {
-		err = scan(comps)
-	}
-	if err == nil {
-		err = scan(acts)
-	}
-	if err == nil {
-		_, err = br.Exec()
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
+	claims, err := p.claimRound(ctx, tx, items)
 	if err != nil {
-		return fmt.Errorf("compensation: %s: claim a batch of %d: %w", p.name, len(items), err)
+		return err
 	}
 
 	// The savepoint is clean until a function runs; before the next one
@@ -167,17 +111,7 @@ func (p *Participant) handleRound(ctx context.Context, tx pgx.Tx, items []*item)
 	var fin finishColumns
 	events := make([]outbox.Event, 0, len(items))
 	for _, it := range items {
-		k := rowKey{it.call.SagaID, it.call.Step}
-		a, ok := acts[k]
-		cl := a
-		if it.call.Operation == core.OperationCompensation {
-			c, okc := comps[k]
-			ok = ok && okc
-			cl = claim{inserted: c.inserted, outcome: c.outcome, reply: c.reply, reason: c.reason,
-				actInserted: a.inserted, actOutcome: a.outcome, actReply: a.reply}
-		} else {
-			cl.actInserted, cl.actOutcome, cl.actReply = a.inserted, a.outcome, a.reply
-		}
+		cl, ok := claims.of(it.call)
 		if !ok {
 			return fmt.Errorf("compensation: %s: claim of %s %s/%s returned no row", p.name, it.call.Operation, it.call.SagaID, it.call.Step)
 		}
@@ -213,6 +147,91 @@ func (p *Participant) handleRound(ctx context.Context, tx pgx.Tx, items []*item)
 		return fmt.Errorf("compensation: %s: replies of a batch of %d: %w", p.name, len(items), err)
 	}
 	return nil
+}
+
+// roundClaims are the barrier rows a round claimed: the compensations'
+// own rows and the actions' rows (of actions, and of the compensated
+// actions), by saga step.
+type roundClaims struct {
+	comps, acts map[stepKey]claim
+}
+
+type stepKey struct{ saga, step string }
+
+// of returns the claim of call's operation: its own row, and its action's.
+func (c roundClaims) of(call Call) (claim, bool) {
+	k := stepKey{call.SagaID, call.Step}
+	a, ok := c.acts[k]
+	if call.Operation != core.OperationCompensation {
+		a.actInserted, a.actOutcome, a.actReply = a.inserted, a.outcome, a.reply
+		return a, ok
+	}
+	own, okc := c.comps[k]
+	return claim{inserted: own.inserted, outcome: own.outcome, reply: own.reply, reason: own.reason,
+		actInserted: a.inserted, actOutcome: a.outcome, actReply: a.reply}, ok && okc
+}
+
+// claimRound claims the barrier rows of a round's items, and takes the
+// savepoint, in one round trip. The claims go in a fixed lock order:
+// compensation rows before action rows, each sorted by (saga id, step), so
+// two batches never wait on each other in a cycle.
+func (p *Participant) claimRound(ctx context.Context, tx pgx.Tx, items []*item) (roundClaims, error) {
+	sorted := slices.Clone(items)
+	slices.SortFunc(sorted, func(a, b *item) int {
+		if c := strings.Compare(a.call.SagaID, b.call.SagaID); c != 0 {
+			return c
+		}
+		return strings.Compare(a.call.Step, b.call.Step)
+	})
+	var comp, act claimColumns
+	for _, it := range sorted {
+		if it.call.Operation == core.OperationCompensation {
+			comp.add(it.call, "", "", it.call.Attempt)
+			act.add(it.call, core.OutcomeCancelled, lateReason, 0)
+		} else {
+			act.add(it.call, "", "", it.call.Attempt)
+		}
+	}
+	b := &pgx.Batch{}
+	if len(comp.sagaIDs) > 0 {
+		b.Queue(p.sql.claimCompensations, comp.args()...)
+	}
+	b.Queue(p.sql.claimActions, act.args()...)
+	b.Queue(savepoint)
+	claims := roundClaims{comps: map[stepKey]claim{}, acts: map[stepKey]claim{}}
+	br := tx.SendBatch(ctx, b)
+	scan := func(into map[stepKey]claim) error {
+		rows, err := br.Query()
+		if err != nil {
+			return err
+		}
+		var (
+			k  stepKey
+			cl claim
+		)
+		_, err = pgx.ForEachRow(rows, []any{&k.saga, &k.step, &cl.inserted, &cl.outcome, &cl.reply, &cl.reason}, func() error {
+			into[k] = cl
+			return nil
+		})
+		return err
+	}
+	var err error
+	if len(comp.sagaIDs) > 0 {
+		err = scan(claims.comps)
+	}
+	if err == nil {
+		err = scan(claims.acts)
+	}
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return claims, fmt.Errorf("compensation: %s: claim a batch of %d: %w", p.name, len(items), err)
+	}
+	return claims, nil
 }
 
 // claimColumns are the arrays of a many-row claim.

@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/millrace/core"
-	"github.com/millrace/millrace/internal/sqlident"
 )
 
 // Await is a wait step's events: the step waits until one event (Event),
@@ -214,43 +213,6 @@ type storedEvent struct {
 	name, id string
 	payload  []byte
 	state    string
-}
-
-type eventStatements struct {
-	insert, stateOf, tryLock, peek, open, nextNew, setState, closePending, claimNew string
-}
-
-func newEventStatements(schema string) eventStatements {
-	inst, ev := sqlident.Table(schema, "saga_instance"), sqlident.Table(schema, "saga_event")
-	return eventStatements{
-		// A repeated event id of the same saga is a duplicate delivery:
-		// the unique constraint saga_event_once keeps the first.
-		insert: fmt.Sprintf(`INSERT INTO %s (saga_id, name, event_id, payload, state, at) VALUES ($1, $2, $3, $4, $5, $6)
-ON CONFLICT (saga_id, event_id) DO NOTHING
-RETURNING arrived`, ev),
-		stateOf: fmt.Sprintf(`SELECT state FROM %s WHERE saga_id = $1 AND event_id = $2`, ev),
-		// The signaller takes the saga's row lock only if it is free: it
-		// never waits for the orchestrator.
-		tryLock: fmt.Sprintf(`SELECT %s FROM %s WHERE id = $1 FOR UPDATE SKIP LOCKED`, instanceCols, inst),
-		peek:    fmt.Sprintf(`SELECT type, def_version, status FROM %s WHERE id = $1`, inst),
-		// On saga_event_open_idx (saga_id, arrived).
-		open: fmt.Sprintf(`SELECT arrived, name, event_id, payload, state FROM %s
- WHERE saga_id = $1 AND state IN ('new', 'pending') AND name = ANY($2::text[])
- ORDER BY arrived`, ev),
-		nextNew: fmt.Sprintf(`SELECT arrived, name, event_id, payload, state FROM %s
- WHERE saga_id = $1 AND state = 'new'
- ORDER BY arrived LIMIT 1`, ev),
-		setState:     fmt.Sprintf(`UPDATE %s SET state = $2, step = $3 WHERE arrived = $1`, ev),
-		closePending: fmt.Sprintf(`UPDATE %s SET state = 'ignored' WHERE saga_id = %s AND state = 'pending'`, ev, sqlident.AnyParam("$1", "text")),
-		// On saga_event_new_idx: only the events a signaller could not
-		// apply (the saga was locked), a handful at any time.
-		claimNew: fmt.Sprintf(`SELECT %s FROM %s
- WHERE id IN (SELECT saga_id FROM %s WHERE state = 'new')
-   AND status NOT IN ('paused', 'scheduled')
-   AND (type, def_version) IN (SELECT * FROM unnest($1::text[], $2::int[]))
- LIMIT $3
-   FOR UPDATE SKIP LOCKED`, instanceCols, inst, ev),
-	}
 }
 
 func scanEvents(rows pgx.Rows) ([]storedEvent, error) {

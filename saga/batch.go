@@ -14,7 +14,6 @@ import (
 	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/internal/fetch"
 	"github.com/millrace/millrace/internal/pipeline"
-	"github.com/millrace/millrace/internal/sqlident"
 	"github.com/millrace/millrace/internal/tracing"
 	"github.com/millrace/millrace/outbox"
 )
@@ -430,40 +429,4 @@ func (o *Orchestrator) saveMany(ctx context.Context, tx pgx.Tx, ms []*machine, e
 		}
 	}
 	return nil
-}
-
-func batchStatements(schema string, s *statements) {
-	inst := sqlident.Table(schema, "saga_instance")
-	// lockMany's array goes through an InitPlan (sqlident.AnyParam): with
-	// "id = ANY($1)" PostgreSQL planned the lock again at every execution
-	// (0.16 ms of planning per batch at 200 sagas/s, more than the lock
-	// took to run).
-	s.lockMany = fmt.Sprintf(`SELECT %s FROM %s WHERE id = %s ORDER BY id FOR UPDATE`, instanceCols, inst, sqlident.AnyParam("$1", "text"))
-	// updateMany writes the sagas' new states, and fails (a cast of its
-	// message to int) unless it saved $13 rows: its check must stop a
-	// COMMIT sent behind it in its round trip.
-	//
-	// It is an upsert that always takes its update path: the sagas are
-	// locked in this transaction (lockMany), so each row is there. An
-	// UPDATE ... FROM unnest(...) was planned again at every execution
-	// (0.3 ms at a batch of a few sagas, as long as its execution), and its
-	// join could be planned as a hash of a whole table; the upsert has one
-	// plan, lookups in the primary key, which PostgreSQL keeps. A row it
-	// would insert instead (only a bug could make one) comes back with
-	// version 0, is not counted as saved, and fails the statement: nothing
-	// is written.
-	s.updateMany = fmt.Sprintf(`WITH saved AS (
-INSERT INTO %s AS s (id, type, def_version, status, phase, step, steps, data, input, version,
-       next_wakeup_at, deadline_at, attempts, last_error, created_at, updated_at, ended_at)
-SELECT u.id, '', 0, u.status, u.phase, u.step, u.steps, u.data, '{}', 0,
-       u.next_wakeup_at, u.deadline_at, u.attempts, u.last_error, u.updated_at, u.updated_at, u.ended_at
-  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]::jsonb[], $6::text[]::jsonb[], $7::timestamptz[],
-              $8::timestamptz[], $9::int[], $10::text[], $11::timestamptz[], $12::timestamptz[])
-       AS u(id, status, phase, step, steps, data, next_wakeup_at, deadline_at, attempts, last_error, updated_at, ended_at)
-ON CONFLICT (id) DO UPDATE SET status = excluded.status, phase = excluded.phase, step = excluded.step, steps = excluded.steps,
-       data = excluded.data, version = s.version + 1, next_wakeup_at = excluded.next_wakeup_at, deadline_at = excluded.deadline_at,
-       attempts = excluded.attempts, last_error = excluded.last_error, updated_at = excluded.updated_at, ended_at = excluded.ended_at
-RETURNING s.version)
-SELECT CASE WHEN count(*) FILTER (WHERE version > 0) <> $13::int
-            THEN ('saved ' || count(*) FILTER (WHERE version > 0) || ' of ' || $13::int || ' sagas')::int END FROM saved`, inst)
 }

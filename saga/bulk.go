@@ -224,36 +224,6 @@ var ErrBulkNotFound = errors.New("saga: no such bulk operation")
 // bulkBatch is how many requests Apply files per transaction.
 const bulkBatch = 500
 
-type bulkStatements struct {
-	insertOp, setSelected, getOp, counts, pick, settle, setFiled, outcome string
-}
-
-func newBulkStatements(schema string) bulkStatements {
-	op, item := sqlident.Table(schema, "saga_bulk_operation"), sqlident.Table(schema, "saga_bulk_item")
-	return bulkStatements{
-		insertOp: fmt.Sprintf(`INSERT INTO %s (id, action, operator, reason, query, created_at, selected)
-VALUES ($1, $2, $3, $4, $5, $6, 0)`, op),
-		setSelected: fmt.Sprintf(`UPDATE %s SET selected = $2 WHERE id = $1`, op),
-		getOp:       fmt.Sprintf(`SELECT id, action, operator, reason, query, created_at, filed_at, selected FROM %s WHERE id = $1`, op),
-		// An index-only scan of saga_bulk_item_state_idx on the operation.
-		counts: fmt.Sprintf(`SELECT state, reason, count(*) FROM %s WHERE operation_id = $1 GROUP BY state, reason`, item),
-		// The next selected items, in saga id order, on
-		// saga_bulk_item_state_idx (operation_id, state, reason, saga_id).
-		pick: fmt.Sprintf(`SELECT saga_id, revision FROM %s
- WHERE operation_id = $1 AND state = 'selected' AND reason = ''
- ORDER BY saga_id LIMIT $2
-   FOR UPDATE SKIP LOCKED`, item),
-		settle: fmt.Sprintf(`UPDATE %s i SET state = u.state, reason = u.reason, error = u.error, at = $2
-  FROM unnest($3::text[], $4::text[], $5::text[], $6::text[]) AS u(saga_id, state, reason, error)
- WHERE i.operation_id = $1 AND i.saga_id = u.saga_id`, item),
-		setFiled: fmt.Sprintf(`UPDATE %s o SET filed_at = $2 WHERE id = $1 AND filed_at IS NULL
-   AND NOT EXISTS (SELECT 1 FROM %s WHERE operation_id = $1 AND state = 'selected')`, op, item),
-		// The orchestrator's outcome of a filed request: on the primary key.
-		outcome: fmt.Sprintf(`UPDATE %s SET state = $3, reason = $4, error = $5, at = $6
- WHERE operation_id = $1 AND saga_id = $2 AND state = 'filed'`, item),
-	}
-}
-
 // Plan records a bulk operation: action on every saga q selects now, by
 // (who and why, both required), with the selected sagas and their
 // revisions, and returns it with its counts and a sample of the sagas. It

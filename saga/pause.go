@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/millrace/millrace/internal/sqlident"
 )
 
 const (
@@ -178,16 +176,4 @@ func (m *machine) takeHeld() ([]reply, error) {
 		out[i] = h.r
 	}
 	return out, nil
-}
-
-func pauseStatements(schema string, s *statements) {
-	pause, held := sqlident.Table(schema, "saga_pause"), sqlident.Table(schema, "saga_held_reply")
-	s.pause = fmt.Sprintf(`INSERT INTO %s (saga_id, paused_at, resume_status) VALUES ($1, $2, $3)
-ON CONFLICT (saga_id) DO UPDATE SET paused_at = EXCLUDED.paused_at, resume_status = EXCLUDED.resume_status`, pause)
-	s.unpause = fmt.Sprintf(`DELETE FROM %s WHERE saga_id = $1 RETURNING paused_at, resume_status`, pause)
-	s.hold = fmt.Sprintf(`INSERT INTO %s (saga_id, at, event_id, step, operation, attempt, outcome, reason, payload)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`, held)
-	// Relies on saga_held_reply_saga_idx (saga_id, seq).
-	s.takeHeld = fmt.Sprintf(`DELETE FROM %s WHERE saga_id = $1
-RETURNING seq, event_id, step, operation, attempt, outcome, reason, payload`, held)
 }

@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/millrace/millrace/internal/sqlident"
 )
 
 // StartOption is an option of Start and StartTx.
@@ -82,11 +80,4 @@ func (m *machine) startScheduled() error {
 func (m *machine) cancelScheduled() error {
 	m.record("cancelled", "", "", 0, "", "cancelled before its start by an operator")
 	return m.end(StatusCompensated, "cancelled before its start by an operator")
-}
-
-func scheduleStatements(schema string, s *statements) {
-	s.insertScheduled = fmt.Sprintf(`INSERT INTO %s (id, type, def_version, status, phase, step, steps, data, input, version,
-       next_wakeup_at, deadline_at, attempts, last_error, created_at, updated_at)
-VALUES ($1, $2, $3, 'scheduled', 'forward', '', '{}', $4, $4, 1, $5, NULL, 0, '', $6, $6)
-ON CONFLICT (id) DO NOTHING`, sqlident.Table(schema, "saga_instance"))
 }

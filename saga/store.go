@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/millrace/millrace/internal/sqlident"
 )
 
 // Status is a saga's status.
@@ -158,113 +156,6 @@ type HistoryEntry struct {
 	// A command's is {"topic": "<where it was sent>", "command": "<its
 	// name>"}.
 	Detail json.RawMessage
-}
-
-type statements struct {
-	insert, history, claim, selectExisting          string
-	historyFenced                                   string
-	get, historyOf                                  string
-	lockMany, updateMany                            string
-	insertStarted                                   string
-	request, claimRequests, clearRequest            string // operator.go
-	failuresInARow, postpone, park                  string // timer.go
-	pause, unpause, hold, takeHeld, insertScheduled string // pause.go, schedule.go
-	instance, historyTable                          string
-	events                                          eventStatements // await.go
-	bulk                                            bulkStatements  // bulk.go
-}
-
-const instanceCols = `id, type, def_version, status, phase, step, steps, data, input, version,
-       next_wakeup_at, deadline_at, attempts, last_error, created_at, updated_at, ended_at, operator_request`
-
-func newStatements(schema string) statements {
-	s := baseStatements(schema)
-	batchStatements(schema, &s)
-	timerStatements(schema, &s)
-	pauseStatements(schema, &s)
-	scheduleStatements(schema, &s)
-	s.events = newEventStatements(schema)
-	s.bulk = newBulkStatements(schema)
-	return s
-}
-
-func baseStatements(schema string) statements {
-	inst, hist := sqlident.Table(schema, "saga_instance"), sqlident.Table(schema, "saga_history")
-	return statements{
-		instance: inst, historyTable: hist,
-		insert: fmt.Sprintf(`INSERT INTO %s (id, type, def_version, status, phase, step, steps, data, input, version,
-       next_wakeup_at, deadline_at, attempts, last_error, created_at, updated_at)
-VALUES ($1, $2, $3, 'running', 'forward', '', '{}', $4, $4, 0, NULL, $5, 0, '', $6, $6)
-ON CONFLICT (id) DO NOTHING`, inst),
-		selectExisting: fmt.Sprintf(`SELECT type, def_version, input = $2::jsonb FROM %s WHERE id = $1`, inst),
-		get:            fmt.Sprintf(`SELECT %s FROM %s WHERE id = $1`, instanceCols, inst),
-		history: fmt.Sprintf(`INSERT INTO %s (saga_id, at, event, step, operation, attempt, outcome, status, actor, reason, detail)
-SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[], $5::text[], $6::int[], $7::text[], $8::text[], $9::text[], $10::text[], $11::jsonb[])`, hist),
-		// history, for rows that hold a fenced reply: a saga's first new
-		// row, when it is the same fenced reply as the saga's last row
-		// (same step, operation, attempt, outcome, status and reason),
-		// adds its count to that row's detail instead of being inserted,
-		// so duplicates of a reply leave one row, not one each. The last
-		// row is found on saga_history_saga_idx (saga_id, id), backwards.
-		// The saga's row is locked by the caller, so no other transaction
-		// adds to its history meanwhile.
-		historyFenced: fmt.Sprintf(`WITH input AS (
-    SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[], $5::text[], $6::int[], $7::text[], $8::text[], $9::text[], $10::text[], $11::jsonb[])
-           WITH ORDINALITY AS i(saga_id, at, event, step, operation, attempt, outcome, status, actor, reason, detail, ord)
-), head AS (
-    SELECT DISTINCT ON (saga_id) * FROM input ORDER BY saga_id, ord
-), merged AS (
-    UPDATE %[1]s h
-       SET detail = jsonb_build_object(
-               'count', coalesce((h.detail->>'count')::bigint, 1) + coalesce((n.detail->>'count')::bigint, 1),
-               'last_at', coalesce(n.detail->'last_at', to_jsonb(n.at)))
-      FROM head n
-     WHERE n.event = 'fenced'
-       AND h.id = (SELECT max(l.id) FROM %[1]s l WHERE l.saga_id = n.saga_id)
-       AND h.event = 'fenced' AND h.step = n.step AND h.operation = n.operation AND h.attempt = n.attempt
-       AND h.outcome = n.outcome AND h.status = n.status AND h.reason = n.reason
-    RETURNING n.ord
-)
-INSERT INTO %[1]s (saga_id, at, event, step, operation, attempt, outcome, status, actor, reason, detail)
-SELECT saga_id, at, event, step, operation, attempt, outcome, status, actor, reason, detail
-  FROM input WHERE ord NOT IN (SELECT ord FROM merged) ORDER BY ord`, hist),
-		// A saga started without running a local step: its row in its first
-		// state and its history in one round trip; the history only if the
-		// row is new. Returns 1 if it is, 0 if the id existed.
-		insertStarted: fmt.Sprintf(`WITH ins AS (
-    INSERT INTO %[1]s (id, type, def_version, status, phase, step, steps, data, input, version,
-           next_wakeup_at, deadline_at, attempts, last_error, created_at, updated_at)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8, 1, $9, $10, $11, $12, $13, $13)
-    ON CONFLICT (id) DO NOTHING
-    RETURNING id
-), h AS (
-    INSERT INTO %[2]s (saga_id, at, event, step, operation, attempt, outcome, status, actor, reason, detail)
-    SELECT * FROM unnest($14::text[], $15::timestamptz[], $16::text[], $17::text[], $18::text[], $19::int[], $20::text[], $21::text[], $22::text[], $23::text[], $24::jsonb[])
-     WHERE EXISTS (SELECT 1 FROM ins)
-)
-SELECT count(*) FROM ins`, inst, hist),
-		// Relies on the partial index saga_instance_wakeup_idx. Only the
-		// registered types and versions: others are another
-		// orchestrator's (another service on the schema, another version
-		// during a rolling deploy).
-		claim: fmt.Sprintf(`SELECT %s FROM %s
- WHERE next_wakeup_at <= $1
-   AND (type, def_version) IN (SELECT * FROM unnest($3::text[], $4::int[]))
- ORDER BY next_wakeup_at
- LIMIT $2
-   FOR UPDATE SKIP LOCKED`, instanceCols, inst),
-		// Only these two write operator_request: saving a saga never does.
-		request:      fmt.Sprintf(`UPDATE %s SET operator_request = $2, version = version + 1 WHERE id = $1 RETURNING version`, inst),
-		clearRequest: fmt.Sprintf(`UPDATE %s SET operator_request = NULL WHERE id = $1`, inst),
-		// Relies on the partial index saga_instance_operator_request_idx.
-		claimRequests: fmt.Sprintf(`SELECT %s FROM %s
- WHERE operator_request IS NOT NULL
-   AND (type, def_version) IN (SELECT * FROM unnest($1::text[], $2::int[]))
- LIMIT $3
-   FOR UPDATE SKIP LOCKED`, instanceCols, inst),
-		historyOf: fmt.Sprintf(`SELECT id, saga_id, at, event, step, operation, attempt, outcome, status, actor, reason, detail
-  FROM %s WHERE saga_id = $1 ORDER BY id`, hist),
-	}
 }
 
 func scanInstance(row pgx.Row) (*Instance, error) {

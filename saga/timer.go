@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/millrace/internal/backoff"
-	"github.com/millrace/millrace/internal/sqlident"
 )
 
 // Run fires the sagas' timers until ctx ends: every PollInterval it claims
@@ -291,19 +290,6 @@ func (o *Orchestrator) registeredPairs() (types []string, versions []int32) {
 		}
 	}
 	return types, versions
-}
-
-func timerStatements(schema string, s *statements) {
-	inst, hist := sqlident.Table(schema, "saga_instance"), sqlident.Table(schema, "saga_history")
-	// Relies on saga_history_saga_idx (saga_id, id).
-	s.failuresInARow = fmt.Sprintf(`SELECT count(*) FROM %[1]s
- WHERE saga_id = $1 AND event = $2
-   AND id > (SELECT coalesce(max(id), 0) FROM %[1]s
-              WHERE saga_id = $1 AND event NOT IN ('timer_failed', 'operator_failed', 'fenced'))`, hist)
-	s.postpone = fmt.Sprintf(`UPDATE %s SET next_wakeup_at = $2 WHERE id = $1`, inst)
-	s.park = fmt.Sprintf(`UPDATE %s SET status = 'stuck', next_wakeup_at = NULL, last_error = $2, updated_at = $3,
-       version = version + 1
- WHERE id = $1`, inst)
 }
 
 // ParkUnregistered finds the live sagas (running or compensating) of the
