@@ -10,7 +10,7 @@ export GOFLAGS ?= -mod=readonly
 # The packages whose tests talk to a broker: the real-Kafka tier runs them
 # again against the three-node cluster. internal/realkafka holds the tests
 # that kill broker nodes; it runs alone, after the others.
-KAFKA_PKGS ?= ./kafka/ ./outbox/ ./inbox/ ./compensation/ ./saga/ ./internal/tracing/ ./internal/devkafka/ ./internal/polyglot/ ./internal/conform/ ./examples/...
+KAFKA_PKGS ?= . ./kafka/ ./outbox/ ./inbox/ ./compensation/ ./saga/ ./internal/tracing/ ./internal/devkafka/ ./internal/polyglot/ ./internal/conform/ ./examples/...
 FAILOVER_PKGS ?= ./internal/realkafka/ ./examples/ordersaga/
 
 .PHONY: demo demo-polyglot test test-embedded test-kafka test-polyglot python-venv bench bench-kafka bench-scale bench-debezium pg-up kafka-up kafka-down broker fmt
