@@ -7,7 +7,11 @@
 //
 // # Writing a participant
 //
-//	p, _ := compensation.NewParticipant(pool, compensation.Config{Name: "payments"})
+// A participant is added to the service that runs it (millrace.Service),
+// with the command topic it reads; its commands are registered on it
+// before the service runs:
+//
+//	p, _ := svc.AddParticipant("payments", "payments.commands")
 //	compensation.Register(p, "reserve_credit",
 //		func(ctx context.Context, tx pgx.Tx, call compensation.Call, cmd ReserveCredit) (Reserved, error) {
 //			ok, err := debit(ctx, tx, cmd.Account, cmd.Amount)
@@ -22,21 +26,20 @@
 //		func(ctx context.Context, tx pgx.Tx, call compensation.Call, cmd ReserveCredit) error {
 //			return credit(ctx, tx, cmd.Account, cmd.Amount) // the semantic undo
 //		})
-//	p.AddToRouter(router, compensation.RouterConfig{Topic: "payments.commands", Subscriber: sub, Poison: pub})
 //
-// AddToRouter adds one Watermill handler for the command topic, behind
-// PoisonQueue (permanent failures only), Retry and the inbox's dedup
-// middleware, in that order, so that each try is one transaction holding
-// the dedup mark, the barrier row, the function's effects and the reply.
-// Several commands may share a topic: the handler routes on the command
-// name. A participant owns its command topics: a command it has not
-// registered is poisoned, not skipped. To wire by hand, add Participant.Handle with Participant.Middleware
-// innermost. Participant.HandleTx runs a command in a transaction you own:
-// it is an inbox.HandlerFunc, so an inbox.Receiver and inbox.Processor can
-// apply stored commands many per transaction; Participant.HandleBatchTx
-// handles a whole batch with a few statements, and a Batcher (or
-// RouterConfig.Batch) gathers the commands of a Router's concurrent
-// handlers into such batches (measured below).
+// The service reads the topic with RunBatched: it takes what the topic's
+// partitions have fetched and handles it many commands per transaction,
+// with the batch's inbox dedup marks (consumer: the participant's name),
+// the barrier rows, the functions' effects and the replies (HandleTx).
+// Several commands may share a topic: a command is routed on its name. A
+// participant owns its command topics: a command it has not registered is
+// poisoned, not skipped.
+//
+// There is one way a command is applied, HandleTx, and a command alone is
+// a batch of one. For a Watermill Router of your own, AddToRouter adds
+// Handle (a batch of one in a transaction of its own, with its dedup mark)
+// behind PoisonQueue and Retry; HandleTx runs commands in a transaction
+// you own (an inbox.Processor's, for one).
 //
 // # The wire protocol
 //
@@ -177,37 +180,16 @@
 //     technical error as a business failure (the effect would be recorded
 //     as a final answer).
 //
-// # Performance and the batched path
+// # Performance
 //
-// One command costs the inbox's BEGIN with its mark, one round trip for the
-// barrier's claim (with its savepoint), the function's own statements, one
-// round trip for the barrier's answer and the reply (pipelined), and the
-// commit: one round trip more than a dedup handler that replies through the
-// outbox. HandleBatchTx takes many commands in one transaction: one claim
-// statement and one answer-and-replies round trip per batch, the savepoint
-// between two functions in the round trip of the next one's first
-// statement, one commit; a batch consumer writes
-// the batch's dedup marks in one statement before it. In RunBatched and
-// the Batcher, the answers and replies go out with the COMMIT, in one
-// round trip, and RunBatched sends a batch's marks with its BEGIN and its
-// claims, in one round trip (a command alone whose function sends one
-// statement costs three). Measured on the
-// 2-core development machine, busy with other work (load average 11), by
-// go test -run '^$' -bench . -benchtime 3s ./compensation/ (one run, side
-// by side, every handler writing one row):
-//
-//	DedupHandler            inbox dedup + one row, 8 callers                 3976 msgs/s
-//	DedupHandlerWithReply   + one reply through the outbox                   2548 msgs/s
-//	ParticipantHandler      + the barrier (Handle, as AddToRouter wires it)  1796 msgs/s
-//	ParticipantProcessor    inbox Processor + HandleTx, 100 per tx, 4 loops  3664 msgs/s
-//	ParticipantBatch        HandleBatchTx, 100 per tx, 4 callers             5155 msgs/s
-//
-// A Batcher's batches are no larger than the commands in flight (about 8
-// with its benchmark's 16 callers and 2 transactions): in a later run, at
-// load average 19, ParticipantBatcher did 1384 msgs/s beside 945 for
-// DedupHandlerWithReply and 4127 for ParticipantBatch. On this shared
-// machine the figures move by a factor of two from run to run; compare the
-// rows of one run.
+// A batch costs its BEGIN with the batch's dedup marks and the barrier's
+// claims (with a savepoint) in one round trip, the functions' own
+// statements (the savepoint between two functions goes in the round trip
+// of the next one's first statement), and the barrier's answers with the
+// replies and the COMMIT in one round trip: a command alone whose function
+// sends one statement costs three round trips, a batch of a hundred not
+// many more. The README's Performance section has the figures of the
+// bench, which runs participants as a service runs them.
 //
 // # Retention
 //

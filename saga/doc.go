@@ -52,27 +52,31 @@
 // # Running
 //
 //	def, err := saga.Define(saga.Spec[Order]{Type: "order", Version: 1, Steps: ...})
-//	o, err := saga.New(pool, saga.Config{})
-//	o.Register(def)
-//	o.AddToRouter(router, saga.RouterConfig{Subscriber: sub, Poison: pub})
-//	go o.Run(ctx) // timers
+//	svc, err := millrace.New(pool, millrace.Config{Name: "orders", Brokers: brokers})
+//	svc.Orchestrator().Register(def)
+//	go svc.Run(ctx) // the replies, the timers, the relay, ...
 //	...
-//	saga.StartTx(ctx, tx, o, def, orderID, Order{...}) // in the business transaction
+//	saga.StartTx(ctx, tx, svc.Orchestrator(), def, orderID, Order{...}) // in the business transaction
 //
-// RunBatched is the high-throughput alternative to AddToRouter: it reads
-// the reply topics itself and applies many replies per transaction (one
-// statement each for the dedup marks, the row locks, the states, the
-// history and the commands), with the same guarantees. A batch that fails
-// is applied again one reply per transaction, so a reply that cannot be
-// applied holds up no other.
+// The service (millrace.Service) runs the orchestrator: RunBatched reads the
+// reply topics and applies what their partitions have fetched many replies
+// per transaction (one statement each for the dedup marks, the row locks,
+// the states, the history and the commands), and Run fires the timers. A
+// batch that fails is applied again one reply per transaction, so a reply
+// that cannot be applied holds up no other. There is one way a reply is
+// applied, HandleReplies, and a reply alone is a batch of one: for a
+// Watermill Router of your own, AddToRouter adds Handler (a batch of one
+// per message) behind PoisonQueue and Retry. An Orchestrator of its own
+// (New) serves a process that only starts sagas or reads them, or records
+// operator requests for the service's (Request).
 //
 // StartTx writes the saga row and its first command (through the outbox)
 // in the caller's transaction: the order and its saga commit together. A
 // second start with the same id and data returns the existing saga; with
 // other data it fails with ErrAlreadyStarted.
 //
-// Each reply is handled in one transaction: the inbox dedup mark, SELECT
-// ... FOR UPDATE on the saga row, fencing, the new state and history, and
+// Each reply is applied in its batch's transaction: the inbox dedup mark,
+// SELECT ... FOR UPDATE on the saga row, fencing, the new state and history, and
 // the next command or compensation through the outbox. Commands and
 // replies are keyed by saga id, so one saga's messages stay in order. A row
 // lock, not an optimistic version check: a reply, a timer and an operator
