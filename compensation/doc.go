@@ -48,7 +48,7 @@
 // orchestrator in another language can take part by reading headers;
 // docs/protocol.md specifies it, with test vectors (TestVectors runs them).
 // A command of a protocol version this participant does not speak is
-// answered "failure" (ErrUnsupportedProtocol) and writes no barrier row.
+// answered "failure" (its reason starts "unsupported saga_protocol") and writes no barrier row.
 //
 // A command, on the participant's command topic, carries:
 //

@@ -50,18 +50,6 @@ type Config struct {
 	Logger watermill.LoggerAdapter
 }
 
-// ActionFunc runs a step's action in tx, the handler's transaction: write
-// the effects with tx. It returns the reply data (encoded as JSON), a
-// business failure (Fail), or a technical error (retried).
-type ActionFunc[Cmd, Reply any] func(ctx context.Context, tx pgx.Tx, call Call, cmd Cmd) (Reply, error)
-
-// CompensateFunc undoes, semantically, what the step's action did, in tx.
-// The barrier runs it only when the action ran and succeeded, once (unless
-// it returns a business failure, when a later attempt runs it again).
-// call.ActionReply holds the action's reply. It returns nil, a business
-// failure (Fail), or a technical error (retried).
-type CompensateFunc[Cmd any] func(ctx context.Context, tx pgx.Tx, call Call, cmd Cmd) error
-
 // command is one registered command, its types erased.
 type command struct {
 	decode     func(payload []byte) (any, error)
@@ -135,7 +123,17 @@ func (p *Participant) Name() string { return p.name }
 
 // Register declares the command named name: its action, and the
 // compensation that undoes it (nil when there is nothing to undo: a
-// compensation command is then recorded as empty). The command payload is
+// compensation command is then recorded as empty).
+//
+// The action runs the step's action in tx, the handler's transaction:
+// write the effects with tx. It returns the reply data (encoded as JSON), a
+// business failure (Fail), or a technical error (rolled back and retried).
+// The compensation undoes, semantically, what the action did, in tx; the
+// barrier runs it only when the action ran and succeeded, once (unless it
+// returns a business failure, when a later attempt runs it again), with
+// call.ActionReply holding the action's reply. It returns nil, a business
+// failure (Fail), or a technical error.
+// The command payload is
 // decoded from JSON into Cmd (an empty payload gives Cmd's zero value); the
 // action's Reply is encoded as JSON into the success reply. A compensation
 // command carries the action's command name (MetadataSagaCommand) and
@@ -144,7 +142,9 @@ func (p *Participant) Name() string { return p.name }
 // Go methods cannot have type parameters, so Register is a function.
 // It refuses an empty name, a nil action or a name registered before, with
 // an error wrapping core.ErrConfig.
-func Register[Cmd, Reply any](p *Participant, name string, action ActionFunc[Cmd, Reply], compensate CompensateFunc[Cmd]) error {
+func Register[Cmd, Reply any](p *Participant, name string,
+	action func(ctx context.Context, tx pgx.Tx, call Call, cmd Cmd) (Reply, error),
+	compensate func(ctx context.Context, tx pgx.Tx, call Call, cmd Cmd) error) error {
 	if err := checkIdentifier(name, true); err != nil {
 		return fmt.Errorf("%w: compensation: command name %q: %v", core.ErrConfig, name, err)
 	}
@@ -239,7 +239,7 @@ type item struct {
 // item parses and decodes msg; its errors are permanent.
 func (p *Participant) item(msg *message.Message) (*item, error) {
 	call, err := parseCall(msg)
-	if errors.Is(err, ErrUnsupportedProtocol) {
+	if errors.Is(err, errUnsupportedProtocol) {
 		return &item{msg: msg, call: call, unsupported: err.Error()}, nil // answered by refuseTx
 	}
 	if err != nil {

@@ -13,7 +13,7 @@ import (
 	"github.com/millrace/millrace/outbox"
 )
 
-// ErrUnsupportedProtocol is the reason of a command whose
+// errUnsupportedProtocol is the reason of a command whose
 // core.MetadataSagaProtocol names a version this participant does not
 // speak. Such a command is not an error of the handler: it is answered
 // with a failure reply whose reason starts with "unsupported
@@ -21,16 +21,16 @@ import (
 // the orchestrator sees at once why its step failed, and a command of a
 // known version for the same step runs as if the refused one had never
 // come (docs/protocol.md, "Versions").
-var ErrUnsupportedProtocol = errors.New("unsupported saga_protocol")
+var errUnsupportedProtocol = errors.New("unsupported saga_protocol")
 
-// checkProtocol returns an error wrapping ErrUnsupportedProtocol when md
+// checkProtocol returns an error wrapping errUnsupportedProtocol when md
 // names a saga protocol version this participant does not speak.
 func checkProtocol(md map[string]string) error {
 	v := md[core.MetadataSagaProtocol]
 	if core.SupportedSagaProtocol(v) {
 		return nil
 	}
-	return fmt.Errorf("%w %q: this participant speaks version %s", ErrUnsupportedProtocol, v, core.SagaProtocolVersion)
+	return fmt.Errorf("%w %q: this participant speaks version %s", errUnsupportedProtocol, v, core.SagaProtocolVersion)
 }
 
 // refuseTx answers commands of an unsupported protocol version in tx: a
@@ -38,7 +38,7 @@ func checkProtocol(md map[string]string) error {
 func (p *Participant) refuseTx(ctx context.Context, tx pgx.Tx, items ...*item) error {
 	events := make([]outbox.Event, len(items))
 	for i, it := range items {
-		p.logger.Error("Command of an unsupported saga protocol version refused", ErrUnsupportedProtocol, watermill.LogFields{
+		p.logger.Error("Command of an unsupported saga protocol version refused", errUnsupportedProtocol, watermill.LogFields{
 			"saga_id": it.call.SagaID, "step": it.call.Step, "operation": it.call.Operation, "reason": it.unsupported})
 		events[i] = p.replyEvent(it.call, reply{outcome: core.OutcomeFailure, reason: it.unsupported, payload: emptyReply})
 	}

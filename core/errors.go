@@ -6,16 +6,16 @@ import (
 	"strings"
 )
 
-// ErrPermanent marks a failure that retrying will not fix, such as a message
-// the broker rejects as too large. Wrap it with Permanent and test for it
-// with IsPermanent.
-var ErrPermanent = errors.New("permanent failure")
+// errPermanent marks a failure that retrying will not fix, such as a
+// message the broker rejects as too large: Permanent wraps an error with
+// it and IsPermanent tests for it.
+var errPermanent = errors.New("permanent failure")
 
 type permanentError struct{ err error }
 
 func (e permanentError) Error() string        { return e.err.Error() }
-func (e permanentError) Unwrap() []error      { return []error{e.err, ErrPermanent} }
-func (e permanentError) Is(target error) bool { return target == ErrPermanent }
+func (e permanentError) Unwrap() []error      { return []error{e.err, errPermanent} }
+func (e permanentError) Is(target error) bool { return target == errPermanent }
 
 // Permanent wraps err so that IsPermanent reports true for it. It returns nil
 // for a nil err.
@@ -27,7 +27,7 @@ func Permanent(err error) error {
 }
 
 // IsPermanent reports whether err, or any error it wraps, is marked permanent.
-func IsPermanent(err error) bool { return errors.Is(err, ErrPermanent) }
+func IsPermanent(err error) bool { return errors.Is(err, errPermanent) }
 
 // MessageError is the failure of one message in a batch, named by the
 // message's Watermill UUID.

@@ -12,7 +12,8 @@
 //	err = m.Validate(ctx)          // nil when the database matches the code
 //	res, err = m.Down(ctx, 0)      // revert everything
 //
-// Every call runs in one transaction; UpTx and DownTx run in the caller's.
+// Every call runs in a transaction of its own: DDL never runs in a
+// caller's transaction.
 // A database that has a migration applied that this version of millrace
 // does not know is refused with ErrDatabaseNewer and left untouched.
 //

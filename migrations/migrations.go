@@ -146,11 +146,10 @@ type Result struct {
 
 // Up applies every migration not yet applied, in one transaction.
 func (m *Migrator) Up(ctx context.Context) (*Result, error) {
-	return m.inTx(ctx, func(tx pgx.Tx) (*Result, error) { return m.UpTx(ctx, tx) })
+	return m.inTx(ctx, func(tx pgx.Tx) (*Result, error) { return m.up(ctx, tx) })
 }
 
-// UpTx is Up in the caller's transaction. The caller commits.
-func (m *Migrator) UpTx(ctx context.Context, tx pgx.Tx) (*Result, error) {
+func (m *Migrator) up(ctx context.Context, tx pgx.Tx) (*Result, error) {
 	return m.run(ctx, tx, func(current int, applied map[int]string) (*Result, error) {
 		res := &Result{From: current, To: current}
 		for _, mig := range all {
@@ -175,11 +174,10 @@ func (m *Migrator) UpTx(ctx context.Context, tx pgx.Tx) (*Result, error) {
 // transaction. Down(ctx, 0) removes all of millrace's tables (the schema and
 // its migration table stay).
 func (m *Migrator) Down(ctx context.Context, version int) (*Result, error) {
-	return m.inTx(ctx, func(tx pgx.Tx) (*Result, error) { return m.DownTx(ctx, tx, version) })
+	return m.inTx(ctx, func(tx pgx.Tx) (*Result, error) { return m.down(ctx, tx, version) })
 }
 
-// DownTx is Down in the caller's transaction. The caller commits.
-func (m *Migrator) DownTx(ctx context.Context, tx pgx.Tx, version int) (*Result, error) {
+func (m *Migrator) down(ctx context.Context, tx pgx.Tx, version int) (*Result, error) {
 	if version < 0 || version > Latest() {
 		return nil, fmt.Errorf("%w: %d (known: 0..%d)", ErrUnknownVersion, version, Latest())
 	}

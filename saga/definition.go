@@ -293,15 +293,6 @@ func (d *Definition[D]) Version() int { return d.def.version }
 // ReplyTopic returns the topic participants reply to.
 func (d *Definition[D]) ReplyTopic() string { return d.def.replyTopic }
 
-// Steps returns the step names in order.
-func (d *Definition[D]) Steps() []string {
-	names := make([]string, len(d.def.steps))
-	for i, s := range d.def.steps {
-		names[i] = s.name
-	}
-	return names
-}
-
 func (d *Definition[D]) erased() *def { return d.def }
 
 // Registrable is a *Definition of any data type.

@@ -29,9 +29,6 @@ const (
 	ActionResume Action = "resume"
 )
 
-// Actions are the operator actions, in the order tools list them.
-var Actions = []Action{ActionRetry, ActionSkip, ActionMarkCompensated, ActionAbort, ActionPause, ActionResume}
-
 func (a Action) op() func(*machine) error {
 	switch a {
 	case ActionRetry:

@@ -25,12 +25,6 @@ type Clock interface {
 	Now() time.Time
 }
 
-// ClockFunc adapts a function to Clock.
-type ClockFunc func() time.Time
-
-// Now returns f().
-func (f ClockFunc) Now() time.Time { return f() }
-
 type realClock struct{}
 
 func (realClock) Now() time.Time { return time.Now() }

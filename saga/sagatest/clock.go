@@ -5,9 +5,9 @@ import (
 	"time"
 )
 
-// DefaultStart is the time a harness's Clock starts at, unless
+// defaultStart is the time a harness's Clock starts at, unless
 // Config.Start says otherwise: fixed, so that runs repeat exactly.
-var DefaultStart = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+var defaultStart = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // Clock is a saga.Clock that moves only when told to. The harness moves it
 // to the next due timer whenever nothing else can happen, so a one-hour
@@ -17,8 +17,8 @@ type Clock struct {
 	now time.Time
 }
 
-// NewClock returns a Clock showing start.
-func NewClock(start time.Time) *Clock { return &Clock{now: start} }
+// newClock returns a Clock showing start.
+func newClock(start time.Time) *Clock { return &Clock{now: start} }
 
 // Now returns the clock's time.
 func (c *Clock) Now() time.Time {

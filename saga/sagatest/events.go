@@ -13,10 +13,11 @@ import (
 )
 
 // The headers SendEvent puts on an event's message, which AddEvents's
-// default route reads (with core.MetadataSagaID for the saga).
+// default route reads (with core.MetadataSagaID, "saga_id", for the saga):
+// "saga_event", the event's name, and "saga_event_id", its id.
 const (
-	HeaderEvent   = "saga_event"
-	HeaderEventID = "saga_event_id"
+	headerEvent   = "saga_event"
+	headerEventID = "saga_event_id"
 )
 
 // AddEvents subscribes the orchestrator's EventHandler (the one running,
@@ -29,8 +30,8 @@ const (
 func (h *H) AddEvents(topic string, route func(*message.Message) (saga.EventTarget, error)) {
 	if route == nil {
 		route = func(msg *message.Message) (saga.EventTarget, error) {
-			return saga.EventTarget{SagaID: msg.Metadata.Get(core.MetadataSagaID), Event: msg.Metadata.Get(HeaderEvent),
-				EventID: msg.Metadata.Get(HeaderEventID)}, nil
+			return saga.EventTarget{SagaID: msg.Metadata.Get(core.MetadataSagaID), Event: msg.Metadata.Get(headerEvent),
+				EventID: msg.Metadata.Get(headerEventID)}, nil
 		}
 	}
 	h.subs[topic] = append(h.subs[topic], &subscriber{name: "saga-events", handle: func(msg *message.Message) error {
@@ -50,7 +51,7 @@ func (h *H) SendEvent(topic, sagaID, event, eventID string, payload any) error {
 	return pgx.BeginFunc(h.ctx, h.Pool(), func(tx pgx.Tx) error {
 		_, err := h.Writer().WriteTx(h.ctx, tx, outbox.Event{Topic: topic, PartitionKey: sagaID, Payload: raw,
 			AggregateType: "saga-event", AggregateID: sagaID, EventType: event,
-			Metadata: map[string]string{core.MetadataSagaID: sagaID, HeaderEvent: event, HeaderEventID: eventID}})
+			Metadata: map[string]string{core.MetadataSagaID: sagaID, headerEvent: event, headerEventID: eventID}})
 		return err
 	})
 }

@@ -23,7 +23,7 @@ const (
 	// Message: deliver any other message (an event the user's code wrote
 	// to the outbox).
 	Message EventKind = "message"
-	// Signal: deliver an event to a saga (a message with the HeaderEvent
+	// Signal: deliver an event to a saga (a message with the "saga_event"
 	// header, see SendEvent and AddEvents). Its Event.Step is the event's
 	// name.
 	Signal EventKind = "signal"
@@ -78,9 +78,9 @@ func (e Event) key() string {
 	return strings.Join([]string{string(e.Kind), e.Saga, e.Step, e.Op, fmt.Sprint(e.Attempt), e.Consumer}, "\x00")
 }
 
-// Matches reports whether ev is one of the events e names: every non-zero
+// matches reports whether ev is one of the events e names: every non-zero
 // field of e equals ev's.
-func (e Event) Matches(ev Event) bool {
+func (e Event) matches(ev Event) bool {
 	return (e.Kind == "" || e.Kind == ev.Kind) && (e.Saga == "" || e.Saga == ev.Saga) &&
 		(e.Step == "" || e.Step == ev.Step) && (e.Op == "" || e.Op == ev.Op) &&
 		(e.Attempt == 0 || e.Attempt == ev.Attempt) && (e.Outcome == "" || e.Outcome == ev.Outcome) &&
@@ -131,7 +131,7 @@ func applies(k EventKind) []FaultKind {
 }
 
 // Fault is one fault to inject at the first event At matches (see
-// Event.Matches); each fault of a Script applies once.
+// every non-zero field of At matches); each fault of a Script applies once.
 type Fault struct {
 	Kind FaultKind
 	At   Event
@@ -208,7 +208,7 @@ type scriptPlanner struct {
 
 func (p *scriptPlanner) fault(ev Event, allowed []FaultKind) (Fault, bool) {
 	for i, f := range p.faults {
-		if !p.spent[i] && slices.Contains(allowed, f.Kind) && f.At.Matches(ev) {
+		if !p.spent[i] && slices.Contains(allowed, f.Kind) && f.At.matches(ev) {
 			p.spent[i] = true
 			f.At = ev
 			return f, true

@@ -42,7 +42,7 @@ type Config struct {
 	// Writer and Clock, and its Hook (a Hook given here is called after
 	// the harness's own). Defaults to the zero Config.
 	Saga saga.Config
-	// Start is where the Clock starts. Defaults to DefaultStart.
+	// Start is where the Clock starts. Defaults to 2026-01-01 00:00 UTC.
 	Start time.Time
 	// MaxEvents bounds one Run: more events than this is reported as a
 	// saga that never settles. Defaults to 10000.
@@ -152,7 +152,7 @@ func newH(ctx context.Context, e *env, cfg Config) (*H, error) {
 		cfg.Faults = noFaults{}
 	}
 	if cfg.Start.IsZero() {
-		cfg.Start = DefaultStart
+		cfg.Start = defaultStart
 	}
 	if cfg.MaxEvents == 0 {
 		cfg.MaxEvents = 10000
@@ -160,7 +160,7 @@ func newH(ctx context.Context, e *env, cfg Config) (*H, error) {
 	if cfg.MaxRetries == 0 {
 		cfg.MaxRetries = 20
 	}
-	h := &H{env: e, cfg: cfg, ctx: ctx, clock: NewClock(cfg.Start), subs: map[string][]*subscriber{},
+	h := &H{env: e, cfg: cfg, ctx: ctx, clock: newClock(cfg.Start), subs: map[string][]*subscriber{},
 		plan: cfg.Faults.newPlanner(), seen: map[string]int{}}
 	if err := h.restart(); err != nil {
 		return nil, err
@@ -488,7 +488,7 @@ func (h *H) eventOf(e *entry) Event {
 			ev.Kind, ev.Outcome = Reply, o
 		}
 	}
-	if name := md.Get(HeaderEvent); name != "" {
+	if name := md.Get(headerEvent); name != "" {
 		ev.Kind, ev.Step = Signal, name // events.go
 	}
 	if ev.Saga == "" {

@@ -91,7 +91,7 @@ func participants(h *sagatest.H, skip string) error {
 		if err != nil {
 			return err
 		}
-		var undo compensation.CompensateFunc[line]
+		var undo func(context.Context, pgx.Tx, compensation.Call, line) error
 		if name != "ship" {
 			undo = func(ctx context.Context, tx pgx.Tx, call compensation.Call, _ line) error {
 				return record(ctx, tx, h, call, -1)
