@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/millrace/millrace/core"
 )
 
 // Get returns one saga with its data and per-step state. It returns an
@@ -153,15 +155,12 @@ func decodeCursor(c string) (time.Time, string, error) {
 	return at, id, nil
 }
 
-// Actor says who takes an operator action and why; both are recorded in
-// the saga's history. Both are required.
-type Actor struct {
-	Operator string
-	Reason   string
-	// Operation is the bulk operation the action is part of, recorded in
-	// the history line's detail; "" for none (Operator.Apply sets it).
-	Operation string
-}
+// Actor says who takes an operator action, why and from where
+// (core.Actor): recorded in the saga's history and the audit trail.
+// Operator and Reason are required. With Revision set, the action is
+// refused as stale (ErrActionNotAllowed) if the saga changed since the
+// operator looked at it (Instance.Revision).
+type Actor = core.Actor
 
 // Retry retries the saga's current operation now, with a new attempt
 // number and a fresh retry budget: the current step's action (forward) or
