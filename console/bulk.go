@@ -167,7 +167,7 @@ func (c *Console) sagaBulkApply(w http.ResponseWriter, r *http.Request) (string,
 		go func() {
 			ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), time.Hour)
 			defer cancel()
-			b, err := c.operator.Apply(ctx, id)
+			b, err := c.operator.Apply(ctx, id, saga.Actor{Operator: operator, Reason: "confirmed"})
 			if err != nil {
 				c.log.Error("console: saga bulk apply failed", "operator", operator, "operation", id, "err", err)
 				return
@@ -179,7 +179,7 @@ func (c *Console) sagaBulkApply(w http.ResponseWriter, r *http.Request) (string,
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 10*time.Minute)
 	defer cancel()
-	b, err := c.operator.Apply(ctx, id)
+	b, err := c.operator.Apply(ctx, id, saga.Actor{Operator: c.cfg.Operator(r), Reason: "confirmed"})
 	if errors.Is(err, saga.ErrBulkNotFound) {
 		c.fail(w, r, http.StatusNotFound, fmt.Sprintf("No bulk operation %q: nothing was changed.", id))
 		return "", false

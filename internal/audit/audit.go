@@ -261,3 +261,15 @@ func (t *Trail) List(ctx context.Context, db Querier, f Filter) ([]Record, error
 	}
 	return out, nil
 }
+
+// Probe writes no entry through the statement Write uses: it fails only
+// when audit_log is missing (migration 013 not applied) or a privilege on
+// it is. Long-running parts run it at start, in a probe transaction.
+func (t *Trail) Probe(ctx context.Context, db Execer) error {
+	args := make([]any, 13)
+	for i := range args {
+		args[i] = []string{}
+	}
+	_, err := db.Exec(ctx, t.insert, args...)
+	return err
+}
