@@ -22,6 +22,9 @@ func serveServices(t *testing.T, db *pgtest.DB, cfg console.Config) *bundle {
 	b := &bundle{t: t, db: db, logs: &syncBuffer{}, prefix: "/ops"}
 	cfg.Prefix = "/ops"
 	cfg.Logger = slog.New(slog.NewTextHandler(b.logs, nil))
+	if cfg.Authenticate == nil {
+		cfg.Authenticate = console.ProxyAuth("", "", loopback...)
+	}
 	c, err := console.New(db.Pool, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -76,7 +79,7 @@ func TestConsoleOverTwoServices(t *testing.T) {
 
 	// An action in one service acts on its schema.
 	token := b.confirm("/s/orders/outbox/dead/requeue?id=" + dead[0])
-	r = b.post("/s/orders/outbox/dead/requeue", url.Values{"csrf_token": {token}, "id": {dead[0]}})
+	r = b.post("/s/orders/outbox/dead/requeue", url.Values{"csrf_token": {token}, "id": {dead[0]}, "reason": {"fixed"}})
 	if r.status != http.StatusSeeOther || r.location != "/ops/s/orders/outbox/dead?kind=outbox&done=requeue&n=1" {
 		t.Fatalf("POST requeue: %d to %q\n%s", r.status, r.location, r.body)
 	}
@@ -122,6 +125,7 @@ func TestServicesConfigRefused(t *testing.T) {
 		"duplicate":              {Services: []console.Service{{Name: "a"}, {Name: "a", Schema: "b"}}},
 		"bad schema":             {Services: []console.Service{{Name: "a", Schema: `x"y`}}},
 	} {
+		cfg.Authenticate = console.ProxyAuth("", "", loopback...)
 		if _, err := console.New(db.Pool, cfg); !errors.Is(err, core.ErrConfig) {
 			t.Errorf("%s: %v, want ErrConfig", name, err)
 		}

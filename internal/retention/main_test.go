@@ -155,3 +155,6 @@ func TestNewValidates(t *testing.T) {
 		t.Errorf("DefaultCompensated = %s, DefaultInterval = %s; want 30 days, 1 minute", DefaultCompensated, DefaultInterval)
 	}
 }
+
+// opsActor is who the tests' operator actions are recorded as.
+var opsActor = core.Actor{Operator: "ops", Reason: "test"}
