@@ -15,7 +15,9 @@ type auditData struct {
 	// for), what (an action, such as saga.retry, or a family: saga), on
 	// which resource (a saga id, an event id, a bulk operation id).
 	Operator, Action, Target string
-	List                     []audit.Record
+	// Operation keeps one bulk operation's entries.
+	Operation string
+	List      []audit.Record
 	// Next is the id to continue from (the next page), 0 after the last.
 	Next int64
 }
@@ -23,7 +25,7 @@ type auditData struct {
 // NextQuery is the query string of the next page, filter kept.
 func (d auditData) NextQuery() template.URL {
 	v := url.Values{}
-	for k, s := range map[string]string{"operator": d.Operator, "action": d.Action, "target": d.Target} {
+	for k, s := range map[string]string{"operator": d.Operator, "action": d.Action, "target": d.Target, "operation": d.Operation} {
 		if s != "" {
 			v.Set(k, s)
 		}
@@ -41,8 +43,8 @@ func (c *Console) auditPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q := r.URL.Query()
-	d := auditData{Operator: q.Get("operator"), Action: q.Get("action"), Target: q.Get("target")}
-	f := audit.Filter{Operator: d.Operator, Action: d.Action, Target: d.Target, Limit: c.cfg.PageSize + 1}
+	d := auditData{Operator: q.Get("operator"), Action: q.Get("action"), Target: q.Get("target"), Operation: q.Get("operation")}
+	f := audit.Filter{Operator: d.Operator, Action: d.Action, Target: d.Target, Operation: d.Operation, Limit: c.cfg.PageSize + 1}
 	if s := q.Get("before"); s != "" {
 		before, err := strconv.ParseInt(s, 10, 64)
 		if err != nil || before <= 0 {
