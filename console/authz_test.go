@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/millrace/millrace/console"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/opstest"
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/internal/sqlident"
@@ -80,6 +81,11 @@ func TestRolesMayDoWhatTheyMay(t *testing.T) {
 				return regexp.MustCompile(`id=([^&]+)`).FindStringSubmatch(r.location)[1]
 			}
 			retryPlan, abortPlan := plan("retry"), plan("abort")
+			// A pending request on refund-0003, for the withdrawal.
+			if _, err := opstest.NewOrchestrator(t, db).Request(context.Background(), "refund-0003", "retry",
+				core.Actor{Operator: "ada", Reason: "try"}); err != nil {
+				t.Fatal(err)
+			}
 			client := b.newClient()
 			page := b.do(client, http.MethodGet, "/outbox/dead", nil, who)
 			if role == "nobody" {
@@ -135,6 +141,7 @@ func TestRolesMayDoWhatTheyMay(t *testing.T) {
 			steps := []step{
 				{"retry one saga", "/saga/retry", url.Values{"id": {"refund-0001"}, "revision": {rev("refund-0001")}}, []string{"operator", "admin"}},
 				{"pause one saga", "/saga/pause", url.Values{"id": {"ship-1"}, "revision": {rev("ship-1")}}, []string{"operator", "admin"}},
+				{"withdraw a request", "/saga/withdraw", url.Values{"id": {"refund-0003"}, "revision": {rev("refund-0003")}}, []string{"operator", "admin"}},
 				{"plan a bulk retry", "/sagas/bulk", url.Values{"type": {"refund"}, "action": {"retry"}}, []string{"operator", "admin"}},
 				{"plan a bulk abort", "/sagas/bulk", url.Values{"type": {"refund"}, "action": {"abort"}}, []string{"admin"}},
 				{"confirm a bulk abort", "/sagas/bulk/apply", url.Values{"id": {abortPlan}}, []string{"admin"}},
