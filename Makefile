@@ -39,8 +39,8 @@ demo-polyglot:
 	$(GO) build -o "$$dir/demo" ./examples/ordersaga || exit 1; \
 	DATABASE_URL="$$url" "$$dir/demo" -payment-cmd "PYTHONPATH='$(CURDIR)/python' '$$py' '$(CURDIR)/examples/ordersaga/payment.py'" $(DEMOFLAGS)
 
-# Two tiers. First the whole suite on the embedded broker (go vet, then
-# go test -race ./...), then the real-Kafka tier: KAFKA_PKGS and then the
+# Two tiers. First the whole suite on the embedded broker (go vet, also of
+# the module examples/oidc, then go test -race ./...), then the real-Kafka tier: KAFKA_PKGS and then the
 # failover tests against the cluster scripts/kafka-up.sh starts (or reuses).
 # The console's browser test drives the Chromium that scripts/chromium.sh
 # finds or installs (as root).
@@ -49,6 +49,7 @@ test: test-embedded test-kafka test-polyglot
 test-embedded:
 	@url="$$(scripts/pg-up.sh)" && amqp="$$(scripts/rabbitmq-up.sh)" && redis="$$(scripts/redis-up.sh)" && nats="$$(scripts/nats-up.sh)" && chromium="$$(scripts/chromium.sh)" && \
 	echo "go vet ./..." && $(GO) vet ./... && \
+	echo "go vet examples/oidc (the console's OIDC recipe, a module of its own)" && (cd examples/oidc && $(GO) vet ./...) && \
 	echo "tier 1, embedded broker: go test -race ./..." && \
 	DATABASE_URL="$$url" AMQP_URL="$$amqp" REDIS_URL="$$redis" NATS_URL="$$nats" CHROMIUM_PATH="$$chromium" $(GO) test -race -timeout 12m ./...
 

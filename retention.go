@@ -17,6 +17,9 @@ const (
 	// were ever stuck, and bulk operations stay: a failure is what someone
 	// asks about later.
 	DefaultCompensatedRetention = retention.DefaultCompensated
+	// DefaultAuditRetention is how long an entry of the audit trail (an
+	// operator action) stays.
+	DefaultAuditRetention = retention.DefaultAudit
 	// DefaultRetentionInterval is the time between two retention passes.
 	DefaultRetentionInterval = retention.DefaultInterval
 )
@@ -44,6 +47,10 @@ type Retention struct {
 	// stuck (also one that then completed), and a bulk operation stay.
 	// Defaults to DefaultCompensatedRetention.
 	Compensated time.Duration
+	// Audit is how long an entry of the audit trail (who did which
+	// operator action, on whose plan, why) stays. Defaults to
+	// DefaultAuditRetention (90 days).
+	Audit time.Duration
 	// Interval is the time between two passes. Defaults to
 	// DefaultRetentionInterval.
 	Interval time.Duration
@@ -55,5 +62,5 @@ type Retention struct {
 
 func (r Retention) config(schema string, logger watermill.LoggerAdapter) retention.Config {
 	return retention.Config{Schema: schema, Events: r.Events, Marks: r.Marks, Barrier: r.Barrier, Completed: r.Completed,
-		Compensated: r.Compensated, Interval: r.Interval, Logger: logger}
+		Compensated: r.Compensated, Audit: r.Audit, Interval: r.Interval, Logger: logger}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/millrace/millrace/compensation"
 	"github.com/millrace/millrace/core"
+	"github.com/millrace/millrace/internal/audit"
 	"github.com/millrace/millrace/internal/kafkalag"
 	"github.com/millrace/millrace/internal/logging"
 	"github.com/millrace/millrace/internal/retention"
@@ -236,7 +237,8 @@ func cmpLogger(l, def watermill.LoggerAdapter) watermill.LoggerAdapter {
 }
 
 // registerMetrics registers what the Service's parts do not register themselves
-// with cfg.Metrics: the relay's collector and its consumer group's lag. It
+// with cfg.Metrics: the relay's collector, its consumer group's lag and the
+// audit trail's counter. It
 // returns the Registerer the parts register with (labelled with the
 // service's name) and the relay's collector; nil without cfg.Metrics.
 func (s *Service) registerMetrics(cfg Config) (prometheus.Registerer, *outbox.Metrics, error) {
@@ -258,6 +260,10 @@ func (s *Service) registerMetrics(cfg Config) (prometheus.Registerer, *outbox.Me
 		if err := reg.Register(c); err != nil {
 			return nil, nil, fmt.Errorf("%w: service %s: register metrics: %v", core.ErrConfig, cfg.Name, err)
 		}
+	}
+	// The operator actions this process records (internal/audit).
+	if err := audit.Register(reg); err != nil {
+		return nil, nil, fmt.Errorf("%w: service %s: register metrics: %v", core.ErrConfig, cfg.Name, err)
 	}
 	return reg, relay, nil
 }

@@ -431,3 +431,40 @@ func TestRunCleansEndedSagas(t *testing.T) {
 		t.Fatal("the recently completed saga was removed")
 	}
 }
+
+// A Service keeps the audit trail for Retention.Audit: an operator
+// action recorded longer ago is removed, a recent one stays.
+func TestRunCleansTheAuditTrail(t *testing.T) {
+	t.Parallel()
+	b := setup(t, true)
+	b.cfg.Retention = millrace.Retention{Audit: time.Hour, Interval: 50 * time.Millisecond}
+	svc := b.service(t)
+	ctx := context.Background()
+	id := uuid.NewString()
+	if _, err := saga.Start(ctx, svc.Orchestrator(), b.def, id, order{ID: id, Amount: 5}); err != nil {
+		t.Fatal(err)
+	}
+	by := saga.Actor{Operator: "ada", Reason: "hold it"}
+	if _, err := svc.Orchestrator().Pause(ctx, id, by); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.Orchestrator().Resume(ctx, id, by); err != nil {
+		t.Fatal(err)
+	}
+	audited := func() int {
+		var n int
+		if err := b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM "`+b.db.Schema+`".audit_log WHERE target = $1`, id).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := audited(); n != 2 {
+		t.Fatalf("%d audit entries for the pause and the resume, want 2", n)
+	}
+	if _, err := b.db.Pool.Exec(ctx, `UPDATE "`+b.db.Schema+`".audit_log SET at = now() - interval '2 hours'
+ WHERE id = (SELECT min(id) FROM "`+b.db.Schema+`".audit_log WHERE target = $1)`, id); err != nil {
+		t.Fatal(err)
+	}
+	run(t, svc)
+	waitFor(t, "the old entry removed", func() bool { return audited() == 1 })
+}

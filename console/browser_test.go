@@ -109,7 +109,7 @@ func TestBrowser(t *testing.T) {
 	if got := deadLetters(); len(got) != 3 {
 		t.Fatalf("the confirm page changed something: dead letters %v", got)
 	}
-	if err := chromedp.Do(ctx, chromedp.Click(`#confirm`), chromedp.WaitVisible(`#flash`)); err != nil {
+	if err := chromedp.Do(ctx, chromedp.SendKeys(`#reason`, "broker limit raised"), chromedp.Click(`#confirm`), chromedp.WaitVisible(`#flash`)); err != nil {
 		t.Fatal(err)
 	}
 	flash, err := chromedp.Run(ctx, chromedp.Text(`#flash`))
@@ -230,6 +230,7 @@ func TestBrowser(t *testing.T) {
 	if err := chromedp.Do(ctx,
 		chromedp.Navigate(base+"/outbox/dead/discard?id="+ids[1]),
 		chromedp.WaitVisible(`#confirm`),
+		chromedp.SendKeys(`#reason`, "obsolete"),
 		chromedp.SetAttributeValue(`input[name="csrf_token"]`, "name", "no_token"),
 		chromedp.Click(`#confirm`),
 		chromedp.WaitVisible(`#error`),
@@ -250,6 +251,7 @@ func TestBrowser(t *testing.T) {
 	if err := chromedp.Do(ctx,
 		chromedp.Navigate(base+"/outbox/dead/discard?id="+ids[1]),
 		chromedp.WaitVisible(`#confirm`),
+		chromedp.SendKeys(`#reason`, "obsolete"),
 		chromedp.Click(`#confirm`),
 		chromedp.WaitVisible(`#flash`),
 	); err != nil {
@@ -268,9 +270,11 @@ func browseConsole(t *testing.T, exe string, db *pgtest.DB, o *saga.Orchestrator
 	t.Helper()
 	c, err := console.New(db.Pool, console.Config{
 		Schema: db.Schema, Prefix: "/ops",
-		Operator: func(*http.Request) string { return "alice@example.com" },
-		Logger:   slog.New(slog.DiscardHandler),
-		Sagas:    o,
+		Authenticate: func(*http.Request) (console.Identity, error) {
+			return console.Identity{Name: "alice@example.com", Roles: []string{"admin"}}, nil
+		},
+		Logger: slog.New(slog.DiscardHandler),
+		Sagas:  o,
 	})
 	if err != nil {
 		t.Fatal(err)

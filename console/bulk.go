@@ -8,7 +8,6 @@ import (
 	"net/url"
 	"slices"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/millrace/millrace/saga"
@@ -62,18 +61,18 @@ func (c *Console) sagaBulkPlan(w http.ResponseWriter, r *http.Request) (string, 
 		return "", false
 	}
 	q, ok := c.sagaQuery(w, r, r.PostFormValue)
-	if !ok {
+	if !ok || !c.allow(w, r, "act-bulk", Resource{Kind: "saga", Type: q.Type, Op: action}) {
 		return "", false
 	}
-	reason := strings.TrimSpace(r.PostFormValue("reason"))
-	if reason == "" {
-		c.fail(w, r, http.StatusBadRequest, "A reason is required (it is recorded in every saga's history): nothing was changed.")
+	reason, ok := c.reason(w, r)
+	if !ok {
 		return "", false
 	}
 	ctx, cancel := reqCtx(r)
 	defer cancel()
-	operator := c.cfg.Operator(r)
-	b, err := c.operator.Plan(ctx, saga.Action(action), q, saga.Actor{Operator: operator, Reason: reason})
+	by := actor(r, reason)
+	operator := by.Operator
+	b, err := c.operator.Plan(ctx, saga.Action(action), q, by)
 	if errors.Is(err, saga.ErrInvalidQuery) {
 		c.fail(w, r, http.StatusBadRequest, "Filter by type, status, step or last error first: nothing was changed.")
 		return "", false
@@ -105,6 +104,9 @@ type sagaBulkData struct {
 	Query        string // the filter, for a link back to the list
 	// Filing: the confirmation started filing in the background.
 	Filing bool
+	// CanConfirm: this identity may confirm the operation (file what is
+	// left); the one who confirms acts, on the planner's behalf.
+	CanConfirm bool
 }
 
 // sagaBulkPage shows a bulk operation: before it is applied, the confirm
@@ -114,18 +116,15 @@ func (c *Console) sagaBulkPage(w http.ResponseWriter, r *http.Request) {
 	id := r.URL.Query().Get("id")
 	ctx, cancel := reqCtx(r)
 	defer cancel()
-	b, err := c.operator.BulkStatus(ctx, id)
-	if errors.Is(err, saga.ErrBulkNotFound) {
-		c.fail(w, r, http.StatusNotFound, fmt.Sprintf("No bulk operation %q.", id))
+	b, ok := c.bulkOperation(w, r, ctx, id, "read")
+	if !ok {
 		return
 	}
-	if err != nil {
-		c.dbFail(w, r, err)
-		return
-	}
+	can := c.can(r, "act-bulk", Resource{Kind: "saga", Type: b.Query.Type, ID: b.ID, Op: string(b.Action)})
 	d := sagaBulkData{Op: b, Label: actionLabel(string(b.Action)), Effect: sagaEffects[string(b.Action)], Danger: b.Action == saga.ActionAbort,
-		Confirm:      b.Filed == nil && b.Counts.Unfiled == b.Counts.Selected && b.Counts.Selected > 0 && !c.cfg.ReadOnly,
-		RefusedTotal: b.Counts.RefusedTotal(), Filing: r.URL.Query().Get("filing") == "1" && b.Counts.Unfiled > 0}
+		Confirm:      b.Filed == nil && b.Counts.Unfiled == b.Counts.Selected && b.Counts.Selected > 0 && can,
+		RefusedTotal: b.Counts.RefusedTotal(), Filing: r.URL.Query().Get("filing") == "1" && b.Counts.Unfiled > 0, CanConfirm: can}
+	var err error
 	if d.Filing {
 		d.Confirm = false // confirmed: the filing has begun
 	}
@@ -149,25 +148,57 @@ func (c *Console) sagaBulkPage(w http.ResponseWriter, r *http.Request) {
 	c.render(w, r, http.StatusOK, "saga_bulk", "Bulk "+string(b.Action), "sagas", d)
 }
 
+// bulkOperation reads a bulk operation and checks that r's identity may
+// take action ("read", or "act-bulk" to confirm it) on it; it writes the
+// error page and reports false when not.
+func (c *Console) bulkOperation(w http.ResponseWriter, r *http.Request, ctx context.Context, id string, action Action) (*saga.BulkOperation, bool) {
+	b, err := c.operator.BulkStatus(ctx, id)
+	if errors.Is(err, saga.ErrBulkNotFound) {
+		if c.allow(w, r, action, Resource{Kind: "saga", ID: id}) {
+			c.fail(w, r, http.StatusNotFound, fmt.Sprintf("No bulk operation %q: nothing was changed.", id))
+		}
+		return nil, false
+	}
+	if err != nil {
+		c.dbFail(w, r, err)
+		return nil, false
+	}
+	res := Resource{Kind: "saga", Type: b.Query.Type, ID: b.ID}
+	if action != "read" {
+		res.Op = string(b.Action)
+	}
+	return b, c.allow(w, r, action, res)
+}
+
 // bulkInRequest is the largest operation the confirmation files before it
 // answers; a larger one is filed in the background.
 const bulkInRequest = 5000
 
-// sagaBulkApply files the operation's requests (saga.Orchestrator.Apply) and
-// goes to its outcome page. The filing goes on if the browser goes away; a
-// second press files only what is left.
+// sagaBulkApply confirms a bulk operation: it files the operation's
+// requests (saga.Orchestrator.Apply) in the name of the one who confirms,
+// on behalf of its planner, and goes to its outcome page. The filing goes
+// on if the browser goes away; a second press files only what is left.
 func (c *Console) sagaBulkApply(w http.ResponseWriter, r *http.Request) (string, bool) {
 	id := r.PostFormValue("id")
+	st, ok := c.bulkOperation(w, r, r.Context(), id, "act-bulk")
+	if !ok {
+		return "", false
+	}
+	reason, ok := c.reason(w, r)
+	if !ok {
+		return "", false
+	}
+	by := actor(r, reason)
+	operator := by.Operator
 	// A large operation is filed in the background (500 requests per
 	// transaction): the outcome page shows its progress as it goes. Two
 	// filings of one operation never file a saga twice (each takes its
 	// sagas with SKIP LOCKED).
-	if st, err := c.operator.BulkStatus(r.Context(), id); err == nil && st.Counts.Unfiled > c.bulkInRequest {
-		operator := c.cfg.Operator(r)
+	if st.Counts.Unfiled > c.bulkInRequest {
 		go func() {
 			ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), time.Hour)
 			defer cancel()
-			b, err := c.operator.Apply(ctx, id)
+			b, err := c.operator.Apply(ctx, id, by)
 			if err != nil {
 				c.log.Error("console: saga bulk apply failed", "operator", operator, "operation", id, "err", err)
 				return
@@ -179,17 +210,17 @@ func (c *Console) sagaBulkApply(w http.ResponseWriter, r *http.Request) (string,
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 10*time.Minute)
 	defer cancel()
-	b, err := c.operator.Apply(ctx, id)
+	b, err := c.operator.Apply(ctx, id, by)
 	if errors.Is(err, saga.ErrBulkNotFound) {
 		c.fail(w, r, http.StatusNotFound, fmt.Sprintf("No bulk operation %q: nothing was changed.", id))
 		return "", false
 	}
 	if err != nil {
-		c.log.Error("console: saga bulk apply failed", "operator", c.cfg.Operator(r), "operation", id, "err", err)
+		c.log.Error("console: saga bulk apply failed", "operator", operator, "operation", id, "err", err)
 		c.fail(w, r, http.StatusInternalServerError, "Filing the requests failed; those filed stay filed, press again to file the rest: "+err.Error())
 		return "", false
 	}
-	c.log.Info("console: saga bulk "+string(b.Action)+" filed", "operator", c.cfg.Operator(r), "operation", id,
+	c.log.Info("console: saga bulk "+string(b.Action)+" filed", "operator", operator, "planned_by", b.Operator, "operation", id,
 		"filed", b.Counts.Filed, "refused", b.Counts.RefusedTotal())
 	return "/sagas/bulk?id=" + url.QueryEscape(id) + "&filed=1", true
 }

@@ -208,7 +208,8 @@ func TestSagaBulkFiledInTheBackground(t *testing.T) {
 	db := pgtest.New(t)
 	sagas := opstest.NewSagas(t, db)
 	ids := sagas.StuckRefunds(t, db, "refund", 40)
-	c, err := console.New(db.Pool, console.Config{Schema: db.Schema, Sagas: sagas.O, Logger: slog.New(slog.DiscardHandler)})
+	c, err := console.New(db.Pool, console.Config{Schema: db.Schema, Sagas: sagas.O, Logger: slog.New(slog.DiscardHandler),
+		Authenticate: console.ProxyAuth("", "", loopback...)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,7 +228,7 @@ func TestSagaBulkFiledInTheBackground(t *testing.T) {
 		t.Fatalf("POST /sagas/bulk: %d\n%s", r.status, r.body)
 	}
 	id := regexpFind(t, r.location, `id=([^&]+)`)
-	r = b.post("/sagas/bulk/apply", url.Values{"csrf_token": {token[1]}, "id": {id}})
+	r = b.post("/sagas/bulk/apply", url.Values{"csrf_token": {token[1]}, "id": {id}, "reason": {"stock service fixed"}})
 	if r.status != http.StatusSeeOther || !strings.Contains(r.location, "filing=1") {
 		t.Fatalf("POST /sagas/bulk/apply: %d to %q\n%s", r.status, r.location, r.body)
 	}

@@ -13,8 +13,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/millrace/millrace/core"
+	"github.com/millrace/millrace/internal/audit"
 	"github.com/millrace/millrace/internal/sqlident"
 	"github.com/millrace/millrace/outbox"
 	"github.com/millrace/millrace/saga"
@@ -34,13 +36,31 @@ type Config struct {
 	// mount it with mux.Handle("/ops/", c) and it strips the prefix itself
 	// and builds its links under it. Defaults to "" (the root).
 	Prefix string
-	// ReadOnly shows everything and changes nothing: no action buttons,
-	// and every POST is refused with 403. Defaults to false.
+	// Authenticate says who is asking, from the request: the console
+	// serves a request only when it returns an Identity with a Name (any
+	// other gets 401 and changes nothing), records that name as the
+	// operator of every action, and binds the forms' anti-CSRF tokens to
+	// it. ProxyAuth (behind an authenticating proxy) and TokenAuth (a
+	// bearer token or session the host checks) are ready-made. Required.
+	Authenticate func(*http.Request) (Identity, error)
+	// Authorize says whether an identity may take an action on a
+	// resource: nil if it may, else an error saying why not, which the
+	// console shows (403) before it changes anything. It is asked for
+	// every page and every action, and for each button before it is
+	// drawn. Defaults to ByRole (the viewer, operator and admin roles).
+	Authorize func(ctx context.Context, who Identity, action Action, res Resource) error
+	// Redact decides what of a payload who is shown (a saga's data, a
+	// dead letter's body, a poisoned message's payload: res says which):
+	// payload as it is, a copy with fields redacted, or nil to hide it.
+	// What it returns is all that reaches the browser. Defaults to: the
+	// payload as it is to an identity Authorize lets "read-payload" res,
+	// else a JSON payload with every value replaced by "[redacted]" (its
+	// keys kept), and any other payload hidden.
+	Redact func(who Identity, res Resource, payload []byte) []byte
+	// ReadOnly shows everything and changes nothing, whoever asks: no
+	// action buttons, and every POST is refused with 403. Defaults to
+	// false.
 	ReadOnly bool
-	// Operator names who is acting, from the request; every action is
-	// logged with it. Put the console behind your authenticating proxy and
-	// read what the proxy sets. Defaults to DefaultOperator.
-	Operator func(*http.Request) string
 	// InboxConsumers are the inboxes whose dead letters the console shows.
 	// Defaults to every consumer that has dead letters (found on the
 	// dead-letter index, at most 100).
@@ -73,9 +93,13 @@ type Config struct {
 	// PoisonTopics are poison topics the poison-topic page links to
 	// (any other can be typed in). Defaults to none.
 	PoisonTopics []string
-	// Logger records every operator action (and failures). Defaults to
-	// slog.Default().
+	// Logger records every operator action (and failures, and refusals).
+	// Defaults to slog.Default().
 	Logger *slog.Logger
+	// Metrics, when set, registers the audit trail's counter
+	// (millrace_audit_actions_total: the operator actions this process
+	// recorded, by source, kind, action and outcome). Defaults to none.
+	Metrics prometheus.Registerer
 	// Services makes this a console over several services, each with its
 	// own millrace schema: the overview lists every service with its
 	// counts, the navigation picks one, and each service's pages live
@@ -107,29 +131,6 @@ type Service struct {
 	InboxConsumers []string
 }
 
-// DefaultOperator returns the X-Forwarded-User header (as set by
-// authenticating proxies such as oauth2-proxy), else X-Forwarded-Email,
-// else "console".
-func DefaultOperator(r *http.Request) string {
-	for _, h := range []string{"X-Forwarded-User", "X-Forwarded-Email"} {
-		if v := strings.TrimSpace(r.Header.Get(h)); v != "" {
-			return v
-		}
-	}
-	return "console"
-}
-
-// HeaderOperator returns an Operator function that reads header, falling
-// back to "console" when the request has none.
-func HeaderOperator(header string) func(*http.Request) string {
-	return func(r *http.Request) string {
-		if v := strings.TrimSpace(r.Header.Get(header)); v != "" {
-			return v
-		}
-		return "console"
-	}
-}
-
 // Console is the web console, an http.Handler. It is safe for concurrent
 // use.
 type Console struct {
@@ -143,10 +144,13 @@ type Console struct {
 	requests *saga.Orchestrator
 	// operator withdraws pending requests (whoever recorded them).
 	operator *saga.Orchestrator
-	csrf     *csrf
-	log      *slog.Logger
-	pages    map[string]*template.Template
-	handler  http.Handler
+	// trail reads the audit trail, and records what no other package
+	// does (a poison topic's requeue).
+	trail   *audit.Trail
+	csrf    *csrf
+	log     *slog.Logger
+	pages   map[string]*template.Template
+	handler http.Handler
 	// set is the console over several services this one belongs to (or,
 	// with service "", is the top of); nil for a single-service console.
 	set     *serviceSet
@@ -165,33 +169,35 @@ func New(pool *pgxpool.Pool, cfg Config) (*Console, error) {
 	return newSingle(pool, cfg)
 }
 
-// newSingle returns the console of one schema.
-func newSingle(pool *pgxpool.Pool, cfg Config) (*Console, error) {
-	if pool == nil {
-		return nil, fmt.Errorf("%w: console: New needs a pool", core.ErrConfig)
+// withDefaults checks cfg and fills in its defaults.
+func withDefaults(pool *pgxpool.Pool, cfg Config) (Config, error) {
+	fail := func(format string, args ...any) (Config, error) {
+		return cfg, fmt.Errorf("%w: console: "+format, append([]any{core.ErrConfig}, args...)...)
 	}
-	schema, err := sqlident.Schema(cfg.Schema)
-	if err != nil {
-		return nil, fmt.Errorf("%w: console: %v", core.ErrConfig, err)
+	if pool == nil {
+		return fail("New needs a pool")
+	}
+	if cfg.Authenticate == nil {
+		return fail("Config.Authenticate is required: say who is asking (ProxyAuth behind your authenticating proxy, TokenAuth with your token or session check, or your own)")
 	}
 	cfg.Prefix = strings.TrimSuffix(cfg.Prefix, "/")
 	if cfg.Prefix != "" && (!strings.HasPrefix(cfg.Prefix, "/") || strings.ContainsAny(cfg.Prefix, "?#{}")) {
-		return nil, fmt.Errorf("%w: console: Prefix %q must be a path starting with /", core.ErrConfig, cfg.Prefix)
+		return fail("Prefix %q must be a path starting with /", cfg.Prefix)
 	}
 	if cfg.PageSize < 0 || cfg.PageSize > 1000 {
-		return nil, fmt.Errorf("%w: console: PageSize must be in 1..1000, got %d", core.ErrConfig, cfg.PageSize)
+		return fail("PageSize must be in 1..1000, got %d", cfg.PageSize)
 	}
 	if cfg.PageSize == 0 {
 		cfg.PageSize = 50
 	}
 	if cfg.LagStallAfter < 0 {
-		return nil, fmt.Errorf("%w: console: LagStallAfter must not be negative", core.ErrConfig)
+		return fail("LagStallAfter must not be negative")
 	}
 	if cfg.LagStallAfter == 0 {
 		cfg.LagStallAfter = time.Minute
 	}
-	if cfg.Operator == nil {
-		cfg.Operator = DefaultOperator
+	if cfg.Authorize == nil {
+		cfg.Authorize = ByRole
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -199,15 +205,31 @@ func newSingle(pool *pgxpool.Pool, cfg Config) (*Console, error) {
 	if cfg.CSRFKey == nil {
 		cfg.CSRFKey = make([]byte, 32)
 		if _, err := rand.Read(cfg.CSRFKey); err != nil {
-			return nil, err
+			return cfg, err
 		}
 	} else if len(cfg.CSRFKey) < 32 {
-		return nil, fmt.Errorf("%w: console: CSRFKey must be at least 32 bytes", core.ErrConfig)
+		return fail("CSRFKey must be at least 32 bytes")
 	}
 	for _, name := range cfg.InboxConsumers {
 		if name == "" {
-			return nil, fmt.Errorf("%w: console: InboxConsumers has an empty name", core.ErrConfig)
+			return fail("InboxConsumers has an empty name")
 		}
+	}
+	if err := audit.Register(cfg.Metrics); err != nil {
+		return fail("Metrics: %v", err)
+	}
+	return cfg, nil
+}
+
+// newSingle returns the console of one schema.
+func newSingle(pool *pgxpool.Pool, cfg Config) (*Console, error) {
+	cfg, err := withDefaults(pool, cfg)
+	if err != nil {
+		return nil, err
+	}
+	schema, err := sqlident.Schema(cfg.Schema)
+	if err != nil {
+		return nil, fmt.Errorf("%w: console: %v", core.ErrConfig, err)
 	}
 	admin, err := outbox.NewAdmin(pool, outbox.AdminConfig{Schema: schema})
 	if err != nil {
@@ -232,11 +254,22 @@ func newSingle(pool *pgxpool.Pool, cfg Config) (*Console, error) {
 		sagas:         cfg.Sagas,
 		requests:      requests,
 		operator:      operator,
+		trail:         audit.New(schema),
 		csrf:          &csrf{key: cfg.CSRFKey, path: cfg.Prefix + "/"},
 		bulkInRequest: bulkInRequest,
 		log:           cfg.Logger.With("component", "console", "schema", schema),
 	}
-	inboxTable := sqlident.Table(schema, "inbox_event")
+	c.statements()
+	if err := c.parseTemplates(); err != nil {
+		return nil, err
+	}
+	c.handler = c.routes()
+	return c, nil
+}
+
+// statements builds the console's own queries on its schema.
+func (c *Console) statements() {
+	inboxTable := sqlident.Table(c.schema, "inbox_event")
 	// The consumers that have dead letters, by a skip scan over
 	// inbox_event_dead_idx (consumer, id) WHERE dead_at IS NOT NULL AND NOT
 	// processed: one index probe per consumer, however many rows there are.
@@ -255,7 +288,7 @@ SELECT consumer FROM c WHERE consumer IS NOT NULL LIMIT 100`, inboxTable)
 
 	// Sagas in a status, counted on saga_instance_status_idx up to a cap.
 	c.sagaCountSQL = fmt.Sprintf(`SELECT count(*) FROM (
-    SELECT 1 FROM %s WHERE status = $1 LIMIT $2) s`, sqlident.Table(schema, "saga_instance"))
+    SELECT 1 FROM %s WHERE status = $1 LIMIT $2) s`, sqlident.Table(c.schema, "saga_instance"))
 
 	// Sagas started, completed, compensated and stuck per minute since $1,
 	// for the overview's charts: a range scan on saga_history_outcome_at_idx
@@ -264,13 +297,7 @@ SELECT consumer FROM c WHERE consumer IS NOT NULL LIMIT 100`, inboxTable)
 	c.sagaChartSQL = fmt.Sprintf(`SELECT date_trunc('minute', at) AS minute, event, count(*)
   FROM %s
  WHERE event IN ('started', 'completed', 'compensated', 'stuck') AND at >= $1
- GROUP BY 1, 2`, sqlident.Table(schema, "saga_history"))
-
-	if err := c.parseTemplates(); err != nil {
-		return nil, err
-	}
-	c.handler = c.routes()
-	return c, nil
+ GROUP BY 1, 2`, sqlident.Table(c.schema, "saga_history"))
 }
 
 // ServeHTTP serves the console.
@@ -301,6 +328,7 @@ func (c *Console) routes() http.Handler {
 	mux.HandleFunc("GET /poison/bulk", c.bulkConfirm("poison"))
 	mux.HandleFunc("POST /poison/bulk", c.post(c.bulkPost("poison")))
 	mux.HandleFunc("GET /kafka/lag", c.lagPage)
+	mux.HandleFunc("GET /audit", c.auditPage)
 	static, _ := fs.Sub(staticFS, "static")
 	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -311,6 +339,7 @@ func (c *Console) routes() http.Handler {
 	// Browsers' Sec-Fetch-Site and Origin headers turn away cross-origin
 	// POSTs before the token is even looked at: defence in depth.
 	h = http.NewCrossOriginProtection().Handler(h)
+	h = c.authenticate("/static/", h)
 	h = securityHeaders(h)
 	if c.cfg.Prefix != "" {
 		h = http.StripPrefix(c.cfg.Prefix, h)
@@ -330,8 +359,9 @@ func securityHeaders(next http.Handler) http.Handler {
 	})
 }
 
-// post guards an action: read-only mode, then the CSRF token, then the
-// form; act does the work and returns where to go next.
+// post guards an action: read-only mode, then the CSRF token (bound to
+// the identity), then the form; act authorizes and does the work and
+// returns where to go next.
 func (c *Console) post(act func(w http.ResponseWriter, r *http.Request) (redirect string, ok bool)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if c.cfg.ReadOnly {
@@ -343,8 +373,8 @@ func (c *Console) post(act func(w http.ResponseWriter, r *http.Request) (redirec
 			c.fail(w, r, http.StatusBadRequest, "Bad form: "+err.Error())
 			return
 		}
-		if !c.csrf.valid(r) {
-			c.log.Warn("console: action refused: missing or invalid CSRF token", "operator", c.cfg.Operator(r), "path", r.URL.Path)
+		if who := identity(r).Name; !c.csrf.valid(r, who) {
+			c.log.Warn("console: action refused: missing or invalid CSRF token", "operator", who, "path", r.URL.Path)
 			c.fail(w, r, http.StatusForbidden, "Missing or invalid CSRF token: nothing was changed. Reload the page and try again.")
 			return
 		}
@@ -352,6 +382,11 @@ func (c *Console) post(act func(w http.ResponseWriter, r *http.Request) (redirec
 			http.Redirect(w, r, c.cfg.Prefix+to, http.StatusSeeOther)
 		}
 	}
+}
+
+// actor is who acts for r, and why: its identity, from where, reason.
+func actor(r *http.Request, reason string) core.Actor {
+	return core.Actor{Operator: identity(r).Name, Reason: reason, From: from(r)}
 }
 
 // context for database calls of one request.

@@ -10,8 +10,10 @@ import (
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
+	"net/netip"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -22,6 +24,7 @@ import (
 	"github.com/millrace/millrace/internal/leaktest"
 	"github.com/millrace/millrace/internal/opstest"
 	"github.com/millrace/millrace/internal/pgtest"
+	"github.com/millrace/millrace/internal/sqlident"
 	"github.com/millrace/millrace/outbox"
 )
 
@@ -50,8 +53,14 @@ type bundle struct {
 	admin  *outbox.Admin
 }
 
+// loopback is where the test's requests come from: the "proxy" whose
+// identity headers the console believes.
+var loopback = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}
+
 // setup serves a console on a fresh schema; cfg's Schema and Logger are
-// filled in. Every request says it comes from operator alice.
+// filled in, and Authenticate when nil (ProxyAuth from loopback). Every
+// request says it comes from operator alice, an admin, unless it says
+// otherwise (X-Forwarded-User, X-Forwarded-Groups).
 func setup(t *testing.T, cfg console.Config) *bundle {
 	t.Helper()
 	return setupOn(t, pgtest.New(t), cfg)
@@ -63,6 +72,9 @@ func setupOn(t *testing.T, db *pgtest.DB, cfg console.Config) *bundle {
 	b := &bundle{t: t, db: db, logs: &syncBuffer{}, prefix: strings.TrimSuffix(cfg.Prefix, "/")}
 	cfg.Schema = db.Schema
 	cfg.Logger = slog.New(slog.NewTextHandler(b.logs, nil))
+	if cfg.Authenticate == nil {
+		cfg.Authenticate = console.ProxyAuth("", "", loopback...)
+	}
 	c, err := console.New(db.Pool, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -106,6 +118,7 @@ func (b *bundle) do(client *http.Client, method, path string, form url.Values, h
 		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	}
 	req.Header.Set("X-Forwarded-User", "alice")
+	req.Header.Set("X-Forwarded-Groups", "admin")
 	for k, v := range header {
 		req.Header[k] = v
 	}
@@ -129,6 +142,24 @@ func (b *bundle) get(path string) response {
 func (b *bundle) post(path string, form url.Values) response {
 	b.t.Helper()
 	return b.do(b.client, http.MethodPost, path, form, nil)
+}
+
+// alice authenticates every request as alice, an admin.
+func alice(*http.Request) (console.Identity, error) {
+	return console.Identity{Name: "alice", Roles: []string{"admin"}}, nil
+}
+
+// sagaPost posts a saga action's form as its confirm page would: with the
+// saga's revision as it is now, unless form says one.
+func (b *bundle) sagaPost(path string, form url.Values) response {
+	b.t.Helper()
+	if !form.Has("revision") {
+		var rev int64 = 1 // an unknown saga: any revision
+		_ = b.db.Pool.QueryRow(context.Background(), fmt.Sprintf("SELECT version FROM %s WHERE id = $1",
+			sqlident.Table(b.db.Schema, "saga_instance")), form.Get("id")).Scan(&rev)
+		form.Set("revision", strconv.FormatInt(rev, 10))
+	}
+	return b.post(path, form)
 }
 
 var tokenRE = regexp.MustCompile(`name="csrf_token" value="([^"]+)"`)
@@ -194,7 +225,7 @@ func TestOverview(t *testing.T) {
 		`<span class="value" id="pending">3</span>`,
 		`<span class="value" id="dead">2</span>`,
 		`<span class="value" id="blocked">0</span>`,
-		`operator: <b>alice</b>`,
+		`operator: <b id="operator">alice</b> <small id="roles">(admin)</small>`,
 		`<a href="/inbox/dead?consumer=billing">billing</a></td><td class="num">2</td>`,
 		`<a href="/inbox/dead?consumer=shipping">shipping</a></td><td class="num">1</td>`,
 		`<a href="/sagas">Sagas</a>`,
@@ -258,7 +289,7 @@ func TestOutboxActions(t *testing.T) {
 		t.Fatalf("after the confirm page, %d dead; want 2 (nothing changed)", s.Dead)
 	}
 
-	r = b.post("/outbox/dead/requeue", url.Values{"csrf_token": {token}, "id": {ids[0]}})
+	r = b.post("/outbox/dead/requeue", url.Values{"reason": {"fixed"}, "csrf_token": {token}, "id": {ids[0]}})
 	if r.status != http.StatusSeeOther || r.location != "/outbox/dead?kind=outbox&done=requeue&n=1" {
 		t.Fatalf("POST requeue: %d to %q\n%s", r.status, r.location, r.body)
 	}
@@ -269,7 +300,7 @@ func TestOutboxActions(t *testing.T) {
 	contains(t, "log", b.logs.String(), `msg="console: outbox dead letter requeued"`, "operator=alice", "event_id="+ids[0], "count=1", "component=console")
 
 	token = b.confirm("/outbox/dead/discard?id=" + ids[1])
-	r = b.post("/outbox/dead/discard", url.Values{"csrf_token": {token}, "id": {ids[1]}})
+	r = b.post("/outbox/dead/discard", url.Values{"reason": {"fixed"}, "csrf_token": {token}, "id": {ids[1]}})
 	if r.status != http.StatusSeeOther {
 		t.Fatalf("POST discard: %d\n%s", r.status, r.body)
 	}
@@ -279,7 +310,7 @@ func TestOutboxActions(t *testing.T) {
 	contains(t, "log", b.logs.String(), `msg="console: outbox dead letter discarded"`, "event_id="+ids[1])
 
 	// Again: it is no longer a dead letter.
-	r = b.post("/outbox/dead/discard", url.Values{"csrf_token": {token}, "id": {ids[0]}})
+	r = b.post("/outbox/dead/discard", url.Values{"reason": {"fixed"}, "csrf_token": {token}, "id": {ids[0]}})
 	if r.status != http.StatusNotFound || !strings.Contains(r.body, "is not an outbox dead letter (unknown, or already requeued or discarded): nothing was changed.") {
 		t.Errorf("discard of a requeued event: %d\n%s", r.status, r.body)
 	}
@@ -322,7 +353,7 @@ func TestCSRF(t *testing.T) {
 	contains(t, "log", b.logs.String(), "action refused: missing or invalid CSRF token")
 
 	// The right token goes through.
-	if r := b.post("/outbox/dead/requeue", url.Values{"id": {ids[0]}, "csrf_token": {token}}); r.status != http.StatusSeeOther {
+	if r := b.post("/outbox/dead/requeue", url.Values{"id": {ids[0]}, "csrf_token": {token}, "reason": {"fixed"}}); r.status != http.StatusSeeOther {
 		t.Errorf("with the token: %d\n%s", r.status, r.body)
 	}
 	if s := b.stats(); s.Dead != 0 {
@@ -350,6 +381,7 @@ func TestBadInput(t *testing.T) {
 		{"/inbox/dead/requeue", url.Values{"id": {ids[0]}, "consumer": {"billing"}}, 404, `is not an inbox dead letter`},
 	} {
 		tc.form.Set("csrf_token", token)
+		tc.form.Set("reason", "testing")
 		r := b.post(tc.path, tc.form)
 		if r.status != tc.status || !strings.Contains(r.body, tc.want) {
 			t.Errorf("POST %s %v: %d, want %d with %q\n%s", tc.path, tc.form, r.status, tc.status, tc.want, r.body)
@@ -408,7 +440,7 @@ func TestInboxActions(t *testing.T) {
 	contains(t, "confirm page", b.get("/inbox/dead/requeue?consumer=billing&id="+ids[0]).body,
 		"Requeue the message "+ids[0]+" of consumer billing?", `name="consumer" value="billing"`)
 	// Another consumer's message through this consumer: refused, unchanged.
-	r = b.post("/inbox/dead/requeue", url.Values{"csrf_token": {token}, "consumer": {"billing"}, "id": {other[0]}})
+	r = b.post("/inbox/dead/requeue", url.Values{"reason": {"fixed"}, "csrf_token": {token}, "consumer": {"billing"}, "id": {other[0]}})
 	if r.status != http.StatusNotFound {
 		t.Errorf("requeue of shipping's message as billing's: %d", r.status)
 	}
@@ -416,11 +448,11 @@ func TestInboxActions(t *testing.T) {
 		t.Fatal("shipping's dead letter changed")
 	}
 
-	r = b.post("/inbox/dead/requeue", url.Values{"csrf_token": {token}, "consumer": {"billing"}, "id": {ids[0]}})
+	r = b.post("/inbox/dead/requeue", url.Values{"reason": {"fixed"}, "csrf_token": {token}, "consumer": {"billing"}, "id": {ids[0]}})
 	if r.status != http.StatusSeeOther || r.location != "/inbox/dead?consumer=billing&kind=inbox&done=requeue&n=1" {
 		t.Fatalf("POST requeue: %d to %q\n%s", r.status, r.location, r.body)
 	}
-	r = b.post("/inbox/dead/discard", url.Values{"csrf_token": {token}, "consumer": {"billing"}, "id": {ids[1]}})
+	r = b.post("/inbox/dead/discard", url.Values{"reason": {"fixed"}, "csrf_token": {token}, "consumer": {"billing"}, "id": {ids[1]}})
 	if r.status != http.StatusSeeOther {
 		t.Fatalf("POST discard: %d\n%s", r.status, r.body)
 	}
@@ -457,7 +489,7 @@ func TestPrefix(t *testing.T) {
 	contains(t, "list under /ops", b.get("/outbox/dead").body, `href="/ops/outbox/dead/requeue?id=`+ids[0])
 	token := b.confirm("/outbox/dead/requeue?id=" + ids[0])
 	contains(t, "confirm under /ops", b.get("/outbox/dead/requeue?id="+ids[0]).body, `action="/ops/outbox/dead/requeue"`)
-	r = b.post("/outbox/dead/requeue", url.Values{"csrf_token": {token}, "id": {ids[0]}})
+	r = b.post("/outbox/dead/requeue", url.Values{"reason": {"fixed"}, "csrf_token": {token}, "id": {ids[0]}})
 	if r.status != http.StatusSeeOther || !strings.HasPrefix(r.location, "/ops/outbox/dead?") {
 		t.Errorf("POST under /ops: %d to %q", r.status, r.location)
 	}
@@ -478,7 +510,11 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		{"relative prefix", console.Config{Prefix: "ops"}},
 		{"page size", console.Config{PageSize: -1}},
 		{"empty consumer", console.Config{InboxConsumers: []string{""}}},
+		{"no Authenticate", console.Config{}},
 	} {
+		if tc.name != "no Authenticate" {
+			tc.cfg.Authenticate = console.ProxyAuth("", "", loopback...)
+		}
 		if _, err := console.New(db.Pool, tc.cfg); !errors.Is(err, core.ErrConfig) {
 			t.Errorf("%s: err %v, want ErrConfig", tc.name, err)
 		}
@@ -497,7 +533,8 @@ func TestCSRFKey(t *testing.T) {
 	ids := opstest.OutboxDead(t, db, "orders", 2)
 	key := bytes.Repeat([]byte("k"), 32)
 	serve := func(key []byte) *httptest.Server {
-		c, err := console.New(db.Pool, console.Config{Schema: db.Schema, CSRFKey: key, Logger: slog.New(slog.DiscardHandler)})
+		c, err := console.New(db.Pool, console.Config{Schema: db.Schema, CSRFKey: key, Logger: slog.New(slog.DiscardHandler),
+			Authenticate: alice})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -519,7 +556,7 @@ func TestCSRFKey(t *testing.T) {
 	post := func(srv *httptest.Server, id string) int {
 		// The cookie was set for a's host; the servers share 127.0.0.1, and
 		// cookies ignore ports.
-		resp, err := client.PostForm(srv.URL+"/outbox/dead/requeue", url.Values{"csrf_token": {token}, "id": {id}})
+		resp, err := client.PostForm(srv.URL+"/outbox/dead/requeue", url.Values{"csrf_token": {token}, "id": {id}, "reason": {"fixed"}})
 		if err != nil {
 			t.Fatal(err)
 		}

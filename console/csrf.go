@@ -9,11 +9,13 @@ import (
 )
 
 // csrfCookie holds a random nonce; csrfField, in every form, holds the
-// nonce's HMAC under the console's key. A POST is accepted only with both,
-// and only if they match: the signed double-submit pattern. Another site
-// can make a browser send the cookie but cannot read it, nor compute the
-// HMAC without the key; and a cookie planted by a sibling subdomain does
-// not help it either, for the same reason.
+// HMAC of the nonce and the identity's name under the console's key. A
+// POST is accepted only with both, and only if they match for the
+// identity that posts: the signed double-submit pattern, bound to the
+// operator. Another site can make a browser send the cookie but cannot
+// read it, nor compute the HMAC without the key; a cookie planted by a
+// sibling subdomain does not help it either, for the same reason; and a
+// token one operator's page carried is refused for another operator.
 const (
 	csrfCookie = "millrace_console_csrf"
 	csrfField  = "csrf_token"
@@ -24,18 +26,20 @@ type csrf struct {
 	path string // cookie path: the console's prefix
 }
 
-func (c *csrf) sign(nonce string) string {
+func (c *csrf) sign(nonce, who string) string {
 	m := hmac.New(sha256.New, c.key)
-	m.Write([]byte("millrace console csrf v1\x00"))
+	m.Write([]byte("millrace console csrf v2\x00"))
 	m.Write([]byte(nonce))
+	m.Write([]byte{0})
+	m.Write([]byte(who))
 	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
 }
 
-// token returns the token for the page being served, setting a new nonce
-// cookie when the request has none.
-func (c *csrf) token(w http.ResponseWriter, r *http.Request) string {
+// token returns the token of who for the page being served, setting a new
+// nonce cookie when the request has none.
+func (c *csrf) token(w http.ResponseWriter, r *http.Request, who string) string {
 	if ck, err := r.Cookie(csrfCookie); err == nil && len(ck.Value) >= 32 {
-		return c.sign(ck.Value)
+		return c.sign(ck.Value, who)
 	}
 	b := make([]byte, 32)
 	if _, err := rand.Read(b); err != nil {
@@ -46,12 +50,12 @@ func (c *csrf) token(w http.ResponseWriter, r *http.Request) string {
 		Name: csrfCookie, Value: nonce, Path: c.path,
 		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode,
 	})
-	return c.sign(nonce)
+	return c.sign(nonce, who)
 }
 
-// valid reports whether the POST r carries a token matching its cookie.
-// The form must have been parsed.
-func (c *csrf) valid(r *http.Request) bool {
+// valid reports whether the POST r of who carries a token matching its
+// cookie and who. The form must have been parsed.
+func (c *csrf) valid(r *http.Request, who string) bool {
 	ck, err := r.Cookie(csrfCookie)
 	if err != nil || len(ck.Value) < 32 {
 		return false
@@ -60,5 +64,5 @@ func (c *csrf) valid(r *http.Request) bool {
 	if got == "" {
 		return false
 	}
-	return hmac.Equal([]byte(got), []byte(c.sign(ck.Value)))
+	return hmac.Equal([]byte(got), []byte(c.sign(ck.Value, who)))
 }

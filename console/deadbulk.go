@@ -2,6 +2,7 @@ package console
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"html/template"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
+	"github.com/millrace/millrace/internal/audit"
 	"github.com/millrace/millrace/internal/poisontopic"
 	"github.com/millrace/millrace/kafka"
 )
@@ -107,6 +109,15 @@ func (f deadFilter) Describe() string {
 	}
 	add("older than %s", f.Older)
 	return strings.Join(parts, ", ")
+}
+
+// resource is what f selects, for Config.Authorize.
+func (f deadFilter) resource() Resource {
+	res := Resource{Kind: f.Kind, Type: f.Consumer}
+	if f.Kind == "poison" {
+		res.Type = f.Topic
+	}
+	return res
 }
 
 func (f deadFilter) deadQuery() core.DeadLetterQuery {
@@ -213,17 +224,19 @@ func (c *Console) bulkDryRun(ctx context.Context, f deadFilter, page int) (int, 
 	}
 }
 
-// bulkAct applies action to what f selects and returns how many it acted
-// on and how many it refused (a poisoned message that does not say its
-// original topic).
-func (c *Console) bulkAct(ctx context.Context, f deadFilter, action string) (n, refused int, err error) {
+// bulkAct applies action to what f selects, by by, and returns how many
+// it acted on and how many it refused (a poisoned message that does not
+// say its original topic). Each dead letter acted on is in the audit
+// trail (outbox, inbox: in the transaction that acted on it); a poison
+// topic's requeue is recorded once, after it.
+func (c *Console) bulkAct(ctx context.Context, f deadFilter, action string, by core.Actor) (n, refused int, err error) {
 	switch f.Kind {
 	case "outbox":
 		act := c.outbox.RequeueMatching
 		if action == "discard" {
 			act = c.outbox.DiscardMatching
 		}
-		n, err = act(ctx, f.deadQuery())
+		n, err = act(ctx, f.deadQuery(), by)
 		return n, 0, err
 	case "inbox":
 		dl, err := inbox.NewDeadLetters(c.pool, inbox.DeadLetterConfig{Schema: c.schema, Consumer: f.Consumer})
@@ -234,12 +247,34 @@ func (c *Console) bulkAct(ctx context.Context, f deadFilter, action string) (n, 
 		if action == "discard" {
 			act = dl.DiscardMatching
 		}
-		n, err = act(ctx, f.deadQuery())
+		n, err = act(ctx, f.deadQuery(), by)
 		return n, 0, err
 	default:
 		out, err := poisontopic.RequeueMatching(ctx, c.cfg.KafkaBrokers, f.Topic, f.poisonQuery())
+		detail := map[string]any{"filter": f.Describe(), "matched": out.Matched, "requeued": out.Requeued, "refused": out.Refused}
+		if aerr := c.auditPoison(ctx, by, f.Topic, detail, out.Requeued, err); aerr != nil {
+			err = errors.Join(err, aerr)
+		}
 		return out.Requeued, out.Refused[poisontopic.RefusedNoTopic], err
 	}
+}
+
+// auditPoison records a poison topic's requeue in the audit trail, after
+// it (Kafka is not in the transaction): what it selected and how many it
+// sent, also when it failed after sending some.
+func (c *Console) auditPoison(ctx context.Context, by core.Actor, topic string, detail map[string]any, sent int, err error) error {
+	if err != nil && sent == 0 {
+		return nil // nothing sent: nothing to record
+	}
+	if err != nil {
+		detail["error"] = err.Error()
+	}
+	e := audit.Entry{Actor: by, Action: "poison.requeue", Kind: audit.KindPoison, Scope: topic, Detail: detail}
+	if err := c.trail.Write(ctx, c.pool, e); err != nil {
+		return fmt.Errorf("requeued %d, but the audit trail did not record it: %w", sent, err)
+	}
+	audit.Count(e)
+	return nil
 }
 
 type bulkConfirmData struct {
@@ -268,7 +303,7 @@ func (c *Console) bulkConfirm(kind string) http.HandlerFunc {
 			action = "requeue"
 		}
 		f, ok := c.bulkTarget(w, r, kind, action, r.URL.Query().Get)
-		if !ok {
+		if !ok || !c.allow(w, r, Action(action), f.resource()) {
 			return
 		}
 		ctx, cancel := reqCtx(r)
@@ -300,14 +335,19 @@ func (c *Console) bulkPost(kind string) func(w http.ResponseWriter, r *http.Requ
 			action = "requeue"
 		}
 		f, ok := c.bulkTarget(w, r, kind, action, r.PostForm.Get)
+		if !ok || !c.allow(w, r, Action(action), f.resource()) {
+			return "", false
+		}
+		reason, ok := c.reason(w, r)
 		if !ok {
 			return "", false
 		}
+		by := actor(r, reason)
 		// The action goes on if the browser goes away.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 10*time.Minute)
 		defer cancel()
-		n, refused, err := c.bulkAct(ctx, f, action)
-		attrs := []any{"operator", c.cfg.Operator(r), "reason", strings.TrimSpace(r.PostForm.Get("reason")), "action", action,
+		n, refused, err := c.bulkAct(ctx, f, action, by)
+		attrs := []any{"operator", by.Operator, "reason", reason, "action", action,
 			"kind", kind, "filter", f.Describe(), "count", n}
 		if f.Consumer != "" {
 			attrs = append(attrs, "consumer", f.Consumer)

@@ -84,7 +84,7 @@ func TestOutboxDeadBulkConsole(t *testing.T) {
 	contains(t, "the log", b.logs.String(), "console: outbox dead letters requeued in bulk", "operator=alice",
 		`reason="broker limit raised"`, "count=3", `filter="topic orders, last error like `+refusal+`"`)
 
-	form = url.Values{"older": {"0s"}, "csrf_token": {b.confirm("/outbox/dead/bulk/discard?older=0s")}}
+	form = url.Values{"older": {"0s"}, "csrf_token": {b.confirm("/outbox/dead/bulk/discard?older=0s")}, "reason": {"obsolete"}}
 	if r := b.post("/outbox/dead/bulk/discard", form); r.status != http.StatusSeeOther || !strings.Contains(r.location, "n=2") {
 		t.Fatalf("discard all: %d %s", r.status, r.location)
 	}
@@ -134,7 +134,7 @@ func TestInboxDeadBulkConsole(t *testing.T) {
 		t.Fatalf("confirm page: %d, count %s\n%s", r.status, n, r.body)
 	}
 	contains(t, "confirm page", r.body, "Discard all", "of consumer", `name="consumer" value="billing"`, ids[0], ids[2])
-	form := url.Values{"consumer": {"billing"}, "error": {"%not found%"}, "csrf_token": {b.confirm(page)}}
+	form := url.Values{"consumer": {"billing"}, "error": {"%not found%"}, "csrf_token": {b.confirm(page)}, "reason": {"the order is gone"}}
 	r = b.post("/inbox/dead/bulk/discard", form)
 	if r.status != http.StatusSeeOther {
 		t.Fatalf("POST: %d\n%s", r.status, r.body)

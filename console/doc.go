@@ -35,19 +35,40 @@
 // oldest pending outbox event's age on a bar full at an hour: its current
 // value only, as no history of it is kept.
 //
+// # Who may see and do what
+//
+// Config.Authenticate says who is asking (an Identity: a name and roles);
+// a request it gives no name gets 401 and sees nothing. ProxyAuth believes
+// an authenticating proxy's headers, only from the proxy's addresses;
+// TokenAuth takes a bearer token or a session cookie and hands it to the
+// host's check (an OpenID Connect ID token verified by a well-kept
+// library: docs/operating.md shows one). Config.Authorize is asked for
+// every page, every action and every button before it is drawn, with an
+// Action (read, read-payload, act, act-bulk, requeue, discard) and the
+// Resource (service, kind, saga type or consumer or topic, id, the saga
+// action); ByRole, its default, knows the roles viewer, operator and
+// admin. A forbidden action is refused (403) before anything is written,
+// saying why. Config.Redact decides what of a payload reaches the page.
+// Config.ReadOnly is one switch: no action buttons, every POST refused.
+//
 // # Actions
 //
 // A button opens a confirm page (a GET, which changes nothing) saying what
-// will happen; only its form, a POST, acts. Every POST must carry an
-// anti-CSRF token: the signed double-submit pattern (a random nonce in an
-// HttpOnly SameSite=Strict cookie, and its HMAC under Config.CSRFKey in the
-// form). Browsers' cross-origin POSTs are also refused by
-// http.CrossOriginProtection. A POST without a valid token, in read-only
-// mode, or for an id that is not a dead letter changes nothing and gets an
-// error page. Each action is logged on Config.Logger with the operator
-// (Config.Operator, by default the X-Forwarded-User header your
-// authenticating proxy sets, else "console"), the event id and the count.
-// The console has no login of its own: put it behind your proxy.
+// will happen; only its form, a POST, acts, and it asks for a reason.
+// Every POST must carry an anti-CSRF token: the signed double-submit
+// pattern (a random nonce in an HttpOnly SameSite=Strict cookie, and the
+// HMAC of it and the identity's name under Config.CSRFKey in the form, and
+// in a meta tag of every page), so a token is good only for the identity
+// it was made for. Browsers' cross-origin POSTs are also refused by
+// http.CrossOriginProtection. A saga action's form carries the revision of
+// the saga the operator saw on the confirm page: if the saga moved before
+// the action is confirmed (a reply took it to another step), the action is
+// refused as stale and nothing is done. A bulk saga operation is confirmed
+// in the confirmer's name, on behalf of its planner. Every action lands in
+// the audit trail (the audit page, millrace audit list) with the
+// identity, the reason, where from (the client's address), the resource
+// and the state before and after, in the transaction of the action; and
+// in Config.Logger.
 //
 // The dead-letter pages filter (the outbox's and an inbox's by topic,
 // partition key, last error like an SQL LIKE pattern and age; a poison
@@ -55,8 +76,8 @@
 // offer "requeue or discard all N matching" (a poison topic: requeue only,
 // as Kafka cannot delete one message from a topic). Its confirm page shows
 // the count and the first selected; its POST acts on what the filter
-// selects then (outbox.Admin.RequeueMatching and the like) and is logged
-// with the operator, an optional reason, the filter and the counts.
+// selects then (outbox.Admin.RequeueMatching and the like), each dead
+// letter in the audit trail with the operator and the reason.
 //
 // # Logging
 //
@@ -71,9 +92,10 @@
 //
 // A page is one template in templates/ that defines "content" (the layout
 // gives it the navigation, the operator, the CSRF token as .CSRF and the
-// page's data as .Data), one handler that calls render, and one entry in
-// nav. Actions go through post, which checks read-only mode and the token
-// before the handler runs. The sagas pages (the list by status, one saga's
+// page's data as .Data), one handler that calls allow (the authorizer)
+// and render, and one entry in nav. Actions go through post, which checks
+// read-only mode and the token before the handler runs; the handler
+// authorizes (allow) before it acts. The sagas pages (the list by status, one saga's
 // steps and history, and the operator actions with their confirm step)
 // are built this way.
 package console

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"regexp"
 
@@ -46,8 +47,10 @@ func Example_mount() {
 		Schema:   schema,
 		Prefix:   "/ops",
 		ReadOnly: true,
-		Operator: console.HeaderOperator("X-Auth-Request-User"),
-		Logger:   slog.New(slog.DiscardHandler),
+		// Behind an authenticating proxy on this host: its headers name
+		// the user and their groups (viewer, operator, admin).
+		Authenticate: console.ProxyAuth("X-Auth-Request-User", "X-Auth-Request-Groups", netip.MustParsePrefix("127.0.0.1/32")),
+		Logger:       slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
 		log.Fatal(err)
@@ -57,7 +60,13 @@ func Example_mount() {
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 
-	resp, err := http.Get(srv.URL + "/ops/")
+	req, err := http.NewRequest(http.MethodGet, srv.URL+"/ops/", nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	req.Header.Set("X-Auth-Request-User", "ada") // as the proxy sets it
+	req.Header.Set("X-Auth-Request-Groups", "viewer")
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		log.Fatal(err)
 	}

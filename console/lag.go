@@ -25,6 +25,9 @@ type lagData struct {
 // the partitions stalled (records wait longer than LagStallAfter and
 // nobody takes them), first.
 func (c *Console) lagPage(w http.ResponseWriter, r *http.Request) {
+	if !c.allow(w, r, "read", Resource{Kind: "kafka"}) {
+		return
+	}
 	d := lagData{Brokers: len(c.cfg.KafkaBrokers) > 0, StallAfter: c.cfg.LagStallAfter.String(), All: r.URL.Query().Get("all") == "1"}
 	status := http.StatusOK
 	if d.Brokers {

@@ -34,6 +34,7 @@ var nav = []navItem{
 	{Key: "sagas", Label: "Sagas", Path: "/sagas"},
 	{Key: "poison", Label: "Poison topics", Path: "/poison"},
 	{Key: "lag", Label: "Consumer lag", Path: "/kafka/lag"},
+	{Key: "audit", Label: "Audit", Path: "/audit"},
 }
 
 // view is what every page template gets: the layout's fields and the
@@ -46,6 +47,7 @@ type view struct {
 	CSRF     string
 	ReadOnly bool
 	Operator string
+	Roles    []string
 	Flash    string
 	Data     any
 	// Services are the services of a console over several, for the
@@ -70,6 +72,17 @@ var funcs = template.FuncMap{
 			return ""
 		}
 		return actionLabel(d.Action)
+	},
+	// onBehalfOf is the planner of the bulk operation an operator
+	// history line carries out, when someone else confirmed it.
+	"onBehalfOf": func(h saga.HistoryEntry) string {
+		var d struct {
+			OnBehalfOf string `json:"on_behalf_of"`
+		}
+		if !strings.HasPrefix(h.Event, "operator") || json.Unmarshal(h.Detail, &d) != nil {
+			return ""
+		}
+		return d.OnBehalfOf
 	},
 	"actionLabel": actionLabel,
 	"add":         func(a, b int) int { return a + b },
@@ -116,7 +129,7 @@ func (c *Console) parseTemplates() error {
 		return err
 	}
 	c.pages = map[string]*template.Template{}
-	for _, page := range []string{"overview", "outbox_dead", "inbox_dead", "confirm", "error", "sagas", "saga", "saga_confirm", "saga_bulk", "dead_bulk", "poison", "kafka_lag", "services"} {
+	for _, page := range []string{"overview", "outbox_dead", "inbox_dead", "confirm", "error", "sagas", "saga", "saga_confirm", "saga_bulk", "dead_bulk", "poison", "kafka_lag", "services", "audit"} {
 		t, err := template.Must(base.Clone()).ParseFS(templateFS, "templates/"+page+".html")
 		if err != nil {
 			return err
@@ -129,7 +142,7 @@ func (c *Console) parseTemplates() error {
 func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, page, title, active string, data any) {
 	v := view{
 		Title: title, Active: active, Nav: nav, Prefix: c.cfg.Prefix,
-		CSRF: c.csrf.token(w, r), ReadOnly: c.cfg.ReadOnly, Operator: c.cfg.Operator(r),
+		CSRF: c.csrf.token(w, r, identity(r).Name), ReadOnly: c.cfg.ReadOnly, Operator: identity(r).Name, Roles: identity(r).Roles,
 		Flash: flash(r.URL.Query()), Data: data,
 	}
 	if c.set != nil {
@@ -215,6 +228,9 @@ type statusCount struct {
 }
 
 func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
+	if !c.allow(w, r, "read", Resource{Kind: "overview"}) {
+		return
+	}
 	d, err := c.overviewData(r)
 	if err != nil {
 		c.dbFail(w, r, err)
@@ -327,15 +343,34 @@ type outboxDeadData struct {
 	// or discard all N matching"; -1 when it offers none.
 	Matching int
 	Filter   deadFilter
+	deadActions
+}
+
+// deadActions say which buttons a dead-letter page draws, and what of
+// each dead letter's payload it shows (by its row id).
+type deadActions struct {
+	CanRequeue, CanDiscard bool
+	Payloads               map[int64]shown
+}
+
+// deadActions are what r's identity may do on kind's dead letters (of
+// consumer, an inbox), and sees of their payloads.
+func (c *Console) deadActions(r *http.Request, kind, consumer string) deadActions {
+	res := Resource{Kind: kind, Type: consumer}
+	return deadActions{CanRequeue: c.can(r, "requeue", res), CanDiscard: c.can(r, "discard", res), Payloads: map[int64]shown{}}
 }
 
 func (c *Console) outboxDead(w http.ResponseWriter, r *http.Request) {
+	if !c.allow(w, r, "read", Resource{Kind: "outbox"}) {
+		return
+	}
 	q := r.URL.Query()
 	f, ok := c.readFilter(w, r, "outbox", q.Get)
 	if !ok {
 		return
 	}
-	d := outboxDeadData{Topic: f.Topic, Key: f.Key, Error: f.Error, Older: f.Older, Matching: -1, Filter: f}
+	d := outboxDeadData{Topic: f.Topic, Key: f.Key, Error: f.Error, Older: f.Older, Matching: -1, Filter: f,
+		deadActions: c.deadActions(r, "outbox", "")}
 	if s := q.Get("after"); s != "" {
 		after, err := strconv.ParseInt(s, 10, 64)
 		if err != nil || after < 0 {
@@ -352,11 +387,12 @@ func (c *Console) outboxDead(w http.ResponseWriter, r *http.Request) {
 			c.dbFail(w, r, err)
 			return
 		}
-		if !c.cfg.ReadOnly {
+		if d.CanRequeue || d.CanDiscard {
 			d.Matching = dry.Count
 		}
 		if d.Error != "" || d.Older != "" { // the listing cannot filter these: show the first matching
 			d.List = dry.First
+			c.outboxPayloads(r, &d)
 			c.render(w, r, http.StatusOK, "outbox_dead", "Outbox dead letters", "outbox", d)
 			return
 		}
@@ -374,7 +410,15 @@ func (c *Console) outboxDead(w http.ResponseWriter, r *http.Request) {
 		d.Next = list[len(list)-1].ID
 	}
 	d.List = list
+	c.outboxPayloads(r, &d)
 	c.render(w, r, http.StatusOK, "outbox_dead", "Outbox dead letters", "outbox", d)
+}
+
+// outboxPayloads fills in what r's identity sees of the listed payloads.
+func (c *Console) outboxPayloads(r *http.Request, d *outboxDeadData) {
+	for _, e := range d.List {
+		d.Payloads[e.ID] = c.show(r, Resource{Kind: "outbox", Type: e.Topic, ID: e.EventID}, e.Payload)
+	}
 }
 
 type inboxDeadData struct {
@@ -387,14 +431,15 @@ type inboxDeadData struct {
 	// it offers none.
 	Filter   deadFilter
 	Matching int
+	deadActions
 }
 
 func (c *Console) inboxDead(w http.ResponseWriter, r *http.Request) {
 	f, ok := c.readFilter(w, r, "inbox", r.URL.Query().Get)
-	if !ok {
+	if !ok || !c.allow(w, r, "read", Resource{Kind: "inbox", Type: f.Consumer}) {
 		return
 	}
-	d := inboxDeadData{Consumer: f.Consumer, Filter: f, Matching: -1}
+	d := inboxDeadData{Consumer: f.Consumer, Filter: f, Matching: -1, deadActions: c.deadActions(r, "inbox", f.Consumer)}
 	if d.Consumer == "" {
 		consumers, err := c.consumers(r)
 		if err != nil {
@@ -418,10 +463,11 @@ func (c *Console) inboxDead(w http.ResponseWriter, r *http.Request) {
 			c.dbFail(w, r, err)
 			return
 		}
-		if !c.cfg.ReadOnly {
+		if d.CanRequeue || d.CanDiscard {
 			d.Matching = dry.Count
 		}
 		d.List, d.More = dry.First, dry.Count > len(dry.First)
+		c.inboxPayloads(r, &d)
 		c.render(w, r, http.StatusOK, "inbox_dead", "Inbox dead letters: "+d.Consumer, "inbox", d)
 		return
 	}
@@ -434,7 +480,15 @@ func (c *Console) inboxDead(w http.ResponseWriter, r *http.Request) {
 		list, d.More = list[:c.cfg.PageSize], true
 	}
 	d.List = list
+	c.inboxPayloads(r, &d)
 	c.render(w, r, http.StatusOK, "inbox_dead", "Inbox dead letters: "+d.Consumer, "inbox", d)
+}
+
+// inboxPayloads fills in what r's identity sees of the listed payloads.
+func (c *Console) inboxPayloads(r *http.Request, d *inboxDeadData) {
+	for _, e := range d.List {
+		d.Payloads[e.ID] = c.show(r, Resource{Kind: "inbox", Type: d.Consumer, ID: e.EventID}, e.Payload)
+	}
 }
 
 // confirmData is the confirm page: what will happen, and the form that
@@ -488,7 +542,7 @@ func (c *Console) confirm(w http.ResponseWriter, r *http.Request, kind string) {
 		return
 	}
 	d, ok := c.target(w, r, kind)
-	if !ok {
+	if !ok || !c.allow(w, r, Action(d.Action), Resource{Kind: kind, Type: d.Consumer, ID: d.EventID}) {
 		return
 	}
 	d.Effect = effects[kind+"/"+d.Action]
@@ -509,6 +563,10 @@ func (c *Console) inboxConfirm(w http.ResponseWriter, r *http.Request)  { c.conf
 
 func (c *Console) outboxAct(w http.ResponseWriter, r *http.Request) (string, bool) {
 	d, ok := c.target(w, r, "outbox")
+	if !ok || !c.allow(w, r, Action(d.Action), Resource{Kind: "outbox", ID: d.EventID}) {
+		return "", false
+	}
+	reason, ok := c.reason(w, r)
 	if !ok {
 		return "", false
 	}
@@ -518,12 +576,27 @@ func (c *Console) outboxAct(w http.ResponseWriter, r *http.Request) (string, boo
 	if d.Action == "discard" {
 		act = c.outbox.Discard
 	}
-	n, err := act(ctx, d.EventID)
+	n, err := act(ctx, actor(r, reason), d.EventID)
 	return c.acted(w, r, d, n, err, "/outbox/dead?")
+}
+
+// reason is the reason a form gives for its action; without one the
+// action is refused (400) and reason reports false.
+func (c *Console) reason(w http.ResponseWriter, r *http.Request) (string, bool) {
+	reason := strings.TrimSpace(r.PostFormValue("reason"))
+	if reason == "" {
+		c.fail(w, r, http.StatusBadRequest, "A reason is required (it is recorded in the audit trail): nothing was changed.")
+		return "", false
+	}
+	return reason, true
 }
 
 func (c *Console) inboxAct(w http.ResponseWriter, r *http.Request) (string, bool) {
 	d, ok := c.target(w, r, "inbox")
+	if !ok || !c.allow(w, r, Action(d.Action), Resource{Kind: "inbox", Type: d.Consumer, ID: d.EventID}) {
+		return "", false
+	}
+	reason, ok := c.reason(w, r)
 	if !ok {
 		return "", false
 	}
@@ -538,14 +611,14 @@ func (c *Console) inboxAct(w http.ResponseWriter, r *http.Request) (string, bool
 	if d.Action == "discard" {
 		act = dl.Discard
 	}
-	n, err := act(ctx, d.EventID)
+	n, err := act(ctx, actor(r, reason), d.EventID)
 	return c.acted(w, r, d, n, err, "/inbox/dead?consumer="+url.QueryEscape(d.Consumer)+"&")
 }
 
 // acted logs an action's outcome with the operator and says where to go.
 func (c *Console) acted(w http.ResponseWriter, r *http.Request, d confirmData, n int, err error, back string) (string, bool) {
-	operator := c.cfg.Operator(r)
-	attrs := []any{"operator", operator, "action", d.Action, "kind", d.Kind, "event_id", d.EventID}
+	attrs := []any{"operator", identity(r).Name, "action", d.Action, "kind", d.Kind, "event_id", d.EventID,
+		"reason", r.PostFormValue("reason")}
 	if d.Consumer != "" {
 		attrs = append(attrs, "consumer", d.Consumer)
 	}

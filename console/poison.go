@@ -1,6 +1,8 @@
 package console
 
 import (
+	"context"
+	"errors"
 	"net/http"
 	"net/url"
 	"slices"
@@ -22,6 +24,10 @@ type poisonData struct {
 	// matching", -1 when it offers none.
 	Filter   deadFilter
 	Matching int
+	// CanRequeue: this identity may requeue; Payloads are what it is
+	// shown of each message's payload, by UUID.
+	CanRequeue bool
+	Payloads   map[string]shown
 }
 
 // poisonPage shows a poison topic read from Kafka: how many messages it
@@ -37,6 +43,10 @@ func (c *Console) poisonPage(w http.ResponseWriter, r *http.Request) {
 	}
 	f.Topic = d.Topic
 	d.Filter = f
+	if !c.allow(w, r, "read", f.resource()) {
+		return
+	}
+	d.CanRequeue = c.can(r, "requeue", f.resource())
 	status := http.StatusOK
 	if d.Brokers && d.Topic != "" {
 		if err := kafka.ValidateTopic(d.Topic); err != nil {
@@ -50,7 +60,7 @@ func (c *Console) poisonPage(w http.ResponseWriter, r *http.Request) {
 			var dry *poisontopic.DryRun
 			if dry, err = poisontopic.DryRunMatching(ctx, c.cfg.KafkaBrokers, d.Topic, f.poisonQuery(), c.cfg.PageSize); err == nil {
 				d.Messages = dry.First
-				if !c.cfg.ReadOnly {
+				if d.CanRequeue {
 					d.Matching = dry.Count
 				}
 			}
@@ -60,13 +70,24 @@ func (c *Console) poisonPage(w http.ResponseWriter, r *http.Request) {
 			d.Error, status = "Could not read the topic from Kafka: "+err.Error(), http.StatusBadGateway
 		}
 	}
+	d.Payloads = map[string]shown{}
+	for _, m := range d.Messages {
+		d.Payloads[m.UUID] = c.show(r, Resource{Kind: "poison", Type: d.Topic, ID: m.UUID}, []byte(m.Payload))
+	}
 	c.render(w, r, status, "poison", "Poison topic", "poison", d)
 }
 
 // poisonRequeue publishes poisoned messages (form id, or all=1) back to
-// the topic each came from.
+// the topic each came from, and records it in the audit trail.
 func (c *Console) poisonRequeue(w http.ResponseWriter, r *http.Request) (string, bool) {
 	topic := r.PostForm.Get("topic")
+	if !c.allow(w, r, "requeue", Resource{Kind: "poison", Type: topic}) {
+		return "", false
+	}
+	reason, ok := c.reason(w, r)
+	if !ok {
+		return "", false
+	}
 	if len(c.cfg.KafkaBrokers) == 0 {
 		c.fail(w, r, http.StatusBadRequest, "The console has no Kafka brokers configured: nothing was requeued.")
 		return "", false
@@ -86,7 +107,12 @@ func (c *Console) poisonRequeue(w http.ResponseWriter, r *http.Request) (string,
 	ctx, cancel := reqCtx(r)
 	defer cancel()
 	n, err := poisontopic.Requeue(ctx, c.cfg.KafkaBrokers, topic, ids)
-	operator := c.cfg.Operator(r)
+	by := actor(r, reason)
+	operator := by.Operator
+	detail := map[string]any{"ids": ids, "all": ids == nil, "requeued": n}
+	if aerr := c.auditPoison(context.WithoutCancel(ctx), by, topic, detail, n, err); aerr != nil {
+		err = errors.Join(err, aerr)
+	}
 	if err != nil {
 		c.log.Error("console: poison requeue failed", "operator", operator, "topic", topic, "ids", ids, "requeued", n, "err", err)
 		c.fail(w, r, http.StatusBadGateway, "Requeue failed after "+strconv.Itoa(n)+" message(s): "+err.Error())

@@ -58,7 +58,7 @@ func TestPoisonPage(t *testing.T) {
 	if token == nil {
 		t.Fatalf("no requeue form:\n%s", r.body)
 	}
-	r = b.post("/poison/requeue", url.Values{"csrf_token": {token[1]}, "topic": {topic + ".poison"}, "id": {msgs[0].UUID}})
+	r = b.post("/poison/requeue", url.Values{"reason": {"consumer fixed"}, "csrf_token": {token[1]}, "topic": {topic + ".poison"}, "id": {msgs[0].UUID}})
 	if r.status != http.StatusSeeOther {
 		t.Fatalf("POST requeue: %d\n%s", r.status, r.body)
 	}

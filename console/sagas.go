@@ -8,7 +8,9 @@ import (
 	"html/template"
 	"net/http"
 	"net/url"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -51,6 +53,12 @@ func (c *Console) sagaList(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	d := sagaListData{Type: q.Get("type"), Status: q.Get("status"), Older: q.Get("older"), Cursor: q.Get("cursor"), Statuses: sagaStatuses,
 		Step: q.Get("step"), Error: q.Get("error"), Actions: sagaActionOrder}
+	if !c.allow(w, r, "read", Resource{Kind: "saga", Type: d.Type}) {
+		return
+	}
+	d.Actions = slices.DeleteFunc(slices.Clone(sagaActionOrder), func(a string) bool {
+		return !c.can(r, "act-bulk", Resource{Kind: "saga", Type: d.Type, Op: a})
+	})
 	d.Filtered = d.Type != "" || d.Status != "" || d.Older != "" || d.Step != "" || d.Error != ""
 	p := saga.ListParams{Type: d.Type, Cursor: d.Cursor, Limit: c.cfg.PageSize, Step: d.Step, Error: d.Error}
 	if d.Status != "" {
@@ -89,6 +97,9 @@ func (c *Console) sagaList(w http.ResponseWriter, r *http.Request) {
 		c.dbFail(w, r, err)
 		return
 	}
+	if len(d.Actions) == 0 {
+		d.Matching = -1 // nothing this identity may do in bulk
+	}
 	c.render(w, r, http.StatusOK, "sagas", "Sagas", "sagas", d)
 }
 
@@ -110,8 +121,9 @@ type stepRow struct {
 }
 
 type sagaPageData struct {
-	Saga    *saga.Instance
-	Data    string // indented JSON
+	Saga *saga.Instance
+	// Data is the saga's data as this identity is shown it (Config.Redact).
+	Data    shown
 	Steps   []stepRow
 	History []saga.HistoryEntry
 	Actions []string
@@ -123,6 +135,8 @@ type sagaPageData struct {
 	Outcome string
 	// Requests: actions are recorded as operator requests.
 	Requests bool
+	// CanWithdraw: this identity may withdraw the pending request.
+	CanWithdraw bool
 	// Picture draws the steps (nil when there are none to draw).
 	Picture *sagaPicture
 	// Stalled is set when the command the saga waits on sits on a
@@ -140,11 +154,17 @@ func (c *Console) sagaPage(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	in, err := c.sagas.Get(ctx, id)
 	if errors.Is(err, saga.ErrNotFound) {
-		c.fail(w, r, http.StatusNotFound, fmt.Sprintf("No saga %q.", id))
+		if c.allow(w, r, "read", Resource{Kind: "saga", ID: id}) {
+			c.fail(w, r, http.StatusNotFound, fmt.Sprintf("No saga %q.", id))
+		}
 		return
 	}
 	if err != nil {
 		c.dbFail(w, r, err)
+		return
+	}
+	res := Resource{Kind: "saga", Type: in.Type, ID: in.ID}
+	if !c.allow(w, r, "read", res) {
 		return
 	}
 	hist, err := c.sagas.History(ctx, id)
@@ -152,8 +172,9 @@ func (c *Console) sagaPage(w http.ResponseWriter, r *http.Request) {
 		c.dbFail(w, r, err)
 		return
 	}
-	d := sagaPageData{Saga: in, History: hist, Data: indent(in.Data),
-		Ended: in.Status == saga.StatusCompleted || in.Status == saga.StatusCompensated, Requests: c.requests != nil}
+	d := sagaPageData{Saga: in, History: hist, Data: c.show(r, res, in.Data),
+		Ended: in.Status == saga.StatusCompleted || in.Status == saga.StatusCompensated, Requests: c.requests != nil,
+		CanWithdraw: c.can(r, "act", Resource{Kind: "saga", Type: in.Type, ID: in.ID, Op: "withdraw"})}
 	names := make([]string, 0, len(in.Steps))
 	for name := range in.Steps {
 		names = append(names, name)
@@ -175,7 +196,9 @@ func (c *Console) sagaPage(w http.ResponseWriter, r *http.Request) {
 	}
 	d.Picture = buildPicture(c.sagas, in, names, hist, time.Now())
 	d.Stalled = c.stalledCommand(r, in, hist)
-	d.Actions = allowedActions(in)
+	d.Actions = slices.DeleteFunc(allowedActions(in), func(a string) bool {
+		return !c.can(r, "act", Resource{Kind: "saga", Type: in.Type, ID: in.ID, Op: a})
+	})
 	if in.Status == saga.StatusCompensated {
 		d.Outcome = in.LastError
 		for _, h := range hist {
@@ -223,6 +246,10 @@ func actionLabel(action string) string {
 // refusal words why the saga's state refuses action, in the console's
 // terms (its buttons and states), not the library's.
 func refusal(action string, in *saga.Instance, err error) string {
+	if strings.Contains(err.Error(), ": stale: ") && in != nil {
+		return fmt.Sprintf("the saga changed since you looked at it: it is now %s at step %q (revision %d). Nothing you did not see is acted on: open its page again and decide on what it shows.",
+			in.Status, in.Step, in.Revision)
+	}
 	if in != nil {
 		switch {
 		case in.Status == saga.StatusCompleted || in.Status == saga.StatusCompensated:
@@ -271,6 +298,13 @@ type sagaConfirmData struct {
 	// Request: the console has no definitions; the action is recorded as
 	// an operator request for the service's orchestrator.
 	Request bool
+	// Saga is the saga as the operator is shown it now: its step and
+	// revision go with the form, and the action is refused as stale if
+	// the saga moved on before it is confirmed.
+	Saga *saga.Instance
+	// Moved is set when the saga changed since the page the operator came
+	// from (its revision, rev in the link): the page offers no form.
+	Moved bool
 }
 
 // sagaTarget reads and checks the action and saga id of a confirm page or
@@ -288,6 +322,28 @@ func (c *Console) sagaTarget(w http.ResponseWriter, r *http.Request) (sagaConfir
 	return d, true
 }
 
+// sagaFor loads the saga an action is on and checks that r's identity may
+// take it; it writes the error page and returns nil when not.
+func (c *Console) sagaFor(w http.ResponseWriter, r *http.Request, ctx context.Context, d sagaConfirmData) *saga.Instance {
+	in, err := c.sagas.Get(ctx, d.ID)
+	if errors.Is(err, saga.ErrNotFound) {
+		if c.allow(w, r, "act", Resource{Kind: "saga", ID: d.ID, Op: d.Action}) {
+			c.fail(w, r, http.StatusNotFound, fmt.Sprintf("No saga %q: nothing was changed.", d.ID))
+		}
+		return nil
+	}
+	if err != nil {
+		c.dbFail(w, r, err)
+		return nil
+	}
+	if !c.allow(w, r, "act", Resource{Kind: "saga", Type: in.Type, ID: in.ID, Op: d.Action}) {
+		return nil
+	}
+	return in
+}
+
+// sagaConfirm is an action's confirm page: what will happen to the saga
+// as it is now, and the form that does it, carrying the saga's revision.
 func (c *Console) sagaConfirm(w http.ResponseWriter, r *http.Request) {
 	if c.cfg.ReadOnly {
 		c.fail(w, r, http.StatusForbidden, "The console is read-only.")
@@ -296,6 +352,14 @@ func (c *Console) sagaConfirm(w http.ResponseWriter, r *http.Request) {
 	d, ok := c.sagaTarget(w, r)
 	if !ok {
 		return
+	}
+	ctx, cancel := reqCtx(r)
+	defer cancel()
+	if d.Saga = c.sagaFor(w, r, ctx, d); d.Saga == nil {
+		return
+	}
+	if rev := r.URL.Query().Get("rev"); rev != "" && rev != strconv.FormatInt(d.Saga.Revision, 10) {
+		d.Moved = true
 	}
 	d.Effect = sagaEffects[d.Action]
 	d.Question = fmt.Sprintf("%s saga %s?", strings.ToUpper(d.Action[:1])+strings.ReplaceAll(d.Action[1:], "-", " "), d.ID)
@@ -314,12 +378,20 @@ func (c *Console) sagaAct(w http.ResponseWriter, r *http.Request) (string, bool)
 	if !ok {
 		return "", false
 	}
-	reason := strings.TrimSpace(r.FormValue("reason"))
-	if reason == "" {
-		c.fail(w, r, http.StatusBadRequest, "A reason is required (it is recorded in the saga's history): nothing was changed.")
+	ctx, cancel := reqCtx(r)
+	defer cancel()
+	if c.sagaFor(w, r, ctx, d) == nil {
 		return "", false
 	}
-	operator := c.cfg.Operator(r)
+	reason, ok := c.reason(w, r)
+	if !ok {
+		return "", false
+	}
+	rev, err := strconv.ParseInt(r.PostFormValue("revision"), 10, 64)
+	if err != nil || rev <= 0 {
+		c.fail(w, r, http.StatusBadRequest, "The form does not say which state of the saga you saw (its revision): nothing was changed. Open the saga's page again.")
+		return "", false
+	}
 	act := map[string]func(*saga.Orchestrator, context.Context, string, saga.Actor) (*saga.Instance, error){
 		"retry":            (*saga.Orchestrator).Retry,
 		"skip":             (*saga.Orchestrator).Skip,
@@ -328,11 +400,9 @@ func (c *Console) sagaAct(w http.ResponseWriter, r *http.Request) (string, bool)
 		"pause":            (*saga.Orchestrator).Pause,
 		"resume":           (*saga.Orchestrator).Resume,
 	}[d.Action]
-	ctx, cancel := reqCtx(r)
-	defer cancel()
-	by := saga.Actor{Operator: operator, Reason: reason}
+	by := actor(r, reason)
+	by.Revision = rev
 	var in *saga.Instance
-	var err error
 	var withdrawn *saga.Request
 	switch {
 	case d.Action == "withdraw":
@@ -342,31 +412,9 @@ func (c *Console) sagaAct(w http.ResponseWriter, r *http.Request) (string, bool)
 	default:
 		in, err = act(c.sagas, ctx, d.ID, by)
 	}
-	attrs := []any{"operator", operator, "action", d.Action, "saga_id", d.ID, "reason", reason}
-	switch {
-	case errors.Is(err, saga.ErrRequestPending), errors.Is(err, saga.ErrNoRequest):
-		c.log.Warn("console: saga action refused", append(attrs, "err", err)...)
-		c.fail(w, r, http.StatusConflict, "Refused, nothing was changed: "+err.Error()+".")
-		return "", false
-	case errors.Is(err, saga.ErrNotFound):
-		c.fail(w, r, http.StatusNotFound, fmt.Sprintf("No saga %q: nothing was changed.", d.ID))
-		return "", false
-	case errors.Is(err, saga.ErrNotRegistered):
-		c.log.Warn("console: saga action refused", append(attrs, "err", err)...)
-		msg := "this console does not have the saga's definition, so it cannot run the saga's next step. Serve the console from the service that registers the saga's type and version."
-		if cur, gerr := c.sagas.Get(ctx, d.ID); gerr == nil {
-			msg = fmt.Sprintf("this console does not have the definition of %s v%d, so it cannot run the saga's next step. Serve the console from the service that registers it.", cur.Type, cur.Version)
-		}
-		c.fail(w, r, http.StatusConflict, "Refused, nothing was changed: "+msg)
-		return "", false
-	case errors.Is(err, saga.ErrActionNotAllowed):
-		c.log.Warn("console: saga action refused", append(attrs, "err", err)...)
-		cur, _ := c.sagas.Get(ctx, d.ID)
-		c.fail(w, r, http.StatusConflict, "Refused, nothing was changed: "+refusal(d.Action, cur, err))
-		return "", false
-	case err != nil:
-		c.log.Error("console: saga action failed", append(attrs, "err", err)...)
-		c.fail(w, r, http.StatusInternalServerError, "Failed, nothing was changed: "+err.Error())
+	attrs := []any{"operator", by.Operator, "action", d.Action, "saga_id", d.ID, "reason", reason, "revision", rev}
+	if err != nil {
+		c.sagaRefused(w, r, ctx, d, err, attrs)
 		return "", false
 	}
 	if withdrawn != nil {
@@ -379,6 +427,32 @@ func (c *Console) sagaAct(w http.ResponseWriter, r *http.Request) (string, bool)
 	}
 	c.log.Info("console: saga "+d.Action, append(attrs, "status", string(in.Status))...)
 	return "/saga?id=" + url.QueryEscape(d.ID) + "&done=" + d.Action, true
+}
+
+// sagaRefused shows why a saga action failed or was refused; nothing was
+// changed.
+func (c *Console) sagaRefused(w http.ResponseWriter, r *http.Request, ctx context.Context, d sagaConfirmData, err error, attrs []any) {
+	switch {
+	case errors.Is(err, saga.ErrRequestPending), errors.Is(err, saga.ErrNoRequest):
+		c.log.Warn("console: saga action refused", append(attrs, "err", err)...)
+		c.fail(w, r, http.StatusConflict, "Refused, nothing was changed: "+err.Error()+".")
+	case errors.Is(err, saga.ErrNotFound):
+		c.fail(w, r, http.StatusNotFound, fmt.Sprintf("No saga %q: nothing was changed.", d.ID))
+	case errors.Is(err, saga.ErrNotRegistered):
+		c.log.Warn("console: saga action refused", append(attrs, "err", err)...)
+		msg := "this console does not have the saga's definition, so it cannot run the saga's next step. Serve the console from the service that registers the saga's type and version."
+		if cur, gerr := c.sagas.Get(ctx, d.ID); gerr == nil {
+			msg = fmt.Sprintf("this console does not have the definition of %s v%d, so it cannot run the saga's next step. Serve the console from the service that registers it.", cur.Type, cur.Version)
+		}
+		c.fail(w, r, http.StatusConflict, "Refused, nothing was changed: "+msg)
+	case errors.Is(err, saga.ErrActionNotAllowed):
+		c.log.Warn("console: saga action refused", append(attrs, "err", err)...)
+		cur, _ := c.sagas.Get(ctx, d.ID)
+		c.fail(w, r, http.StatusConflict, "Refused, nothing was changed: "+refusal(d.Action, cur, err))
+	default:
+		c.log.Error("console: saga action failed", append(attrs, "err", err)...)
+		c.fail(w, r, http.StatusInternalServerError, "Failed, nothing was changed: "+err.Error())
+	}
 }
 
 // sagaFlash is the message after a saga action's redirect, from fixed

@@ -72,7 +72,7 @@ func TestSagaPages(t *testing.T) {
 	contains(t, "saga page", r.body, `<span class="status stuck" id="saga-status">stuck</span>`,
 		`<td class="mono" id="saga-step">reserve</td>`, `stock service says: no such reservation`,
 		`&#34;reserved&#34;: true`, `data-event="started"`, `data-event="stuck"`,
-		`href="/saga/retry?id=refund-1"`, `href="/saga/mark-compensated?id=refund-1"`, `>Mark compensated</a>`)
+		`href="/saga/retry?id=refund-1&rev=`, `href="/saga/mark-compensated?id=refund-1&rev=`, `>Mark compensated</a>`)
 	// Stuck while compensating: only what that state allows is offered.
 	for _, forbidden := range []string{`id="action-skip"`, `id="action-abort"`} {
 		if strings.Contains(r.body, forbidden) {
@@ -100,31 +100,31 @@ func TestSagaActions(t *testing.T) {
 
 	token := b.confirm("/saga/retry?id=refund-1")
 	// No token, no reason, a forbidden action: refused, nothing changes.
-	r := b.post("/saga/retry", url.Values{"id": {"refund-1"}, "reason": {"x"}})
+	r := b.sagaPost("/saga/retry", url.Values{"id": {"refund-1"}, "reason": {"x"}})
 	if r.status != http.StatusForbidden {
 		t.Errorf("POST without CSRF token: %d", r.status)
 	}
-	r = b.post("/saga/retry", url.Values{"id": {"refund-1"}, "csrf_token": {token}})
+	r = b.sagaPost("/saga/retry", url.Values{"id": {"refund-1"}, "csrf_token": {token}})
 	if r.status != http.StatusBadRequest || !strings.Contains(r.body, "A reason is required") {
 		t.Errorf("POST without reason: %d\n%s", r.status, r.body)
 	}
-	r = b.post("/saga/skip", url.Values{"id": {"refund-1"}, "csrf_token": {token}, "reason": {"x"}})
+	r = b.sagaPost("/saga/skip", url.Values{"id": {"refund-1"}, "csrf_token": {token}, "reason": {"x"}})
 	if r.status != http.StatusConflict || !strings.Contains(r.body, "Refused, nothing was changed") ||
 		!strings.Contains(r.body, "this saga is compensating. Use Mark compensated") || strings.Contains(r.body, "MarkCompensated") {
 		t.Errorf("skip of a compensating saga: %d, want a refusal in the console's words\n%s", r.status, r.body)
 	}
-	r = b.post("/saga/retry", url.Values{"id": {"nope"}, "csrf_token": {token}, "reason": {"x"}})
+	r = b.sagaPost("/saga/retry", url.Values{"id": {"nope"}, "csrf_token": {token}, "reason": {"x"}})
 	if r.status != http.StatusNotFound {
 		t.Errorf("retry of an unknown saga: %d", r.status)
 	}
-	if r := b.post("/saga/explode", url.Values{"id": {"refund-1"}, "csrf_token": {token}, "reason": {"x"}}); r.status != http.StatusNotFound {
+	if r := b.sagaPost("/saga/explode", url.Values{"id": {"refund-1"}, "csrf_token": {token}, "reason": {"x"}}); r.status != http.StatusNotFound {
 		t.Errorf("unknown action: %d", r.status)
 	}
 	unchanged("refused POSTs", "refund-1", rev)
 
 	// Retry, confirmed with a reason: compensated, operator on record.
 	s.Fix.Store(true)
-	r = b.post("/saga/retry", url.Values{"id": {"refund-1"}, "csrf_token": {token}, "reason": {"stock fixed"}})
+	r = b.sagaPost("/saga/retry", url.Values{"id": {"refund-1"}, "csrf_token": {token}, "reason": {"stock fixed"}})
 	if r.status != http.StatusSeeOther || r.location != "/saga?id=refund-1&done=retry" {
 		t.Fatalf("retry: %d to %q\n%s", r.status, r.location, r.body)
 	}
@@ -136,7 +136,7 @@ func TestSagaActions(t *testing.T) {
 	contains(t, "log", b.logs.String(), "console: saga retry", "operator=alice", "saga_id=refund-1")
 
 	// Abort the waiting one.
-	r = b.post("/saga/abort", url.Values{"id": {"ship-1"}, "csrf_token": {token}, "reason": {"cancelled"}})
+	r = b.sagaPost("/saga/abort", url.Values{"id": {"ship-1"}, "csrf_token": {token}, "reason": {"cancelled"}})
 	if r.status != http.StatusSeeOther {
 		t.Fatalf("abort: %d\n%s", r.status, r.body)
 	}
@@ -148,7 +148,7 @@ func TestSagaActions(t *testing.T) {
 		t.Error("an ended saga shows operator actions")
 	}
 	rev = s.Get(t, "refund-1").Revision
-	if r := b.post("/saga/retry", url.Values{"id": {"refund-1"}, "csrf_token": {token}, "reason": {"x"}}); r.status != http.StatusConflict {
+	if r := b.sagaPost("/saga/retry", url.Values{"id": {"refund-1"}, "csrf_token": {token}, "reason": {"x"}}); r.status != http.StatusConflict {
 		t.Errorf("retry of an ended saga: %d", r.status)
 	}
 	unchanged("retry of an ended saga", "refund-1", rev)
@@ -169,7 +169,7 @@ func TestSagaActionsWithoutDefinitions(t *testing.T) {
 	token := b.confirm("/saga/retry?id=refund-1")
 
 	// Refused by the saga's state before anything is recorded.
-	r := b.post("/saga/skip", url.Values{"id": {"refund-1"}, "csrf_token": {token}, "reason": {"x"}})
+	r := b.sagaPost("/saga/skip", url.Values{"id": {"refund-1"}, "csrf_token": {token}, "reason": {"x"}})
 	if r.status != http.StatusConflict || !strings.Contains(r.body, "this saga is compensating. Use Mark compensated") || strings.Contains(r.body, "MarkCompensated") {
 		t.Errorf("skip of a compensating saga: %d, want a refusal in the console's words\n%s", r.status, r.body)
 	}
@@ -177,7 +177,7 @@ func TestSagaActionsWithoutDefinitions(t *testing.T) {
 		t.Error("a refused request changed the saga")
 	}
 
-	r = b.post("/saga/retry", url.Values{"id": {"refund-1"}, "csrf_token": {token}, "reason": {"stock fixed"}})
+	r = b.sagaPost("/saga/retry", url.Values{"id": {"refund-1"}, "csrf_token": {token}, "reason": {"stock fixed"}})
 	if r.status != http.StatusSeeOther || r.location != "/saga?id=refund-1&requested=retry" {
 		t.Fatalf("retry: %d to %q\n%s", r.status, r.location, r.body)
 	}
@@ -188,7 +188,7 @@ func TestSagaActionsWithoutDefinitions(t *testing.T) {
 	contains(t, "page after the request", b.get(r.location).body, `id="flash">Requested: retry.`, `id="saga-request">retry by alice`)
 	contains(t, "log", b.logs.String(), "console: saga retry requested", "operator=alice", "saga_id=refund-1")
 	// One pending request at a time.
-	r = b.post("/saga/mark-compensated", url.Values{"id": {"refund-1"}, "csrf_token": {token}, "reason": {"x"}})
+	r = b.sagaPost("/saga/mark-compensated", url.Values{"id": {"refund-1"}, "csrf_token": {token}, "reason": {"x"}})
 	if r.status != http.StatusConflict || !strings.Contains(r.body, "an operator request is pending") {
 		t.Errorf("second request: %d\n%s", r.status, r.body)
 	}
@@ -214,7 +214,7 @@ func TestSagaReadOnly(t *testing.T) {
 	if r := b.get("/saga/retry?id=refund-1"); r.status != http.StatusForbidden {
 		t.Errorf("read-only confirm page: %d", r.status)
 	}
-	if r := b.post("/saga/retry", url.Values{"id": {"refund-1"}, "reason": {"x"}}); r.status != http.StatusForbidden {
+	if r := b.sagaPost("/saga/retry", url.Values{"id": {"refund-1"}, "reason": {"x"}}); r.status != http.StatusForbidden {
 		t.Errorf("read-only POST: %d", r.status)
 	}
 }
@@ -251,17 +251,17 @@ func TestSagaWithdrawRequest(t *testing.T) {
 	s.StuckRefund(t, "refund-1")
 	b := setupOn(t, db, console.Config{})
 	token := b.confirm("/saga/retry?id=refund-1")
-	r := b.post("/saga/withdraw", url.Values{"id": {"refund-1"}, "csrf_token": {token}, "reason": {"x"}})
+	r := b.sagaPost("/saga/withdraw", url.Values{"id": {"refund-1"}, "csrf_token": {token}, "reason": {"x"}})
 	if r.status != http.StatusConflict || !strings.Contains(r.body, "no operator request is pending") {
 		t.Errorf("withdraw with nothing pending: %d\n%s", r.status, r.body)
 	}
-	r = b.post("/saga/retry", url.Values{"id": {"refund-1"}, "csrf_token": {token}, "reason": {"stock fixed"}})
+	r = b.sagaPost("/saga/retry", url.Values{"id": {"refund-1"}, "csrf_token": {token}, "reason": {"stock fixed"}})
 	if r.status != http.StatusSeeOther {
 		t.Fatalf("retry: %d\n%s", r.status, r.body)
 	}
-	contains(t, "saga page", b.get("/saga?id=refund-1").body, `id="action-withdraw" href="/saga/withdraw?id=refund-1"`)
+	contains(t, "saga page", b.get("/saga?id=refund-1").body, `id="action-withdraw" href="/saga/withdraw?id=refund-1&rev=`)
 	contains(t, "confirm page", b.get("/saga/withdraw?id=refund-1").body, "Withdraw the pending operator request on saga refund-1?")
-	r = b.post("/saga/withdraw", url.Values{"id": {"refund-1"}, "csrf_token": {token}, "reason": {"not fixed after all"}})
+	r = b.sagaPost("/saga/withdraw", url.Values{"id": {"refund-1"}, "csrf_token": {token}, "reason": {"not fixed after all"}})
 	if r.status != http.StatusSeeOther || r.location != "/saga?id=refund-1&done=withdraw" {
 		t.Fatalf("withdraw: %d to %q\n%s", r.status, r.location, r.body)
 	}
@@ -322,20 +322,20 @@ func TestSagaPauseResumeButtons(t *testing.T) {
 	s.WaitingShip(t, "ship-1")
 	s.StuckRefund(t, "refund-1")
 
-	contains(t, "running saga page", b.get("/saga?id=ship-1").body, `id="action-pause" href="/saga/pause?id=ship-1"`, `>Pause</a>`)
+	contains(t, "running saga page", b.get("/saga?id=ship-1").body, `id="action-pause" href="/saga/pause?id=ship-1&rev=`, `>Pause</a>`)
 	if body := b.get("/saga?id=refund-1").body; strings.Contains(body, `id="action-pause"`) {
 		t.Error("a stuck saga offers Pause")
 	}
 	contains(t, "confirm page", b.get("/saga/pause?id=ship-1").body, "fires no timer until it is resumed")
 	token := b.confirm("/saga/pause?id=ship-1")
-	if r := b.post("/saga/pause", url.Values{"id": {"ship-1"}, "reason": {"audit"}}); r.status != http.StatusForbidden {
+	if r := b.sagaPost("/saga/pause", url.Values{"id": {"ship-1"}, "reason": {"audit"}}); r.status != http.StatusForbidden {
 		t.Errorf("pause without CSRF token: %d", r.status)
 	}
-	r := b.post("/saga/resume", url.Values{"id": {"ship-1"}, "csrf_token": {token}, "reason": {"x"}})
+	r := b.sagaPost("/saga/resume", url.Values{"id": {"ship-1"}, "csrf_token": {token}, "reason": {"x"}})
 	if r.status != http.StatusConflict || !strings.Contains(r.body, "the saga is not paused (it is running)") {
 		t.Errorf("resume of a running saga: %d\n%s", r.status, r.body)
 	}
-	r = b.post("/saga/pause", url.Values{"id": {"ship-1"}, "csrf_token": {token}, "reason": {"warehouse audit"}})
+	r = b.sagaPost("/saga/pause", url.Values{"id": {"ship-1"}, "csrf_token": {token}, "reason": {"warehouse audit"}})
 	if r.status != http.StatusSeeOther || r.location != "/saga?id=ship-1&done=pause" {
 		t.Fatalf("pause: %d to %q\n%s", r.status, r.location, r.body)
 	}
@@ -344,18 +344,18 @@ func TestSagaPauseResumeButtons(t *testing.T) {
 	}
 	operatorEntry(t, s, "ship-1", "pause", "alice", "warehouse audit")
 	page := b.get(r.location).body
-	contains(t, "paused saga page", page, `id="flash">Done: pause.`, `saga-status">paused`, `id="action-resume" href="/saga/resume?id=ship-1"`)
+	contains(t, "paused saga page", page, `id="flash">Done: pause.`, `saga-status">paused`, `id="action-resume" href="/saga/resume?id=ship-1&rev=`)
 	for _, forbidden := range []string{`id="action-retry"`, `id="action-skip"`, `id="action-abort"`, `id="action-pause"`} {
 		if strings.Contains(page, forbidden) {
 			t.Errorf("a paused saga's page offers %s", forbidden)
 		}
 	}
 	contains(t, "paused list", b.get("/sagas?status=paused").body, "ship-1")
-	r = b.post("/saga/retry", url.Values{"id": {"ship-1"}, "csrf_token": {token}, "reason": {"x"}})
+	r = b.sagaPost("/saga/retry", url.Values{"id": {"ship-1"}, "csrf_token": {token}, "reason": {"x"}})
 	if r.status != http.StatusConflict || !strings.Contains(r.body, "the saga is paused. Resume it first.") {
 		t.Errorf("retry of a paused saga: %d\n%s", r.status, r.body)
 	}
-	r = b.post("/saga/resume", url.Values{"id": {"ship-1"}, "csrf_token": {token}, "reason": {"audit done"}})
+	r = b.sagaPost("/saga/resume", url.Values{"id": {"ship-1"}, "csrf_token": {token}, "reason": {"audit done"}})
 	if r.status != http.StatusSeeOther || r.location != "/saga?id=ship-1&done=resume" {
 		t.Fatalf("resume: %d to %q\n%s", r.status, r.location, r.body)
 	}

@@ -65,7 +65,7 @@ func newServices(pool *pgxpool.Pool, cfg Config) (*Console, error) {
 	static, _ := fs.Sub(staticFS, "static")
 	s.static = http.StripPrefix(s.prefix+"/static/", http.FileServerFS(static))
 	top.set, top.service = s, ""
-	top.handler = securityHeaders(http.HandlerFunc(s.serve))
+	top.handler = securityHeaders(top.authenticate(s.prefix+"/static/", http.HandlerFunc(s.serve)))
 	return top, nil
 }
 
@@ -213,11 +213,14 @@ func (s *serviceSet) discovered(w http.ResponseWriter, r *http.Request) bool {
 }
 
 func (s *serviceSet) overview(w http.ResponseWriter, r *http.Request) {
-	if !s.discovered(w, r) {
+	if !s.top.allow(w, r, "read", Resource{Kind: "overview"}) || !s.discovered(w, r) {
 		return
 	}
 	var rows []serviceRow
 	for _, c := range s.list() {
+		if !c.can(r, "read", Resource{Kind: "overview"}) {
+			continue // a service this identity may not see is not listed
+		}
 		row := serviceRow{Name: c.service, Path: c.cfg.Prefix + "/"}
 		d, err := c.overviewData(r)
 		if err != nil {

@@ -1,6 +1,7 @@
 package console_test
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -22,6 +23,9 @@ func serveServices(t *testing.T, db *pgtest.DB, cfg console.Config) *bundle {
 	b := &bundle{t: t, db: db, logs: &syncBuffer{}, prefix: "/ops"}
 	cfg.Prefix = "/ops"
 	cfg.Logger = slog.New(slog.NewTextHandler(b.logs, nil))
+	if cfg.Authenticate == nil {
+		cfg.Authenticate = console.ProxyAuth("", "", loopback...)
+	}
 	c, err := console.New(db.Pool, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -76,7 +80,7 @@ func TestConsoleOverTwoServices(t *testing.T) {
 
 	// An action in one service acts on its schema.
 	token := b.confirm("/s/orders/outbox/dead/requeue?id=" + dead[0])
-	r = b.post("/s/orders/outbox/dead/requeue", url.Values{"csrf_token": {token}, "id": {dead[0]}})
+	r = b.post("/s/orders/outbox/dead/requeue", url.Values{"csrf_token": {token}, "id": {dead[0]}, "reason": {"fixed"}})
 	if r.status != http.StatusSeeOther || r.location != "/ops/s/orders/outbox/dead?kind=outbox&done=requeue&n=1" {
 		t.Fatalf("POST requeue: %d to %q\n%s", r.status, r.location, r.body)
 	}
@@ -122,8 +126,39 @@ func TestServicesConfigRefused(t *testing.T) {
 		"duplicate":              {Services: []console.Service{{Name: "a"}, {Name: "a", Schema: "b"}}},
 		"bad schema":             {Services: []console.Service{{Name: "a", Schema: `x"y`}}},
 	} {
+		cfg.Authenticate = console.ProxyAuth("", "", loopback...)
 		if _, err := console.New(db.Pool, cfg); !errors.Is(err, core.ErrConfig) {
 			t.Errorf("%s: %v, want ErrConfig", name, err)
 		}
+	}
+}
+
+// Authorize decides per service: an identity the authorizer keeps out of
+// one service does not see it listed on the overview, and its pages and
+// actions are refused, while the other service's are served.
+func TestAuthorizePerService(t *testing.T) {
+	t.Parallel()
+	payments, orders := pgtest.New(t), pgtest.New(t)
+	dead := opstest.OutboxDead(t, orders, "orders", 1)
+	opstest.OutboxDead(t, payments, "payments", 1)
+	b := serveServices(t, payments, console.Config{
+		Services: []console.Service{{Name: "payments", Schema: payments.Schema}, {Name: "orders", Schema: orders.Schema}},
+		Authorize: func(ctx context.Context, who console.Identity, action console.Action, res console.Resource) error {
+			if res.Service == "orders" {
+				return errors.New("orders is the orders team's")
+			}
+			return console.ByRole(ctx, who, action, res)
+		},
+	})
+	r := b.get("/")
+	if !strings.Contains(r.body, `<tr data-service="payments">`) || strings.Contains(r.body, `<tr data-service="orders">`) {
+		t.Errorf("the overview lists a service the identity may not see:\n%s", r.body)
+	}
+	if r := b.get("/s/orders/outbox/dead"); r.status != http.StatusForbidden || strings.Contains(r.body, dead[0]) ||
+		!strings.Contains(r.body, "orders is the orders team&#39;s") {
+		t.Errorf("the orders service's page: %d\n%s", r.status, r.body)
+	}
+	if r := b.get("/s/payments/outbox/dead"); r.status != http.StatusOK {
+		t.Errorf("the payments service's page: %d", r.status)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/millrace/millrace/core"
+	"github.com/millrace/millrace/internal/audit"
 	"github.com/millrace/millrace/internal/bulk"
 )
 
@@ -31,18 +32,26 @@ func (d *DeadLetters) DryRun(ctx context.Context, q core.DeadLetterQuery, page i
 	return &core.DryRun[DeadLetter]{Count: n, First: first}, nil
 }
 
-// RequeueMatching requeues (as Requeue) the consumer's dead letters q
-// selects, 500 per transaction, and returns how many it requeued. A dead
-// letter requeued or discarded meanwhile by someone else is not counted.
-func (d *DeadLetters) RequeueMatching(ctx context.Context, q core.DeadLetterQuery) (int, error) {
-	return bulk.Apply(d.walk(ctx, q), deadEventID, func(ids ...string) (int, error) { return d.Requeue(ctx, ids...) })
+// RequeueMatching requeues (as Requeue, by by) the consumer's dead
+// letters q selects, 500 per transaction, and returns how many it
+// requeued. A dead letter requeued or discarded meanwhile by someone else
+// is not counted.
+func (d *DeadLetters) RequeueMatching(ctx context.Context, q core.DeadLetterQuery, by core.Actor) (int, error) {
+	if err := audit.Check(by, "inbox: requeue dead letters of "+d.consumer); err != nil {
+		return 0, err
+	}
+	return bulk.Apply(d.walk(ctx, q), deadEventID, func(ids ...string) (int, error) { return d.Requeue(ctx, by, ids...) })
 }
 
-// DiscardMatching discards (as Discard) the consumer's dead letters q
-// selects, 500 per transaction, and returns how many it discarded. A dead
-// letter requeued or discarded meanwhile by someone else is not counted.
-func (d *DeadLetters) DiscardMatching(ctx context.Context, q core.DeadLetterQuery) (int, error) {
-	return bulk.Apply(d.walk(ctx, q), deadEventID, func(ids ...string) (int, error) { return d.Discard(ctx, ids...) })
+// DiscardMatching discards (as Discard, by by) the consumer's dead
+// letters q selects, 500 per transaction, and returns how many it
+// discarded. A dead letter requeued or discarded meanwhile by someone else
+// is not counted.
+func (d *DeadLetters) DiscardMatching(ctx context.Context, q core.DeadLetterQuery, by core.Actor) (int, error) {
+	if err := audit.Check(by, "inbox: discard dead letters of "+d.consumer); err != nil {
+		return 0, err
+	}
+	return bulk.Apply(d.walk(ctx, q), deadEventID, func(ids ...string) (int, error) { return d.Discard(ctx, by, ids...) })
 }
 
 func deadEventID(e DeadLetter) string { return e.EventID }

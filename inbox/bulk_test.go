@@ -108,7 +108,7 @@ func TestDeadLettersInBulk(t *testing.T) {
 	if got := dead("c"); len(got) != 6 {
 		t.Fatalf("the dry runs changed the dead letters: %v", got)
 	}
-	if n, err := dl.RequeueMatching(ctx, core.DeadLetterQuery{Error: "%timeout%"}); err != nil || n != 3 {
+	if n, err := dl.RequeueMatching(ctx, core.DeadLetterQuery{Error: "%timeout%"}, opsActor); err != nil || n != 3 {
 		t.Fatalf("requeue matching: %d, %v; want 3", n, err)
 	}
 	if got := dead("c"); !slices.Equal(got, ids("c", 3, 4, 5)) {
@@ -119,13 +119,13 @@ func TestDeadLettersInBulk(t *testing.T) {
 		` WHERE consumer = 'c' AND attempts = 0 AND dead_at IS NULL AND NOT processed`).Scan(&attempts); err != nil || attempts != 3 {
 		t.Errorf("requeued rows with a fresh start: %d, %v; want 3", attempts, err)
 	}
-	if n, err := dl.DiscardMatching(ctx, core.DeadLetterQuery{Topic: "payments", DeadBefore: halfHourAgo}); err != nil || n != 1 {
+	if n, err := dl.DiscardMatching(ctx, core.DeadLetterQuery{Topic: "payments", DeadBefore: halfHourAgo}, opsActor); err != nil || n != 1 {
 		t.Fatalf("discard matching: %d, %v; want 1", n, err)
 	}
 	if got := dead("c"); !slices.Equal(got, ids("c", 3, 4)) {
 		t.Errorf("after discarding the old one, dead %v; want %v", got, ids("c", 3, 4))
 	}
-	if n, err := dl.DiscardMatching(ctx, core.DeadLetterQuery{Error: "%timeout%"}); err != nil || n != 0 {
+	if n, err := dl.DiscardMatching(ctx, core.DeadLetterQuery{Error: "%timeout%"}, opsActor); err != nil || n != 0 {
 		t.Errorf("discard of what was requeued: %d, %v; want 0", n, err)
 	}
 	if got := dead("other"); len(got) != 6 {

@@ -8,10 +8,10 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace/core"
+	"github.com/millrace/millrace/internal/audit"
 	"github.com/millrace/millrace/internal/sqlident"
 )
 
@@ -44,6 +44,7 @@ type DeadLetter struct {
 type DeadLetters struct {
 	pool                   *pgxpool.Pool
 	consumer               string
+	trail                  *audit.Trail
 	list, requeue, discard string
 }
 
@@ -61,6 +62,7 @@ func NewDeadLetters(pool *pgxpool.Pool, cfg DeadLetterConfig) (*DeadLetters, err
 	return &DeadLetters{
 		pool:     pool,
 		consumer: cfg.Consumer,
+		trail:    audit.New(schema),
 		// Uses inbox_event_dead_idx.
 		list: fmt.Sprintf(`SELECT id, event_id::text, topic, partition_key, payload, metadata::text, attempts, coalesce(last_error, ''), received_at, dead_at
   FROM %s
@@ -68,10 +70,14 @@ func NewDeadLetters(pool *pgxpool.Pool, cfg DeadLetterConfig) (*DeadLetters, err
    AND ($3 = '' OR topic = $3)
    AND ($4 = '' OR partition_key = $4)
  ORDER BY id LIMIT $5`, table),
+		// Requeue and discard return what they acted on, for the audit
+		// trail.
 		requeue: fmt.Sprintf(`UPDATE %s SET dead_at = NULL, attempts = 0, next_attempt_at = NULL
- WHERE consumer = $1 AND event_id = ANY($2::uuid[]) AND dead_at IS NOT NULL AND NOT processed`, table),
+ WHERE consumer = $1 AND event_id = ANY($2::uuid[]) AND dead_at IS NOT NULL AND NOT processed
+RETURNING event_id::text, topic`, table),
 		discard: fmt.Sprintf(`UPDATE %s SET processed = true, processed_at = now(), discarded_at = now()
- WHERE consumer = $1 AND event_id = ANY($2::uuid[]) AND dead_at IS NOT NULL AND NOT processed`, table),
+ WHERE consumer = $1 AND event_id = ANY($2::uuid[]) AND dead_at IS NOT NULL AND NOT processed
+RETURNING event_id::text, topic`, table),
 	}, nil
 }
 
@@ -129,37 +135,45 @@ func (d *DeadLetters) listQ(ctx context.Context, tx querier, p core.ListParams) 
 }
 
 // Requeue gives dead-lettered messages a fresh start: attempts back to 0,
-// eligible at once (their last error is kept). Ids that are not dead
-// letters of the consumer are ignored; the count says how many were
-// requeued. An id that is not a UUID fails the whole call, before anything
-// is sent, with an error wrapping core.ErrInvalidEventID. This is how
-// outbox.Admin treats ids too.
-func (d *DeadLetters) Requeue(ctx context.Context, eventIDs ...string) (int, error) {
-	return d.exec(ctx, nil, d.requeue, "requeue", eventIDs)
+// eligible at once (their last error is kept). by says who does it and
+// why (both required): each message requeued is recorded in the audit
+// trail in the same transaction. Ids that are not dead letters of the
+// consumer are ignored; the count says how many were requeued. An id that
+// is not a UUID fails the whole call, before anything is sent, with an
+// error wrapping core.ErrInvalidEventID; an incomplete by with one
+// wrapping core.ErrNoActor. This is how outbox.Admin treats them too.
+func (d *DeadLetters) Requeue(ctx context.Context, by core.Actor, eventIDs ...string) (int, error) {
+	return d.exec(ctx, nil, d.requeue, "requeue", eventIDs, by)
 }
 
-// RequeueTx is Requeue in the caller's transaction. An invalid id leaves
-// tx as it was.
-func (d *DeadLetters) RequeueTx(ctx context.Context, tx pgx.Tx, eventIDs ...string) (int, error) {
-	return d.exec(ctx, tx, d.requeue, "requeue", eventIDs)
+// RequeueTx is Requeue in the caller's transaction (its audit entries
+// too). An invalid id or Actor leaves tx as it was.
+func (d *DeadLetters) RequeueTx(ctx context.Context, tx pgx.Tx, by core.Actor, eventIDs ...string) (int, error) {
+	return d.exec(ctx, tx, d.requeue, "requeue", eventIDs, by)
 }
 
 // Discard gives up on dead-lettered messages: they are marked processed
 // (and discarded) without running the handler, stay deduplicated until
-// retention removes them, and no longer hold their key. Ids are treated as
-// by Requeue: unknown ones are ignored, and one that is not a UUID fails
-// the call with core.ErrInvalidEventID before anything is sent.
-func (d *DeadLetters) Discard(ctx context.Context, eventIDs ...string) (int, error) {
-	return d.exec(ctx, nil, d.discard, "discard", eventIDs)
+// retention removes them, and no longer hold their key. Ids and by are
+// treated as by Requeue: unknown ids are ignored, one that is not a UUID
+// fails the call with core.ErrInvalidEventID, an incomplete by with
+// core.ErrNoActor, before anything is sent; each message discarded is
+// recorded in the audit trail.
+func (d *DeadLetters) Discard(ctx context.Context, by core.Actor, eventIDs ...string) (int, error) {
+	return d.exec(ctx, nil, d.discard, "discard", eventIDs, by)
 }
 
-// DiscardTx is Discard in the caller's transaction. An invalid id leaves
-// tx as it was.
-func (d *DeadLetters) DiscardTx(ctx context.Context, tx pgx.Tx, eventIDs ...string) (int, error) {
-	return d.exec(ctx, tx, d.discard, "discard", eventIDs)
+// DiscardTx is Discard in the caller's transaction (its audit entries
+// too). An invalid id or Actor leaves tx as it was.
+func (d *DeadLetters) DiscardTx(ctx context.Context, tx pgx.Tx, by core.Actor, eventIDs ...string) (int, error) {
+	return d.exec(ctx, tx, d.discard, "discard", eventIDs, by)
 }
 
-func (d *DeadLetters) exec(ctx context.Context, tx pgx.Tx, sql, what string, eventIDs []string) (int, error) {
+// exec runs sql in tx, or in a transaction of its own when tx is nil.
+func (d *DeadLetters) exec(ctx context.Context, tx pgx.Tx, sql, what string, eventIDs []string, by core.Actor) (int, error) {
+	if err := audit.Check(by, "inbox: "+what+" dead letters of "+d.consumer); err != nil {
+		return 0, err
+	}
 	ids := make([][16]byte, len(eventIDs)) // as in Deduplicator.eventIDs
 	for i, s := range eventIDs {
 		id, err := uuid.Parse(s)
@@ -171,20 +185,38 @@ func (d *DeadLetters) exec(ctx context.Context, tx pgx.Tx, sql, what string, eve
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	var (
-		tag pgconn.CommandTag
-		err error
-	)
+	var entries []audit.Entry
+	run := func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, sql, d.consumer, ids)
+		if err != nil {
+			return err
+		}
+		after := map[string]string{"requeue": "pending", "discard": "discarded"}[what]
+		entries, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (audit.Entry, error) {
+			e := audit.Entry{Actor: by, Action: "inbox." + what, Kind: audit.KindInbox, Scope: d.consumer,
+				Before: map[string]string{"state": "dead"}, After: map[string]string{"state": after}}
+			var topic string
+			err := row.Scan(&e.Target, &topic)
+			e.Detail = map[string]string{"topic": topic}
+			return e, err
+		})
+		if err != nil {
+			return err
+		}
+		return d.trail.Write(ctx, tx, entries...)
+	}
+	var err error
 	if tx != nil {
-		tag, err = tx.Exec(ctx, sql, d.consumer, ids)
+		err = run(tx)
 	} else {
 		if d.pool == nil {
 			return 0, fmt.Errorf("%w: DeadLetters made without a pool; use the ...Tx methods", core.ErrConfig)
 		}
-		tag, err = d.pool.Exec(ctx, sql, d.consumer, ids)
+		err = pgx.BeginFunc(ctx, d.pool, run)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("inbox: %s dead letters of %s: %w", what, d.consumer, err)
 	}
-	return int(tag.RowsAffected()), nil
+	audit.Count(entries...)
+	return len(entries), nil
 }

@@ -224,8 +224,8 @@ func TestDeadLettersInvalidAndUnknownIDs(t *testing.T) {
 	}
 	dl := p.DeadLetters()
 	for name, op := range map[string]func(tx pgx.Tx, ids ...string) (int, error){
-		"RequeueTx": func(tx pgx.Tx, ids ...string) (int, error) { return dl.RequeueTx(ctx, tx, ids...) },
-		"DiscardTx": func(tx pgx.Tx, ids ...string) (int, error) { return dl.DiscardTx(ctx, tx, ids...) },
+		"RequeueTx": func(tx pgx.Tx, ids ...string) (int, error) { return dl.RequeueTx(ctx, tx, opsActor, ids...) },
+		"DiscardTx": func(tx pgx.Tx, ids ...string) (int, error) { return dl.DiscardTx(ctx, tx, opsActor, ids...) },
 	} {
 		tx, err := b.db.Pool.Begin(ctx)
 		if err != nil {
@@ -245,13 +245,13 @@ func TestDeadLettersInvalidAndUnknownIDs(t *testing.T) {
 		}
 		_ = tx.Rollback(ctx)
 	}
-	if _, err := dl.Requeue(ctx, "nope"); !errors.Is(err, core.ErrInvalidEventID) {
+	if _, err := dl.Requeue(ctx, opsActor, "nope"); !errors.Is(err, core.ErrInvalidEventID) {
 		t.Errorf("Requeue(bad id) = %v; want ErrInvalidEventID", err)
 	}
-	if _, err := dl.Discard(ctx, "nope"); !errors.Is(err, core.ErrInvalidEventID) {
+	if _, err := dl.Discard(ctx, opsActor, "nope"); !errors.Is(err, core.ErrInvalidEventID) {
 		t.Errorf("Discard(bad id) = %v; want ErrInvalidEventID", err)
 	}
-	if n, err := dl.Requeue(ctx); n != 0 || err != nil {
+	if n, err := dl.Requeue(ctx, opsActor); n != 0 || err != nil {
 		t.Errorf("Requeue() = %d, %v; want 0, nil", n, err)
 	}
 	if got := b.count(t, `SELECT count(*) FROM `+b.table("inbox_event")+` WHERE dead_at IS NOT NULL`); got != 2 {
@@ -445,7 +445,7 @@ func TestProcessorOrderByKeyThreeProcessorsRandomFailures(t *testing.T) {
 	if got := b.count(t, `SELECT count(*) FROM `+b.effect+` WHERE note = 'k7'`); got != 5 {
 		t.Fatalf("key k7 applied %d rows while its sixth was dead; want 5", got)
 	}
-	if n, err := ps[0].DeadLetters().Requeue(ctx, dead); err != nil || n != 1 {
+	if n, err := ps[0].DeadLetters().Requeue(ctx, opsActor, dead); err != nil || n != 1 {
 		t.Fatalf("Requeue = %d, %v", n, err)
 	}
 	waitFor(t, 60*time.Second, "k7 to drain", func() bool { return b.effects(t) == keys*perKey })

@@ -1,6 +1,8 @@
 package inbox_test
 
 import (
+	"github.com/millrace/millrace/core"
+
 	"context"
 	"testing"
 	"time"
@@ -68,3 +70,6 @@ func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// opsActor is who the tests' operator actions are recorded as.
+var opsActor = core.Actor{Operator: "ops", Reason: "test"}

@@ -260,17 +260,17 @@ func TestProcessorFailuresAndDeadLetters(t *testing.T) {
 	}
 	// Requeue the flaky one after the fix; discard the permanent one.
 	fixed.Store(true)
-	if n, err := p.DeadLetters().Requeue(ctx, flaky); err != nil || n != 1 {
+	if n, err := p.DeadLetters().Requeue(ctx, opsActor, flaky); err != nil || n != 1 {
 		t.Fatalf("Requeue = %d, %v", n, err)
 	}
-	if n, err := p.DeadLetters().Requeue(ctx, flaky); err != nil || n != 0 {
+	if n, err := p.DeadLetters().Requeue(ctx, opsActor, flaky); err != nil || n != 0 {
 		t.Fatalf("second Requeue = %d, %v; want 0 (no longer dead), nil", n, err)
 	}
 	tx, err := b.db.Pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n, err := p.DeadLetters().DiscardTx(ctx, tx, permanent); err != nil || n != 1 {
+	if n, err := p.DeadLetters().DiscardTx(ctx, tx, opsActor, permanent); err != nil || n != 1 {
 		t.Fatalf("DiscardTx = %d, %v", n, err)
 	}
 	if err := tx.Commit(ctx); err != nil {

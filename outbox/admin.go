@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace/core"
+	"github.com/millrace/millrace/internal/audit"
 	"github.com/millrace/millrace/internal/sqlident"
 )
 
@@ -56,6 +57,7 @@ type Admin struct {
 	cdc         cdcSQL
 	cdcSlot     string
 
+	trail     *audit.Trail
 	listDead  string
 	requeue   string
 	discard   string
@@ -95,6 +97,7 @@ func NewAdmin(pool *pgxpool.Pool, cfg AdminConfig) (*Admin, error) {
 		cdc:         newCDCSQL(schema),
 		cdcSlot:     cfg.CDCSlot,
 		channel:     notifyChannel(schema),
+		trail:       audit.New(schema),
 		notifySQL:   `SELECT pg_notify($1, '')`,
 	}
 
@@ -114,7 +117,8 @@ func NewAdmin(pool *pgxpool.Pool, cfg AdminConfig) (*Admin, error) {
 	// Requeue and discard find the rows by event_id (its unique index),
 	// then the pending row by primary key. The "p.dead" condition is
 	// rechecked on the locked row, so a dead letter requeued and discarded
-	// at the same time ends up in exactly one of the two.
+	// at the same time ends up in exactly one of the two. They return
+	// what they acted on, for the audit trail.
 	a.requeue = fmt.Sprintf(`WITH pend AS (
     UPDATE %[1]s p SET dead = false, blocked = false, next_attempt_at = NULL
       FROM %[2]s e
@@ -122,7 +126,8 @@ func NewAdmin(pool *pgxpool.Pool, cfg AdminConfig) (*Admin, error) {
     RETURNING p.id
 )
 UPDATE %[2]s e SET dead_at = NULL, attempts = 0, next_attempt_at = NULL
-  FROM pend WHERE e.id = pend.id`, pending, event)
+  FROM pend WHERE e.id = pend.id
+RETURNING e.event_id::text, e.topic`, pending, event)
 
 	a.discard = fmt.Sprintf(`WITH pend AS (
     DELETE FROM %[1]s p
@@ -131,7 +136,8 @@ UPDATE %[2]s e SET dead_at = NULL, attempts = 0, next_attempt_at = NULL
     RETURNING p.id
 )
 UPDATE %[2]s e SET discarded_at = now()
-  FROM pend WHERE e.id = pend.id`, pending, event)
+  FROM pend WHERE e.id = pend.id
+RETURNING e.event_id::text, e.topic`, pending, event)
 
 	// Replay walks the log in id order (primary key), a chunk at a time.
 	// FOR KEY SHARE keeps retention from deleting a selected row before the
@@ -179,6 +185,7 @@ SELECT (SELECT max(id) FROM sel), (SELECT count(*) FROM sel), (SELECT count(*) F
 // dbtx is what the Admin needs of a pool or a transaction.
 type dbtx interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
@@ -235,57 +242,97 @@ func (a *Admin) List(ctx context.Context, p core.ListParams) ([]DeadLetter, erro
 
 // Requeue makes dead letters pending again, in a transaction of its own:
 // the relay retries them from the first attempt (their last error is kept
-// for history). Ids that are not dead letters are ignored; the count says
-// how many were requeued. An id that is not a UUID fails the whole call
-// with an error wrapping core.ErrInvalidEventID. An id written to several topics
-// (copies of one message) names each copy: every one of them that is a
-// dead letter is requeued (Discard likewise).
-func (a *Admin) Requeue(ctx context.Context, eventIDs ...string) (int, error) {
-	return a.requeueOn(ctx, a.pool, eventIDs)
+// for history). by says who does it and why (both required): each dead
+// letter requeued is recorded in the audit trail in the same transaction.
+// Ids that are not dead letters are ignored; the count says how many were
+// requeued. An id that is not a UUID fails the whole call with an error
+// wrapping core.ErrInvalidEventID, an incomplete by with one wrapping
+// core.ErrNoActor, before anything is sent. An id written to several
+// topics (copies of one message) names each copy: every one of them that
+// is a dead letter is requeued (Discard likewise).
+func (a *Admin) Requeue(ctx context.Context, by core.Actor, eventIDs ...string) (int, error) {
+	return a.deadLetterOp(ctx, nil, "requeue", a.requeue, eventIDs, by)
 }
 
-// RequeueTx is Requeue in the caller's transaction.
-func (a *Admin) RequeueTx(ctx context.Context, tx pgx.Tx, eventIDs ...string) (int, error) {
-	return a.requeueOn(ctx, tx, eventIDs)
-}
-
-func (a *Admin) requeueOn(ctx context.Context, db dbtx, eventIDs []string) (int, error) {
-	return a.deadLetterOp(ctx, db, "requeue", a.requeue, eventIDs)
+// RequeueTx is Requeue in the caller's transaction (its audit entries
+// too).
+func (a *Admin) RequeueTx(ctx context.Context, tx pgx.Tx, by core.Actor, eventIDs ...string) (int, error) {
+	return a.deadLetterOp(ctx, tx, "requeue", a.requeue, eventIDs, by)
 }
 
 // Discard drops dead letters for good, in a transaction of its own: they
 // leave the pending set, their log rows are marked discarded (and removed
 // by the service's retention after its window), and the later events of
-// their keys flow again. Ids that are not dead letters are ignored; the
-// count says how many were discarded. An id that is not a UUID fails the
-// whole call with an error wrapping core.ErrInvalidEventID.
-func (a *Admin) Discard(ctx context.Context, eventIDs ...string) (int, error) {
-	return a.deadLetterOp(ctx, a.pool, "discard", a.discard, eventIDs)
+// their keys flow again. by says who does it and why (both required):
+// each dead letter discarded is recorded in the audit trail in the same
+// transaction. Ids that are not dead letters are ignored; the count says
+// how many were discarded. An id that is not a UUID fails the whole call
+// with an error wrapping core.ErrInvalidEventID, an incomplete by with one
+// wrapping core.ErrNoActor.
+func (a *Admin) Discard(ctx context.Context, by core.Actor, eventIDs ...string) (int, error) {
+	return a.deadLetterOp(ctx, nil, "discard", a.discard, eventIDs, by)
 }
 
-// DiscardTx is Discard in the caller's transaction.
-func (a *Admin) DiscardTx(ctx context.Context, tx pgx.Tx, eventIDs ...string) (int, error) {
-	return a.deadLetterOp(ctx, tx, "discard", a.discard, eventIDs)
+// DiscardTx is Discard in the caller's transaction (its audit entries
+// too).
+func (a *Admin) DiscardTx(ctx context.Context, tx pgx.Tx, by core.Actor, eventIDs ...string) (int, error) {
+	return a.deadLetterOp(ctx, tx, "discard", a.discard, eventIDs, by)
 }
 
-func (a *Admin) deadLetterOp(ctx context.Context, db dbtx, op, sql string, eventIDs []string) (int, error) {
+// deadLetterOp runs op in tx, or in a transaction of its own when tx is
+// nil.
+func (a *Admin) deadLetterOp(ctx context.Context, tx pgx.Tx, op, sql string, eventIDs []string, by core.Actor) (int, error) {
+	if err := audit.Check(by, "outbox: "+op); err != nil {
+		return 0, err
+	}
 	ids, err := parseEventIDs(op, eventIDs)
 	if err != nil || len(ids) == 0 {
 		return 0, err
 	}
-	tag, err := db.Exec(ctx, sql, ids)
+	var entries []audit.Entry
+	run := func(tx pgx.Tx) error {
+		var err error
+		entries, err = a.deadLetterOpTx(ctx, tx, op, sql, ids, by)
+		return err
+	}
+	if tx != nil {
+		err = run(tx)
+	} else {
+		err = pgx.BeginFunc(ctx, a.pool, run)
+	}
 	if err != nil {
-		return 0, fmt.Errorf("outbox: %s: %w", op, err)
+		return 0, err
 	}
-	n := int(tag.RowsAffected())
-	if n > 0 {
-		// Wake the relays: requeued events are due now, and a discarded
-		// dead letter unblocks the events behind it.
-		if _, err := db.Exec(ctx, a.notifySQL, a.channel); err != nil {
-			return 0, fmt.Errorf("outbox: %s: wake relays: %w", op, err)
-		}
+	audit.Count(entries...)
+	return len(entries), nil
+}
+
+func (a *Admin) deadLetterOpTx(ctx context.Context, tx pgx.Tx, op, sql string, ids [][16]byte, by core.Actor) ([]audit.Entry, error) {
+	rows, err := tx.Query(ctx, sql, ids)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: %s: %w", op, err)
 	}
-	return n, nil
+	after := map[string]string{"requeue": "pending", "discard": "discarded"}[op]
+	entries, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (audit.Entry, error) {
+		e := audit.Entry{Actor: by, Action: "outbox." + op, Kind: audit.KindOutbox,
+			Before: map[string]string{"state": "dead"}, After: map[string]string{"state": after}}
+		return e, row.Scan(&e.Target, &e.Scope)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: %s: %w", op, err)
+	}
+	if len(entries) == 0 {
+		return nil, nil
+	}
+	// Wake the relays: requeued events are due now, and a discarded dead
+	// letter unblocks the events behind it.
+	if _, err := tx.Exec(ctx, a.notifySQL, a.channel); err != nil {
+		return nil, fmt.Errorf("outbox: %s: wake relays: %w", op, err)
+	}
+	if err := a.trail.Write(ctx, tx, entries...); err != nil {
+		return nil, fmt.Errorf("outbox: %s: %w", op, err)
+	}
+	return entries, nil
 }
 
 // parseEventIDs parses event ids into [16]byte, which pgx encodes as a
@@ -358,21 +405,64 @@ func (f ReplayFilter) validate() error {
 // is not queued twice. Consumers that deduplicate on the event id (the
 // inbox) skip replayed events they have seen: rebuild a read model under a
 // new consumer name, or clear its processed marks first.
-func (a *Admin) Replay(ctx context.Context, filter ReplayFilter) (int64, error) {
-	return a.replayOn(ctx, a.pool, filter)
+//
+// by says who replays and why (both required, else an error wrapping
+// core.ErrNoActor and nothing is queued): the replay is recorded in the
+// audit trail, with the filter and how many events it queued (also after
+// a failure midway, as far as it got).
+func (a *Admin) Replay(ctx context.Context, filter ReplayFilter, by core.Actor) (int64, error) {
+	if err := a.replayable(filter, by); err != nil {
+		return 0, err
+	}
+	n, err := a.replayOn(ctx, a.pool, filter)
+	if n > 0 || err == nil {
+		e := replayEntry(filter, by, n, err)
+		if aerr := a.trail.Write(ctx, a.pool, e); aerr != nil {
+			return n, errors.Join(err, fmt.Errorf("outbox: replay: %w", aerr))
+		}
+		audit.Count(e)
+	}
+	return n, err
 }
 
 // ReplayTx is Replay in the caller's transaction: the events are queued
-// when tx commits, all or none. Prefer Replay for large selections: here
-// every queued row stays locked until tx ends.
-func (a *Admin) ReplayTx(ctx context.Context, tx pgx.Tx, filter ReplayFilter) (int64, error) {
-	return a.replayOn(ctx, tx, filter)
+// when tx commits, all or none, and the audit entry with them. Prefer
+// Replay for large selections: here every queued row stays locked until
+// tx ends.
+func (a *Admin) ReplayTx(ctx context.Context, tx pgx.Tx, filter ReplayFilter, by core.Actor) (int64, error) {
+	if err := a.replayable(filter, by); err != nil {
+		return 0, err
+	}
+	n, err := a.replayOn(ctx, tx, filter)
+	if err != nil {
+		return n, err
+	}
+	e := replayEntry(filter, by, n, nil)
+	if err := a.trail.Write(ctx, tx, e); err != nil {
+		return n, fmt.Errorf("outbox: replay: %w", err)
+	}
+	audit.Count(e)
+	return n, nil
+}
+
+func (a *Admin) replayable(f ReplayFilter, by core.Actor) error {
+	if err := f.validate(); err != nil {
+		return err
+	}
+	return audit.Check(by, "outbox: replay")
+}
+
+// replayEntry is a replay's audit entry: the filter, and how many events
+// it queued (and its error, when it failed midway).
+func replayEntry(f ReplayFilter, by core.Actor, queued int64, err error) audit.Entry {
+	d := map[string]any{"filter": f, "queued": queued}
+	if err != nil {
+		d["error"] = err.Error()
+	}
+	return audit.Entry{Actor: by, Action: "outbox.replay", Kind: audit.KindOutbox, Scope: f.Topic, Detail: d}
 }
 
 func (a *Admin) replayOn(ctx context.Context, db dbtx, f ReplayFilter) (int64, error) {
-	if err := f.validate(); err != nil {
-		return 0, err
-	}
 	var from, to *time.Time
 	if !f.From.IsZero() {
 		from = &f.From

@@ -252,7 +252,7 @@ func TestRequeue(t *testing.T) {
 	// ids[3] is plainly pending.
 	unknown := "0190aaaa-0000-7000-8000-000000000000"
 
-	n, err := b.admin.Requeue(b.ctx, ids[0], ids[2], ids[3], unknown)
+	n, err := b.admin.Requeue(b.ctx, opsActor, ids[0], ids[2], ids[3], unknown)
 	if err != nil || n != 1 {
 		t.Fatalf("Requeue = %d, %v; want 1 (only the dead letter)", n, err)
 	}
@@ -270,18 +270,18 @@ func TestRequeue(t *testing.T) {
 		t.Errorf("blocked log row changed: %+v", l)
 	}
 	// Again: nothing dead any more.
-	if n, err := b.admin.Requeue(b.ctx, ids[0]); err != nil || n != 0 {
+	if n, err := b.admin.Requeue(b.ctx, opsActor, ids[0]); err != nil || n != 0 {
 		t.Errorf("second Requeue = %d, %v; want 0", n, err)
 	}
 
 	// A bad id fails the call and changes nothing.
-	if _, err := b.admin.Requeue(b.ctx, ids[1], "not-a-uuid"); !errors.Is(err, core.ErrInvalidEventID) || !strings.Contains(err.Error(), "not-a-uuid") {
+	if _, err := b.admin.Requeue(b.ctx, opsActor, ids[1], "not-a-uuid"); !errors.Is(err, core.ErrInvalidEventID) || !strings.Contains(err.Error(), "not-a-uuid") {
 		t.Errorf("Requeue(bad id) = %v, want ErrInvalidEventID naming the id", err)
 	}
 	if p, _ := b.pendingRow(ids[1]); !p.Dead {
 		t.Error("a failed Requeue changed a row")
 	}
-	if n, err := b.admin.Requeue(b.ctx); err != nil || n != 0 {
+	if n, err := b.admin.Requeue(b.ctx, opsActor); err != nil || n != 0 {
 		t.Errorf("Requeue() = %d, %v", n, err)
 	}
 
@@ -291,7 +291,7 @@ func TestRequeue(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(b.ctx) //nolint:errcheck // releases the connection if the test stops early
-	if n, err := b.admin.RequeueTx(b.ctx, tx, ids[1]); err != nil || n != 1 {
+	if n, err := b.admin.RequeueTx(b.ctx, tx, opsActor, ids[1]); err != nil || n != 1 {
 		t.Fatalf("RequeueTx = %d, %v", n, err)
 	}
 	if err := tx.Rollback(b.ctx); err != nil {
@@ -301,7 +301,7 @@ func TestRequeue(t *testing.T) {
 		t.Error("a rolled back RequeueTx took effect")
 	}
 	err = pgx.BeginFunc(b.ctx, b.db.Pool, func(tx pgx.Tx) error {
-		n, err := b.admin.RequeueTx(b.ctx, tx, ids[1])
+		n, err := b.admin.RequeueTx(b.ctx, tx, opsActor, ids[1])
 		if err == nil && n != 1 {
 			err = fmt.Errorf("RequeueTx = %d", n)
 		}
@@ -323,7 +323,7 @@ func TestDiscard(t *testing.T) {
 	b.fail(ids[2], "retrying", 1, false)
 	b.fail(ids[3], "bang", 10, true)
 
-	n, err := b.admin.Discard(b.ctx, ids[0], ids[1], ids[2])
+	n, err := b.admin.Discard(b.ctx, opsActor, ids[0], ids[1], ids[2])
 	if err != nil || n != 1 {
 		t.Fatalf("Discard = %d, %v; want 1 (only the dead letter)", n, err)
 	}
@@ -346,7 +346,7 @@ func TestDiscard(t *testing.T) {
 	if dl, err := b.admin.List(b.ctx, core.ListParams{}); err != nil || len(dl) != 1 || dl[0].EventID != ids[3] {
 		t.Errorf("dead letters after discard = %v, %v", dl, err)
 	}
-	if _, err := b.admin.Discard(b.ctx, "nope"); !errors.Is(err, core.ErrInvalidEventID) {
+	if _, err := b.admin.Discard(b.ctx, opsActor, "nope"); !errors.Is(err, core.ErrInvalidEventID) {
 		t.Errorf("Discard(bad id) = %v", err)
 	}
 
@@ -355,7 +355,7 @@ func TestDiscard(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(b.ctx) //nolint:errcheck // releases the connection if the test stops early
-	if n, err := b.admin.DiscardTx(b.ctx, tx, ids[3]); err != nil || n != 1 {
+	if n, err := b.admin.DiscardTx(b.ctx, tx, opsActor, ids[3]); err != nil || n != 1 {
 		t.Fatalf("DiscardTx = %d, %v", n, err)
 	}
 	if err := tx.Rollback(b.ctx); err != nil {
@@ -388,8 +388,8 @@ func TestRequeueDiscardRace(t *testing.T) {
 		rErr, dErr          error
 	)
 	wg.Add(2)
-	go func() { defer wg.Done(); requeued, rErr = b.admin.Requeue(b.ctx, ids...) }()
-	go func() { defer wg.Done(); discarded, dErr = b.admin.Discard(b.ctx, ids...) }()
+	go func() { defer wg.Done(); requeued, rErr = b.admin.Requeue(b.ctx, opsActor, ids...) }()
+	go func() { defer wg.Done(); discarded, dErr = b.admin.Discard(b.ctx, opsActor, ids...) }()
 	wg.Wait()
 	if rErr != nil || dErr != nil {
 		t.Fatal(rErr, dErr)
@@ -472,7 +472,7 @@ func newReplayFixture(t *testing.T, cfg outbox.AdminConfig) *replayFixture {
 	b.fail(f.never[1], "retrying", 1, false)
 	b.fail(f.never[2], "boom", 10, true)
 	b.fail(f.never[3], "boom", 10, true)
-	if n, err := a.Discard(b.ctx, f.never[3]); err != nil || n != 1 {
+	if n, err := a.Discard(b.ctx, opsActor, f.never[3]); err != nil || n != 1 {
 		t.Fatal(n, err)
 	}
 	return f
@@ -530,7 +530,7 @@ func TestReplaySelectsExactlyTheFilter(t *testing.T) {
 				want = append(want, r.eventID)
 			}
 		}
-		n, err := f.admin.Replay(f.ctx, c.filter)
+		n, err := f.admin.Replay(f.ctx, c.filter, opsActor)
 		if err != nil {
 			t.Fatalf("%s: %v", c.name, err)
 		}
@@ -562,7 +562,7 @@ func TestReplayRefusesEmptyAndInvalidFilters(t *testing.T) {
 	b := opsSetup(t)
 	ids := b.write(opsEvent("t", "k"))
 	b.publish(time.Now(), ids...)
-	if _, err := b.admin.Replay(b.ctx, outbox.ReplayFilter{}); !errors.Is(err, outbox.ErrEmptyReplayFilter) {
+	if _, err := b.admin.Replay(b.ctx, outbox.ReplayFilter{}, opsActor); !errors.Is(err, outbox.ErrEmptyReplayFilter) {
 		t.Errorf("empty filter: %v", err)
 	}
 	now := time.Now()
@@ -571,7 +571,7 @@ func TestReplayRefusesEmptyAndInvalidFilters(t *testing.T) {
 		"ToIDBelowFrom":  {FromID: 10, ToID: 5},
 		"NegativeFromID": {FromID: -1},
 	} {
-		if _, err := b.admin.Replay(b.ctx, f); !errors.Is(err, outbox.ErrInvalidReplayFilter) {
+		if _, err := b.admin.Replay(b.ctx, f, opsActor); !errors.Is(err, outbox.ErrInvalidReplayFilter) {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
@@ -585,12 +585,12 @@ func TestReplayIsIdempotentWhilePendingAndChunks(t *testing.T) {
 	// Chunks of 2 over 12 published events (and 4 unpublished ones among
 	// the ids) make Replay loop; a wrong cursor loses or repeats events.
 	f := newReplayFixture(t, outbox.AdminConfig{ReplayChunk: 2})
-	n, err := f.admin.Replay(f.ctx, outbox.ReplayFilter{All: true})
+	n, err := f.admin.Replay(f.ctx, outbox.ReplayFilter{All: true}, opsActor)
 	if err != nil || n != int64(len(f.published)) {
 		t.Fatalf("Replay = %d, %v; want %d", n, err, len(f.published))
 	}
 	before := f.pendingIDs()
-	n, err = f.admin.Replay(f.ctx, outbox.ReplayFilter{All: true})
+	n, err = f.admin.Replay(f.ctx, outbox.ReplayFilter{All: true}, opsActor)
 	if err != nil || n != 0 {
 		t.Fatalf("second Replay while pending = %d, %v; want 0", n, err)
 	}
@@ -601,7 +601,7 @@ func TestReplayIsIdempotentWhilePendingAndChunks(t *testing.T) {
 		t.Errorf("replayed %d events, want %d", len(got), len(f.published))
 	}
 	// Once the relay has published them again, they can be replayed again.
-	n, err = f.admin.Replay(f.ctx, outbox.ReplayFilter{Topic: "orders"})
+	n, err = f.admin.Replay(f.ctx, outbox.ReplayFilter{Topic: "orders"}, opsActor)
 	if err != nil || n != 6 {
 		t.Errorf("Replay after republish = %d, %v; want 6", n, err)
 	}
@@ -615,7 +615,7 @@ func TestReplayTx(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(f.ctx) //nolint:errcheck // releases the connection if the test stops early
-	n, err := f.admin.ReplayTx(f.ctx, tx, outbox.ReplayFilter{EventType: "Created"})
+	n, err := f.admin.ReplayTx(f.ctx, tx, outbox.ReplayFilter{EventType: "Created"}, opsActor)
 	if err != nil || n != 6 {
 		t.Fatalf("ReplayTx = %d, %v; want 6", n, err)
 	}
@@ -626,7 +626,7 @@ func TestReplayTx(t *testing.T) {
 		t.Fatalf("a rolled back ReplayTx queued %v", got)
 	}
 	err = pgx.BeginFunc(f.ctx, f.db.Pool, func(tx pgx.Tx) error {
-		_, err := f.admin.ReplayTx(f.ctx, tx, outbox.ReplayFilter{EventType: "Created"})
+		_, err := f.admin.ReplayTx(f.ctx, tx, outbox.ReplayFilter{EventType: "Created"}, opsActor)
 		return err
 	})
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/millrace/millrace/core"
+	"github.com/millrace/millrace/internal/audit"
 	"github.com/millrace/millrace/internal/bulk"
 )
 
@@ -31,20 +32,24 @@ func (a *Admin) DryRun(ctx context.Context, q core.DeadLetterQuery, page int) (*
 	return &core.DryRun[DeadLetter]{Count: n, First: first}, nil
 }
 
-// RequeueMatching requeues (as Requeue) the dead letters q selects, 500
-// per transaction, and returns how many it requeued. A dead letter
-// requeued or discarded meanwhile by someone else is not counted.
-func (a *Admin) RequeueMatching(ctx context.Context, q core.DeadLetterQuery) (int, error) {
-	return a.bulk(ctx, q, a.Requeue)
+// RequeueMatching requeues (as Requeue, by by) the dead letters q
+// selects, 500 per transaction, and returns how many it requeued. A dead
+// letter requeued or discarded meanwhile by someone else is not counted.
+func (a *Admin) RequeueMatching(ctx context.Context, q core.DeadLetterQuery, by core.Actor) (int, error) {
+	return a.bulk(ctx, q, by, a.Requeue)
 }
 
-// DiscardMatching discards (as Discard) the dead letters q selects, 500
-// per transaction, and returns how many it discarded.
-func (a *Admin) DiscardMatching(ctx context.Context, q core.DeadLetterQuery) (int, error) {
-	return a.bulk(ctx, q, a.Discard)
+// DiscardMatching discards (as Discard, by by) the dead letters q
+// selects, 500 per transaction, and returns how many it discarded.
+func (a *Admin) DiscardMatching(ctx context.Context, q core.DeadLetterQuery, by core.Actor) (int, error) {
+	return a.bulk(ctx, q, by, a.Discard)
 }
 
-func (a *Admin) bulk(ctx context.Context, q core.DeadLetterQuery, act func(context.Context, ...string) (int, error)) (int, error) {
+func (a *Admin) bulk(ctx context.Context, q core.DeadLetterQuery, by core.Actor,
+	act func(context.Context, core.Actor, ...string) (int, error)) (int, error) {
+	if err := audit.Check(by, "outbox: bulk action"); err != nil {
+		return 0, err
+	}
 	return bulk.Apply(a.walkDeadLetters(ctx, q), func(d DeadLetter) string { return d.EventID },
-		func(ids ...string) (int, error) { return act(ctx, ids...) })
+		func(ids ...string) (int, error) { return act(ctx, by, ids...) })
 }

@@ -58,13 +58,13 @@ func TestDeadLettersInBulk(t *testing.T) {
 	if n := dead(); n != 5 {
 		t.Fatalf("the dry runs changed the dead letters: %d", n)
 	}
-	if n, err := admin.RequeueMatching(ctx, core.DeadLetterQuery{Topic: "orders", Error: refusal}); err != nil || n != 3 {
+	if n, err := admin.RequeueMatching(ctx, core.DeadLetterQuery{Topic: "orders", Error: refusal}, opsActor); err != nil || n != 3 {
 		t.Fatalf("requeue matching: %d, %v; want 3", n, err)
 	}
 	if n := dead(); n != 2 {
 		t.Errorf("after requeueing orders: %d dead, want 2", n)
 	}
-	if n, err := admin.DiscardMatching(ctx, core.DeadLetterQuery{Error: "%"}); err != nil || n != 2 {
+	if n, err := admin.DiscardMatching(ctx, core.DeadLetterQuery{Error: "%"}, opsActor); err != nil || n != 2 {
 		t.Fatalf("discard matching: %d, %v; want 2", n, err)
 	}
 	if n := dead(); n != 0 {

@@ -246,7 +246,7 @@ func TestCDCDeadLetterHoldsItsKeyAndRequeues(t *testing.T) {
 		t.Fatalf("%d events published with the dead letter in place, want the other keys' 152", n)
 	}
 	healed.Store(true)
-	if n, err := b.admin.Requeue(ctx, poison); err != nil || n != 1 {
+	if n, err := b.admin.Requeue(ctx, opsActor, poison); err != nil || n != 1 {
 		t.Fatalf("Requeue = %d, %v", n, err)
 	}
 	eventually(t, 30*time.Second, "the dead letter and its key published", func() bool { return len(rec.ids()) == 200 })
@@ -263,7 +263,7 @@ func TestCDCDeadLetterHoldsItsKeyAndRequeues(t *testing.T) {
 	}
 	// Only events marked published are replayed: wait for the last marks.
 	eventually(t, 30*time.Second, "every event marked published", func() bool { return published(t, b.db.Pool, b.db.Schema) == 200 })
-	n, err := b.admin.Replay(ctx, outbox.ReplayFilter{PartitionKey: "key-1"})
+	n, err := b.admin.Replay(ctx, outbox.ReplayFilter{PartitionKey: "key-1"}, opsActor)
 	if err != nil || n != 50 {
 		t.Fatalf("Replay = %d, %v; want 50", n, err)
 	}

@@ -205,8 +205,8 @@ func Example_deadLetters() {
 	}
 
 	// The cause is fixed: publish it again (or Discard it to let the
-	// events behind it flow).
-	n, err := admin.Requeue(ctx, dead[0].EventID)
+	// events behind it flow). Who and why go to the audit trail.
+	n, err := admin.Requeue(ctx, core.Actor{Operator: "ada", Reason: "topic created"}, dead[0].EventID)
 	if err != nil {
 		log.Fatal(err)
 	}

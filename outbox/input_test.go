@@ -200,7 +200,7 @@ func TestPayloadAndMetadataTravelByteForByte(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n, err := admin.Replay(ctx, outbox.ReplayFilter{All: true}); err != nil || n != int64(len(ids)) {
+	if n, err := admin.Replay(ctx, outbox.ReplayFilter{All: true}, opsActor); err != nil || n != int64(len(ids)) {
 		t.Fatalf("Replay = %d, %v", n, err)
 	}
 	rec2 := &recorder{}

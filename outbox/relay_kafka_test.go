@@ -624,7 +624,7 @@ func TestRequeuedDeadLetterIsPublishedThroughKafka(t *testing.T) {
 	stop()
 
 	startRelay(t, bundle.db, outbox.RelayConfig{Publisher: newKafkaPublisher(t, bundle.brokers), PollInterval: 10 * time.Millisecond})
-	if n, err := admin.Requeue(ctx, first[0]); err != nil || n != 1 {
+	if n, err := admin.Requeue(ctx, opsActor, first[0]); err != nil || n != 1 {
 		t.Fatalf("Requeue = %d, %v", n, err)
 	}
 	eventually(t, 30*time.Second, "requeued event and the one behind it consumed", func() bool {
@@ -664,7 +664,7 @@ func TestReplayRepublishesWithSameEventIDs(t *testing.T) {
 	eventually(t, 30*time.Second, "first delivery marked published", func() bool {
 		return countRows(t, bundle.db, "outbox_pending", "") == 0
 	})
-	n, err := admin.Replay(ctx, outbox.ReplayFilter{AggregateType: "Order", AggregateID: "order-1"})
+	n, err := admin.Replay(ctx, outbox.ReplayFilter{AggregateType: "Order", AggregateID: "order-1"}, opsActor)
 	if err != nil || n != int64(len(replayed)) {
 		t.Fatalf("Replay = %d, %v; want %d", n, err, len(replayed))
 	}

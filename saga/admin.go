@@ -10,6 +10,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/millrace/millrace/core"
+	"github.com/millrace/millrace/internal/audit"
 )
 
 // Get returns one saga with its data and per-step state. It returns an
@@ -153,15 +156,12 @@ func decodeCursor(c string) (time.Time, string, error) {
 	return at, id, nil
 }
 
-// Actor says who takes an operator action and why; both are recorded in
-// the saga's history. Both are required.
-type Actor struct {
-	Operator string
-	Reason   string
-	// Operation is the bulk operation the action is part of, recorded in
-	// the history line's detail; "" for none (Operator.Apply sets it).
-	Operation string
-}
+// Actor says who takes an operator action, why and from where
+// (core.Actor): recorded in the saga's history and the audit trail.
+// Operator and Reason are required. With Revision set, the action is
+// refused as stale (ErrActionNotAllowed) if the saga changed since the
+// operator looked at it (Instance.Revision).
+type Actor = core.Actor
 
 // Retry retries the saga's current operation now, with a new attempt
 // number and a fresh retry budget: the current step's action (forward) or
@@ -208,7 +208,7 @@ func (o *Orchestrator) operate(ctx context.Context, id string, by Actor, action 
 	var after []func()
 	err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
 		var err error
-		in, after, err = o.operateIn(ctx, tx, id, by, action, fn)
+		in, after, err = o.operateIn(ctx, tx, id, by, action, fn, audit.Done)
 		if err != nil {
 			return err
 		}
@@ -223,14 +223,20 @@ func (o *Orchestrator) operate(ctx context.Context, id string, by Actor, action 
 	return in, o.callHook(ctx, HookAfterCommit, id)
 }
 
-func (o *Orchestrator) operateIn(ctx context.Context, tx pgx.Tx, id string, by Actor, action string, fn func(*machine) error) (*Instance, []func(), error) {
+// operateIn carries out an operator action in tx, and records it in the
+// saga's history and the audit trail with outcome (audit.Done, or
+// audit.Applied for a request the orchestrator applies); the functions it
+// returns are to run once tx commits.
+func (o *Orchestrator) operateIn(ctx context.Context, tx pgx.Tx, id string, by Actor, action string, fn func(*machine) error,
+	outcome string) (*Instance, []func(), error) {
 	in, err := o.lock(ctx, tx, id)
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := checkAction(in, Action(action), by); err != nil { // operator.go: the checks an Operator applies too
+	if err := checkAction(in, Action(action), by); err != nil { // operator.go: the checks a request gets too
 		return nil, nil, err
 	}
+	before := state(in)
 	if err := o.callHook(ctx, HookLoaded, id); err != nil {
 		return nil, nil, err
 	}
@@ -242,7 +248,7 @@ func (o *Orchestrator) operateIn(ctx context.Context, tx pgx.Tx, id string, by A
 	defer span.End(nil)
 	m := &machine{o: o, d: d, in: in, ctx: ctx, tx: tx, now: o.clock.Now()}
 	m.hist = append(m.hist, historyRow{sagaID: id, at: m.now, event: "operator", step: in.Step, actor: by.Operator,
-		reason: by.Reason, status: string(in.Status), detail: operatorDetail(action, by.Operation)})
+		reason: by.Reason, status: string(in.Status), detail: operatorDetail(action, by)})
 	if err := fn(m); err != nil {
 		return nil, nil, fmt.Errorf("%s of saga %q: %w", action, id, err)
 	}
@@ -250,7 +256,13 @@ func (o *Orchestrator) operateIn(ctx context.Context, tx pgx.Tx, id string, by A
 	if err := m.save(); err != nil {
 		return nil, nil, err
 	}
-	return in, m.after, nil
+	after := state(in)
+	delete(after, "revision") // saved: the next one
+	count, err := o.auditSaga(ctx, tx, by, action, outcome, in, before, after, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	return in, append(m.after, count), nil
 }
 
 // moveDeadline moves the deadline of a saga that an operator action

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/millrace/core"
+	"github.com/millrace/millrace/internal/audit"
 	"github.com/millrace/millrace/internal/sqlident"
 )
 
@@ -195,14 +196,18 @@ func (c BulkCounts) RefusedTotal() int64 {
 }
 
 // BulkOperation is a bulk action on the sagas a query selected, as
-// recorded by Operator.Plan (or Bulk).
+// recorded by Orchestrator.Plan (or Bulk).
 type BulkOperation struct {
-	ID       string    `json:"id"`
-	Action   Action    `json:"action"`
-	Operator string    `json:"operator"`
-	Reason   string    `json:"reason"`
-	Query    Query     `json:"query"`
-	Created  time.Time `json:"created_at"`
+	ID     string `json:"id"`
+	Action Action `json:"action"`
+	// Operator planned it, for Reason.
+	Operator string `json:"operator"`
+	Reason   string `json:"reason"`
+	// ConfirmedBy is the operator who first confirmed it (Apply): its
+	// requests are filed in their name, on behalf of Operator; "" before.
+	ConfirmedBy string    `json:"confirmed_by,omitempty"`
+	Query       Query     `json:"query"`
+	Created     time.Time `json:"created_at"`
 	// Filed is when the last request was filed; nil before (a plan not
 	// applied yet, or Apply under way).
 	Filed  *time.Time `json:"filed_at"`
@@ -235,8 +240,8 @@ func (o *Orchestrator) Plan(ctx context.Context, action Action, q Query, by Acto
 	if action.op() == nil {
 		return nil, fmt.Errorf("%w: unknown action %q", ErrActionNotAllowed, action)
 	}
-	if strings.TrimSpace(by.Operator) == "" || strings.TrimSpace(by.Reason) == "" {
-		return nil, fmt.Errorf("%w: bulk %s: Actor.Operator and Actor.Reason are required", ErrActionNotAllowed, action)
+	if err := noActor(by); err != nil {
+		return nil, fmt.Errorf("%w: bulk %s: %w", ErrActionNotAllowed, action, err)
 	}
 	list, arg := args()
 	arg(nil) // $1: the operation id
@@ -253,6 +258,7 @@ func (o *Orchestrator) Plan(ctx context.Context, action Action, q Query, by Acto
 	(*list)[0] = b.ID
 	bs := &o.sql.bulk
 	item := sqlident.Table(o.schema, "saga_bulk_item")
+	var planned audit.Entry
 	err = pgx.BeginTxFunc(ctx, o.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, bs.insertOp, b.ID, string(action), b.Operator, b.Reason, rawQuery, b.Created); err != nil {
 			return err
@@ -265,37 +271,58 @@ func (o *Orchestrator) Plan(ctx context.Context, action Action, q Query, by Acto
 		if _, err := tx.Exec(ctx, bs.setSelected, b.ID, b.Counts.Selected); err != nil {
 			return err
 		}
-		b.Sample, err = o.sample(ctx, tx, q, 20)
-		return err
+		if b.Sample, err = o.sample(ctx, tx, q, 20); err != nil {
+			return err
+		}
+		planned = audit.Entry{Actor: by, Action: "saga.bulk.plan", Kind: audit.KindSagaBulk, Scope: q.Type, Target: b.ID,
+			Detail: map[string]any{"action": action, "query": q, "selected": b.Counts.Selected}}
+		planned.Actor.Operation = b.ID
+		return o.trail.Write(ctx, tx, planned)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("saga: bulk %s: plan: %w", action, err)
 	}
+	audit.Count(planned)
 	return b, nil
 }
 
-// Apply files the operation's operator requests, bulkBatch sagas per
-// transaction, and returns the operation with its counts. Each saga is
-// checked against its own state first, under its row lock: one that
+// Apply confirms the operation: it files its operator requests in the
+// name of by, the one who confirms (who and why, both required; the
+// operation's planner, when someone else, is recorded as the requests'
+// OnBehalfOf, in the sagas' history and the audit trail), bulkBatch sagas
+// per transaction, and returns the operation with its counts. Each saga
+// is checked against its own state first, under its row lock: one that
 // changed since it was selected (refusedChanged), whose state refuses the
 // action (refusedNotAllowed), that has another request pending
 // (refusedRequestPending) or is gone (refusedNotFound) is refused,
 // counted, and not acted on, with an "operator_refused" history line;
 // each other saga gets its request as Request records it, naming the
-// operation, for the running orchestrator to apply (which checks it again:
-// see Operator). Apply again after a failure or a crash goes on where it
-// stopped; Apply of an operation filed already files nothing. It returns
-// an error wrapping ErrBulkNotFound for an unknown id.
-func (o *Orchestrator) Apply(ctx context.Context, id string) (*BulkOperation, error) {
+// operation, for the running orchestrator to apply (which checks it
+// again: see Request). Apply again after a failure or a crash goes on
+// where it stopped; Apply of an operation filed already files nothing. It
+// returns an error wrapping ErrBulkNotFound for an unknown id, and
+// ErrActionNotAllowed for an incomplete Actor.
+func (o *Orchestrator) Apply(ctx context.Context, id string, by Actor) (*BulkOperation, error) {
+	if err := noActor(by); err != nil {
+		return nil, fmt.Errorf("%w: bulk operation %s: %w", ErrActionNotAllowed, id, err)
+	}
 	b, err := o.BulkStatus(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	by := Actor{Operator: b.Operator, Reason: b.Reason, Operation: b.ID}
+	by.Operation, by.Revision, by.OnBehalfOf = b.ID, 0, ""
+	if clean(by.Operator) != b.Operator {
+		by.OnBehalfOf = b.Operator
+	}
 	bs := &o.sql.bulk
+	if _, err := o.pool.Exec(ctx, bs.confirm, b.ID, clean(by.Operator)); err != nil {
+		return nil, fmt.Errorf("saga: bulk %s %s: confirm: %w", b.Action, b.ID, err)
+	}
 	for {
 		n := 0
+		var counts []func()
 		err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
+			counts = counts[:0]
 			rows, err := tx.Query(ctx, bs.pick, b.ID, bulkBatch)
 			if err != nil {
 				return err
@@ -315,10 +342,11 @@ func (o *Orchestrator) Apply(ctx context.Context, id string) (*BulkOperation, er
 			ids, states, reasons, errs := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 			for i, it := range items {
 				ids[i], states[i] = it.id, "filed"
-				reason, ferr := o.file(ctx, tx, b, it.id, it.rev, by)
+				reason, count, ferr := o.file(ctx, tx, b, it.id, it.rev, by)
 				if reason == "" && ferr != nil {
 					return ferr
 				}
+				counts = append(counts, count)
 				if reason != "" {
 					states[i], reasons[i], errs[i] = "refused", reason, ferr.Error()
 				}
@@ -333,6 +361,9 @@ func (o *Orchestrator) Apply(ctx context.Context, id string) (*BulkOperation, er
 		if err != nil {
 			return nil, fmt.Errorf("saga: bulk %s %s: file requests: %w", b.Action, b.ID, err)
 		}
+		for _, count := range counts {
+			count()
+		}
 		if n == 0 {
 			break
 		}
@@ -340,16 +371,17 @@ func (o *Orchestrator) Apply(ctx context.Context, id string) (*BulkOperation, er
 	return o.BulkStatus(ctx, id)
 }
 
-// file files the request of one saga of b, selected at revision rev. It
-// returns the refusal's reason and error, or "" and a technical error (or
-// nil once filed).
-func (o *Orchestrator) file(ctx context.Context, tx pgx.Tx, b *BulkOperation, id string, rev int64, by Actor) (string, error) {
+// file files the request of one saga of b, selected at revision rev, as
+// by. It returns the refusal's reason and error, or "" and a technical
+// error (or nil once filed), and what counts its audit entry once tx
+// commits.
+func (o *Orchestrator) file(ctx context.Context, tx pgx.Tx, b *BulkOperation, id string, rev int64, by Actor) (string, func(), error) {
 	in, err := o.lock(ctx, tx, id)
 	if errors.Is(err, ErrNotFound) {
-		return refusedNotFound, err
+		return refusedNotFound, func() {}, err
 	}
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	var reason string
 	if in.Revision != rev && in.Request == nil { // a pending request bumps the revision too: say that instead
@@ -357,36 +389,42 @@ func (o *Orchestrator) file(ctx context.Context, tx pgx.Tx, b *BulkOperation, id
 		err = fmt.Errorf("%w: %s of saga %q: it changed since it was selected (revision %d, now %d): look again and plan a new bulk action",
 			ErrActionNotAllowed, b.Action, id, rev, in.Revision)
 	} else {
-		_, err = o.requestTx(ctx, tx, id, b.Action, by)
+		var count func()
+		_, count, err = o.requestTx(ctx, tx, id, b.Action, by)
 		switch {
 		case err == nil:
-			return "", nil
+			return "", count, nil
 		case errors.Is(err, ErrRequestPending):
 			reason = refusedRequestPending
 		case errors.Is(err, ErrActionNotAllowed):
 			reason = refusedNotAllowed
 		default:
-			return "", err
+			return "", nil, err
 		}
 	}
-	detail, _ := json.Marshal(map[string]any{"action": b.Action, "operation": b.ID, "error": err.Error()})
+	detail, _ := json.Marshal(map[string]any{"action": b.Action, "operation": b.ID, "error": err.Error(), "on_behalf_of": by.OnBehalfOf})
 	herr := o.writeHistory(ctx, tx, []historyRow{{sagaID: id, at: o.clock.Now(), event: "operator_refused", step: in.Step,
 		actor: by.Operator, reason: by.Reason, status: string(in.Status), detail: detail}})
 	if herr != nil {
-		return "", herr
+		return "", nil, herr
 	}
-	return reason, err
+	count, herr := o.auditSaga(ctx, tx, by, string(b.Action), audit.Refused, in, state(in), nil,
+		map[string]string{"refused": reason, "error": err.Error()})
+	if herr != nil {
+		return "", nil, herr
+	}
+	return reason, count, err
 }
 
-// Bulk is Plan then Apply: it selects the sagas q selects now and files
-// action's request on each (see Apply).
+// Bulk is Plan then Apply, both by by: it selects the sagas q selects now
+// and files action's request on each (see Apply).
 func (o *Orchestrator) Bulk(ctx context.Context, action Action, q Query, by Actor) (*BulkOperation, error) {
 	b, err := o.Plan(ctx, action, q, by)
 	if err != nil {
 		return nil, err
 	}
 	sample := b.Sample
-	if b, err = o.Apply(ctx, b.ID); err != nil {
+	if b, err = o.Apply(ctx, b.ID, by); err != nil {
 		return nil, err
 	}
 	b.Sample = sample
@@ -402,7 +440,8 @@ func (o *Orchestrator) BulkStatus(ctx context.Context, id string) (*BulkOperatio
 	var action string
 	var rawQuery []byte
 	err := pgx.BeginTxFunc(ctx, o.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		err := tx.QueryRow(ctx, bs.getOp, id).Scan(&b.ID, &action, &b.Operator, &b.Reason, &rawQuery, &b.Created, &b.Filed, &b.Counts.Selected)
+		err := tx.QueryRow(ctx, bs.getOp, id).Scan(&b.ID, &action, &b.Operator, &b.Reason, &rawQuery, &b.Created, &b.Filed, &b.Counts.Selected,
+			&b.ConfirmedBy)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("%w: %q", ErrBulkNotFound, id)
 		}
@@ -481,12 +520,16 @@ func (o *Orchestrator) settleBulk(ctx context.Context, tx pgx.Tx, operation, id,
 }
 
 // operatorDetail is the detail of an "operator" history line: the action,
-// and the bulk operation it is part of if any.
-func operatorDetail(action, operation string) []byte {
-	if operation == "" {
-		return []byte(fmt.Sprintf(`{"action":%q}`, action))
-	}
-	return []byte(fmt.Sprintf(`{"action":%q,"operation":%q}`, action, operation))
+// the bulk operation it is part of if any, and the planner of that
+// operation when someone else confirmed it (by.OnBehalfOf).
+func operatorDetail(action string, by Actor) []byte {
+	d := struct {
+		Action     string `json:"action"`
+		Operation  string `json:"operation,omitempty"`
+		OnBehalfOf string `json:"on_behalf_of,omitempty"`
+	}{action, by.Operation, clean(by.OnBehalfOf)}
+	raw, _ := json.Marshal(d)
+	return raw
 }
 
 // BulkSagas returns up to limit of the sagas a bulk operation selected,

@@ -94,7 +94,7 @@ func TestBulkRetryByQuery(t *testing.T) {
 	}
 	changed := s.Get(t, ids[0])
 
-	b, err := p.Apply(ctx, plan.ID)
+	b, err := p.Apply(ctx, plan.ID, by)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +102,7 @@ func TestBulkRetryByQuery(t *testing.T) {
 	if !sameCounts(b.Counts, want) || b.Filed == nil || b.Done() {
 		t.Fatalf("after Apply: %+v (filed at %v), want %+v", b.Counts, b.Filed, want)
 	}
-	if again, err := p.Apply(ctx, plan.ID); err != nil || !sameCounts(again.Counts, want) {
+	if again, err := p.Apply(ctx, plan.ID, by); err != nil || !sameCounts(again.Counts, want) {
 		t.Fatalf("Apply again: %+v, %v; want it to file nothing more", again, err)
 	}
 	if in := s.Get(t, ids[0]); in.Revision != changed.Revision || in.Request != nil {

@@ -313,8 +313,12 @@
 //
 // List(ctx, ListParams{Status: StatusStuck}) finds stuck sagas; Get and
 // History show why. Each action takes an Actor (who and why, both
-// recorded in the history) and is checked against the saga's state
-// (ErrActionNotAllowed, ErrNotFound, ErrNotRegistered):
+// required, and from where), recorded in the history and in the audit
+// trail (the audit_log table, in the action's transaction), and is
+// checked against the saga's state (ErrActionNotAllowed, ErrNotFound,
+// ErrNotRegistered). An Actor that says which revision of the saga the
+// operator looked at (Actor.Revision) is refused as stale when the saga
+// has changed since: nobody acts on a step they never saw.
 //
 //   - Retry: send the current operation again now, with a new attempt and
 //     a fresh retry budget (fix the participant first). A step whose
@@ -363,17 +367,20 @@
 //
 // After an incident, many sagas need the same action. A Query selects
 // them by type, status, current step, age and a LIKE match on the last
-// error; Operator.DryRun counts them and lists the newest, changing
-// nothing. Operator.Plan records a bulk operation (who, why, the action,
-// the query, and each selected saga with its revision) and Operator.Apply
-// files an ordinary operator request on each, 500 per transaction, naming
-// the operation (Request.Operation, and in each history line's detail);
-// Bulk does both. Each saga is checked at filing under its row lock: one
-// that changed since it was selected, whose state refuses the action, or
-// that has another request pending is refused and counted, not acted on.
+// error; Orchestrator.DryRun counts them and lists the newest, changing
+// nothing. Orchestrator.Plan records a bulk operation (who planned it,
+// why, the action, the query, and each selected saga with its revision)
+// and Orchestrator.Apply confirms it: it files an ordinary operator
+// request on each saga, 500 per transaction, in the name of the one who
+// confirms, on behalf of the planner when that is someone else
+// (Request.OnBehalfOf), naming the operation (Request.Operation, and in
+// each history line's detail); Bulk does both. Each saga is checked at
+// filing under its row lock: one that changed since it was selected,
+// whose state refuses the action, or that has another request pending is
+// refused and counted, not acted on.
 // The running orchestrator applies the filed requests as any other
 // (checking each again) and records each outcome on the operation;
-// Operator.BulkStatus reads the counts (BulkCounts: unfiled, filed,
+// Orchestrator.BulkStatus reads the counts (BulkCounts: unfiled, filed,
 // pending, applied, refused by reason) by operation id at any time. Any
 // Action works in bulk.
 //

@@ -5,10 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/millrace/millrace/internal/audit"
 )
 
 // Action is an operator action on a saga.
@@ -61,8 +62,19 @@ type Request struct {
 	Step     string `json:"step"`
 	Revision int64  `json:"revision"`
 	// Operation is the bulk operation that filed the request
-	// (Operator.Apply), "" for one of its own.
+	// (Orchestrator.Apply), "" for one of its own.
 	Operation string `json:"operation,omitempty"`
+	// OnBehalfOf is the planner of the bulk operation whose confirmation
+	// (by Operator) filed the request, when that is someone else
+	// (Actor.OnBehalfOf).
+	OnBehalfOf string `json:"on_behalf_of,omitempty"`
+	// From is where the request came from (Actor.From).
+	From string `json:"from,omitempty"`
+}
+
+// actor is who the orchestrator acts as when it applies r.
+func (r *Request) actor() Actor {
+	return Actor{Operator: r.Operator, Reason: r.Reason, Operation: r.Operation, OnBehalfOf: r.OnBehalfOf, From: r.From}
 }
 
 // ErrRequestPending is returned by an Operator for a saga that has an
@@ -82,11 +94,14 @@ func checkAction(in *Instance, action Action, by Actor) error {
 	if action.op() == nil {
 		return fmt.Errorf("%w: unknown action %q for saga %q (want retry, skip, mark-compensated, abort, pause or resume)", ErrActionNotAllowed, action, in.ID)
 	}
-	if strings.TrimSpace(by.Operator) == "" || strings.TrimSpace(by.Reason) == "" {
-		return fmt.Errorf("%w: %s of saga %q: Actor.Operator and Actor.Reason are required", ErrActionNotAllowed, action, in.ID)
+	if err := noActor(by); err != nil {
+		return fmt.Errorf("%w: %s of saga %q: %w", ErrActionNotAllowed, action, in.ID, err)
 	}
 	if in.Status == StatusCompleted || in.Status == StatusCompensated {
 		return fmt.Errorf("%w: %s of saga %q: it has ended (%s)", ErrActionNotAllowed, action, in.ID, in.Status)
+	}
+	if err := seen(in, string(action), by); err != nil {
+		return err
 	}
 	var why string
 	switch {
@@ -110,6 +125,48 @@ func checkAction(in *Instance, action Action, by Actor) error {
 	return fmt.Errorf("%s of saga %q: %w: %s", action, in.ID, ErrActionNotAllowed, why)
 }
 
+// noActor returns an error wrapping core.ErrNoActor, in the words the
+// tools translate, when by lacks an operator or a reason.
+func noActor(by Actor) error {
+	if err := audit.Check(by, "Actor.Operator and Actor.Reason are required"); err != nil {
+		return err
+	}
+	return nil
+}
+
+// seen refuses, as stale, an action whose Actor says which revision of
+// the saga the operator looked at (Actor.Revision) when the saga has
+// changed since: the operator decided on a state that is gone.
+func seen(in *Instance, action string, by Actor) error {
+	if by.Revision == 0 || by.Revision == in.Revision {
+		return nil
+	}
+	return fmt.Errorf("%w: %s of saga %q: stale: you looked at it at revision %d; it has changed since (now revision %d, step %q, %s): look again",
+		ErrActionNotAllowed, action, in.ID, by.Revision, in.Revision, in.Step, in.Status)
+}
+
+// state is a saga's state as the audit trail records it before and after
+// an operator action.
+func state(in *Instance) map[string]any {
+	s := map[string]any{"status": in.Status, "phase": in.Phase, "step": in.Step, "revision": in.Revision}
+	if in.Request != nil {
+		s["request"] = in.Request.Action
+	}
+	return s
+}
+
+// auditSaga records an operator action on the saga in in the audit trail,
+// in tx, and counts it when tx commits (after, which the caller runs then).
+func (o *Orchestrator) auditSaga(ctx context.Context, tx pgx.Tx, by Actor, action, outcome string, in *Instance,
+	before, after, detail any) (func(), error) {
+	e := audit.Entry{Actor: by, Action: "saga." + action, Outcome: outcome, Kind: audit.KindSaga, Scope: in.Type, Target: in.ID,
+		Before: before, After: after, Detail: detail}
+	if err := o.trail.Write(ctx, tx, e); err != nil {
+		return nil, fmt.Errorf("saga %s: %w", in.ID, err)
+	}
+	return func() { audit.Count(e) }, nil
+}
+
 // Request records an operator request of action (ActionRetry, ActionSkip,
 // ...) for the service's running orchestrator to apply, as the
 // Orchestrator's method of that name (Retry, Skip, ...), and returns the
@@ -131,50 +188,59 @@ func checkAction(in *Instance, action Action, by Actor) error {
 // waits; then nothing is recorded.
 func (o *Orchestrator) Request(ctx context.Context, id string, action Action, by Actor) (*Instance, error) {
 	var in *Instance
+	var count func()
 	err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
 		var err error
-		in, err = o.requestTx(ctx, tx, id, action, by)
+		in, count, err = o.requestTx(ctx, tx, id, action, by)
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
+	count()
 	return in, nil
 }
 
-func (o *Orchestrator) requestTx(ctx context.Context, tx pgx.Tx, id string, action Action, by Actor) (*Instance, error) {
+// requestTx is Request in tx; the function it returns counts the request
+// in the audit metrics, once tx commits.
+func (o *Orchestrator) requestTx(ctx context.Context, tx pgx.Tx, id string, action Action, by Actor) (*Instance, func(), error) {
 	in, err := o.lock(ctx, tx, id)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := checkAction(in, action, by); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if r := in.Request; r != nil {
-		return nil, fmt.Errorf("%w: %s of saga %q by %s, requested at %s: wait until the orchestrator applies it",
+		return nil, nil, fmt.Errorf("%w: %s of saga %q by %s, requested at %s: wait until the orchestrator applies it",
 			ErrRequestPending, r.Action, id, r.Operator, r.RequestedAt.UTC().Format(time.RFC3339))
 	}
+	before := state(in)
 	now := o.clock.Now()
 	// The row is locked: recording the request gives it the next revision.
 	req := &Request{Action: action, Operator: clean(by.Operator), Reason: oneLine(by.Reason), RequestedAt: now,
-		Step: in.Step, Revision: in.Revision + 1, Operation: by.Operation}
+		Step: in.Step, Revision: in.Revision + 1, Operation: by.Operation, OnBehalfOf: clean(by.OnBehalfOf), From: clean(by.From)}
 	raw, err := json.Marshal(req)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := tx.QueryRow(ctx, o.sql.request, id, raw).Scan(&in.Revision); err != nil {
-		return nil, fmt.Errorf("saga %s: record operator request: %w", id, err)
+		return nil, nil, fmt.Errorf("saga %s: record operator request: %w", id, err)
 	}
 	if in.Revision != req.Revision {
-		return nil, fmt.Errorf("saga %s: record operator request: revision %d, want %d", id, in.Revision, req.Revision)
+		return nil, nil, fmt.Errorf("saga %s: record operator request: revision %d, want %d", id, in.Revision, req.Revision)
 	}
 	in.Request = req
 	err = o.writeHistory(ctx, tx, []historyRow{{sagaID: id, at: now, event: "operator_request", step: in.Step,
 		actor: by.Operator, reason: by.Reason, status: string(in.Status), detail: raw}})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return in, nil
+	count, err := o.auditSaga(ctx, tx, by, string(action), audit.Requested, in, before, state(in), nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	return in, count, nil
 }
 
 // Withdraw withdraws the saga's pending operator request before the
@@ -185,47 +251,58 @@ func (o *Orchestrator) requestTx(ctx context.Context, tx pgx.Tx, id string, acti
 // ErrActionNotAllowed for an incomplete Actor.
 func (o *Orchestrator) Withdraw(ctx context.Context, id string, by Actor) (*Request, error) {
 	var r *Request
+	var count func()
 	err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
 		var err error
-		r, err = o.withdrawTx(ctx, tx, id, by)
+		r, count, err = o.withdrawTx(ctx, tx, id, by)
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
+	count()
 	return r, nil
 }
 
-func (o *Orchestrator) withdrawTx(ctx context.Context, tx pgx.Tx, id string, by Actor) (*Request, error) {
-	if strings.TrimSpace(by.Operator) == "" || strings.TrimSpace(by.Reason) == "" {
-		return nil, fmt.Errorf("%w: withdraw of the request on saga %q: Actor.Operator and Actor.Reason are required", ErrActionNotAllowed, id)
+func (o *Orchestrator) withdrawTx(ctx context.Context, tx pgx.Tx, id string, by Actor) (*Request, func(), error) {
+	if err := noActor(by); err != nil {
+		return nil, nil, fmt.Errorf("%w: withdraw of the request on saga %q: %w", ErrActionNotAllowed, id, err)
 	}
 	in, err := o.lock(ctx, tx, id)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	r := in.Request
 	if r == nil {
-		return nil, fmt.Errorf("%w: saga %q", ErrNoRequest, id)
+		return nil, nil, fmt.Errorf("%w: saga %q", ErrNoRequest, id)
 	}
+	if err := seen(in, "withdraw", by); err != nil {
+		return nil, nil, err
+	}
+	before := state(in)
 	if _, err := tx.Exec(ctx, o.sql.clearRequest, id); err != nil {
-		return nil, fmt.Errorf("saga %s: withdraw operator request: %w", id, err)
+		return nil, nil, fmt.Errorf("saga %s: withdraw operator request: %w", id, err)
 	}
 	detail, err := json.Marshal(r)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	err = o.writeHistory(ctx, tx, []historyRow{{sagaID: id, at: o.clock.Now(), event: "operator_withdrawn", step: in.Step,
 		actor: by.Operator, reason: by.Reason, status: string(in.Status), detail: detail}})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if r.Operation != "" { // bulk.go
 		if err := o.settleBulk(ctx, tx, r.Operation, id, "refused_on_apply", refusedWithdrawn, "withdrawn by "+by.Operator+": "+oneLine(by.Reason)); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
-	return r, nil
+	in.Request = nil
+	count, err := o.auditSaga(ctx, tx, by, "withdraw", audit.Done, in, before, state(in), json.RawMessage(detail))
+	if err != nil {
+		return nil, nil, err
+	}
+	return r, count, nil
 }
 
 // stale says why a request no longer fits the saga it was recorded on:
@@ -284,7 +361,7 @@ func (o *Orchestrator) applyRequests(ctx context.Context) (int, error) {
 		}
 		for _, in := range pending {
 			r := in.Request
-			by := Actor{Operator: r.Operator, Reason: r.Reason, Operation: r.Operation}
+			by := r.actor()
 			sp, err := tx.Begin(ctx) // a savepoint: a refused action leaves nothing behind
 			if err != nil {
 				return err
@@ -297,7 +374,7 @@ func (o *Orchestrator) applyRequests(ctx context.Context) (int, error) {
 				err = stale(in, r)
 			}
 			if err == nil {
-				_, after, err = o.operateIn(ctx, sp, in.ID, by, string(r.Action), r.Action.op())
+				_, after, err = o.operateIn(ctx, sp, in.ID, by, string(r.Action), r.Action.op(), audit.Applied)
 			}
 			switch {
 			case err == nil:
@@ -316,6 +393,11 @@ func (o *Orchestrator) applyRequests(ctx context.Context) (int, error) {
 				if err != nil {
 					return err
 				}
+				count, err := o.auditSaga(ctx, tx, by, string(r.Action), audit.Refused, in, state(in), nil, map[string]string{"error": refused.Error()})
+				if err != nil {
+					return err
+				}
+				after = append(after, count)
 			default:
 				// A technical failure: this request alone is rolled back
 				// and stays pending for the next pass, and is dropped

@@ -13,6 +13,7 @@ import (
 
 	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
+	"github.com/millrace/millrace/internal/audit"
 	"github.com/millrace/millrace/internal/logging"
 	"github.com/millrace/millrace/internal/sqlident"
 	"github.com/millrace/millrace/outbox"
@@ -130,6 +131,8 @@ type Orchestrator struct {
 	logger      watermill.LoggerAdapter
 	sql         statements
 	consumer    string
+	// trail records operator actions in the audit trail (internal/audit).
+	trail *audit.Trail
 
 	mu   sync.RWMutex
 	defs map[string]map[int]*def
@@ -180,11 +183,14 @@ func New(pool *pgxpool.Pool, cfg Config) (*Orchestrator, error) {
 	o := &Orchestrator{
 		pool: pool, schema: schema, writer: cfg.Writer, dedup: dedup, clock: cfg.Clock,
 		poll: cfg.PollInterval, batch: cfg.ClaimBatch, maxFailures: cfg.MaxTimerFailures, hook: cfg.Hook,
-		logger: cfg.Logger, sql: newStatements(schema), consumer: cfg.Consumer,
+		logger: cfg.Logger, sql: newStatements(schema), consumer: cfg.Consumer, trail: audit.New(schema),
 		defs: map[string]map[int]*def{},
 	}
 	if cfg.Metrics != nil {
 		if o.metrics, err = registerMetrics(cfg.Metrics, o, cfg.NoProgressAfter); err != nil {
+			return nil, fmt.Errorf("%w: saga.Config.Metrics: %v", core.ErrConfig, err)
+		}
+		if err := audit.Register(cfg.Metrics); err != nil {
 			return nil, fmt.Errorf("%w: saga.Config.Metrics: %v", core.ErrConfig, err)
 		}
 	}

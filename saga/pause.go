@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/millrace/millrace/internal/audit"
 )
 
 const (
@@ -39,7 +41,7 @@ func (o *Orchestrator) Pause(ctx context.Context, id string, by Actor) (*Instanc
 // PauseTx is Pause in the caller's transaction: a saga started and paused
 // in one transaction takes no step before an operator resumes it.
 func (o *Orchestrator) PauseTx(ctx context.Context, tx pgx.Tx, id string, by Actor) (*Instance, error) {
-	in, after, err := o.operateIn(ctx, tx, id, by, string(ActionPause), (*machine).opPause)
+	in, after, err := o.operateIn(ctx, tx, id, by, string(ActionPause), (*machine).opPause, audit.Done)
 	if err != nil {
 		return nil, err
 	}

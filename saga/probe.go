@@ -54,6 +54,10 @@ func (o *Orchestrator) probe(ctx context.Context) error {
 				return err
 			}
 		}
+		// The requests' audit trail, on no entry.
+		if err := o.trail.Probe(ctx, tx); err != nil {
+			return err
+		}
 		// The batched replies' dedup marks (rolled back with the probe).
 		_, err := o.dedup.MarkTx(ctx, tx, message.NewMessage(uuid.NewString(), nil))
 		return err

@@ -222,7 +222,7 @@ RETURNING arrived`, ev),
 }
 
 type bulkStatements struct {
-	insertOp, setSelected, getOp, counts, pick, settle, setFiled, outcome string
+	insertOp, setSelected, getOp, counts, pick, settle, setFiled, outcome, confirm string
 }
 
 func newBulkStatements(schema string) bulkStatements {
@@ -231,7 +231,9 @@ func newBulkStatements(schema string) bulkStatements {
 		insertOp: fmt.Sprintf(`INSERT INTO %s (id, action, operator, reason, query, created_at, selected)
 VALUES ($1, $2, $3, $4, $5, $6, 0)`, op),
 		setSelected: fmt.Sprintf(`UPDATE %s SET selected = $2 WHERE id = $1`, op),
-		getOp:       fmt.Sprintf(`SELECT id, action, operator, reason, query, created_at, filed_at, selected FROM %s WHERE id = $1`, op),
+		getOp:       fmt.Sprintf(`SELECT id, action, operator, reason, query, created_at, filed_at, selected, coalesce(confirmed_by, '') FROM %s WHERE id = $1`, op),
+		// The first to confirm an operation is its confirmer.
+		confirm: fmt.Sprintf(`UPDATE %s SET confirmed_by = coalesce(confirmed_by, $2) WHERE id = $1`, op),
 		// An index-only scan of saga_bulk_item_state_idx on the operation.
 		counts: fmt.Sprintf(`SELECT state, reason, count(*) FROM %s WHERE operation_id = $1 GROUP BY state, reason`, item),
 		// The next selected items, in saga id order, on

@@ -197,7 +197,8 @@ SELECT o.customer_id, b.balance_cents, b.orders_billed
 	}
 
 	// The OrderPlaced events are keyed by customer: replay that key's.
-	r.events, err = e.admin.Replay(ctx, outbox.ReplayFilter{Topic: e.ordersTopic, PartitionKey: r.customer})
+	r.events, err = e.admin.Replay(ctx, outbox.ReplayFilter{Topic: e.ordersTopic, PartitionKey: r.customer},
+		core.Actor{Operator: "billing-rebuild", Reason: "rebuild " + r.customer + "'s billing from the log"})
 	if err != nil {
 		return r, fmt.Errorf("replay %s's orders: %w", r.customer, err)
 	}

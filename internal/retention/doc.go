@@ -1,9 +1,9 @@
 // Package retention removes what millrace keeps after it ended, from one
 // schema: outbox events published or discarded, inbox dedup marks and
 // processed inbox rows, a saga's barrier rows at a participant, ended sagas
-// with their history and stored events, and bulk operations. The service
-// runs a Cleaner (millrace.Config.Retention); a process of its own can run
-// one too.
+// with their history and stored events, bulk operations, and old entries
+// of the audit trail. The service runs a Cleaner
+// (millrace.Config.Retention); a process of its own can run one too.
 //
 // What each window keeps, and why it must be long enough:
 //
@@ -44,6 +44,9 @@
 //     record of each saga it selected, once it was created Compensated
 //     ago; a request it filed that is applied later still applies, only its
 //     outcome is no longer counted.
+//   - Audit: an entry of the audit trail (an operator action, with who,
+//     why and what) stays Audit after it was recorded, whatever became of
+//     what it acted on: it is what someone asks about later.
 //
 // A pass removes each kind in small batches, each one short statement, so
 // it never holds many locks nor bloats one transaction; the statements say

@@ -84,7 +84,7 @@ func (b *outboxBundle) discarded(at time.Time, eventIDs ...string) {
 	for _, id := range eventIDs {
 		b.fail(id, "boom", 10, true)
 	}
-	if n, err := b.admin.Discard(b.ctx, eventIDs...); err != nil || n != len(eventIDs) {
+	if n, err := b.admin.Discard(b.ctx, opsActor, eventIDs...); err != nil || n != len(eventIDs) {
 		b.t.Fatalf("Discard = %d, %v", n, err)
 	}
 	exec(b.t, b.db, `UPDATE {outbox_event} SET discarded_at = $2 WHERE event_id = ANY($1::uuid[])`, eventIDs, at)
@@ -149,7 +149,7 @@ func TestPassRemovesOnlyEventsTheWindowReleased(t *testing.T) {
 	b.discarded(now.Add(-10*time.Minute), ids[13])
 	// Kept: published long ago and queued for replay.
 	b.publish(now.Add(-2*time.Hour), ids[14])
-	if n, err := b.admin.Replay(b.ctx, outbox.ReplayFilter{FromID: b.rowID(ids[14]), ToID: b.rowID(ids[14])}); err != nil || n != 1 {
+	if n, err := b.admin.Replay(b.ctx, outbox.ReplayFilter{FromID: b.rowID(ids[14]), ToID: b.rowID(ids[14])}, opsActor); err != nil || n != 1 {
 		t.Fatalf("Replay = %d, %v", n, err)
 	}
 	// Kept: new and published.

@@ -26,7 +26,7 @@ func newCleaner(t testing.TB, db *pgtest.DB, cfg Config, batch batchSizes) *Clea
 	}
 	for _, b := range []struct{ size, into *int }{
 		{&batch.events, &c.batch.events}, {&batch.marks, &c.batch.marks},
-		{&batch.barrier, &c.batch.barrier}, {&batch.sagas, &c.batch.sagas},
+		{&batch.barrier, &c.batch.barrier}, {&batch.sagas, &c.batch.sagas}, {&batch.audit, &c.batch.audit},
 	} {
 		if *b.size > 0 {
 			*b.into = *b.size
@@ -104,7 +104,7 @@ func exec(t testing.TB, db *pgtest.DB, sql string, args ...any) {
 func tables(db *pgtest.DB, sql string) string {
 	var r []string
 	for _, name := range []string{"outbox_event", "outbox_pending", "processed_event", "inbox_event", "compensation_barrier",
-		"saga_instance", "saga_history", "saga_event", "saga_bulk_item", "saga_bulk_operation"} {
+		"saga_instance", "saga_history", "saga_event", "saga_bulk_item", "saga_bulk_operation", "audit_log"} {
 		r = append(r, "{"+name+"}", sqlident.Table(db.Schema, name))
 	}
 	return strings.NewReplacer(r...).Replace(sql)
@@ -123,7 +123,7 @@ func TestNewValidates(t *testing.T) {
 	}
 	for field, cfg := range map[string]Config{
 		"Events": {Events: -time.Second}, "Marks": {Marks: -1}, "Barrier": {Barrier: -1},
-		"Completed": {Completed: -1}, "Compensated": {Compensated: -1}, "Interval": {Interval: -time.Second},
+		"Completed": {Completed: -1}, "Compensated": {Compensated: -1}, "Interval": {Interval: -time.Second}, "Audit": {Audit: -1},
 	} {
 		cfg.Schema = db.Schema
 		if _, err := New(db.Pool, cfg); !errors.Is(err, core.ErrConfig) || !strings.Contains(err.Error(), field) {
@@ -135,7 +135,7 @@ func TestNewValidates(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := Config{Schema: db.Schema, Events: DefaultEvents, Marks: DefaultMarks, Barrier: DefaultBarrier,
-		Completed: DefaultCompleted, Compensated: DefaultCompensated, Interval: DefaultInterval}
+		Completed: DefaultCompleted, Compensated: DefaultCompensated, Audit: DefaultAudit, Interval: DefaultInterval}
 	got := c.cfg
 	got.Logger = nil
 	if got != want {
@@ -151,7 +151,10 @@ func TestNewValidates(t *testing.T) {
 			t.Errorf("%s = %s, want 7 days", name, d)
 		}
 	}
-	if DefaultCompensated != 30*day || DefaultInterval != time.Minute {
+	if DefaultCompensated != 30*day || DefaultInterval != time.Minute || DefaultAudit != 90*day {
 		t.Errorf("DefaultCompensated = %s, DefaultInterval = %s; want 30 days, 1 minute", DefaultCompensated, DefaultInterval)
 	}
 }
+
+// opsActor is who the tests' operator actions are recorded as.
+var opsActor = core.Actor{Operator: "ops", Reason: "test"}

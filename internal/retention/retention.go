@@ -25,6 +25,7 @@ const (
 	DefaultBarrier     = 7 * 24 * time.Hour  // Config.Barrier: 7 days
 	DefaultCompleted   = 7 * 24 * time.Hour  // Config.Completed: 7 days
 	DefaultCompensated = 30 * 24 * time.Hour // Config.Compensated: 30 days
+	DefaultAudit       = 90 * 24 * time.Hour // Config.Audit: 90 days
 	DefaultInterval    = time.Minute         // Config.Interval: 1 minute
 )
 
@@ -34,6 +35,7 @@ const (
 	markBatch    = 1000 // dedup marks, and processed inbox rows
 	barrierBatch = 1000 // old barrier rows, whose sagas' rows go
 	sagaBatch    = 500  // sagas with their history, and bulk operation records
+	auditBatch   = 1000 // audit trail entries
 )
 
 // Config says what a Cleaner removes from one schema, and how.
@@ -62,6 +64,9 @@ type Config struct {
 	// that is longer than its outcome's window), and a bulk operation after
 	// it was created. Defaults to DefaultCompensated (30 days).
 	Compensated time.Duration
+	// Audit is how long an entry of the audit trail (an operator action)
+	// stays. Defaults to DefaultAudit (90 days).
+	Audit time.Duration
 	// Interval is the time between the end of a pass of Run and the start
 	// of the next. Defaults to DefaultInterval (1 minute).
 	Interval time.Duration
@@ -78,13 +83,16 @@ type Removed struct {
 	Barrier int // barrier rows
 	Sagas   int // sagas, each with its history and stored events
 	Bulk    int // bulk operations, each with its records
+	Audit   int // audit trail entries
 }
 
-func (r Removed) total() int { return r.Events + r.Marks + r.Inbox + r.Barrier + r.Sagas + r.Bulk }
+func (r Removed) total() int {
+	return r.Events + r.Marks + r.Inbox + r.Barrier + r.Sagas + r.Bulk + r.Audit
+}
 
 func (r Removed) fields() watermill.LogFields {
 	return watermill.LogFields{"events": r.Events, "marks": r.Marks, "inbox": r.Inbox,
-		"barrier": r.Barrier, "sagas": r.Sagas, "bulk": r.Bulk}
+		"barrier": r.Barrier, "sagas": r.Sagas, "bulk": r.Bulk, "audit": r.Audit}
 }
 
 // Cleaner is the retention job of one schema: see the package doc for what
@@ -103,7 +111,7 @@ type Cleaner struct {
 }
 
 // batchSizes are the batch constants, which tests make small.
-type batchSizes struct{ events, marks, barrier, sagas int }
+type batchSizes struct{ events, marks, barrier, sagas, audit int }
 
 // New returns a Cleaner on pool. It does not touch the database. A
 // negative duration is an error wrapping core.ErrConfig.
@@ -127,6 +135,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Cleaner, error) {
 		{"Barrier", &cfg.Barrier, DefaultBarrier},
 		{"Completed", &cfg.Completed, DefaultCompleted},
 		{"Compensated", &cfg.Compensated, DefaultCompensated},
+		{"Audit", &cfg.Audit, DefaultAudit},
 		{"Interval", &cfg.Interval, DefaultInterval},
 	} {
 		if *d.value < 0 {
@@ -145,7 +154,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Cleaner, error) {
 		cfg:    cfg,
 		logger: cfg.Logger.With(watermill.LogFields{"component": "retention", "schema": cfg.Schema}),
 		sql:    newStatements(cfg.Schema),
-		batch:  batchSizes{events: eventBatch, marks: markBatch, barrier: barrierBatch, sagas: sagaBatch},
+		batch:  batchSizes{events: eventBatch, marks: markBatch, barrier: barrierBatch, sagas: sagaBatch, audit: auditBatch},
 	}, nil
 }
 
@@ -197,6 +206,7 @@ func (c *Cleaner) Pass(ctx context.Context) (Removed, error) {
 		{"barrier rows", &r.Barrier, c.cleanBarrier},
 		{"sagas", &r.Sagas, c.cleanSagas},
 		{"bulk operations", &r.Bulk, c.cleanBulk},
+		{"audit trail", &r.Audit, c.cleanAudit},
 	} {
 		n, err := kind.clean(ctx, now)
 		*kind.removed = n
@@ -333,6 +343,12 @@ func (c *Cleaner) cleanBulk(ctx context.Context, now time.Time) (int, error) {
 	return int(tag.RowsAffected()), nil
 }
 
+// cleanAudit removes the audit trail's entries older than the Audit
+// window, oldest first.
+func (c *Cleaner) cleanAudit(ctx context.Context, now time.Time) (int, error) {
+	return c.deleteAll(ctx, c.sql.audit, now.Add(-c.cfg.Audit), c.batch.audit)
+}
+
 // probe runs every statement of a pass on no rows (LIMIT 0, cutoffs at the
 // start of time) in a transaction it rolls back (internal/pgprobe): it
 // returns an error only for a missing table or privilege; other failures
@@ -354,6 +370,7 @@ func (c *Cleaner) probe(ctx context.Context) error {
 			{c.sql.sagas, []any{endedStatuses[0].status, neverTZ, "", never, never, 0}},
 			{c.sql.bulkItems, []any{never, 0}},
 			{c.sql.bulk, []any{never}},
+			{c.sql.audit, []any{never, 0}},
 		} {
 			if _, err := tx.Exec(ctx, q.sql, q.args...); err != nil {
 				return err

@@ -56,6 +56,10 @@ type statements struct {
 	// $1, found on the records' primary key (operation_id, saga_id); bulk
 	// then the operations created before $1 left without any record.
 	bulkItems, bulk string
+
+	// audit removes up to $2 audit trail entries recorded before $1,
+	// oldest first, on audit_log_at_idx.
+	audit string
 }
 
 func newStatements(schema string) statements {
@@ -121,5 +125,8 @@ SELECT (SELECT count(*) FROM s), (SELECT ended_at FROM last), coalesce((SELECT i
 
 		bulk: fmt.Sprintf(`DELETE FROM %[2]s o WHERE o.created_at < $1
    AND NOT EXISTS (SELECT 1 FROM %[1]s i WHERE i.operation_id = o.id)`, t("saga_bulk_item"), t("saga_bulk_operation")),
+
+		audit: fmt.Sprintf(`DELETE FROM %[1]s WHERE id = ANY(ARRAY(
+    SELECT id FROM %[1]s WHERE at < $1 ORDER BY at LIMIT $2 FOR UPDATE SKIP LOCKED))`, t("audit_log")),
 	}
 }

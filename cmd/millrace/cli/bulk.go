@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/millrace/millrace/console"
 	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/saga"
 )
@@ -81,20 +82,27 @@ type bulkDryRunJSON struct {
 
 // sagaBulk runs a bulk action (or its dry run) on the sagas the flags
 // select: the requests are filed for the service's running orchestrator.
-func (a *app) sagaBulk(cmd *cobra.Command, action saga.Action, b *bulkFlags, operator, reason string) error {
+func (a *app) sagaBulk(cmd *cobra.Command, action saga.Action, b *bulkFlags, w *who) error {
 	q, err := b.query()
 	if err != nil {
 		return err
 	}
-	if b.by != "" {
-		operator = b.by
-	}
+	var by saga.Actor
 	if !b.dryRun {
-		if strings.TrimSpace(reason) == "" {
+		if b.by != "" {
+			w.operator = b.by
+		}
+		if strings.TrimSpace(w.reason) == "" && a.stdin == nil {
 			return usagef("--reason is required: it is recorded in every saga's history")
 		}
-		if strings.TrimSpace(operator) == "" {
+		if strings.TrimSpace(w.operator) == "" && strings.TrimSpace(a.getenv("USER")) == "" {
 			return usagef("--by is required for a bulk action: it is recorded in every saga's history")
+		}
+		if by, err = a.actor(w, "the bulk "+string(action)); err != nil {
+			return err
+		}
+		if err := a.authorize(cmd, by, "act-bulk", console.Resource{Kind: "saga", Type: q.Type, Op: string(action)}); err != nil {
+			return err
 		}
 	}
 	ctx := cmd.Context()
@@ -109,14 +117,14 @@ func (a *app) sagaBulk(cmd *cobra.Command, action saga.Action, b *bulkFlags, ope
 		}
 		out := bulkDryRunJSON{DryRun: true, Action: action, Query: q, Count: int64(d.Count), Sagas: make([]sagaJSON, 0, len(d.First))}
 		for _, in := range d.First {
-			out.Sagas = append(out.Sagas, toJSON(in))
+			out.Sagas = append(out.Sagas, a.toJSON(in))
 		}
 		return a.emit(out, func(w io.Writer) {
 			fmt.Fprintf(w, "dry run: %s would apply to %d sagas; nothing was changed. The newest:\n", action, d.Count)
 			sagaRows(w, d.First)
 		})
 	}
-	op, err := p.Bulk(ctx, action, q, saga.Actor{Operator: operator, Reason: reason})
+	op, err := p.Bulk(ctx, action, q, by)
 	if err != nil {
 		return a.explainMissingTables(ctx, err)
 	}
@@ -260,9 +268,20 @@ func (s *deadSelection) query() (core.DeadLetterQuery, error) {
 }
 
 // deadBulk runs a bulk dead-letter action, or only its dry run: dryRun
-// counts what q selects and lists the first ids, act acts on it.
-func (a *app) deadBulk(action, what string, s *deadSelection, out deadBulkJSON,
-	dryRun func() (int, []string, error), act func() (int, error)) error {
+// counts what q selects and lists the first ids, act acts on it, as the
+// actor w names, once authorized on res.
+func (a *app) deadBulk(cmd *cobra.Command, action, what string, s *deadSelection, w *who, res console.Resource, out deadBulkJSON,
+	dryRun func() (int, []string, error), act func(core.Actor) (int, error)) error {
+	var by core.Actor
+	if !s.dryRun {
+		var err error
+		if by, err = a.actor(w, action+" of the "+what+" selected"); err != nil {
+			return err
+		}
+		if err := a.authorize(cmd, by, console.Action(action), res); err != nil {
+			return err
+		}
+	}
 	n, ids, err := dryRun()
 	if err != nil {
 		return err
@@ -272,7 +291,7 @@ func (a *app) deadBulk(action, what string, s *deadSelection, out deadBulkJSON,
 		out.EventIDs = []string{}
 	}
 	if !s.dryRun {
-		if out.Count, err = act(); err != nil {
+		if out.Count, err = act(by); err != nil {
 			return err
 		}
 	}
@@ -288,7 +307,7 @@ func (a *app) deadBulk(action, what string, s *deadSelection, out deadBulkJSON,
 
 // outboxDeadBulk requeues or discards the outbox dead letters the flags
 // select (outbox.Admin.RequeueMatching, DiscardMatching).
-func (a *app) outboxDeadBulk(cmd *cobra.Command, action string, s *deadSelection) error {
+func (a *app) outboxDeadBulk(cmd *cobra.Command, action string, s *deadSelection, w *who) error {
 	q, err := s.query()
 	if err != nil {
 		return err
@@ -302,7 +321,7 @@ func (a *app) outboxDeadBulk(cmd *cobra.Command, action string, s *deadSelection
 	if action == "discard" {
 		act = admin.DiscardMatching
 	}
-	return a.deadBulk(action, "outbox dead letters", s, deadBulkJSON{}, func() (int, []string, error) {
+	return a.deadBulk(cmd, action, "outbox dead letters", s, w, console.Resource{Kind: "outbox", Type: q.Topic}, deadBulkJSON{}, func() (int, []string, error) {
 		d, err := admin.DryRun(ctx, q, 20)
 		if err != nil {
 			return 0, nil, err
@@ -312,12 +331,12 @@ func (a *app) outboxDeadBulk(cmd *cobra.Command, action string, s *deadSelection
 			ids = append(ids, dl.EventID)
 		}
 		return d.Count, ids, nil
-	}, func() (int, error) { return act(ctx, q) })
+	}, func(by core.Actor) (int, error) { return act(ctx, q, by) })
 }
 
 // inboxDeadBulk requeues or discards the consumer's inbox dead letters the
 // flags select (inbox.DeadLetters.RequeueMatching, DiscardMatching).
-func (a *app) inboxDeadBulk(cmd *cobra.Command, consumer, action string, s *deadSelection) error {
+func (a *app) inboxDeadBulk(cmd *cobra.Command, consumer, action string, s *deadSelection, w *who) error {
 	q, err := s.query()
 	if err != nil {
 		return err
@@ -331,15 +350,16 @@ func (a *app) inboxDeadBulk(cmd *cobra.Command, consumer, action string, s *dead
 	if action == "discard" {
 		act = dl.DiscardMatching
 	}
-	return a.deadBulk(action, "inbox dead letters of consumer "+strconv.Quote(consumer), s, deadBulkJSON{Consumer: consumer}, func() (int, []string, error) {
-		d, err := dl.DryRun(ctx, q, 20)
-		if err != nil {
-			return 0, nil, err
-		}
-		ids := make([]string, 0, len(d.First))
-		for _, e := range d.First {
-			ids = append(ids, e.EventID)
-		}
-		return d.Count, ids, nil
-	}, func() (int, error) { return act(ctx, q) })
+	return a.deadBulk(cmd, action, "inbox dead letters of consumer "+strconv.Quote(consumer), s, w, console.Resource{Kind: "inbox", Type: consumer},
+		deadBulkJSON{Consumer: consumer}, func() (int, []string, error) {
+			d, err := dl.DryRun(ctx, q, 20)
+			if err != nil {
+				return 0, nil, err
+			}
+			ids := make([]string, 0, len(d.First))
+			for _, e := range d.First {
+				ids = append(ids, e.EventID)
+			}
+			return d.Count, ids, nil
+		}, func(by core.Actor) (int, error) { return act(ctx, q, by) })
 }

@@ -80,7 +80,7 @@ func TestOutboxDeadBulk(t *testing.T) {
 	orders := opstest.OutboxDead(t, db, "orders", 3)
 	opstest.OutboxDead(t, db, "billing", 2)
 	var dry deadBulkJSON
-	okJSON(t, db, &dry, "outbox", "dead", "requeue", "--topic", "orders", "--error", "%"+opstest.Refusal+"%", "--dry-run")
+	okJSON(t, db, &dry, "outbox", "dead", "requeue", "--operator", "ops", "--reason", "test", "--topic", "orders", "--error", "%"+opstest.Refusal+"%", "--dry-run")
 	if !dry.DryRun || dry.Count != 3 || len(dry.EventIDs) != 3 || dry.EventIDs[0] != orders[0] {
 		t.Fatalf("dry run: %+v", dry)
 	}
@@ -88,11 +88,11 @@ func TestOutboxDeadBulk(t *testing.T) {
 		t.Fatalf("the dry run changed the dead letters: %+v", s)
 	}
 	var done deadBulkJSON
-	okJSON(t, db, &done, "outbox", "dead", "requeue", "--topic", "orders")
+	okJSON(t, db, &done, "outbox", "dead", "requeue", "--operator", "ops", "--reason", "test", "--topic", "orders")
 	if done.DryRun || done.Count != 3 {
 		t.Fatalf("requeue: %+v", done)
 	}
-	okJSON(t, db, &done, "outbox", "dead", "discard", "--error", "%")
+	okJSON(t, db, &done, "outbox", "dead", "discard", "--operator", "ops", "--reason", "test", "--error", "%")
 	if done.Count != 2 {
 		t.Fatalf("discard: %+v", done)
 	}
@@ -100,7 +100,7 @@ func TestOutboxDeadBulk(t *testing.T) {
 		t.Errorf("after the bulk actions: %+v", s)
 	}
 	fails(t, db, 2, `give event ids, or select`, "outbox", "dead", "requeue")
-	fails(t, db, 2, `not both`, "outbox", "dead", "requeue", orders[0], "--topic", "orders")
+	fails(t, db, 2, `not both`, "outbox", "dead", "requeue", "--operator", "ops", "--reason", "test", orders[0], "--topic", "orders")
 }
 
 // Inbox dead letters in bulk through the CLI, --json parsed back: the dry
@@ -126,25 +126,25 @@ func TestInboxDeadBulk(t *testing.T) {
 		return out
 	}
 	var dry deadBulkJSON
-	okJSON(t, db, &dry, "inbox", "dead", "requeue", "--consumer", "billing", "--error", "%not found%", "--dry-run")
+	okJSON(t, db, &dry, "inbox", "dead", "requeue", "--operator", "ops", "--reason", "test", "--consumer", "billing", "--error", "%not found%", "--dry-run")
 	if !dry.DryRun || dry.Count != 2 || dry.Consumer != "billing" || !slices.Equal(dry.EventIDs, []string{ids[0], ids[2]}) {
 		t.Fatalf("dry run: %+v", dry)
 	}
 	if got := dead("billing"); len(got) != 3 {
 		t.Fatalf("the dry run changed the dead letters: %v", got)
 	}
-	if out := ok(t, db, "inbox", "dead", "discard", "--consumer", "billing", "--older-than", "1h", "--dry-run"); out != "dry run: discard would apply to 0 inbox dead letters of consumer \"billing\"; nothing was changed. The first: \n" {
+	if out := ok(t, db, "inbox", "dead", "discard", "--operator", "ops", "--reason", "test", "--consumer", "billing", "--older-than", "1h", "--dry-run"); out != "dry run: discard would apply to 0 inbox dead letters of consumer \"billing\"; nothing was changed. The first: \n" {
 		t.Errorf("dry run printed %q", out)
 	}
 	var done deadBulkJSON
-	okJSON(t, db, &done, "inbox", "dead", "requeue", "--consumer", "billing", "--error", "%not found%")
+	okJSON(t, db, &done, "inbox", "dead", "requeue", "--operator", "ops", "--reason", "test", "--consumer", "billing", "--error", "%not found%")
 	if done.DryRun || done.Count != 2 || done.Action != "requeue" {
 		t.Fatalf("requeue: %+v", done)
 	}
 	if got := dead("billing"); !slices.Equal(got, []string{ids[1]}) {
 		t.Errorf("after the requeue, billing's dead letters are %v; want only %s", got, ids[1])
 	}
-	if out := ok(t, db, "inbox", "dead", "discard", "--consumer", "billing", "--error", "%timeout"); out != "discarded 1 inbox dead letters of consumer \"billing\"\n" {
+	if out := ok(t, db, "inbox", "dead", "discard", "--operator", "ops", "--reason", "test", "--consumer", "billing", "--error", "%timeout"); out != "discarded 1 inbox dead letters of consumer \"billing\"\n" {
 		t.Errorf("discard printed %q", out)
 	}
 	if got := dead("billing"); len(got) != 0 {
@@ -153,9 +153,9 @@ func TestInboxDeadBulk(t *testing.T) {
 	if got := dead("shipping"); !slices.Equal(got, other) {
 		t.Errorf("shipping's dead letters changed: %v", got)
 	}
-	fails(t, db, 2, `give event ids, or select`, "inbox", "dead", "requeue", "--consumer", "billing")
-	fails(t, db, 2, `give event ids, or select`, "inbox", "dead", "requeue", "--consumer", "billing", "--dry-run")
-	fails(t, db, 2, `not both`, "inbox", "dead", "requeue", "--consumer", "shipping", other[0], "--error", "%")
-	fails(t, db, 2, `--older-than must not be negative`, "inbox", "dead", "discard", "--consumer", "shipping", "--older-than", "-1h")
-	fails(t, db, 2, `--consumer is required`, "inbox", "dead", "discard", "--error", "%")
+	fails(t, db, 2, `give event ids, or select`, "inbox", "dead", "requeue", "--operator", "ops", "--reason", "test", "--consumer", "billing")
+	fails(t, db, 2, `give event ids, or select`, "inbox", "dead", "requeue", "--operator", "ops", "--reason", "test", "--consumer", "billing", "--dry-run")
+	fails(t, db, 2, `not both`, "inbox", "dead", "requeue", "--operator", "ops", "--reason", "test", "--consumer", "shipping", other[0], "--error", "%")
+	fails(t, db, 2, `--older-than must not be negative`, "inbox", "dead", "discard", "--operator", "ops", "--reason", "test", "--consumer", "shipping", "--older-than", "-1h")
+	fails(t, db, 2, `--consumer is required`, "inbox", "dead", "discard", "--operator", "ops", "--reason", "test", "--error", "%")
 }

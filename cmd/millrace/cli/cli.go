@@ -27,6 +27,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/millrace/millrace/console"
 	"github.com/millrace/millrace/internal/sqlident"
 	"github.com/millrace/millrace/migrations"
 	"github.com/millrace/millrace/saga"
@@ -44,6 +45,20 @@ type Config struct {
 	// request (an Orchestrator without definitions: saga.Orchestrator.Request), checked against the saga's state, that the
 	// service's running orchestrator applies on its next timer pass.
 	Sagas func(*saga.Orchestrator) error
+	// Authorize says whether the operator (--operator, else $USER) may
+	// take an action (console.Action) on a resource, before it is taken;
+	// its error refuses it and changes nothing. Resource.Service is the
+	// schema. Defaults to none: the database's privileges decide.
+	Authorize func(ctx context.Context, who console.Identity, action console.Action, res console.Resource) error
+	// Redact decides what of a payload the command prints (saga show,
+	// and --json: a saga's data and input, a dead letter's payload, a
+	// poisoned message's), as console.Config.Redact, for the identity
+	// $USER. Defaults to the --redact flag's fields.
+	Redact func(who console.Identity, res console.Resource, payload []byte) []byte
+	// Stdin is where a reason an action lacks (--reason) is asked for.
+	// Defaults to the terminal in Main (none when stdin is not a
+	// terminal: --reason is then required), none in Run.
+	Stdin io.Reader
 }
 
 // Main runs the command line of the process (os.Args, the environment,
@@ -52,6 +67,9 @@ type Config struct {
 func Main(cfg Config) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if st, err := os.Stdin.Stat(); cfg.Stdin == nil && err == nil && st.Mode()&os.ModeCharDevice != 0 {
+		cfg.Stdin = os.Stdin // a terminal: ask for a missing reason
+	}
 	return Run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv, cfg)
 }
 
@@ -87,6 +105,12 @@ type app struct {
 	// register adds the saga definitions this binary knows to an
 	// Orchestrator (Config.Sagas); nil in the stock binary.
 	register func(*saga.Orchestrator) error
+	// authz is Config.Authorize, redactFn Config.Redact, stdin
+	// Config.Stdin; redact is --redact.
+	authz    func(ctx context.Context, who console.Identity, action console.Action, res console.Resource) error
+	redactFn func(who console.Identity, res console.Resource, payload []byte) []byte
+	stdin    io.Reader
+	redact   []string
 }
 
 // run is Run with the stock binary's Config.
@@ -98,7 +122,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 // returns the exit status; getenv reads the environment (DATABASE_URL,
 // USER).
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string, cfg Config) int {
-	a := &app{stdout: stdout, stderr: stderr, getenv: getenv, register: cfg.Sagas}
+	a := &app{stdout: stdout, stderr: stderr, getenv: getenv, register: cfg.Sagas, authz: cfg.Authorize, redactFn: cfg.Redact, stdin: cfg.Stdin}
 	root := a.rootCmd()
 	root.SetArgs(args)
 	root.SetOut(stdout)
@@ -137,6 +161,7 @@ func (a *app) rootCmd() *cobra.Command {
 	pf.StringArrayVar(&a.schemaList, "schema", []string{"millrace"}, "schema that holds millrace's tables (one service's); listings take it repeatedly")
 	pf.BoolVar(&a.allSchemas, "all-schemas", false, "listings: every schema that holds millrace's tables")
 	pf.BoolVar(&a.json, "json", false, "print JSON instead of a table")
+	pf.StringSliceVar(&a.redact, "redact", nil, "payloads printed (saga show, --json): replace the values of these JSON fields (\"*\": every value)")
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
 		many := cmd.Annotations[annotationSchemas] == "many"
 		switch {
@@ -150,7 +175,8 @@ func (a *app) rootCmd() *cobra.Command {
 		a.schema = a.schemaList[0]
 		return nil
 	}
-	root.AddCommand(a.migrateCmd(), a.outboxCmd(), a.inboxCmd(), a.sagaCmd(), a.poisonCmd(), a.kafkaCmd(), a.consoleCmd(), a.conformCmd(), loggingTopic())
+	root.AddCommand(a.migrateCmd(), a.outboxCmd(), a.inboxCmd(), a.sagaCmd(), a.poisonCmd(), a.kafkaCmd(), a.consoleCmd(), a.conformCmd(),
+		a.auditCmd(), loggingTopic())
 	return root
 }
 

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -17,10 +18,10 @@ import (
 
 func (a *app) consoleCmd() *cobra.Command {
 	var (
-		listen, prefix, operatorHeader string
-		readOnly                       bool
-		consumers, poisonTopics        []string
-		brokers                        string
+		listen, prefix, userHeader, rolesHeader, operator string
+		readOnly                                          bool
+		consumers, poisonTopics, proxies                  []string
+		brokers                                           string
 	)
 	cmd := manySchemas(&cobra.Command{
 		Use:   "console",
@@ -28,8 +29,11 @@ func (a *app) consoleCmd() *cobra.Command {
 		Long: "Serve the web console (package console) until interrupted: the outbox backlog, and the outbox's\n" +
 			"and inboxes' dead letters with requeue and discard, and the sagas with their operator actions (recorded\n" +
 			"as requests for the service's running orchestrator, unless this millrace has the saga definitions:\n" +
-			"then they act at once). Put it behind your authenticating proxy;\n" +
-			"actions are recorded in the log with the operator named by --operator-header (else \"console\").\n" +
+			"then they act at once). Every action is recorded in the audit trail with who and why.\n" +
+			"Who is asking: behind your authenticating proxy, --trusted-proxy names the proxy's addresses, whose\n" +
+			"--user-header and --roles-header (viewer, operator, admin) are believed; a request from any other\n" +
+			"address is refused. Without --trusted-proxy, only requests from this host are served, as --operator\n" +
+			"(default $USER) with the admin role.\n" +
 			"With --schema given several times, or --all-schemas, it is one console over several services: an\n" +
 			"overview of them all, and each service's pages under /s/<schema>/.",
 		Args: args(cobra.NoArgs),
@@ -45,10 +49,11 @@ func (a *app) consoleCmd() *cobra.Command {
 			cfg := console.Config{
 				Schema: a.schema, Prefix: prefix, ReadOnly: readOnly, InboxConsumers: consumers,
 				KafkaBrokers: splitList(brokers), PoisonTopics: poisonTopics,
-				Logger: slog.New(slog.NewTextHandler(a.stderr, nil)),
+				Logger:    slog.New(slog.NewTextHandler(a.stderr, nil)),
+				Authorize: a.authz, Redact: a.redactFn,
 			}
-			if operatorHeader != "" {
-				cfg.Operator = console.HeaderOperator(operatorHeader)
+			if cfg.Authenticate, err = a.consoleIdentity(proxies, userHeader, rolesHeader, operator); err != nil {
+				return err
 			}
 			if a.register != nil {
 				// Built with the saga definitions: saga actions act at once.
@@ -118,11 +123,51 @@ func (a *app) consoleCmd() *cobra.Command {
 	f.StringVar(&listen, "listen", "127.0.0.1:8080", "address to listen on (\":8080\" for every interface)")
 	f.StringVar(&prefix, "prefix", "", "serve under this path, e.g. /ops")
 	f.BoolVar(&readOnly, "read-only", false, "show everything, change nothing (no action buttons; POSTs refused)")
-	f.StringVar(&operatorHeader, "operator-header", "", "request header naming the operator, set by your proxy (default X-Forwarded-User)")
+	f.StringSliceVar(&proxies, "trusted-proxy", nil, "address (or CIDR) of your authenticating proxy, whose identity headers are believed (repeatable)")
+	f.StringVar(&userHeader, "user-header", "X-Forwarded-User", "with --trusted-proxy: the header naming the user")
+	f.StringVar(&userHeader, "operator-header", "X-Forwarded-User", "the same as --user-header")
+	_ = f.MarkDeprecated("operator-header", "use --user-header (and --trusted-proxy)")
+	f.StringVar(&rolesHeader, "roles-header", "X-Forwarded-Groups", "with --trusted-proxy: the header listing the user's roles, comma-separated")
+	f.StringVar(&operator, "operator", "", "without --trusted-proxy: who acts from this host (default $USER)")
 	f.StringSliceVar(&consumers, "consumers", nil, "inbox consumers to show (default: those with dead letters)")
 	f.StringVar(&brokers, "brokers", "", "Kafka broker addresses, comma-separated, for the poison-topic page (default $KAFKA_BROKERS)")
 	f.StringSliceVar(&poisonTopics, "poison-topics", nil, "poison topics the poison-topic page links to")
 	return cmd
+}
+
+// consoleIdentity is how the console tells who is asking: behind the
+// trusted proxies, their headers (console.ProxyAuth); without any, a
+// request from this host is operator (default $USER), an admin, and any
+// other has no identity.
+func (a *app) consoleIdentity(proxies []string, userHeader, rolesHeader, operator string) (func(*http.Request) (console.Identity, error), error) {
+	if len(proxies) > 0 {
+		var prefixes []netip.Prefix
+		for _, p := range proxies {
+			prefix, err := netip.ParsePrefix(p)
+			if err != nil {
+				addr, aerr := netip.ParseAddr(p)
+				if aerr != nil {
+					return nil, usagef("--trusted-proxy %q: want an address or a CIDR", p)
+				}
+				prefix = netip.PrefixFrom(addr, addr.BitLen())
+			}
+			prefixes = append(prefixes, prefix)
+		}
+		return console.ProxyAuth(userHeader, rolesHeader, prefixes...), nil
+	}
+	if operator == "" {
+		operator = a.getenv("USER")
+	}
+	if strings.TrimSpace(operator) == "" {
+		return nil, usagef("--operator is required when $USER is not set (or serve behind a proxy: --trusted-proxy)")
+	}
+	return func(r *http.Request) (console.Identity, error) {
+		host, _, err := net.SplitHostPort(r.RemoteAddr)
+		if addr, perr := netip.ParseAddr(host); err != nil || perr != nil || !addr.Unmap().IsLoopback() {
+			return console.Identity{}, fmt.Errorf("%s is not this host, and this console serves only this host (pass --trusted-proxy to serve behind a proxy)", r.RemoteAddr)
+		}
+		return console.Identity{Name: operator, Roles: []string{"admin"}}, nil
+	}, nil
 }
 
 func loggingTopic() *cobra.Command {

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
+	"github.com/millrace/millrace/console"
 	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
 )
@@ -58,6 +59,7 @@ type inboxDeadLetter struct {
 	DeadAt        time.Time         `json:"dead_at"`
 	Payload       json.RawMessage   `json:"payload,omitempty"`        // a JSON payload as it is
 	PayloadBase64 string            `json:"payload_base64,omitempty"` // any other payload
+	PayloadHidden bool              `json:"payload_hidden,omitempty"` // redacted whole (--redact, Config.Redact)
 	Metadata      map[string]string `json:"metadata"`
 }
 
@@ -86,10 +88,11 @@ func (a *app) inboxDeadListCmd(consumer *string) *cobra.Command {
 					Attempts: d.Attempts, LastError: d.LastError, ReceivedAt: d.ReceivedAt, DeadAt: d.DeadAt,
 					Metadata: d.Metadata,
 				}
-				if json.Valid(d.Payload) {
-					o.Payload = d.Payload
-				} else {
-					o.PayloadBase64 = base64.StdEncoding.EncodeToString(d.Payload)
+				var b64 []byte
+				o.Payload, b64, o.PayloadHidden = a.payload(console.Resource{Kind: "inbox", Type: *consumer, ID: d.EventID}, d.Payload,
+					!json.Valid(d.Payload))
+				if b64 != nil {
+					o.PayloadBase64 = base64.StdEncoding.EncodeToString(b64)
 				}
 				out = append(out, o)
 			}
@@ -107,20 +110,23 @@ func (a *app) inboxDeadListCmd(consumer *string) *cobra.Command {
 	return cmd
 }
 
-type inboxAction func(d *inbox.DeadLetters, ctx context.Context, tx pgx.Tx, eventIDs ...string) (int, error)
+type inboxAction func(d *inbox.DeadLetters, ctx context.Context, tx pgx.Tx, by core.Actor, eventIDs ...string) (int, error)
 
 func (a *app) inboxDeadActionCmd(consumer *string, name, short string, act inboxAction) *cobra.Command {
 	var sel *deadSelection
+	var w *who
 	cmd := &cobra.Command{
-		Use:   name + " [EVENT_ID...]",
+		Use:   name + " [EVENT_ID...] --reason TEXT",
 		Short: short,
 		Long: short + ".\nAll or nothing: if any id is not a dead letter of the consumer, " +
 			"nothing changes and the command fails naming it.\nWithout ids, every dead letter of the consumer the selection " +
-			"flags select (--topic, --key, --error, --older-than; --dry-run first to count and list them), 500 per transaction.",
+			"flags select (--topic, --key, --error, --older-than; --dry-run first to count and list them), 500 per transaction.\n" +
+			"Each dead letter acted on is recorded in the audit trail, in its transaction, with the operator\n" +
+			"(--operator, default $USER) and the reason (--reason, asked for on a terminal).",
 		Args: args(cobra.ArbitraryArgs),
 		RunE: func(cmd *cobra.Command, ids []string) error {
 			if len(ids) == 0 {
-				return a.inboxDeadBulk(cmd, *consumer, name, sel)
+				return a.inboxDeadBulk(cmd, *consumer, name, sel, w)
 			}
 			if sel.set(cmd) {
 				return usagef("the selection flags are for a bulk action: give event ids or the flags, not both")
@@ -133,8 +139,17 @@ func (a *app) inboxDeadActionCmd(consumer *string, name, short string, act inbox
 			if err != nil {
 				return err
 			}
+			by, err := a.actor(w, name+" of "+strconv.Itoa(len(ids))+" inbox dead letter(s)")
+			if err != nil {
+				return err
+			}
+			for _, id := range ids {
+				if err := a.authorize(cmd, by, console.Action(name), console.Resource{Kind: "inbox", Type: *consumer, ID: id}); err != nil {
+					return err
+				}
+			}
 			n, err := a.allOrNothing(cmd.Context(), ids, func(tx pgx.Tx, id string) (bool, error) {
-				n, err := act(dl, cmd.Context(), tx, id)
+				n, err := act(dl, cmd.Context(), tx, by, id)
 				return n == 1, err
 			}, "a dead letter of consumer "+strconv.Quote(*consumer))
 			if err != nil {
@@ -144,5 +159,6 @@ func (a *app) inboxDeadActionCmd(consumer *string, name, short string, act inbox
 		},
 	}
 	sel = addDeadSelection(cmd) // bulk.go
+	w = addWho(cmd)
 	return cmd
 }

@@ -22,7 +22,7 @@ func TestKafkaLag(t *testing.T) {
 	kafkatest.ProduceAt(t, brokers, topic, 0, now.Add(-time.Hour), now.Add(-time.Hour+time.Second), now.Add(-time.Hour+2*time.Second))
 	kafkatest.CommitOffset(t, brokers, group, topic, 0, 1)
 
-	res := poisonRun(t, brokers, "kafka", "lag", "--group", group, "--json")
+	res := poisonRun(t, nil, brokers, "kafka", "lag", "--group", group, "--json")
 	if res.code != 0 {
 		t.Fatalf("exit %d: %s", res.code, res.stderr)
 	}
@@ -42,15 +42,15 @@ func TestKafkaLag(t *testing.T) {
 		t.Fatalf("lag = %+v", l)
 	}
 
-	res = poisonRun(t, brokers, "kafka", "lag", "--group", group, "--stall-after", "2h")
+	res = poisonRun(t, nil, brokers, "kafka", "lag", "--group", group, "--stall-after", "2h")
 	if res.code != 0 || !strings.Contains(res.stdout, "0 stalled") || strings.Contains(res.stdout, "STALLED") || !strings.Contains(res.stdout, "(none)") {
 		t.Fatalf("with --stall-after 2h: exit %d\n%s%s", res.code, res.stdout, res.stderr)
 	}
-	res = poisonRun(t, brokers, "kafka", "lag", "--group", group)
+	res = poisonRun(t, nil, brokers, "kafka", "lag", "--group", group)
 	if res.code != 0 || !strings.Contains(res.stdout, "STALLED") || !strings.Contains(res.stdout, "1 stalled") {
 		t.Fatalf("table: exit %d\n%s%s", res.code, res.stdout, res.stderr)
 	}
-	if res := poisonRun(t, nil, "kafka", "lag"); res.code != 2 || !strings.Contains(res.stderr, "KAFKA_BROKERS") {
+	if res := poisonRun(t, nil, nil, "kafka", "lag"); res.code != 2 || !strings.Contains(res.stderr, "KAFKA_BROKERS") {
 		t.Fatalf("without brokers: exit %d: %s", res.code, res.stderr)
 	}
 }

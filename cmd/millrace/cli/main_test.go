@@ -252,14 +252,14 @@ func TestOutboxDeadRequeueDiscard(t *testing.T) {
 	ids := opstest.OutboxDead(t, db, "orders", 4)
 
 	var r actionResult
-	okJSON(t, db, &r, "outbox", "dead", "requeue", ids[0], ids[1])
+	okJSON(t, db, &r, "outbox", "dead", "requeue", "--operator", "ops", "--reason", "test", ids[0], ids[1])
 	if r.Action != "requeue" || r.Count != 2 || !slices.Equal(r.EventIDs, ids[:2]) {
 		t.Errorf("requeue = %+v", r)
 	}
 	if s := outboxStatsOf(t, db); s.Dead != 2 || s.Pending != 2 {
 		t.Errorf("after requeue of 2, stats %+v; want 2 dead, 2 pending", s)
 	}
-	if out := ok(t, db, "outbox", "dead", "discard", ids[2]); out != "discarded 1 outbox dead letter\n" {
+	if out := ok(t, db, "outbox", "dead", "discard", "--operator", "ops", "--reason", "test", ids[2]); out != "discarded 1 outbox dead letter\n" {
 		t.Errorf("discard printed %q", out)
 	}
 	if s := outboxStatsOf(t, db); s.Dead != 1 || s.Pending != 2 {
@@ -279,19 +279,19 @@ func TestOutboxDeadBadInput(t *testing.T) {
 	ids := opstest.OutboxDead(t, db, "orders", 2)
 	unknown := "0192f5c4-0000-7000-8000-000000000000"
 
-	fails(t, db, 2, `event id "nope" is not a UUID`, "outbox", "dead", "requeue", ids[0], "nope")
-	fails(t, db, 1, `event `+unknown+` is not an outbox dead letter .* nothing changed\n$`, "outbox", "dead", "requeue", ids[0], unknown)
-	fails(t, db, 1, `event `+unknown+` is not an outbox dead letter`, "outbox", "dead", "discard", unknown, ids[1])
+	fails(t, db, 2, `event id "nope" is not a UUID`, "outbox", "dead", "requeue", "--operator", "ops", "--reason", "test", ids[0], "nope")
+	fails(t, db, 1, `event `+unknown+` is not an outbox dead letter .* nothing changed\n$`, "outbox", "dead", "requeue", "--operator", "ops", "--reason", "test", ids[0], unknown)
+	fails(t, db, 1, `event `+unknown+` is not an outbox dead letter`, "outbox", "dead", "discard", "--operator", "ops", "--reason", "test", unknown, ids[1])
 	fails(t, db, 2, `give event ids, or select dead letters`, "outbox", "dead", "requeue")
 	if s := outboxStatsOf(t, db); s.Dead != 2 || s.Pending != 0 {
 		t.Fatalf("after refused commands, stats %+v; want both still dead", s)
 	}
 	// Acting twice on the same dead letter: the second time it is no longer one.
-	ok(t, db, "outbox", "dead", "requeue", ids[0])
-	fails(t, db, 1, `event `+ids[0]+` is not an outbox dead letter \(unknown id, or already requeued or discarded\)`, "outbox", "dead", "discard", ids[0])
+	ok(t, db, "outbox", "dead", "requeue", "--operator", "ops", "--reason", "test", ids[0])
+	fails(t, db, 1, `event `+ids[0]+` is not an outbox dead letter \(unknown id, or already requeued or discarded\)`, "outbox", "dead", "discard", "--operator", "ops", "--reason", "test", ids[0])
 	// The same id twice counts once.
 	var r actionResult
-	okJSON(t, db, &r, "outbox", "dead", "discard", ids[1], strings.ToUpper(ids[1]))
+	okJSON(t, db, &r, "outbox", "dead", "discard", "--operator", "ops", "--reason", "test", ids[1], strings.ToUpper(ids[1]))
 	if r.Count != 1 {
 		t.Errorf("discard of one id given twice = %+v", r)
 	}
@@ -307,31 +307,31 @@ func TestOutboxReplay(t *testing.T) {
 
 	// Bad filters are refused before anything is queued.
 	fails(t, db, 2, "replay filter is empty", "outbox", "replay")
-	fails(t, db, 2, `invalid replay filter: ToID 1 is below FromID 5`, "outbox", "replay", "--from-id", "5", "--to-id", "1")
-	fails(t, db, 2, `--from "yesterday": want a time like`, "outbox", "replay", "--from", "yesterday")
-	fails(t, db, 2, `invalid replay filter: To .* is not after From`, "outbox", "replay", "--from", "2026-11-30", "--to", "2026-11-29")
+	fails(t, db, 2, `invalid replay filter: ToID 1 is below FromID 5`, "outbox", "replay", "--operator", "ops", "--reason", "test", "--from-id", "5", "--to-id", "1")
+	fails(t, db, 2, `--from "yesterday": want a time like`, "outbox", "replay", "--operator", "ops", "--reason", "test", "--from", "yesterday")
+	fails(t, db, 2, `invalid replay filter: To .* is not after From`, "outbox", "replay", "--operator", "ops", "--reason", "test", "--from", "2026-11-30", "--to", "2026-11-29")
 	if s := outboxStatsOf(t, db); s.Pending != 0 {
 		t.Fatalf("refused replays queued %d events", s.Pending)
 	}
 
 	var r map[string]int64
-	okJSON(t, db, &r, "outbox", "replay", "--topic", "orders")
+	okJSON(t, db, &r, "outbox", "replay", "--operator", "ops", "--reason", "test", "--topic", "orders")
 	if r["queued"] != 3 {
 		t.Errorf("replay --topic orders = %v, want 3 queued", r)
 	}
 	if s := outboxStatsOf(t, db); s.Pending != 3 {
 		t.Errorf("after replay, %d pending, want 3", s.Pending)
 	}
-	okJSON(t, db, &r, "outbox", "replay", "--event-type", "OrderPlaced", "--aggregate-id", "order-1", "--topic", "payments")
+	okJSON(t, db, &r, "outbox", "replay", "--operator", "ops", "--reason", "test", "--event-type", "OrderPlaced", "--aggregate-id", "order-1", "--topic", "payments")
 	if r["queued"] != 1 {
 		t.Errorf("replay of one payments event = %v", r)
 	}
 	// A time window that holds nothing.
-	okJSON(t, db, &r, "outbox", "replay", "--to", "2001-01-01")
+	okJSON(t, db, &r, "outbox", "replay", "--operator", "ops", "--reason", "test", "--to", "2001-01-01")
 	if r["queued"] != 0 {
 		t.Errorf("replay of events before 2001 = %v", r)
 	}
-	if out := ok(t, db, "outbox", "replay", "--all"); out != "queued 1 events for publishing again\n" {
+	if out := ok(t, db, "outbox", "replay", "--operator", "ops", "--reason", "test", "--all"); out != "queued 1 events for publishing again\n" {
 		t.Errorf("replay --all printed %q (the other 4 are queued already)", out)
 	}
 }
@@ -359,10 +359,10 @@ func TestInboxDead(t *testing.T) {
 
 	// Bad input changes nothing.
 	fails(t, db, 2, `--consumer is required`, "inbox", "dead", "list")
-	fails(t, db, 2, `event id "x" is not a UUID`, "inbox", "dead", "requeue", "--consumer", "billing", ids[0], "x")
+	fails(t, db, 2, `event id "x" is not a UUID`, "inbox", "dead", "requeue", "--operator", "ops", "--reason", "test", "--consumer", "billing", ids[0], "x")
 	fails(t, db, 1, `event `+other[0]+` is not a dead letter of consumer "billing".*nothing changed`,
-		"inbox", "dead", "requeue", "--consumer", "billing", ids[0], other[0])
-	fails(t, db, 2, "--consumer is required", "inbox", "dead", "discard", "--consumer", "", ids[0])
+		"inbox", "dead", "requeue", "--operator", "ops", "--reason", "test", "--consumer", "billing", ids[0], other[0])
+	fails(t, db, 2, "--consumer is required", "inbox", "dead", "discard", "--operator", "ops", "--reason", "test", "--consumer", "", ids[0])
 	dl, err := inbox.NewDeadLetters(db.Pool, inbox.DeadLetterConfig{Schema: db.Schema, Consumer: "billing"})
 	if err != nil {
 		t.Fatal(err)
@@ -372,17 +372,17 @@ func TestInboxDead(t *testing.T) {
 	}
 
 	var r actionResult
-	okJSON(t, db, &r, "inbox", "dead", "requeue", "--consumer", "billing", ids[0])
+	okJSON(t, db, &r, "inbox", "dead", "requeue", "--operator", "ops", "--reason", "test", "--consumer", "billing", ids[0])
 	if r.Count != 1 || r.Consumer != "billing" || r.Action != "requeue" {
 		t.Errorf("requeue = %+v", r)
 	}
-	if out := ok(t, db, "inbox", "dead", "discard", "--consumer", "billing", ids[1], ids[2]); out != "discarded 2 inbox dead letters\n" {
+	if out := ok(t, db, "inbox", "dead", "discard", "--operator", "ops", "--reason", "test", "--consumer", "billing", ids[1], ids[2]); out != "discarded 2 inbox dead letters\n" {
 		t.Errorf("discard printed %q", out)
 	}
 	if got, _ := dl.List(context.Background(), core.ListParams{Limit: 10}); len(got) != 0 {
 		t.Errorf("billing still has %d dead letters", len(got))
 	}
-	fails(t, db, 1, `event `+ids[1]+` is not a dead letter`, "inbox", "dead", "requeue", "--consumer", "billing", ids[1])
+	fails(t, db, 1, `event `+ids[1]+` is not a dead letter`, "inbox", "dead", "requeue", "--operator", "ops", "--reason", "test", "--consumer", "billing", ids[1])
 	// The requeued message is live again: a processor applies it.
 	var live int
 	if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM `+db.Schema+`.inbox_event WHERE consumer = 'billing' AND dead_at IS NULL AND NOT processed`).Scan(&live); err != nil || live != 1 {
@@ -458,7 +458,7 @@ func TestConsoleCommand(t *testing.T) {
 	var stderr syncBuffer
 	done := make(chan int, 1)
 	go func() {
-		done <- run(ctx, []string{"--database-url", pgtest.URL(), "--schema", db.Schema, "console", "--listen", "127.0.0.1:0", "--prefix", "/ops", "--read-only"},
+		done <- run(ctx, []string{"--database-url", pgtest.URL(), "--schema", db.Schema, "console", "--operator", "ops", "--listen", "127.0.0.1:0", "--prefix", "/ops", "--read-only"},
 			io.Discard, &stderr, func(string) string { return "" })
 	}()
 	addr := regexp.MustCompile(`listening on (http://\S+)`)
@@ -506,7 +506,7 @@ func TestConsoleCommandSagas(t *testing.T) {
 		var stderr syncBuffer
 		done := make(chan int, 1)
 		go func() {
-			done <- Run(ctx, []string{"--database-url", pgtest.URL(), "--schema", db.Schema, "console", "--listen", "127.0.0.1:0"},
+			done <- Run(ctx, []string{"--database-url", pgtest.URL(), "--schema", db.Schema, "console", "--operator", "ops", "--listen", "127.0.0.1:0"},
 				io.Discard, &stderr, func(string) string { return "" }, cfg)
 		}()
 		addr := regexp.MustCompile(`listening on (http://\S+)`)

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
+	"github.com/millrace/millrace/console"
 	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/outbox"
 )
@@ -95,6 +96,7 @@ type outboxDeadLetter struct {
 	DeadAt        time.Time         `json:"dead_at"`
 	Payload       json.RawMessage   `json:"payload,omitempty"`        // a JSON payload as it is
 	PayloadBase64 string            `json:"payload_base64,omitempty"` // a binary payload
+	PayloadHidden bool              `json:"payload_hidden,omitempty"` // redacted whole (--redact, Config.Redact)
 	Metadata      map[string]string `json:"metadata"`
 }
 
@@ -124,10 +126,11 @@ func (a *app) outboxDeadListCmd() *cobra.Command {
 					Attempts: d.Attempts, LastError: d.LastError, CreatedAt: d.CreatedAt, DeadAt: d.DeadAt,
 					Metadata: d.Metadata,
 				}
-				if d.Binary || !json.Valid(d.Payload) {
-					o.PayloadBase64 = base64.StdEncoding.EncodeToString(d.Payload)
-				} else {
-					o.Payload = d.Payload
+				var b64 []byte
+				o.Payload, b64, o.PayloadHidden = a.payload(console.Resource{Kind: "outbox", Type: d.Topic, ID: d.EventID}, d.Payload,
+					d.Binary || !json.Valid(d.Payload))
+				if b64 != nil {
+					o.PayloadBase64 = base64.StdEncoding.EncodeToString(b64)
 				}
 				out = append(out, o)
 			}
@@ -153,7 +156,7 @@ func (a *app) outboxDeadListCmd() *cobra.Command {
 }
 
 // deadAction is the shape of Requeue and Discard in a caller's transaction.
-type outboxAction func(a *outbox.Admin, ctx context.Context, tx pgx.Tx, eventIDs ...string) (int, error)
+type outboxAction func(a *outbox.Admin, ctx context.Context, tx pgx.Tx, by core.Actor, eventIDs ...string) (int, error)
 
 type actionResult struct {
 	Action   string   `json:"action"`
@@ -164,16 +167,19 @@ type actionResult struct {
 
 func (a *app) outboxDeadActionCmd(name, short string, act outboxAction) *cobra.Command {
 	var sel *deadSelection
+	var w *who
 	cmd := &cobra.Command{
-		Use:   name + " [EVENT_ID...]",
+		Use:   name + " [EVENT_ID...] --reason TEXT",
 		Short: short,
 		Long: short + ".\nAll or nothing: if any id is not a dead letter (unknown, or already requeued or discarded), " +
 			"nothing changes and the command fails naming it.\nWithout ids, every dead letter the selection flags select " +
-			"(--topic, --key, --error, --older-than; --dry-run first to count and list them), 500 per transaction.",
+			"(--topic, --key, --error, --older-than; --dry-run first to count and list them), 500 per transaction.\n" +
+			"Each dead letter acted on is recorded in the audit trail, in its transaction, with the operator\n" +
+			"(--operator, default $USER) and the reason (--reason, asked for on a terminal).",
 		Args: args(cobra.ArbitraryArgs),
 		RunE: func(cmd *cobra.Command, ids []string) error {
 			if len(ids) == 0 {
-				return a.outboxDeadBulk(cmd, name, sel)
+				return a.outboxDeadBulk(cmd, name, sel, w)
 			}
 			if sel.set(cmd) {
 				return usagef("the selection flags are for a bulk action: give event ids or the flags, not both")
@@ -182,12 +188,21 @@ func (a *app) outboxDeadActionCmd(name, short string, act outboxAction) *cobra.C
 			if err != nil {
 				return err
 			}
+			by, err := a.actor(w, name+" of "+strconv.Itoa(len(ids))+" outbox dead letter(s)")
+			if err != nil {
+				return err
+			}
+			for _, id := range ids {
+				if err := a.authorize(cmd, by, console.Action(name), console.Resource{Kind: "outbox", ID: id}); err != nil {
+					return err
+				}
+			}
 			admin, err := a.outboxAdmin(cmd.Context())
 			if err != nil {
 				return err
 			}
 			n, err := a.allOrNothing(cmd.Context(), ids, func(tx pgx.Tx, id string) (bool, error) {
-				n, err := act(admin, cmd.Context(), tx, id)
+				n, err := act(admin, cmd.Context(), tx, by, id)
 				return n == 1, err
 			}, "an outbox dead letter")
 			if err != nil {
@@ -197,6 +212,7 @@ func (a *app) outboxDeadActionCmd(name, short string, act outboxAction) *cobra.C
 		},
 	}
 	sel = addDeadSelection(cmd) // bulk.go
+	w = addWho(cmd)
 	return cmd
 }
 
@@ -257,6 +273,7 @@ func (a *app) outboxReplayCmd() *cobra.Command {
 	var (
 		f        outbox.ReplayFilter
 		from, to string
+		w        *who
 	)
 	cmd := &cobra.Command{
 		Use:   "replay",
@@ -277,7 +294,19 @@ func (a *app) outboxReplayCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			n, err := admin.Replay(cmd.Context(), f)
+			// Without an Actor, Replay checks the filter and queues
+			// nothing: a bad filter is refused before the reason is asked.
+			if _, err := admin.Replay(cmd.Context(), f, core.Actor{}); errors.Is(err, outbox.ErrEmptyReplayFilter) || errors.Is(err, outbox.ErrInvalidReplayFilter) {
+				return usageError{err}
+			}
+			by, err := a.actor(w, "the replay")
+			if err != nil {
+				return err
+			}
+			if err := a.authorize(cmd, by, "requeue", console.Resource{Kind: "outbox", Type: f.Topic, Op: "replay"}); err != nil {
+				return err
+			}
+			n, err := admin.Replay(cmd.Context(), f, by)
 			if errors.Is(err, outbox.ErrEmptyReplayFilter) || errors.Is(err, outbox.ErrInvalidReplayFilter) {
 				return usageError{err}
 			}
@@ -300,6 +329,7 @@ func (a *app) outboxReplayCmd() *cobra.Command {
 	fl.StringVar(&f.Topic, "topic", "", "only this topic")
 	fl.StringVar(&f.PartitionKey, "key", "", "only this partition key")
 	fl.BoolVar(&f.All, "all", false, "replay every published event retention kept (needed when no other filter is set)")
+	w = addWho(cmd)
 	return cmd
 }
 

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -10,6 +11,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/millrace/millrace/console"
+	"github.com/millrace/millrace/core"
+	"github.com/millrace/millrace/internal/audit"
 	"github.com/millrace/millrace/internal/poisontopic"
 )
 
@@ -41,14 +45,20 @@ func (a *app) poisonCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if msgs == nil {
-				msgs = []poisontopic.Message{}
+			shown := make([]poisonMessage, len(msgs))
+			for i, m := range msgs {
+				shown[i].Message = m
+				if p := a.show(console.Resource{Kind: "poison", Type: argv[0], ID: m.UUID}, []byte(m.Payload)); p == nil && m.Payload != "" {
+					shown[i].Payload, shown[i].PayloadHidden = "", true
+				} else {
+					shown[i].Payload = string(p)
+				}
 			}
 			out := struct {
-				Topic    string                `json:"topic"`
-				Total    int                   `json:"total"`
-				Messages []poisontopic.Message `json:"messages"`
-			}{argv[0], total, msgs}
+				Topic    string          `json:"topic"`
+				Total    int             `json:"total"`
+				Messages []poisonMessage `json:"messages"`
+			}{argv[0], total, shown}
 			return a.emit(out, func(w io.Writer) {
 				fmt.Fprintf(w, "%d poisoned message(s) on %s", total, argv[0])
 				if len(msgs) < total {
@@ -77,6 +87,7 @@ func (a *app) poisonCmd() *cobra.Command {
 		ids  []string
 		all  bool
 		sel  poisonSelection
+		w    *who
 		flag = []string{"reason-match", "from-topic", "older-than", "dry-run"}
 	)
 	requeue := &cobra.Command{
@@ -89,7 +100,9 @@ func (a *app) poisonCmd() *cobra.Command {
 			"In bulk, every message the selection flags select (--reason-match, --from-topic, --older-than;\n" +
 			"--dry-run first to count and list them, newest first); a message that does not say its original\n" +
 			"topic is refused and counted. There is no discard: Kafka cannot delete one message from a topic;\n" +
-			"the poison topic's retention (retention.ms) removes them all in time.",
+			"the poison topic's retention (retention.ms) removes them all in time.\n" +
+			"Each requeue is recorded in the audit trail of --schema (after it is sent: Kafka is not in the\n" +
+			"transaction), with the operator (--operator, default $USER) and the reason (--reason).",
 		Args: args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			bulk := false
@@ -103,7 +116,7 @@ func (a *app) poisonCmd() *cobra.Command {
 				return usagef("--all requeues every message: give --all or the selection flags, not both")
 			}
 			if bulk {
-				return a.poisonBulk(cmd, argv[0], &sel, brokerList)
+				return a.poisonBulk(cmd, argv[0], &sel, w, brokerList)
 			}
 			if all == (len(ids) > 0) {
 				return usagef("say which messages: --id UUID (repeatable), --all, or select them with --reason-match, --from-topic or --older-than")
@@ -112,7 +125,14 @@ func (a *app) poisonCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			by, err := a.poisonActor(cmd, argv[0], w)
+			if err != nil {
+				return err
+			}
 			n, err := poisontopic.Requeue(cmd.Context(), bs, argv[0], ids)
+			if aerr := a.auditPoison(cmd, by, argv[0], map[string]any{"ids": ids, "all": all, "requeued": n}, n, err); aerr != nil {
+				return errors.Join(err, aerr)
+			}
 			if err != nil {
 				return err
 			}
@@ -128,6 +148,7 @@ func (a *app) poisonCmd() *cobra.Command {
 	f.StringVar(&sel.from, "from-topic", "", "bulk: messages poisoned from this topic")
 	f.DurationVar(&sel.older, "older-than", 0, "bulk: messages poisoned longer ago than this (e.g. 1h)")
 	f.BoolVar(&sel.dryRun, "dry-run", false, "bulk: count and list what would be requeued; send nothing")
+	w = addWho(requeue)
 	cmd.AddCommand(list, requeue)
 	return cmd
 }
@@ -154,7 +175,7 @@ type poisonSelection struct {
 // poisonBulk requeues the messages of a poison topic the flags select
 // (poisontopic.RequeueMatching), or with --dry-run counts and lists them; the
 // output is a bulk dead-letter action's.
-func (a *app) poisonBulk(cmd *cobra.Command, topic string, s *poisonSelection, brokerList func() ([]string, error)) error {
+func (a *app) poisonBulk(cmd *cobra.Command, topic string, s *poisonSelection, w *who, brokerList func() ([]string, error)) error {
 	if s.older < 0 {
 		return usagef("--older-than must not be negative")
 	}
@@ -181,7 +202,16 @@ func (a *app) poisonBulk(cmd *cobra.Command, topic string, s *poisonSelection, b
 			out.EventIDs = append(out.EventIDs, m.UUID)
 		}
 	} else {
+		by, err := a.poisonActor(cmd, topic, w)
+		if err != nil {
+			return err
+		}
 		done, err := poisontopic.RequeueMatching(ctx, bs, topic, q)
+		detail := map[string]any{"reason_match": s.reason, "from_topic": s.from, "older_than": s.older.String(),
+			"matched": done.Matched, "requeued": done.Requeued, "refused": done.Refused}
+		if aerr := a.auditPoison(cmd, by, topic, detail, done.Requeued, err); aerr != nil {
+			return errors.Join(err, aerr)
+		}
 		if err != nil && done.Matched > 0 {
 			return fmt.Errorf("%w (%d of the %d matching were requeued before it)", err, done.Requeued, done.Matched)
 		}
@@ -209,4 +239,44 @@ func (a *app) poisonBulk(cmd *cobra.Command, topic string, s *poisonSelection, b
 			fmt.Fprintf(w, "refused %d: %s\n", out.Refused[r], r)
 		}
 	})
+}
+
+// poisonMessage is a poisoned message as --json prints it, its payload
+// as show lets it through.
+type poisonMessage struct {
+	poisontopic.Message
+	PayloadHidden bool `json:"payload_hidden,omitempty"`
+}
+
+// poisonActor is who requeues from topic, authorized, with the schema's
+// audit trail reachable: checked before anything is sent.
+func (a *app) poisonActor(cmd *cobra.Command, topic string, w *who) (core.Actor, error) {
+	by, err := a.actor(w, "the requeue")
+	if err != nil {
+		return by, err
+	}
+	if err := a.authorize(cmd, by, "requeue", console.Resource{Kind: "poison", Type: topic}); err != nil {
+		return by, err
+	}
+	pool, err := a.connect(cmd.Context())
+	if err != nil {
+		return by, err
+	}
+	return by, audit.New(a.schema).Probe(cmd.Context(), pool)
+}
+
+// auditPoison records a requeue from a poison topic in the audit trail,
+// after it was sent (also when it failed after sending some).
+func (a *app) auditPoison(cmd *cobra.Command, by core.Actor, topic string, detail map[string]any, sent int, err error) error {
+	if err != nil && sent == 0 {
+		return nil
+	}
+	if err != nil {
+		detail["error"] = err.Error()
+	}
+	e := audit.Entry{Actor: by, Action: "poison.requeue", Kind: audit.KindPoison, Scope: topic, Detail: detail}
+	if err := audit.New(a.schema).Write(cmd.Context(), a.pool, e); err != nil {
+		return fmt.Errorf("requeued %d, but the audit trail did not record it: %w", sent, err)
+	}
+	return nil
 }

@@ -12,13 +12,17 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/millrace/millrace/internal/kafkatest"
+	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/internal/poisontopic"
 	"github.com/millrace/millrace/kafka"
 )
 
 // poisonRun runs the command with KAFKA_BROKERS (not --brokers) set.
-func poisonRun(t *testing.T, brokers []string, args ...string) result {
+func poisonRun(t *testing.T, db *pgtest.DB, brokers []string, args ...string) result {
 	t.Helper()
+	if db != nil {
+		args = append([]string{"--database-url", pgtest.URL(), "--schema", db.Schema}, args...)
+	}
 	var stdout, stderr strings.Builder
 	env := func(k string) string {
 		if k == "KAFKA_BROKERS" {
@@ -35,6 +39,7 @@ func poisonRun(t *testing.T, brokers []string, args ...string) result {
 // their payload and original metadata.
 func TestPoisonListAndRequeue(t *testing.T) {
 	t.Parallel()
+	db := pgtest.New(t)
 	brokers := kafkatest.Brokers(t)
 	topic := kafkatest.Topic()
 	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers}, nil)
@@ -62,7 +67,7 @@ func TestPoisonListAndRequeue(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	r := poisonRun(t, brokers, "poison", "list", topic+".poison")
+	r := poisonRun(t, db, brokers, "poison", "list", topic+".poison")
 	if r.code != 0 {
 		t.Fatalf("list: exit %d, %s", r.code, r.stderr)
 	}
@@ -71,7 +76,7 @@ func TestPoisonListAndRequeue(t *testing.T) {
 		strings.Index(r.stdout, newer.UUID) > strings.Index(r.stdout, older.UUID) {
 		t.Fatalf("list:\n%s\nwant the count, newest first, the reasons", r.stdout)
 	}
-	r = poisonRun(t, brokers, "--json", "poison", "list", topic+".poison", "--brokers", strings.Join(brokers, ","))
+	r = poisonRun(t, db, brokers, "--json", "poison", "list", topic+".poison", "--brokers", strings.Join(brokers, ","))
 	var got struct {
 		Total    int `json:"total"`
 		Messages []struct {
@@ -84,13 +89,13 @@ func TestPoisonListAndRequeue(t *testing.T) {
 		t.Fatalf("list --json: %v %s", err, r.stdout)
 	}
 
-	if r := poisonRun(t, nil, "poison", "list", topic); r.code != exitUsage || !strings.Contains(r.stderr, "KAFKA_BROKERS") {
+	if r := poisonRun(t, db, nil, "poison", "list", topic); r.code != exitUsage || !strings.Contains(r.stderr, "KAFKA_BROKERS") {
 		t.Fatalf("without brokers: %+v", r)
 	}
-	if r := poisonRun(t, brokers, "poison", "requeue", topic+".poison"); r.code != exitUsage {
+	if r := poisonRun(t, db, brokers, "poison", "requeue", topic+".poison"); r.code != exitUsage {
 		t.Fatalf("requeue without --id or --all: %+v", r)
 	}
-	r = poisonRun(t, brokers, "poison", "requeue", topic+".poison", "--id", older.UUID)
+	r = poisonRun(t, db, brokers, "poison", "requeue", topic+".poison", "--id", older.UUID, "--operator", "ops", "--reason", "flight participant deployed")
 	if r.code != 0 || r.stdout != "requeued 1 message(s) from "+topic+".poison\n" {
 		t.Fatalf("requeue: %+v", r)
 	}
@@ -119,6 +124,7 @@ func TestPoisonListAndRequeue(t *testing.T) {
 // those back.
 func TestPoisonBulk(t *testing.T) {
 	t.Parallel()
+	db := pgtest.New(t)
 	brokers := kafkatest.Brokers(t)
 	poisonTopic, from, other := kafkatest.Topic(), kafkatest.Topic(), kafkatest.Topic()
 	for _, tp := range []string{poisonTopic, from, other} {
@@ -143,7 +149,7 @@ func TestPoisonBulk(t *testing.T) {
 	}
 	okPoison := func(v any, args ...string) {
 		t.Helper()
-		r := poisonRun(t, brokers, append([]string{"--json", "poison", "requeue", poisonTopic}, args...)...)
+		r := poisonRun(t, db, brokers, append([]string{"--json", "poison", "requeue", poisonTopic, "--operator", "ops", "--reason", "test"}, args...)...)
 		dec := json.NewDecoder(strings.NewReader(r.stdout))
 		dec.DisallowUnknownFields()
 		if r.code != 0 || dec.Decode(v) != nil {
@@ -177,7 +183,7 @@ func TestPoisonBulk(t *testing.T) {
 	if n := kafkatest.RecordCount(t, brokers, other); n != 0 {
 		t.Errorf("%d messages sent to %s, which the query left out", n, other)
 	}
-	r := poisonRun(t, brokers, "poison", "requeue", poisonTopic, "--reason-match", "%bad payload")
+	r := poisonRun(t, db, brokers, "poison", "requeue", poisonTopic, "--reason-match", "%bad payload", "--operator", "ops", "--reason", "test")
 	if r.code != 0 || r.stdout != "requeued 1 poisoned messages from "+poisonTopic+"\n" {
 		t.Errorf("requeue, human: %+v", r)
 	}
@@ -190,7 +196,7 @@ func TestPoisonBulk(t *testing.T) {
 		{[]string{"--dry-run"}, "select messages with --reason-match"},
 		{[]string{"--older-than", "-1h"}, "must not be negative"},
 	} {
-		r := poisonRun(t, brokers, append([]string{"poison", "requeue", poisonTopic}, c.args...)...)
+		r := poisonRun(t, db, brokers, append([]string{"poison", "requeue", poisonTopic, "--operator", "ops", "--reason", "test"}, c.args...)...)
 		if r.code != exitUsage || !strings.Contains(r.stderr, c.want) {
 			t.Errorf("poison requeue %v: %+v; want a usage error %q", c.args, r, c.want)
 		}

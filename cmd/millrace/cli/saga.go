@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/millrace/millrace/console"
 	"github.com/millrace/millrace/saga"
 )
 
@@ -52,29 +53,28 @@ type withdrawJSON struct {
 }
 
 func (a *app) sagaWithdrawCmd() *cobra.Command {
-	var reason, operator string
+	var w *who
 	cmd := &cobra.Command{
 		Use:   "withdraw ID --reason TEXT",
 		Short: "Withdraw a saga's pending operator request before the orchestrator applies it",
 		Long: "Withdraw a saga's pending operator request (recorded by the stock binary or a console without the\n" +
 			"definitions) before the service's orchestrator applies it. The operator (--operator, default $USER),\n" +
-			"the reason and the request withdrawn are recorded in the saga's history. Nothing else changes.",
+			"the reason and the request withdrawn are recorded in the saga's history and the audit trail. Nothing else changes.",
 		Args: args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, ids []string) error {
-			if strings.TrimSpace(reason) == "" {
-				return usagef("--reason is required: it is recorded in the saga's history")
+			by, err := a.actor(w, "the withdrawal")
+			if err != nil {
+				return err
 			}
-			if operator == "" {
-				operator = a.getenv("USER")
+			if err := a.authorize(cmd, by, "act", console.Resource{Kind: "saga", ID: ids[0], Op: "withdraw"}); err != nil {
+				return err
 			}
-			if strings.TrimSpace(operator) == "" {
-				return usagef("--operator is required when $USER is not set")
-			}
+			operator := by.Operator
 			p, err := a.sagaOperator(cmd.Context())
 			if err != nil {
 				return err
 			}
-			r, err := p.Withdraw(cmd.Context(), ids[0], saga.Actor{Operator: operator, Reason: reason})
+			r, err := p.Withdraw(cmd.Context(), ids[0], by)
 			if err != nil {
 				return err
 			}
@@ -86,14 +86,13 @@ func (a *app) sagaWithdrawCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return a.emit(withdrawJSON{Withdrawn: *r, Saga: toJSON(in)}, func(w io.Writer) {
+			return a.emit(withdrawJSON{Withdrawn: *r, Saga: a.toJSON(in)}, func(w io.Writer) {
 				fmt.Fprintf(w, "%s of saga %s requested by %s at %s: withdrawn by %s; the saga is %s\n",
 					r.Action, in.ID, r.Operator, r.RequestedAt.UTC().Format(time.RFC3339), operator, in.Status)
 			})
 		},
 	}
-	cmd.Flags().StringVar(&reason, "reason", "", "why (required; recorded)")
-	cmd.Flags().StringVar(&operator, "operator", "", "who withdraws it (default $USER; recorded)")
+	w = addWho(cmd)
 	return cmd
 }
 
@@ -149,14 +148,17 @@ type sagaJSON struct {
 	Request *saga.Request `json:"request"`
 }
 
-func toJSON(in *saga.Instance) sagaJSON {
+// toJSON is in as --json prints it, its data and input as show lets them
+// through.
+func (a *app) toJSON(in *saga.Instance) sagaJSON {
 	steps := in.Steps
 	if steps == nil {
 		steps = map[string]*saga.StepState{}
 	}
+	res := console.Resource{Kind: "saga", Type: in.Type, ID: in.ID}
 	return sagaJSON{
 		ID: in.ID, Type: in.Type, Version: in.Version, Status: in.Status, Phase: in.Phase, Step: in.Step,
-		Steps: steps, Data: orNull(in.Data), Input: orNull(in.Input), Revision: in.Revision, Attempts: in.Attempts,
+		Steps: steps, Data: orNull(a.showJSON(res, in.Data)), Input: orNull(a.showJSON(res, in.Input)), Revision: in.Revision, Attempts: in.Attempts,
 		LastError: in.LastError, CreatedAt: in.CreatedAt, UpdatedAt: in.UpdatedAt, EndedAt: in.EndedAt,
 		NextWakeupAt: in.NextWakeupAt, DeadlineAt: in.DeadlineAt, Request: in.Request,
 	}
@@ -245,7 +247,7 @@ func (a *app) sagaListCmd() *cobra.Command {
 			}
 			out := sagaList{Sagas: make([]sagaJSON, 0, len(res.Sagas)), Next: res.Next}
 			for _, in := range res.Sagas {
-				out.Sagas = append(out.Sagas, toJSON(in))
+				out.Sagas = append(out.Sagas, a.toJSON(in))
 			}
 			return a.emit(out, func(w io.Writer) {
 				rows := make([][]string, 0, len(res.Sagas))
@@ -294,18 +296,19 @@ func (a *app) sagaShowCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			out := sagaShow{Saga: toJSON(in), History: make([]historyJSON, 0, len(hist))}
+			out := sagaShow{Saga: a.toJSON(in), History: make([]historyJSON, 0, len(hist))}
 			for _, h := range hist {
 				out.History = append(out.History, historyJSON{ID: h.ID, At: h.At, Event: h.Event, Step: h.Step,
 					Operation: h.Operation, Attempt: h.Attempt, Outcome: h.Outcome, Status: h.Status, Actor: h.Actor,
 					Reason: h.Reason, Detail: orNull(h.Detail)})
 			}
-			return a.emit(out, func(w io.Writer) { printSaga(w, in, hist) })
+			return a.emit(out, func(w io.Writer) { printSaga(w, in, out.Saga.Data, hist) })
 		},
 	}
 }
 
-func printSaga(w io.Writer, in *saga.Instance, hist []saga.HistoryEntry) {
+// printSaga prints in for people, with its data as shown (redacted).
+func printSaga(w io.Writer, in *saga.Instance, data json.RawMessage, hist []saga.HistoryEntry) {
 	when := func(t *time.Time) string {
 		if t == nil {
 			return "-"
@@ -323,10 +326,14 @@ func printSaga(w io.Writer, in *saga.Instance, hist []saga.HistoryEntry) {
 		fmt.Fprintf(w, "\nlast error: %s\n", oneLine(in.LastError))
 	}
 	if r := in.Request; r != nil {
+		by := r.Operator
+		if r.OnBehalfOf != "" {
+			by += " on behalf of " + r.OnBehalfOf
+		}
 		fmt.Fprintf(w, "\npending operator request: %s by %s at %s (%s), waiting for the orchestrator\n",
-			r.Action, r.Operator, r.RequestedAt.UTC().Format(time.RFC3339), oneLine(r.Reason))
+			r.Action, by, r.RequestedAt.UTC().Format(time.RFC3339), oneLine(r.Reason))
 	}
-	fmt.Fprintf(w, "\ndata: %s\n\n", in.Data)
+	fmt.Fprintf(w, "\ndata: %s\n\n", data)
 	// Steps in the order they were first sent (the state is keyed by name;
 	// the definition's order is in Go code), those never sent last.
 	names := make([]string, 0, len(in.Steps))
@@ -377,7 +384,7 @@ type requestJSON struct {
 
 func (a *app) sagaActionCmd(action saga.Action, short string, act sagaAction) *cobra.Command {
 	name := string(action)
-	var reason, operator string
+	var w *who
 	var wait time.Duration
 	var bulk *bulkFlags
 	cmd := &cobra.Command{
@@ -394,24 +401,22 @@ func (a *app) sagaActionCmd(action saga.Action, short string, act sagaAction) *c
 		Args: args(cobra.MaximumNArgs(1)),
 		RunE: func(cmd *cobra.Command, ids []string) error {
 			if len(ids) == 0 {
-				return a.sagaBulk(cmd, action, bulk, operator, reason)
+				return a.sagaBulk(cmd, action, bulk, w)
 			}
 			if bulk.set(cmd) {
 				return usagef("the selection flags are for a bulk action: give a saga id or the flags, not both")
 			}
-			if strings.TrimSpace(reason) == "" {
-				return usagef("--reason is required: it is recorded in the saga's history")
-			}
-			if operator == "" {
-				operator = a.getenv("USER")
-			}
-			if strings.TrimSpace(operator) == "" {
-				return usagef("--operator is required when $USER is not set")
-			}
 			if wait < 0 {
 				return usagef("--wait must not be negative")
 			}
-			by := saga.Actor{Operator: operator, Reason: reason}
+			by, err := a.actor(w, name+" of saga "+ids[0])
+			if err != nil {
+				return err
+			}
+			if err := a.authorize(cmd, by, "act", console.Resource{Kind: "saga", ID: ids[0], Op: name}); err != nil {
+				return err
+			}
+			operator := by.Operator
 			if a.register == nil {
 				return a.sagaRequest(cmd.Context(), ids[0], action, by, wait)
 			}
@@ -428,7 +433,7 @@ func (a *app) sagaActionCmd(action saga.Action, short string, act sagaAction) *c
 			if err != nil {
 				return err
 			}
-			return a.emit(toJSON(in), func(w io.Writer) {
+			return a.emit(a.toJSON(in), func(w io.Writer) {
 				fmt.Fprintf(w, "%s of saga %s done by %s: now %s", name, in.ID, operator, in.Status)
 				if in.Step != "" {
 					fmt.Fprintf(w, " at step %s", in.Step)
@@ -437,8 +442,7 @@ func (a *app) sagaActionCmd(action saga.Action, short string, act sagaAction) *c
 			})
 		},
 	}
-	cmd.Flags().StringVar(&reason, "reason", "", "why (required; recorded)")
-	cmd.Flags().StringVar(&operator, "operator", "", "who acts (default $USER; recorded)")
+	w = addWho(cmd)
 	cmd.Flags().DurationVar(&wait, "wait", 0, "stock binary: wait this long for the running orchestrator to apply the request (e.g. 30s)")
 	bulk = addBulkFlags(cmd) // bulk.go
 	return cmd
@@ -456,7 +460,7 @@ func (a *app) sagaRequest(ctx context.Context, id string, action saga.Action, by
 		return err
 	}
 	req := *in.Request
-	out := requestJSON{Request: req, Outcome: "pending", Saga: toJSON(in)}
+	out := requestJSON{Request: req, Outcome: "pending", Saga: a.toJSON(in)}
 	if wait > 0 {
 		o, err := a.orchestrator(ctx)
 		if err != nil {
@@ -485,7 +489,7 @@ func (a *app) sagaRequest(ctx context.Context, id string, action saga.Action, by
 			return err
 		}
 		out.Outcome, out.Refusal = requestOutcome(hist, req)
-		out.Saga = toJSON(in)
+		out.Saga = a.toJSON(in)
 		if out.Outcome == "refused" {
 			return fmt.Errorf("%s of saga %q refused by the orchestrator when it came to apply it: %s", action, id, out.Refusal)
 		}
