@@ -2,9 +2,15 @@ package saga_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millrace/millrace/core"
@@ -50,5 +56,169 @@ func TestBatchEndedSagaClosesPendingEvents(t *testing.T) {
 		if got := d.eventStates(id); !slices.Equal(got, []string{"payment.confirmed/ignored"}) {
 			t.Fatalf("%s ended through HandleReplies: events %v, want the pending one ignored", id, got)
 		}
+	}
+}
+
+// receipt is the data of a saga that keeps a participant's raw answer.
+type receipt struct {
+	ID  string          `json:"id"`
+	Raw json.RawMessage `json:"raw,omitempty"`
+}
+
+// receiptDriver: charge (remote; its OnSuccess keeps the reply's "raw"
+// as it came, through a json.RawMessage), then ship (remote).
+func receiptDriver(t *testing.T) (*driver, *saga.Definition[receipt]) {
+	t.Helper()
+	var def *saga.Definition[receipt]
+	d := setupDriver(t, func(b *testBundle) []saga.Registrable {
+		def = mustDefine(t, saga.Spec[receipt]{Type: "order", Version: 1, Steps: []saga.Step[receipt]{
+			{Name: "charge", Kind: saga.Compensatable, Action: &saga.Command[receipt]{Topic: "pay"},
+				Compensation: &saga.Command[receipt]{Topic: "pay", Name: "refund"}, Timeout: time.Minute,
+				OnSuccess: saga.Reply(func(r *receipt, reply struct {
+					Raw json.RawMessage `json:"raw"`
+				}) error {
+					r.Raw = reply.Raw
+					return nil
+				})},
+			{Name: "ship", Kind: saga.Pivot, Action: &saga.Command[receipt]{Topic: "ship"}, Timeout: time.Minute},
+		}})
+		return []saga.Registrable{def}
+	})
+	return d, def
+}
+
+// unstorable are reply payloads whose "raw" PostgreSQL's jsonb refuses
+// although they are JSON.
+var unstorable = map[string]string{
+	"surrogate": `{"raw":"\ud800"}`,
+	"low":       `{"raw":"x\udc00"}`,
+	"huge":      `{"raw":1e999999}`,
+	"tiny":      `{"raw":1e-20000}`,
+}
+
+// A success reply whose data jsonb cannot store (a lone surrogate, a
+// number out of numeric's range, carried by a json.RawMessage) parks the
+// saga as stuck with the reason, as a \u0000 does: HandleReplies applies
+// it without an error (no retry, no dead letter, no timeout later), and
+// an operator's Retry sends the step's action again.
+func TestUnstorableReplyParksTheSaga(t *testing.T) {
+	t.Parallel()
+	d, def := receiptDriver(t)
+	ctx := context.Background()
+	for name, payload := range unstorable {
+		id := "unstorable-" + name
+		if _, err := saga.Start(ctx, d.o, def, id, receipt{ID: id}); err != nil {
+			t.Fatal(err)
+		}
+		charge := d.last(id)
+		d.handleBatch(replyMsg(id, charge, core.OutcomeSuccess, "", payload))
+		in := d.get(id)
+		if in.Status != saga.StatusStuck || !strings.Contains(in.LastError, "jsonb cannot store") || !in.Steps["charge"].Unapplied {
+			t.Fatalf("%s: %s at %s (%s), charge %+v", name, in.Status, in.Step, in.LastError, in.Steps["charge"])
+		}
+		if _, err := d.o.Retry(ctx, id, alice); err != nil {
+			t.Fatal(err)
+		}
+		if c := d.last(id); c.Step != "charge" || c.Attempt != 2 {
+			t.Fatalf("%s: after Retry the last command is %+v", name, c)
+		}
+	}
+}
+
+// A reply held while the saga was paused, whose data jsonb cannot store,
+// does not block Resume: Resume (and an operator's resume request) parks
+// the saga as stuck with the unapplied reply, as the live reply would,
+// and the held reply is gone.
+func TestResumeWithUnstorableHeldReplyParksTheSaga(t *testing.T) {
+	t.Parallel()
+	d, def := receiptDriver(t)
+	ctx := context.Background()
+	for _, how := range []string{"resume", "request"} {
+		id := "held-" + how
+		if _, err := saga.Start(ctx, d.o, def, id, receipt{ID: id}); err != nil {
+			t.Fatal(err)
+		}
+		charge := d.last(id)
+		if _, err := d.o.Pause(ctx, id, alice); err != nil {
+			t.Fatal(err)
+		}
+		d.handleBatch(replyMsg(id, charge, core.OutcomeSuccess, "", unstorable["surrogate"]))
+		if n := len(historyEvents(t, d.o, id, "held")); n != 1 {
+			t.Fatalf("%s: %d held lines", id, n)
+		}
+		bob := saga.Actor{Operator: "bob", Reason: "provider back"}
+		if how == "resume" {
+			if _, err := d.o.Resume(ctx, id, bob); err != nil {
+				t.Fatalf("Resume: %v", err)
+			}
+		} else {
+			if _, err := d.o.Request(ctx, id, saga.ActionResume, bob); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := d.o.RunDue(ctx); err != nil {
+				t.Fatalf("RunDue: %v", err)
+			}
+		}
+		in := d.get(id)
+		if in.Status != saga.StatusStuck || !strings.Contains(in.LastError, "jsonb cannot store") || !in.Steps["charge"].Unapplied || in.Request != nil {
+			t.Fatalf("%s: %s (%s), charge %+v, request %+v", id, in.Status, in.LastError, in.Steps["charge"], in.Request)
+		}
+		var held int
+		if err := d.db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+d.tbl("saga_held_reply")+` WHERE saga_id = $1`, id).Scan(&held); err != nil {
+			t.Fatal(err)
+		}
+		if held != 0 {
+			t.Fatalf("%s: %d held replies left", id, held)
+		}
+	}
+}
+
+// SignalTx with a payload jsonb cannot hold never breaks the caller's
+// transaction: a lone surrogate becomes U+FFFD (as a NUL escape and
+// invalid UTF-8 do) and the event applies; a number out of numeric's
+// range is refused with ErrInvalidEvent before any statement runs. The
+// EventHandler dead-letters such a message at once (core.Permanent).
+func TestSignalUnstorablePayload(t *testing.T) {
+	t.Parallel()
+	d, def := setupAwait(t, single, bundleOptions{})
+	ctx := context.Background()
+	startPayment(t, d, def, "sig-6")
+	d.reply("sig-6", d.last("sig-6"), core.OutcomeSuccess) // waiting
+	tx, err := d.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	// The webhook's own write, before the signal.
+	if _, err := tx.Exec(ctx, `INSERT INTO `+d.tbl("test_effect")+` (saga_id, step, what) VALUES ('sig-6', 'webhook', 'got')`); err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range []string{`{"ref":1e999999}`, `{"ref":0.5e-16383}`} {
+		err := saga.SignalTx(ctx, tx, d.o, "sig-6", "payment.confirmed", fmt.Sprint("bad-", i), json.RawMessage(p))
+		if !errors.Is(err, saga.ErrInvalidEvent) {
+			t.Fatalf("payload %s: %v, want ErrInvalidEvent", p, err)
+		}
+	}
+	if err := saga.SignalTx(ctx, tx, d.o, "sig-6", "payment.confirmed", "psp-6", json.RawMessage(`{"ref":"a\ud800b"}`)); err != nil {
+		t.Fatalf("lone surrogate: %v", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatalf("the caller's transaction: %v", err)
+	}
+	in := d.get("sig-6")
+	if p := paymentOf(t, in); in.Status != saga.StatusCompleted || !slices.Equal(p.Got, []string{"a\ufffdb"}) {
+		t.Fatalf("%s, data %+v", in.Status, p)
+	}
+	if got := d.effects("sig-6"); !slices.Equal(got, []string{"webhook:got", "ship:do"}) {
+		t.Fatalf("effects %v", got)
+	}
+
+	startPayment(t, d, def, "sig-6b")
+	h := d.o.EventHandler(func(msg *message.Message) (saga.EventTarget, error) {
+		return saga.EventTarget{SagaID: "sig-6b", Event: "payment.confirmed"}, nil
+	})
+	err = h(message.NewMessage(watermill.NewUUID(), []byte(`{"ref":1e999999}`)))
+	if !errors.Is(err, saga.ErrInvalidEvent) || !core.IsPermanent(err) {
+		t.Fatalf("EventHandler: %v, want a permanent ErrInvalidEvent", err)
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
@@ -57,9 +56,11 @@ func Signal(ctx context.Context, o *Orchestrator, sagaID, event, eventID string,
 // second delivery with the same id changes nothing and returns nil, so a
 // webhook retried by its sender applies once. An empty eventID is a new
 // UUID (no deduplication). payload is encoded with encoding/json (a
-// json.RawMessage is taken as it is and must be JSON); a NUL escape or
-// invalid UTF-8 in it becomes U+FFFD, as PostgreSQL's jsonb cannot hold
-// them.
+// json.RawMessage is taken as it is and must be JSON); a NUL escape, a
+// lone UTF-16 surrogate escape or invalid UTF-8 in it becomes U+FFFD, as
+// PostgreSQL's jsonb cannot hold them, and a number jsonb cannot hold
+// (1e999999) is refused with ErrInvalidEvent before any statement runs in
+// tx.
 //
 // The saga's definition must be registered with o. An event for a saga
 // that has ended returns an error wrapping ErrSagaEnded; a name no step of
@@ -128,7 +129,11 @@ func eventPayload(payload any) ([]byte, error) {
 			return nil, err
 		}
 	}
-	return storable([]byte(strings.ToValidUTF8(string(raw), "\uFFFD"))), nil
+	raw = storable(raw)
+	if err := checkStorable(raw); err != nil {
+		return nil, err // a number numeric cannot hold: no replacement keeps its meaning
+	}
+	return raw, nil
 }
 
 func (o *Orchestrator) signal(ctx context.Context, tx pgx.Tx, sagaID, event, eventID string, raw []byte) ([]func(), error) {
