@@ -241,9 +241,15 @@ func (m *machine) enterWait(s *stepDef, st *StepState) (done bool, err error) {
 	}
 	i := m.d.index[s.name]
 	for _, ev := range evs {
-		if st.Status == StepWaiting && m.in.Status == StatusRunning && m.in.Step == s.name {
+		switch {
+		case st.Status == StepWaiting && m.in.Status == StatusRunning && m.in.Step == s.name:
 			err = m.applyEvent(s, st, ev)
-		} else {
+		case st.Status == StepWaiting && m.in.Step == s.name && s.wait.needs(st, ev.name):
+			// An event before it could not be applied: the saga is stuck
+			// at this wait, which still needs this one (an operator's
+			// Retry waits again and applies both).
+			err = m.keepPending(ev, "the wait is stuck on an earlier event and still needs it")
+		default:
 			err = m.leftOver(ev, i+1)
 		}
 		if err != nil {
@@ -293,15 +299,28 @@ func (m *machine) applyEvent(s *stepDef, st *StepState, ev storedEvent) error {
 	return nil
 }
 
+// needs reports whether a wait in state st still needs an event of name:
+// one it waits for, not applied yet (an all-of wait applies each name
+// once).
+func (w *waitDef) needs(st *StepState, name string) bool {
+	return w.has(name) && !(w.all && slices.Contains(st.Events, name))
+}
+
+// keepPending files ev as pending (if it is not already), for the wait
+// that still needs it.
+func (m *machine) keepPending(ev storedEvent, reason string) error {
+	if ev.state == eventPending {
+		return nil
+	}
+	return m.eventOutcome(ev, eventPending, "", reason)
+}
+
 // leftOver files an event the current step does not take: pending when
 // the saga moves forward and a step from index from on waits for it,
 // ignored otherwise.
 func (m *machine) leftOver(ev storedEvent, from int) error {
 	if m.in.Phase == PhaseForward && (m.in.Status == StatusRunning || m.in.Status == StatusStuck) && m.d.waitsFor(from, ev.name) {
-		if ev.state == eventPending {
-			return nil
-		}
-		return m.eventOutcome(ev, eventPending, "", "arrived before the saga waits for it")
+		return m.keepPending(ev, "arrived before the saga waits for it")
 	}
 	return m.eventOutcome(ev, eventIgnored, "", "no step ahead waits for it (the saga is "+string(m.in.Status)+" at "+m.in.Step+")")
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -221,4 +222,78 @@ func TestSignalUnstorablePayload(t *testing.T) {
 	if !errors.Is(err, saga.ErrInvalidEvent) || !core.IsPermanent(err) {
 		t.Fatalf("EventHandler: %v, want a permanent ErrInvalidEvent", err)
 	}
+}
+
+// flakyOnce returns an OnEvent that fails technically (not a business
+// failure) the first time it runs, and records the event afterwards.
+func flakyOnce(name string) func(*payment, json.RawMessage) error {
+	var failed atomic.Bool
+	return func(p *payment, _ json.RawMessage) error {
+		if failed.CompareAndSwap(false, true) {
+			return errors.New("the ledger is down")
+		}
+		p.Got = append(p.Got, name)
+		return nil
+	}
+}
+
+func record(name string) func(*payment, json.RawMessage) error {
+	return func(p *payment, _ json.RawMessage) error { p.Got = append(p.Got, name); return nil }
+}
+
+// A wait whose first stored event cannot be applied (its OnEvent fails
+// technically: the saga parks stuck, that event kept) keeps the other
+// stored events it still needs pending, never ignored: after an
+// operator's Retry an all-of wait applies both and completes, and a
+// one-of-several wait still has its alternatives.
+func TestAwaitStuckOnOneEventKeepsTheOthers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	t.Run("all", func(t *testing.T) {
+		t.Parallel()
+		d, def := setupAwait(t, saga.Await[payment]{All: []string{"signed", "verified"},
+			On: map[string]func(*payment, json.RawMessage) error{"signed": flakyOnce("signed"), "verified": record("verified")}}, bundleOptions{})
+		startPayment(t, d, def, "all-stuck")
+		d.signal("all-stuck", "signed", "s", nil)
+		d.signal("all-stuck", "verified", "v", nil)
+		d.reply("all-stuck", d.last("all-stuck"), core.OutcomeSuccess) // enters the wait: signed fails
+		if in := d.get("all-stuck"); in.Status != saga.StatusStuck || in.Step != "paid" {
+			t.Fatalf("%s at %s (%s)", in.Status, in.Step, in.LastError)
+		}
+		if got := d.eventStates("all-stuck"); !slices.Equal(got, []string{"signed/pending", "verified/pending"}) {
+			t.Fatalf("while stuck: events %v, want both pending", got)
+		}
+		if _, err := d.o.Retry(ctx, "all-stuck", alice); err != nil {
+			t.Fatal(err)
+		}
+		in := d.get("all-stuck")
+		if p := paymentOf(t, in); in.Status != saga.StatusCompleted || !slices.Equal(p.Got, []string{"signed", "verified"}) {
+			t.Fatalf("after Retry: %s at %s, data %+v, events %v", in.Status, in.Step, p, d.eventStates("all-stuck"))
+		}
+	})
+	t.Run("any", func(t *testing.T) {
+		t.Parallel()
+		d, def := setupAwait(t, saga.Await[payment]{Any: []string{"approved", "rejected"},
+			On: map[string]func(*payment, json.RawMessage) error{"approved": flakyOnce("approved"), "rejected": record("rejected")}}, bundleOptions{})
+		startPayment(t, d, def, "any-stuck")
+		d.signal("any-stuck", "approved", "a", nil)
+		d.signal("any-stuck", "rejected", "r", nil)
+		d.reply("any-stuck", d.last("any-stuck"), core.OutcomeSuccess)
+		if in := d.get("any-stuck"); in.Status != saga.StatusStuck {
+			t.Fatalf("%s at %s", in.Status, in.Step)
+		}
+		if got := d.eventStates("any-stuck"); !slices.Equal(got, []string{"approved/pending", "rejected/pending"}) {
+			t.Fatalf("while stuck: events %v, want both pending", got)
+		}
+		if _, err := d.o.Retry(ctx, "any-stuck", alice); err != nil {
+			t.Fatal(err)
+		}
+		in := d.get("any-stuck")
+		if p := paymentOf(t, in); in.Status != saga.StatusCompleted || !slices.Equal(p.Got, []string{"approved"}) {
+			t.Fatalf("after Retry: %s, data %+v", in.Status, p)
+		}
+		if got := d.eventStates("any-stuck"); !slices.Equal(got, []string{"approved/consumed", "rejected/ignored"}) {
+			t.Fatalf("after Retry: events %v", got)
+		}
+	})
 }
