@@ -29,7 +29,10 @@ type Await[D any] struct {
 	// All lists events that must all arrive, in any order; each is
 	// applied (OnEvent, On) as it arrives, and the step completes with
 	// the last one. A second event of a name already applied is recorded
-	// and ignored. At least two names.
+	// and ignored. A wait that has applied some of them has taken effect:
+	// if the saga compensates before the last one (Abort, the wait's
+	// TimeoutCompensate, the deadline, a later event's failure), the
+	// step's LocalCompensation runs. At least two names.
 	All []string
 
 	// OnEvent applies an event's payload (JSON) to the data (see

@@ -13,6 +13,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/saga"
@@ -296,4 +297,62 @@ func TestAwaitStuckOnOneEventKeepsTheOthers(t *testing.T) {
 			t.Fatalf("after Retry: events %v", got)
 		}
 	})
+}
+
+// An all-of wait that has applied some of its events has taken effect:
+// when the saga compensates from it (an operator's Abort, its timeout's
+// TimeoutCompensate, the saga's deadline, a business failure of a later
+// event), its LocalCompensation runs.
+func TestAwaitAllOfPartlyAppliedIsCompensated(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, end := range []string{"abort", "timeout", "deadline", "failure"} {
+		t.Run(end, func(t *testing.T) {
+			t.Parallel()
+			clock := newManualClock()
+			b := setup(t, bundleOptions{clock: clock})
+			spec := paymentSpec(b, saga.Await[payment]{All: []string{"signed", "verified"}, On: map[string]func(*payment, json.RawMessage) error{
+				"signed":   record("signed"),
+				"verified": func(*payment, json.RawMessage) error { return saga.Fail("forged") },
+			}, Timeout: time.Hour, OnTimeout: saga.TimeoutCompensate})
+			spec.Deadline = 2 * time.Hour
+			if end == "deadline" {
+				spec.Steps[1].Await.Timeout, spec.Steps[1].Await.OnTimeout = 0, saga.TimeoutRetry
+			}
+			spec.Steps[1].LocalCompensation = func(ctx context.Context, tx pgx.Tx, p *payment) error {
+				_, err := tx.Exec(ctx, `INSERT INTO `+b.tbl("test_effect")+` (saga_id, step, what) VALUES ($1, 'paid', 'undo '||$2)`, p.ID, strings.Join(p.Got, ","))
+				return err
+			}
+			def := mustDefine(t, spec)
+			if err := b.o.Register(def); err != nil {
+				t.Fatal(err)
+			}
+			d := &driver{testBundle: b, clock: clock, handler: b.o.Handler()}
+			id := "partly-" + end
+			startPayment(t, d, def, id)
+			d.reply(id, d.last(id), core.OutcomeSuccess)
+			d.signal(id, "signed", "s", nil)
+			switch end {
+			case "abort":
+				if _, err := d.o.Abort(ctx, id, alice); err != nil {
+					t.Fatal(err)
+				}
+			case "timeout":
+				d.tick(time.Hour)
+			case "deadline":
+				d.tick(2 * time.Hour)
+			case "failure":
+				d.signal(id, "verified", "v", nil)
+			}
+			if in := d.get(id); in.Status != saga.StatusCompensating {
+				t.Fatalf("%s at %s (%s)", in.Status, in.Step, in.LastError)
+			}
+			if got := d.effects(id); !slices.Equal(got, []string{"paid:undo signed"}) {
+				t.Fatalf("effects %v: the wait's LocalCompensation did not run", got)
+			}
+			if c := d.last(id); c.Step != "reserve" || c.Op != core.OperationCompensation {
+				t.Fatalf("last command %+v", c)
+			}
+		})
+	}
 }
