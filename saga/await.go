@@ -357,6 +357,15 @@ func (m *machine) onEvent(ev storedEvent) error {
 	if !m.d.waitsFor(0, ev.name) {
 		return m.eventOutcome(ev, eventRefused, "", "no step of v"+strconv.Itoa(m.d.version)+" waits for it")
 	}
+	if m.waitOverdue() {
+		// The wait timed out (or the deadline passed) before the event
+		// came, and no timer pass has fired it yet: fire it first, as the
+		// timer would have, and file the event after.
+		m.applied = true
+		if err := m.onWake(); err != nil {
+			return err
+		}
+	}
 	s, i := m.d.step(m.in.Step)
 	if r, ok := m.d.groups[m.in.Step]; ok {
 		s, i = nil, r[0]
@@ -373,6 +382,18 @@ func (m *machine) onEvent(ev storedEvent) error {
 		}
 	}
 	return m.leftOver(ev, i)
+}
+
+// waitOverdue reports whether the saga waits at a wait step whose timeout
+// or whose deadline is due.
+func (m *machine) waitOverdue() bool {
+	s, _ := m.d.step(m.in.Step)
+	if s == nil || s.wait == nil || m.in.Status != StatusRunning {
+		return false
+	}
+	st := m.in.state(s.name)
+	due := func(t *time.Time) bool { return t != nil && !m.now.Before(*t) }
+	return st.Status == StepWaiting && (due(st.Due) || due(m.in.DeadlineAt))
 }
 
 // eventOutcome sets a stored event's state and records it in the history

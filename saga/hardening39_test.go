@@ -356,3 +356,59 @@ func TestAwaitAllOfPartlyAppliedIsCompensated(t *testing.T) {
 		})
 	}
 }
+
+// An event that arrives after its wait's timeout (or the saga's
+// deadline), before a timer pass fired it, does not win over it: the
+// signaller fires what is due first, and the event is filed as the timer
+// would have left it (ignored after TimeoutCompensate, kept pending for a
+// stuck wait). Late events never beat timeouts when the timer loop is
+// down.
+func TestAwaitEventAfterTheTimeoutLoses(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		action   saga.TimeoutAction
+		deadline bool
+		status   saga.Status
+		event    string
+	}{
+		{"compensate", saga.TimeoutCompensate, false, saga.StatusCompensating, "payment.confirmed/ignored"},
+		{"stuck", saga.TimeoutStuck, false, saga.StatusStuck, "payment.confirmed/pending"},
+		{"deadline", saga.TimeoutCompensate, true, saga.StatusCompensating, "payment.confirmed/ignored"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			clock := newManualClock()
+			b := setup(t, bundleOptions{clock: clock})
+			wait := single
+			wait.OnTimeout = tc.action
+			spec := paymentSpec(b, wait)
+			if tc.deadline {
+				spec.Deadline = 10 * time.Minute // before the wait's 15
+			}
+			def := mustDefine(t, spec)
+			if err := b.o.Register(def); err != nil {
+				t.Fatal(err)
+			}
+			d := &driver{testBundle: b, clock: clock, handler: b.o.Handler()}
+			id := "late-" + tc.name
+			startPayment(t, d, def, id)
+			d.reply(id, d.last(id), core.OutcomeSuccess)
+			clock.Advance(16 * time.Minute) // no timer pass runs
+			err := saga.Signal(context.Background(), d.o, id, "payment.confirmed", "psp", confirmation{Ref: "late"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			in := d.get(id)
+			if in.Status != tc.status || len(paymentOf(t, in).Got) != 0 {
+				t.Fatalf("%s at %s (%s), data %s: the late event won", in.Status, in.Step, in.LastError, in.Data)
+			}
+			if got := d.eventStates(id); !slices.Equal(got, []string{tc.event}) {
+				t.Fatalf("events %v", got)
+			}
+			if got := d.effects(id); len(got) != 0 {
+				t.Fatalf("effects %v", got)
+			}
+		})
+	}
+}

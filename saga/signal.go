@@ -75,7 +75,10 @@ func Signal(ctx context.Context, o *Orchestrator, sagaID, event, eventID string,
 // (the next commands commit with tx); when it has not reached the wait yet,
 // the event is stored as pending and consumed, in order of arrival, when
 // the saga gets there; when the wait is over (the first of an any-of wait
-// won, it timed out) it is recorded and ignored. The row stays locked until
+// won, it timed out) it is recorded and ignored. A wait whose timeout (or
+// the saga's deadline) has passed by the event's arrival is timed out
+// first, as the timer pass would have, even if none has run yet: a late
+// event never wins over a timeout. The row stays locked until
 // tx ends, so keep tx short. If the orchestrator holds the row (it is
 // applying a reply, or entering the wait), the event is stored as new and
 // the orchestrator's timer pass (Run, RunDue) applies it the same way, in
