@@ -412,3 +412,68 @@ func TestAwaitEventAfterTheTimeoutLoses(t *testing.T) {
 		})
 	}
 }
+
+// paymentV2 is paymentSpec at version 2 with its wait step "paid" turned
+// into a remote step.
+func paymentV2(b *testBundle) saga.Spec[payment] {
+	spec := paymentSpec(b, single)
+	spec.Version = 2
+	spec.Steps[1] = saga.Step[payment]{Name: "paid", Kind: saga.Compensatable, Action: &saga.Command[payment]{Topic: "pay"},
+		Compensation: &saga.Command[payment]{}, Timeout: time.Minute}
+	return spec
+}
+
+// Migrate refuses to move a saga whose current step changes kind (a wait
+// step that becomes a remote step): the saga stays on its version, with
+// the reason in the error, and its timer fires as before.
+func TestMigrateRefusesAChangeOfKind(t *testing.T) {
+	t.Parallel()
+	var v1, v2 *saga.Definition[payment]
+	d := setupDriver(t, func(b *testBundle) []saga.Registrable {
+		v1, v2 = mustDefine(t, paymentSpec(b, single)), mustDefine(t, paymentV2(b))
+		return []saga.Registrable{v1, v2}
+	})
+	ctx := context.Background()
+	startPayment(t, d, v1, "kind")
+	d.reply("kind", d.last("kind"), core.OutcomeSuccess) // waiting at paid
+	n, err := saga.Migrate(ctx, d.o, saga.Migration[payment, payment]{From: v1, To: v2, Operator: "alice", Reason: "v2"})
+	if n != 0 || !errors.Is(err, saga.ErrCannotMigrate) || !strings.Contains(err.Error(), "wait step") {
+		t.Fatalf("moved %d: %v", n, err)
+	}
+	d.tick(15 * time.Minute) // the wait's timeout
+	if in := d.get("kind"); in.Version != 1 || in.Status != saga.StatusCompensating {
+		t.Fatalf("v%d %s at %s", in.Version, in.Status, in.Step)
+	}
+}
+
+// A panic in one saga's timer does not escape the pass: it is recovered,
+// that saga is parked as stuck with the panic as its reason (it would
+// panic again), and the other sagas' timers fire.
+func TestTimerPanicParksTheSaga(t *testing.T) {
+	t.Parallel()
+	var armed atomic.Bool
+	hook := func(ctx context.Context, p saga.HookPoint, id string) error {
+		if armed.Load() && p == saga.HookLoaded && id == "panics" {
+			panic("a bug")
+		}
+		return nil
+	}
+	d, def := setupAwait(t, single, bundleOptions{hook: hook})
+	for _, id := range []string{"panics", "fine"} {
+		startPayment(t, d, def, id)
+		d.reply(id, d.last(id), core.OutcomeSuccess)
+	}
+	armed.Store(true)
+	d.clock.Advance(15 * time.Minute)
+	n, err := d.o.RunDue(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "a bug") || n != 2 {
+		t.Fatalf("RunDue: %d, %v", n, err)
+	}
+	in := d.get("panics")
+	if in.Status != saga.StatusStuck || !strings.Contains(in.LastError, "panicked: a bug") || in.NextWakeupAt != nil {
+		t.Fatalf("panics: %s (%s)", in.Status, in.LastError)
+	}
+	if in := d.get("fine"); in.Status != saga.StatusCompensating {
+		t.Fatalf("fine: %s", in.Status)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -173,8 +174,27 @@ func onlySkipped(err error) bool {
 	return false
 }
 
-// wake fires one claimed saga's timer in tx.
-func (o *Orchestrator) wake(ctx context.Context, tx pgx.Tx, in *Instance, now time.Time) ([]func(), error) {
+// panicked is a panic in the orchestrator's handling of one saga (a bug,
+// or a state no code path expects), recovered: the saga is parked as
+// stuck with it at once (timerFailed) and the pass goes on.
+type panicked struct {
+	value any
+	stack []byte
+}
+
+func (p panicked) Error() string { return fmt.Sprintf("panic: %v", p.value) }
+
+// recoverPanic turns a panic into a panicked error in *err.
+func recoverPanic(err *error) {
+	if r := recover(); r != nil {
+		*err = panicked{value: r, stack: debug.Stack()}
+	}
+}
+
+// wake fires one claimed saga's timer in tx. A panic is returned as a
+// panicked error.
+func (o *Orchestrator) wake(ctx context.Context, tx pgx.Tx, in *Instance, now time.Time) (_ []func(), err error) {
+	defer recoverPanic(&err)
 	if err := o.callHook(ctx, HookLoaded, in.ID); err != nil {
 		return nil, err
 	}
@@ -236,6 +256,13 @@ func (o *Orchestrator) timerFailed(ctx context.Context, tx pgx.Tx, in *Instance,
 	n++
 	hist := []historyRow{{sagaID: in.ID, at: now, event: eventTimerFailed, step: in.Step, status: string(in.Status),
 		reason: fmt.Sprintf("failure %d of %d in a row: %v", n, o.maxFailures, cause)}}
+	reason := fmt.Sprintf("its timer failed %d times in a row: %v", n, cause)
+	var p panicked
+	if errors.As(cause, &p) {
+		// It would panic again: parked at once, with the stack in the log.
+		n, reason = o.maxFailures, fmt.Sprintf("its timer panicked: %v", p.value)
+		o.logger.Error("saga: timer panicked", cause, map[string]any{"saga_id": in.ID, "stack": string(p.stack)})
+	}
 	if n < o.maxFailures {
 		next := now.Add(backoff.Exponential(n, o.poll, 30*o.poll))
 		if _, err := tx.Exec(ctx, o.sql.postpone, in.ID, next); err != nil {
@@ -243,7 +270,6 @@ func (o *Orchestrator) timerFailed(ctx context.Context, tx pgx.Tx, in *Instance,
 		}
 		return false, nil, o.writeHistory(ctx, tx, hist)
 	}
-	reason := fmt.Sprintf("its timer failed %d times in a row: %v", n, cause)
 	if _, err := tx.Exec(ctx, o.sql.park, in.ID, oneLine(reason), now); err != nil {
 		return false, nil, fmt.Errorf("saga %s: park as stuck: %w", in.ID, err)
 	}
