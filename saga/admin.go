@@ -338,6 +338,10 @@ func (m *machine) groupOp(action string) (handled bool, err error) {
 }
 
 func (m *machine) opRetry() error {
+	if m.neverStarted() { // schedule.go: stuck before its start
+		m.in.LastError = ""
+		return m.startNow()
+	}
 	if ok, err := m.groupOp("retry"); ok {
 		return err
 	}
@@ -385,7 +389,7 @@ func (m *machine) opMarkCompensated() error {
 }
 
 func (m *machine) opAbort() error {
-	if m.in.Status == StatusScheduled {
+	if m.in.Status == StatusScheduled || m.neverStarted() {
 		return m.cancelScheduled() // schedule.go
 	}
 	if m.in.Phase == PhaseForward && !m.pastPivot() {

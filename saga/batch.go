@@ -239,8 +239,12 @@ func (o *Orchestrator) handleRepliesTx(ctx context.Context, tx pgx.Tx, msgs []*m
 			order = append(order, m)
 		}
 		if m.d == nil {
-			m.parkUnregistered(&r)
-			res.Fenced++
+			if err := m.parkUnregistered(&r); err != nil {
+				return nil, nil, nil, err
+			}
+			if m.fenced {
+				res.Fenced++
+			}
 			continue
 		}
 		m.fenced = false

@@ -290,20 +290,25 @@
 // steps change. A live saga whose version is not registered with the
 // orchestrator a reply for it reaches is parked as stuck with that reason,
 // logged as an error and counted (millrace_saga_unregistered_total); Run
-// does this at start for every live saga of a registered type
-// (ParkUnregistered). The timer pass leaves such sagas alone.
-// Register the version again and Retry the saga to resume it.
+// does this at start for every live or scheduled saga of a registered
+// type (ParkUnregistered), marks paused ones with the reason (a reply for
+// a paused one is held for Resume, as usual), and refuses the operator
+// requests pending on them, which nothing would apply. The timer pass
+// leaves such sagas alone. Register the version again and Retry the saga
+// to resume it (a scheduled one starts then), or Migrate it.
 //
-// To move live instances to a new version on purpose, Migrate maps their
+// To move instances to a new version on purpose (every one that has not
+// ended: paused and scheduled ones too), Migrate maps their
 // step state (steps may be renamed only where an instance has not started
 // them: a participant's barrier knows a step by its name; never two old
 // steps to one new name) and upcasts their data, each under its row lock,
 // with a "migrated" history line. An instance inside a parallel group
 // moves if the group's members are exactly one group of the new version.
 // An instance that cannot move faithfully stays on its version and is
-// reported: its current step would join a group whose other members would
-// never start, or the new version has a step before the current one that
-// has not run and never would.
+// reported: its current step changes kind (a wait step that becomes a
+// remote step, say), its current step would join a group whose other
+// members would never start, or the new version has a step before the
+// current one that has not run and never would.
 //
 // # Unsticking a saga
 //

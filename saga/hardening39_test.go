@@ -477,3 +477,151 @@ func TestTimerPanicParksTheSaga(t *testing.T) {
 		t.Fatalf("fine: %s", in.Status)
 	}
 }
+
+// retired is a schema where sagas of "order" v1 were scheduled and
+// paused by an orchestrator that had v1 (old), and a newer one (current)
+// has only v2.
+type retired struct {
+	*driver
+	v1, v2  *saga.Definition[order]
+	current *saga.Orchestrator
+}
+
+func setupRetired(t *testing.T) *retired {
+	t.Helper()
+	r := &retired{}
+	r.driver = setupDriver(t, func(b *testBundle) []saga.Registrable {
+		r.v1, r.v2 = mustDefine(t, orderSpec(b, 1)), mustDefine(t, orderSpec(b, 2))
+		return []saga.Registrable{r.v1, r.v2}
+	})
+	var err error
+	r.current, err = saga.New(r.db.Pool, saga.Config{Schema: r.db.Schema, Writer: r.w, Clock: r.clock, Logger: watermill.NopLogger{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.current.Register(r.v2); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// scheduleV1 schedules a v1 saga an hour from now.
+func (r *retired) scheduleV1(id string) {
+	r.t.Helper()
+	if _, err := saga.Start(context.Background(), r.o, r.v1, id, order{ID: id, Amount: 1}, saga.StartAt(r.clock.Now().Add(time.Hour))); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// A scheduled saga on a version nobody registers any more does not hang
+// unnoticed: Migrate moves it (it stays scheduled, with its start time),
+// and an orchestrator without its version parks it as stuck with the
+// reason; once its version is there again, Retry starts it (or Abort
+// cancels it).
+func TestScheduledSagaOnARetiredVersion(t *testing.T) {
+	t.Parallel()
+	r := setupRetired(t)
+	ctx := context.Background()
+	r.scheduleV1("sched-migrated")
+	n, err := saga.Migrate(ctx, r.o, saga.Migration[order, order]{From: r.v1, To: r.v2, Operator: "alice", Reason: "v1 retires"})
+	if n != 1 || err != nil {
+		t.Fatalf("Migrate: moved %d, %v", n, err)
+	}
+	in := r.get("sched-migrated")
+	if in.Version != 2 || in.Status != saga.StatusScheduled || in.NextWakeupAt == nil || !in.NextWakeupAt.Equal(r.clock.Now().Add(time.Hour)) {
+		t.Fatalf("migrated: v%d %s, start %v", in.Version, in.Status, in.NextWakeupAt)
+	}
+	r.clock.Advance(time.Hour)
+	if _, err := r.current.RunDue(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if in := r.get("sched-migrated"); in.Status != saga.StatusRunning {
+		t.Fatalf("the migrated saga did not start on v2: %s", in.Status)
+	}
+
+	for _, id := range []string{"sched-retry", "sched-abort"} {
+		r.scheduleV1(id)
+	}
+	n, err = r.current.ParkUnregistered(ctx)
+	if n != 2 || err != nil {
+		t.Fatalf("ParkUnregistered: %d, %v", n, err)
+	}
+	for _, id := range []string{"sched-retry", "sched-abort"} {
+		if in := r.get(id); in.Status != saga.StatusStuck || !strings.Contains(in.LastError, "v1 is not registered") {
+			t.Fatalf("%s: %s (%s)", id, in.Status, in.LastError)
+		}
+	}
+	// The old orchestrator has v1: Retry starts the saga now, Abort cancels it.
+	if _, err := r.o.Retry(ctx, "sched-retry", alice); err != nil {
+		t.Fatal(err)
+	}
+	if in := r.get("sched-retry"); in.Status != saga.StatusRunning || r.last("sched-retry").Step != "credit" {
+		t.Fatalf("after Retry: %s at %s", in.Status, in.Step)
+	}
+	if _, err := r.o.Abort(ctx, "sched-abort", alice); err != nil {
+		t.Fatal(err)
+	}
+	if in := r.get("sched-abort"); in.Status != saga.StatusCompensated || len(r.commands("sched-abort")) != 0 {
+		t.Fatalf("after Abort: %s", in.Status)
+	}
+}
+
+// A paused saga on a version nobody registers any more: Migrate moves it
+// (still paused), an orchestrator without its version marks it with the
+// reason and refuses the Resume request waiting on it (instead of leaving
+// it pending for ever), and a reply that arrives for it there is held for
+// Resume, not fenced.
+func TestPausedSagaOnARetiredVersion(t *testing.T) {
+	t.Parallel()
+	r := setupRetired(t)
+	ctx := context.Background()
+	for _, id := range []string{"paused-a", "paused-b"} {
+		start(t, r.testBundle, r.v1, id, 1)
+		if _, err := r.o.Pause(ctx, id, alice); err != nil {
+			t.Fatal(err)
+		}
+	}
+	credit := r.last("paused-a")
+	if _, err := r.current.Request(ctx, "paused-a", saga.ActionResume, saga.Actor{Operator: "bob", Reason: "go on"}); err != nil {
+		t.Fatal(err)
+	}
+	// The reply to its credit command reaches the orchestrator without v1.
+	res, err := r.current.HandleReplies(ctx, []*message.Message{replyMsg("paused-a", credit, core.OutcomeSuccess, "", `{"tx":"t1"}`)})
+	if err != nil || res.Fenced != 0 {
+		t.Fatalf("reply: %+v, %v", res, err)
+	}
+	if n := len(historyEvents(t, r.o, "paused-a", "held")); n != 1 {
+		t.Fatalf("%d held lines, want the reply held", n)
+	}
+	// paused-a was marked by its reply; paused-b is now.
+	n, err := r.current.ParkUnregistered(ctx)
+	if n != 1 || err != nil {
+		t.Fatalf("ParkUnregistered: %d, %v", n, err)
+	}
+	in := r.get("paused-a")
+	if in.Status != saga.StatusPaused || in.Request != nil || !strings.Contains(in.LastError, "v1 is not registered") {
+		t.Fatalf("paused-a: %s (%s), request %+v", in.Status, in.LastError, in.Request)
+	}
+	refusals := historyEvents(t, r.o, "paused-a", "operator_refused")
+	if len(refusals) != 1 || !strings.Contains(string(refusals[0].Detail), "not registered") {
+		t.Fatalf("refusals %+v", refusals)
+	}
+	// Again: nothing new (no second line, nothing counted).
+	if n, err := r.current.ParkUnregistered(ctx); n != 0 || err != nil {
+		t.Fatalf("second ParkUnregistered: %d, %v", n, err)
+	}
+	// Migrated, it stays paused; resumed on v2, its held reply applies.
+	n, err = saga.Migrate(ctx, r.o, saga.Migration[order, order]{From: r.v1, To: r.v2, Operator: "alice", Reason: "v1 retires"})
+	if n != 2 || err != nil {
+		t.Fatalf("Migrate: moved %d, %v", n, err)
+	}
+	if in := r.get("paused-b"); in.Version != 2 || in.Status != saga.StatusPaused {
+		t.Fatalf("paused-b: v%d %s", in.Version, in.Status)
+	}
+	if _, err := r.current.Resume(ctx, "paused-a", saga.Actor{Operator: "bob", Reason: "on v2"}); err != nil {
+		t.Fatal(err)
+	}
+	if in := r.get("paused-a"); in.Status != saga.StatusRunning || in.Steps["credit"].Status != saga.StepDone || in.Step != "stock" {
+		t.Fatalf("resumed: %s at %s, credit %+v", in.Status, in.Step, in.Steps["credit"])
+	}
+}

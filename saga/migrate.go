@@ -34,8 +34,8 @@ type Migration[From, To any] struct {
 // on its version, saying why.
 var ErrCannotMigrate = errors.New("saga: cannot migrate instance")
 
-// Migrate moves every live instance (running, compensating or stuck) of
-// m.From to m.To: each step's state goes to its (renamed) step, the data is
+// Migrate moves every instance of m.From that has not ended (running,
+// compensating, stuck, paused or scheduled) to m.To: each step's state goes to its (renamed) step, the data is
 // upcast, the instance records the new version and a "migrated" history
 // line, under its row lock. It is for definitions whose change would strand
 // instances otherwise; register To first. A saga inside a parallel group
@@ -47,11 +47,12 @@ var ErrCannotMigrate = errors.New("saga: cannot migrate instance")
 // whose other members would never start, a step of To before the current
 // one that has not run and never would) or whose data does not upcast (or
 // upcasts to what jsonb cannot store) is left as it was and reported in
-// the returned error
-// (each wrapping ErrCannotMigrate); the others move. A Steps map that sends
-// two From steps to one To step is refused (core.ErrConfig).
-// It returns how many moved. A reply in flight for a moved instance is
-// still applied: steps keep their names and attempts.
+// the returned error (each wrapping ErrCannotMigrate): every instance of
+// m.From that has not ended either moves or is in the error. A paused
+// saga stays paused (Resume it on To), a scheduled one keeps its start
+// time. A Steps map that sends two From steps to one To step is refused
+// (core.ErrConfig). It returns how many moved. A reply in flight for a
+// moved instance is still applied: steps keep their names and attempts.
 func Migrate[From, To any](ctx context.Context, o *Orchestrator, m Migration[From, To]) (int, error) {
 	if m.From == nil || m.To == nil {
 		return 0, fmt.Errorf("%w: saga.Migrate: From and To are required", core.ErrConfig)
@@ -104,7 +105,7 @@ func Migrate[From, To any](ctx context.Context, o *Orchestrator, m Migration[Fro
 		return json.Marshal(d)
 	}
 	query := fmt.Sprintf(`SELECT %s FROM %s
- WHERE type = $1 AND def_version = $2 AND status IN ('running', 'compensating', 'stuck') AND id > $3
+ WHERE type = $1 AND def_version = $2 AND status NOT IN ('completed', 'compensated') AND id > $3
  ORDER BY id LIMIT 100 FOR UPDATE`, instanceCols, o.sql.instance)
 	moved, after := 0, ""
 	var problems []error

@@ -65,6 +65,18 @@ func (m *machine) startScheduled() error {
 	if at := m.in.NextWakeupAt; at != nil && m.now.Before(*at) {
 		return nil // woken early: the save keeps its start time
 	}
+	return m.startNow()
+}
+
+// neverStarted reports whether m's saga has not started: scheduled, or
+// stuck before its start (its version was not registered at the time).
+func (m *machine) neverStarted() bool {
+	return m.in.Step == "" && len(m.in.Steps) == 0 && m.in.EndedAt == nil
+}
+
+// startNow starts a saga that has not started: its deadline counts from
+// now, and its first step runs.
+func (m *machine) startNow() error {
 	if m.d.deadline > 0 {
 		m.in.DeadlineAt = m.due(m.d.deadline)
 	}
@@ -76,7 +88,8 @@ func (m *machine) startScheduled() error {
 	return m.advance(0)
 }
 
-// cancelScheduled ends a scheduled saga before it started (Abort).
+// cancelScheduled ends a saga that has not started, scheduled or stuck
+// before its start (Abort).
 func (m *machine) cancelScheduled() error {
 	m.record("cancelled", "", "", 0, "", "cancelled before its start by an operator")
 	return m.end(StatusCompensated, "cancelled before its start by an operator")

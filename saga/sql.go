@@ -16,7 +16,7 @@ type statements struct {
 	lockMany, updateMany                            string
 	insertStarted                                   string
 	request, claimRequests, clearRequest            string // operator.go
-	failuresInARow, postpone, park                  string // timer.go
+	failuresInARow, postpone, park, unregistered    string // timer.go
 	pause, unpause, hold, takeHeld, insertScheduled string // pause.go, schedule.go
 	instance, historyTable                          string
 	events                                          eventStatements // await.go
@@ -159,6 +159,13 @@ func timerStatements(schema string, s *statements) {
  WHERE saga_id = $1 AND event = $2
    AND id > (SELECT coalesce(max(id), 0) FROM %[1]s
               WHERE saga_id = $1 AND event NOT IN ('timer_failed', 'operator_failed', 'fenced'))`, hist)
+	// The sagas of a type on versions not registered ($2) that nothing
+	// would move: live, scheduled, paused, or with an operator request
+	// pending (ParkUnregistered).
+	s.unregistered = fmt.Sprintf(`SELECT %s FROM %s
+ WHERE type = $1 AND def_version <> ALL($2::int[])
+   AND (status IN ('running', 'compensating', 'scheduled', 'paused') OR operator_request IS NOT NULL)
+   FOR UPDATE SKIP LOCKED`, instanceCols, inst)
 	s.postpone = fmt.Sprintf(`UPDATE %s SET next_wakeup_at = $2 WHERE id = $1`, inst)
 	s.park = fmt.Sprintf(`UPDATE %s SET status = 'stuck', next_wakeup_at = NULL, last_error = $2, updated_at = $3,
        version = version + 1

@@ -318,11 +318,17 @@ func (o *Orchestrator) registeredPairs() (types []string, versions []int32) {
 	return types, versions
 }
 
-// ParkUnregistered finds the live sagas (running or compensating) of the
-// registered types whose definition version is not registered, logs them
-// as errors, counts them in the unregistered metric, and parks them as
-// stuck with that reason. It returns how many it parked. Run calls it at
-// start.
+// ParkUnregistered finds the sagas of the registered types whose
+// definition version is not registered and that nothing would ever move:
+// it logs them as errors, counts them in the unregistered metric, parks
+// the running, compensating and scheduled ones as stuck with that reason
+// (an operator's Retry starts a scheduled one once its version is
+// registered or it is migrated; Abort cancels it), marks the paused ones
+// with the reason (they stay paused: migrate them, or register the
+// version, then Resume), and refuses the operator requests pending on any
+// of them ("operator_refused", ErrNotRegistered), which no orchestrator
+// would apply. It returns how many sagas it parked or marked. Run calls
+// it at start.
 func (o *Orchestrator) ParkUnregistered(ctx context.Context) (int, error) {
 	reg := o.registered()
 	if len(reg) == 0 {
@@ -331,30 +337,46 @@ func (o *Orchestrator) ParkUnregistered(ctx context.Context) (int, error) {
 	total := 0
 	now := o.clock.Now()
 	for typ, versions := range reg {
+		var after []func()
+		n := 0
 		err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
-			found, err := queryInstances(ctx, tx, fmt.Sprintf(`SELECT %s FROM %s
- WHERE type = $1 AND status IN ('running', 'compensating') AND def_version <> ALL($2::int[])
-   FOR UPDATE SKIP LOCKED`, instanceCols, o.sql.instance), typ, versions)
+			after, n = after[:0], 0
+			found, err := queryInstances(ctx, tx, o.sql.unregistered, typ, versions)
 			if err != nil {
 				return err
 			}
 			for _, in := range found {
-				after, err := o.unregistered(ctx, tx, in, now, nil)
-				if err != nil {
-					return err
-				}
-				defer func() {
-					for _, f := range after {
-						f()
+				claimed := *in // as read: parking changes in
+				if in.Status != StatusStuck && !(in.Status == StatusPaused && in.LastError == unregisteredReason(in)) {
+					a, err := o.unregistered(ctx, tx, in, now, nil)
+					if err != nil {
+						return err
 					}
-				}()
+					after = append(after, a...)
+					n++
+				}
+				if r := claimed.Request; r != nil {
+					cause := fmt.Errorf("%w: %s of saga %q: %s", ErrNotRegistered, r.Action, in.ID, unregisteredReason(in))
+					if err := o.refused(ctx, tx, &claimed, cause); err != nil {
+						return err
+					}
+					if err := o.bulkOutcome(ctx, tx, &claimed, r, cause); err != nil { // bulk.go
+						return err
+					}
+					if _, err := tx.Exec(ctx, o.sql.clearRequest, in.ID); err != nil {
+						return fmt.Errorf("saga %s: clear operator request: %w", in.ID, err)
+					}
+				}
 			}
-			total += len(found)
 			return nil
 		})
 		if err != nil {
 			return total, fmt.Errorf("saga: park unregistered versions of %s: %w", typ, err)
 		}
+		for _, f := range after {
+			f()
+		}
+		total += n
 	}
 	return total, nil
 }
