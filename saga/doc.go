@@ -261,7 +261,8 @@
 //
 // Events are delivered in the caller's transaction with SignalTx (a
 // webhook's HTTP handler: verify, SignalTx, commit, answer 200), in one of
-// its own with Signal, or from a topic with EventHandler, behind the inbox.
+// its own with Signal, or from a topic with EventHandler (a transaction
+// per message; deduplicated by the event, not by an inbox mark).
 // Each is stored in saga_event, whatever becomes of it, with its id: a
 // second delivery with the same id applies nothing. An event that comes
 // before the saga reaches its wait is stored (pending) and consumed when

@@ -625,3 +625,38 @@ func TestPausedSagaOnARetiredVersion(t *testing.T) {
 		t.Fatalf("resumed: %s at %s, credit %+v", in.Status, in.Step, in.Steps["credit"])
 	}
 }
+
+// A message copied to two topics (one UUID), read by two EventHandlers
+// that route it to two sagas, applies to both: EventHandler deduplicates
+// by the event (saga and event id), not by an inbox mark under the
+// consumer name the reply handler uses too. A redelivery to either still
+// applies once.
+func TestEventHandlersOnTwoTopicsApplyACopyEach(t *testing.T) {
+	t.Parallel()
+	d, def := setupAwait(t, single, bundleOptions{})
+	for _, id := range []string{"copy-a", "copy-b"} {
+		startPayment(t, d, def, id)
+		d.reply(id, d.last(id), core.OutcomeSuccess) // waiting
+	}
+	to := func(id string) message.NoPublishHandlerFunc {
+		return d.o.EventHandler(func(*message.Message) (saga.EventTarget, error) {
+			return saga.EventTarget{SagaID: id, Event: "payment.confirmed"}, nil
+		})
+	}
+	psp, audit := to("copy-a"), to("copy-b")
+	msg := message.NewMessage(watermill.NewUUID(), []byte(`{"ref":"fanned"}`))
+	for _, h := range []message.NoPublishHandlerFunc{psp, audit, psp, audit} {
+		if err := h(msg.Copy()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range []string{"copy-a", "copy-b"} {
+		in := d.get(id)
+		if p := paymentOf(t, in); in.Status != saga.StatusCompleted || !slices.Equal(p.Got, []string{"fanned"}) {
+			t.Fatalf("%s: %s, data %+v", id, in.Status, p)
+		}
+		if got := d.effects(id); len(got) != 1 {
+			t.Fatalf("%s: effects %v", id, got)
+		}
+	}
+}

@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/millrace/core"
-	"github.com/millrace/millrace/outbox"
 )
 
 // Errors of Signal, SignalTx and EventHandler.
@@ -291,41 +290,46 @@ type EventTarget struct {
 // a topic as an event, as SignalTx does, with the message's payload (JSON)
 // as the event's. route maps a message to its saga and event name (from
 // its metadata or payload); an error it returns is the handler's (wrap it
-// with core.Permanent for a message that will never map). Each message
-// is applied in one transaction with its inbox dedup mark (consumer
-// Config.Consumer), so a redelivered message applies once. An event the
-// saga refuses (ErrSagaEnded, ErrEventNotAwaited) is recorded in its
-// history, logged and acknowledged; an unknown saga is a core.Permanent
-// error wrapping ErrNotFound. Put it behind Watermill's PoisonQueue and
-// Retry (with inbox.ShouldRetry) middleware, as any inbox handler.
+// with core.Permanent for a message that will never map). Each message is
+// applied in one transaction: the one in its context (core.TxFromContext,
+// as the inbox's middleware puts it there), or one of its own. It is
+// deduplicated by its event, not by the message: a redelivery (the same
+// saga and event id) applies once, and a message copied to several topics
+// applies once per saga it is routed to, whichever handlers read those
+// topics (it records no inbox mark of its own, so it shares none with the
+// reply handler). An event the saga refuses (ErrSagaEnded,
+// ErrEventNotAwaited) is recorded in its history, logged and acknowledged;
+// an unknown saga, an invalid event or a payload jsonb cannot hold is a
+// core.Permanent error (ErrNotFound, ErrInvalidEvent). Put it behind
+// Watermill's PoisonQueue and Retry (with inbox.ShouldRetry) middleware,
+// as any inbox handler.
 func (o *Orchestrator) EventHandler(route func(msg *message.Message) (EventTarget, error)) message.NoPublishHandlerFunc {
-	h := o.dedup.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-		tx, ok := core.TxFromContext(msg.Context())
-		if !ok {
-			return nil, outbox.ErrNoTx
-		}
+	return func(msg *message.Message) error {
 		t, err := route(msg)
 		if err != nil {
-			return nil, fmt.Errorf("saga: EventHandler: route message %s: %w", msg.UUID, err)
+			return fmt.Errorf("saga: EventHandler: route message %s: %w", msg.UUID, err)
 		}
 		if t.EventID == "" {
 			t.EventID = msg.UUID
 		}
 		if len(msg.Payload) > 0 && !json.Valid(msg.Payload) {
-			return nil, core.Permanent(fmt.Errorf("%w: message %s: payload is not JSON", ErrInvalidEvent, msg.UUID))
+			return core.Permanent(fmt.Errorf("%w: message %s: payload is not JSON", ErrInvalidEvent, msg.UUID))
 		}
-		err = SignalTx(msg.Context(), tx, o, t.SagaID, t.Event, t.EventID, json.RawMessage(msg.Payload))
-		switch {
-		case errors.Is(err, ErrSagaEnded) || errors.Is(err, ErrEventNotAwaited):
-			o.logger.Info("saga: event refused", map[string]any{"saga_id": t.SagaID, "event": t.Event, "event_id": t.EventID, "error": err.Error()})
-			return nil, nil
-		case errors.Is(err, ErrNotFound) || errors.Is(err, ErrInvalidEvent) || errors.Is(err, ErrInvalidID) || errors.Is(err, ErrNotRegistered):
-			return nil, core.Permanent(err)
+		ctx := msg.Context()
+		signal := func(tx pgx.Tx) error {
+			err := SignalTx(ctx, tx, o, t.SagaID, t.Event, t.EventID, json.RawMessage(msg.Payload))
+			switch {
+			case errors.Is(err, ErrSagaEnded) || errors.Is(err, ErrEventNotAwaited):
+				o.logger.Info("saga: event refused", map[string]any{"saga_id": t.SagaID, "event": t.Event, "event_id": t.EventID, "error": err.Error()})
+				return nil // its record commits
+			case errors.Is(err, ErrNotFound) || errors.Is(err, ErrInvalidEvent) || errors.Is(err, ErrInvalidID) || errors.Is(err, ErrNotRegistered):
+				return core.Permanent(err)
+			}
+			return err
 		}
-		return nil, err
-	})
-	return func(msg *message.Message) error {
-		_, err := h(msg)
-		return err
+		if tx, ok := core.TxFromContext(ctx); ok {
+			return signal(tx)
+		}
+		return pgx.BeginFunc(ctx, o.pool, signal)
 	}
 }
