@@ -72,13 +72,13 @@
 // other data it fails with ErrAlreadyStarted.
 //
 // Each reply is handled in one transaction: the inbox dedup mark, SELECT
-// ... FOR UPDATE on the saga row, fencing, the new state and history, and
+// ... FOR NO KEY UPDATE on the saga row, fencing, the new state and history, and
 // the next command or compensation through the outbox. Commands and
 // replies are keyed by saga id, so one saga's messages stay in order. A row
 // lock, not an optimistic version check: a reply, a timer and an operator
 // action on one saga wait for each other and never burn a retry budget
-// fighting. Run claims due sagas (next_wakeup_at <= now) with FOR UPDATE
-// SKIP LOCKED: any number of orchestrator processes share the replies and
+// fighting. Run claims due sagas (next_wakeup_at <= now) with FOR NO KEY
+// UPDATE SKIP LOCKED: any number of orchestrator processes share the replies and
 // the timers. The timer pass claims only the sagas of the types and
 // versions its orchestrator has registered: another service's sagas on
 // the same schema, or a newer version's during a rolling deploy, are left
@@ -274,13 +274,14 @@
 // operator's Retry.
 //
 // The signaller never waits for the orchestrator, and no event is missed:
-// SignalTx takes the saga's row lock only if it is free (FOR UPDATE SKIP
-// LOCKED) and then applies the event at once, in its transaction; if the
-// orchestrator holds the row (applying a reply, advancing the saga into
+// SignalTx takes the saga's row lock only if it is free (FOR NO KEY UPDATE
+// SKIP LOCKED) and then applies the event at once, in its transaction; if
+// the orchestrator holds the row (applying a reply, advancing the saga into
 // its wait after it looked for stored events), the event is stored as new
-// and the orchestrator's timer pass applies it, within a PollInterval. The
-// history lines are "waiting" (a wait began) and "event", whose Outcome is
-// consumed, pending, ignored or refused.
+// (under a key share lock, which keeps retention from removing the saga
+// meanwhile) and the orchestrator's timer pass applies it, within a
+// PollInterval. The history lines are "waiting" (a wait began) and
+// "event", whose Outcome is consumed, pending, ignored or refused.
 //
 // # Versions
 //

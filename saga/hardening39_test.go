@@ -660,3 +660,84 @@ func TestEventHandlersOnTwoTopicsApplyACopyEach(t *testing.T) {
 		}
 	}
 }
+
+// The service's retention removing an ended saga while an event for it
+// comes: the event is either refused and kept with the saga (the signaller
+// holds the saga's key, so retention passes over it this time) or, once
+// the saga is gone, refused as not found; it is never stored without its
+// saga, to be inherited by a new saga with the same id, which would then
+// drop its own event of that id as a duplicate.
+func TestSignalRacingRetentionLeavesNoOrphan(t *testing.T) {
+	t.Parallel()
+	d, def := setupAwait(t, single, bundleOptions{})
+	ctx := context.Background()
+	id := "reused"
+	startPayment(t, d, def, id)
+	d.reply(id, d.last(id), core.OutcomeFailure) // compensated: ended
+	if in := d.get(id); in.Status != saga.StatusCompensated {
+		t.Fatalf("status %s", in.Status)
+	}
+	// Retention's removal of the saga, as internal/retention does it: the
+	// row locked, its history, events and row deleted, not committed yet.
+	rtx, err := d.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rtx.Rollback(ctx)
+	for _, q := range []string{
+		`SELECT id FROM ` + d.tbl("saga_instance") + ` WHERE id = $1 FOR UPDATE SKIP LOCKED`,
+		`DELETE FROM ` + d.tbl("saga_history") + ` WHERE saga_id = $1`,
+		`DELETE FROM ` + d.tbl("saga_event") + ` WHERE saga_id = $1`,
+		`DELETE FROM ` + d.tbl("saga_instance") + ` WHERE id = $1`,
+	} {
+		if _, err := rtx.Exec(ctx, q, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	done := make(chan error, 1)
+	go func() { done <- saga.Signal(ctx, d.o, id, "payment.confirmed", "psp-1", confirmation{Ref: "late"}) }()
+	// Commit the removal once the signaller waits for it, or has finished.
+	deadline := time.Now().Add(10 * time.Second)
+	var signalled error
+	for waiting := false; !waiting; {
+		select {
+		case signalled = <-done:
+			waiting = true
+		default:
+		}
+		if !waiting {
+			err := d.db.Pool.QueryRow(ctx, `SELECT count(*) > 0 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%'||$1||'%'`, d.db.Schema).Scan(&waiting)
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the signaller neither waited nor finished")
+		}
+	}
+	if err := rtx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if signalled == nil {
+		signalled = <-done
+	}
+	if !errors.Is(signalled, saga.ErrNotFound) && !errors.Is(signalled, saga.ErrSagaEnded) {
+		t.Fatalf("Signal: %v", signalled)
+	}
+	var orphans int
+	err = d.db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+d.tbl("saga_event")+` WHERE saga_id = $1)
+ + (SELECT count(*) FROM `+d.tbl("saga_history")+` WHERE saga_id = $1)`, id).Scan(&orphans)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if orphans != 0 {
+		t.Fatalf("%d rows of the removed saga left (Signal: %v)", orphans, signalled)
+	}
+	// A new saga with the id takes its own event of that id.
+	startPayment(t, d, def, id)
+	d.reply(id, d.last(id), core.OutcomeSuccess)
+	d.signal(id, "payment.confirmed", "psp-1", confirmation{Ref: "new"})
+	if in := d.get(id); in.Status != saga.StatusCompleted {
+		t.Fatalf("the new saga: %s, events %v", in.Status, d.eventStates(id))
+	}
+}

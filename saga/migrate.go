@@ -106,7 +106,7 @@ func Migrate[From, To any](ctx context.Context, o *Orchestrator, m Migration[Fro
 	}
 	query := fmt.Sprintf(`SELECT %s FROM %s
  WHERE type = $1 AND def_version = $2 AND status NOT IN ('completed', 'compensated') AND id > $3
- ORDER BY id LIMIT 100 FOR UPDATE`, instanceCols, o.sql.instance)
+ ORDER BY id LIMIT 100 FOR NO KEY UPDATE`, instanceCols, o.sql.instance)
 	moved, after := 0, ""
 	var problems []error
 	for {

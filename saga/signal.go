@@ -69,7 +69,7 @@ func Signal(ctx context.Context, o *Orchestrator, sagaID, event, eventID string,
 // ErrNotFound.
 //
 // SignalTx never waits for the orchestrator. If the saga's row is free, it
-// locks it (FOR UPDATE SKIP LOCKED) and applies the event at once in tx:
+// locks it (FOR NO KEY UPDATE SKIP LOCKED) and applies the event at once in tx:
 // when the saga waits for it, its step's OnEvent runs and the saga moves on
 // (the next commands commit with tx); when it has not reached the wait yet,
 // the event is stored as pending and consumed, in order of arrival, when
