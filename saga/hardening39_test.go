@@ -741,3 +741,79 @@ func TestSignalRacingRetentionLeavesNoOrphan(t *testing.T) {
 		t.Fatalf("the new saga: %s, events %v", in.Status, d.eventStates(id))
 	}
 }
+
+// A saga whose new events fail technically on the timer pass (a database
+// error applying them) is handled as a failing timer: a "timer_failed"
+// line per failure, tried again after a backoff (not on every pass),
+// parked as stuck after Config.MaxTimerFailures with the error, its event
+// kept for an operator's Retry.
+func TestNewEventsFailingTechnicallyBackOffAndPark(t *testing.T) {
+	t.Parallel()
+	d, def := setupAwait(t, single, bundleOptions{})
+	ctx := context.Background()
+	id := "ev-fails"
+	startPayment(t, d, def, id)
+	d.reply(id, d.last(id), core.OutcomeSuccess) // waiting
+	// Consuming the event fails in the database.
+	_, err := d.db.Pool.Exec(ctx, fmt.Sprintf(`CREATE FUNCTION %[1]s() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF NEW.state = 'consumed' THEN RAISE EXCEPTION 'the ledger table is full'; END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER boom BEFORE UPDATE ON %[2]s FOR EACH ROW EXECUTE FUNCTION %[1]s()`, d.tbl("boom"), d.tbl("saga_event")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The event is stored as new: the orchestrator held the saga.
+	held, err := d.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := held.Exec(ctx, `SELECT 1 FROM `+d.tbl("saga_instance")+` WHERE id = $1 FOR NO KEY UPDATE`, id); err != nil {
+		t.Fatal(err)
+	}
+	d.signal(id, "payment.confirmed", "psp", confirmation{Ref: "r"})
+	if err := held.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	failures := func() int { return len(historyEvents(t, d.o, id, "timer_failed")) }
+	for i := 1; i <= 5; i++ {
+		_, err := d.o.RunDue(ctx)
+		if err == nil || !strings.Contains(err.Error(), "the ledger table is full") {
+			t.Fatalf("pass %d: %v", i, err)
+		}
+		if n := failures(); n != i {
+			t.Fatalf("after failure %d: %d timer_failed lines", i, n)
+		}
+		if i < 5 {
+			// At once again: it waits for its backoff.
+			if _, err := d.o.RunDue(ctx); err != nil {
+				t.Fatalf("pass %d again: %v", i, err)
+			}
+			if n := failures(); n != i {
+				t.Fatalf("tried again before its backoff: %d lines", n)
+			}
+			d.clock.Advance(time.Minute)
+		}
+	}
+	in := d.get(id)
+	if in.Status != saga.StatusStuck || !strings.Contains(in.LastError, "the ledger table is full") {
+		t.Fatalf("after 5 failures: %s (%s)", in.Status, in.LastError)
+	}
+	d.tick(time.Hour) // the next pass files the event for the stuck saga; nothing fails
+	if n := failures(); n != 5 {
+		t.Fatalf("%d timer_failed lines after parking", n)
+	}
+	if got := d.eventStates(id); !slices.Equal(got, []string{"payment.confirmed/pending"}) {
+		t.Fatalf("events %v", got)
+	}
+	if _, err := d.db.Pool.Exec(ctx, `DROP TRIGGER boom ON `+d.tbl("saga_event")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.o.Retry(ctx, id, alice); err != nil {
+		t.Fatal(err)
+	}
+	if in := d.get(id); in.Status != saga.StatusCompleted {
+		t.Fatalf("after Retry: %s (%s)", in.Status, in.LastError)
+	}
+}

@@ -225,7 +225,11 @@ func (o *Orchestrator) signal(ctx context.Context, tx pgx.Tx, sagaID, event, eve
 
 // applyEvents applies the events a signaller stored without applying them
 // (it found the saga locked), for at most ClaimBatch sagas of the
-// registered types, each under a savepoint of its own. RunDue calls it.
+// registered types, each under a savepoint of its own. A saga whose events
+// fail technically is rolled back alone and handled as a failing timer
+// (timerFailed: a "timer_failed" line, its next try after a backoff, by
+// the timer pass, parked as stuck after MaxTimerFailures). RunDue calls
+// it.
 func (o *Orchestrator) applyEvents(ctx context.Context) (int, error) {
 	types, versions := o.registeredPairs()
 	if len(types) == 0 {
@@ -250,11 +254,9 @@ func (o *Orchestrator) applyEvents(ctx context.Context) (int, error) {
 			if err != nil {
 				return fmt.Errorf("saga %s: savepoint: %w", in.ID, err)
 			}
+			claimed := *in // as read: the machine changes in
 			m := &machine{o: o, d: d, in: in, ctx: ctx, tx: sp, now: now}
-			err = m.onNewEvents()
-			if err == nil {
-				err = m.save()
-			}
+			err = m.applyNewEvents()
 			if err == nil {
 				if err := sp.Commit(ctx); err != nil {
 					return fmt.Errorf("saga %s: release savepoint: %w", in.ID, err)
@@ -265,7 +267,15 @@ func (o *Orchestrator) applyEvents(ctx context.Context) (int, error) {
 			if rerr := sp.Rollback(ctx); rerr != nil || ctx.Err() != nil {
 				return errors.Join(err, rerr)
 			}
-			failed = errors.Join(failed, skipped{fmt.Errorf("saga %s: apply new events: %w", in.ID, err)})
+			err = fmt.Errorf("saga %s: apply new events: %w", in.ID, err)
+			parked, after, ferr := o.timerFailed(ctx, tx, &claimed, now, err) // timer.go
+			if ferr != nil {
+				return errors.Join(err, ferr)
+			}
+			failed = errors.Join(failed, skipped{err})
+			if parked {
+				woken = append(woken, after)
+			}
 		}
 		return nil
 	})
@@ -278,6 +288,16 @@ func (o *Orchestrator) applyEvents(ctx context.Context) (int, error) {
 		}
 	}
 	return len(woken), failed
+}
+
+// applyNewEvents applies m's new events and saves the saga. A panic is
+// returned as a panicked error (timer.go).
+func (m *machine) applyNewEvents() (err error) {
+	defer recoverPanic(&err)
+	if err := m.onNewEvents(); err != nil {
+		return err
+	}
+	return m.save()
 }
 
 // EventTarget is where a message delivers its event: the saga, the event's

@@ -226,13 +226,17 @@ RETURNING arrived`, ev),
 		setState:     fmt.Sprintf(`UPDATE %s SET state = $2, step = $3 WHERE arrived = $1`, ev),
 		closePending: fmt.Sprintf(`UPDATE %s SET state = 'ignored' WHERE saga_id = %s AND state = 'pending'`, ev, sqlident.AnyParam("$1", "text")),
 		// On saga_event_new_idx: only the events a signaller could not
-		// apply (the saga was locked), a handful at any time.
-		claimNew: fmt.Sprintf(`SELECT %s FROM %s
+		// apply (the saga was locked), a handful at any time. A saga whose
+		// last pass failed (its last line but fenced ones is timer_failed,
+		// found on saga_history_saga_idx backwards) waits for its backoff:
+		// the timer pass takes it, new events first, when it is due.
+		claimNew: fmt.Sprintf(`SELECT %s FROM %s s
  WHERE id IN (SELECT saga_id FROM %s WHERE state = 'new')
    AND status NOT IN ('paused', 'scheduled')
    AND (type, def_version) IN (SELECT * FROM unnest($1::text[], $2::int[]))
+   AND (SELECT h.event FROM %s h WHERE h.saga_id = s.id AND h.event <> 'fenced' ORDER BY h.id DESC LIMIT 1) IS DISTINCT FROM 'timer_failed'
  LIMIT $3
-   FOR NO KEY UPDATE SKIP LOCKED`, instanceCols, inst, ev),
+   FOR NO KEY UPDATE SKIP LOCKED`, instanceCols, inst, ev, sqlident.Table(schema, "saga_history")),
 	}
 }
 

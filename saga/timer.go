@@ -210,7 +210,16 @@ func (o *Orchestrator) wake(ctx context.Context, tx pgx.Tx, in *Instance, now ti
 	} else {
 		mctx, span := startTransition(ctx, "timer", in.ID, in.Step, nil) // tracing.go
 		m := &machine{o: o, d: d, in: in, ctx: mctx, tx: tx, now: now}
-		err := m.onWake()
+		var err error
+		if d.hasWaits() && in.Status != StatusScheduled {
+			// Events no pass has applied yet come first (a saga that
+			// failed is left to this pass: see applyEvents); a wait that
+			// is overdue by then is timed out before they are filed.
+			err = m.onNewEvents() // await.go
+		}
+		if err == nil {
+			err = m.onWake()
+		}
 		if err == nil {
 			err = m.save()
 		}
