@@ -453,7 +453,7 @@ func TestTimerPanicParksTheSaga(t *testing.T) {
 	t.Parallel()
 	var armed atomic.Bool
 	hook := func(ctx context.Context, p saga.HookPoint, id string) error {
-		if armed.Load() && p == saga.HookLoaded && id == "panics" {
+		if armed.Load() && p == saga.HookLoaded && (id == "panics" || id == "request-panics") {
 			panic("a bug")
 		}
 		return nil
@@ -475,6 +475,22 @@ func TestTimerPanicParksTheSaga(t *testing.T) {
 	}
 	if in := d.get("fine"); in.Status != saga.StatusCompensating {
 		t.Fatalf("fine: %s", in.Status)
+	}
+	// An operator request whose application panics is dropped at once.
+	armed.Store(false)
+	startPayment(t, d, def, "request-panics")
+	if _, err := d.o.Request(context.Background(), "request-panics", saga.ActionPause, alice); err != nil {
+		t.Fatal(err)
+	}
+	armed.Store(true)
+	if _, err := d.o.RunDue(context.Background()); err == nil || !strings.Contains(err.Error(), "a bug") {
+		t.Fatalf("RunDue: %v", err)
+	}
+	if in := d.get("request-panics"); in.Request != nil || in.Status != saga.StatusRunning {
+		t.Fatalf("request-panics: %s, request %+v", in.Status, in.Request)
+	}
+	if r := historyEvents(t, d.o, "request-panics", "operator_refused"); len(r) != 1 || !strings.Contains(string(r[0].Detail), "a bug") {
+		t.Fatalf("refusals %+v", r)
 	}
 }
 

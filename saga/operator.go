@@ -253,6 +253,14 @@ func refusal(err error) bool {
 	return errors.Is(err, ErrActionNotAllowed) || errors.Is(err, ErrNotRegistered)
 }
 
+// applyRequest carries out an operator request in tx (operateIn). A panic
+// is returned as a panicked error (timer.go): the request is dropped.
+func (o *Orchestrator) applyRequest(ctx context.Context, tx pgx.Tx, id string, by Actor, action Action) (after []func(), err error) {
+	defer recoverPanic(&err)
+	_, after, err = o.operateIn(ctx, tx, id, by, string(action), action.op())
+	return after, err
+}
+
 // refused logs and records saga in's operator request as refused with
 // cause (an "operator_refused" history line). The caller clears it.
 func (o *Orchestrator) refused(ctx context.Context, tx pgx.Tx, in *Instance, cause error) error {
@@ -310,7 +318,7 @@ func (o *Orchestrator) applyRequests(ctx context.Context) (int, error) {
 				err = stale(in, r)
 			}
 			if err == nil {
-				_, after, err = o.operateIn(ctx, sp, in.ID, by, string(r.Action), r.Action.op())
+				after, err = o.applyRequest(ctx, sp, in.ID, by, r.Action)
 			}
 			switch {
 			case err == nil:

@@ -304,6 +304,9 @@ func (o *Orchestrator) requestFailed(ctx context.Context, tx pgx.Tx, in *Instanc
 		return false, err
 	}
 	n++
+	if errors.As(cause, new(panicked)) {
+		n = max(n, o.maxFailures) // it would panic again
+	}
 	r, now := in.Request, o.clock.Now()
 	row := historyRow{sagaID: in.ID, at: now, event: eventOperatorFailed, step: in.Step, actor: r.Operator,
 		status: string(in.Status), reason: fmt.Sprintf("failure %d of %d in a row: %v", n, o.maxFailures, cause)}
