@@ -11,7 +11,9 @@ import (
 const DefaultListLimit = 100
 
 // ErrInvalidListParams is wrapped by a listing's error for ListParams it
-// cannot serve: a negative Limit or AfterID.
+// cannot serve (a negative Limit or AfterID), and by a bulk action's for a
+// DeadLetterQuery whose Error pattern PostgreSQL's LIKE refuses (one that
+// ends with the escape character \, or is not valid UTF-8).
 var ErrInvalidListParams = errors.New("millrace: invalid list params")
 
 // ListParams selects and pages dead letters, in the outbox
@@ -56,7 +58,9 @@ type DeadLetterQuery struct {
 	Topic, PartitionKey string
 	// Error keeps only dead letters whose last error matches this SQL LIKE
 	// pattern ("%timeout%": % any run of characters, _ any one, \ makes
-	// the next literal; the whole error must match). Defaults to any.
+	// the next literal; the whole error must match). A pattern ending with
+	// an unescaped \ or holding invalid UTF-8 is refused, as PostgreSQL
+	// refuses it. Defaults to any.
 	Error string
 	// DeadBefore keeps only dead letters that died before it (older than
 	// an age). Defaults to any.

@@ -11,7 +11,10 @@ import (
 // walkDeadLetters calls fn with each page of the dead letters q selects,
 // listed by List page by page.
 func (a *Admin) walkDeadLetters(ctx context.Context, q core.DeadLetterQuery) func(func([]DeadLetter) error) error {
-	match := bulk.Match(q.Error, q.DeadBefore)
+	match, err := bulk.Match(q.Error, q.DeadBefore)
+	if err != nil {
+		return bulk.Refuse[DeadLetter](err)
+	}
 	return func(fn func([]DeadLetter) error) error {
 		return bulk.Walk(func(after int64) ([]DeadLetter, error) {
 			return a.List(ctx, core.ListParams{Topic: q.Topic, PartitionKey: q.PartitionKey, Limit: bulk.PageSize, AfterID: after})
