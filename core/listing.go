@@ -56,6 +56,10 @@ type DeadLetterQuery struct {
 	// Topic and PartitionKey keep only dead letters of this topic or key
 	// (matched in SQL by the listing, as ListParams). Defaults to any.
 	Topic, PartitionKey string
+	// EventID keeps only the dead letters with this event id: with Topic,
+	// the one copy of an event written to several topics that an operator
+	// chose. Defaults to any.
+	EventID string
 	// Error keeps only dead letters whose last error matches this SQL LIKE
 	// pattern ("%timeout%": % any run of characters, _ any one, \ makes
 	// the next literal; the whole error must match). A pattern ending with

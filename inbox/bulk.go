@@ -19,7 +19,9 @@ func (d *DeadLetters) walk(ctx context.Context, q core.DeadLetterQuery) func(fun
 		return bulk.Walk(func(after int64) ([]DeadLetter, error) {
 			return d.List(ctx, core.ListParams{Topic: q.Topic, PartitionKey: q.PartitionKey, Limit: bulk.PageSize, AfterID: after})
 		}, func(e DeadLetter) int64 { return e.ID },
-			func(e DeadLetter) bool { return match(e.LastError, e.DeadAt) }, fn)
+			func(e DeadLetter) bool {
+				return match(e.LastError, e.DeadAt) && (q.EventID == "" || e.EventID == q.EventID)
+			}, fn)
 	}
 }
 

@@ -62,6 +62,9 @@ type Admin struct {
 	replay    string
 	stats     string
 	notifySQL string
+
+	// requeueRows and discardRows act on row ids (bulk.go).
+	requeueRows, discardRows string
 }
 
 // NewAdmin returns an Admin on pool.
@@ -123,6 +126,8 @@ func NewAdmin(pool *pgxpool.Pool, cfg AdminConfig) (*Admin, error) {
 )
 UPDATE %[2]s e SET dead_at = NULL, attempts = 0, next_attempt_at = NULL
   FROM pend WHERE e.id = pend.id`, pending, event)
+
+	a.requeueRows, a.discardRows = deadRowStatements(pending, event) // bulk.go
 
 	a.discard = fmt.Sprintf(`WITH pend AS (
     DELETE FROM %[1]s p

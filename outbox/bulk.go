@@ -19,7 +19,9 @@ func (a *Admin) walkDeadLetters(ctx context.Context, q core.DeadLetterQuery) fun
 		return bulk.Walk(func(after int64) ([]DeadLetter, error) {
 			return a.List(ctx, core.ListParams{Topic: q.Topic, PartitionKey: q.PartitionKey, Limit: bulk.PageSize, AfterID: after})
 		}, func(d DeadLetter) int64 { return d.ID },
-			func(d DeadLetter) bool { return match(d.LastError, d.DeadAt) }, fn)
+			func(d DeadLetter) bool {
+				return match(d.LastError, d.DeadAt) && (q.EventID == "" || d.EventID == q.EventID)
+			}, fn)
 	}
 }
 
@@ -35,19 +37,63 @@ func (a *Admin) DryRun(ctx context.Context, q core.DeadLetterQuery, page int) (*
 }
 
 // RequeueMatching requeues (as Requeue) the dead letters q selects, 500
-// per transaction, and returns how many it requeued. A dead letter
-// requeued or discarded meanwhile by someone else is not counted.
+// per transaction, and returns how many it requeued: only the rows
+// selected, so of an event id written to several topics only the copies
+// of the topic selected (q.Topic; q.EventID with q.Topic names one copy).
+// A dead letter requeued or discarded meanwhile by someone else is not
+// counted.
 func (a *Admin) RequeueMatching(ctx context.Context, q core.DeadLetterQuery) (int, error) {
-	return a.bulk(ctx, q, a.Requeue)
+	return a.bulk(ctx, q, "requeue")
 }
 
 // DiscardMatching discards (as Discard) the dead letters q selects, 500
-// per transaction, and returns how many it discarded.
+// per transaction, and returns how many it discarded: only the rows
+// selected, as RequeueMatching.
 func (a *Admin) DiscardMatching(ctx context.Context, q core.DeadLetterQuery) (int, error) {
-	return a.bulk(ctx, q, a.Discard)
+	return a.bulk(ctx, q, "discard")
 }
 
-func (a *Admin) bulk(ctx context.Context, q core.DeadLetterQuery, act func(context.Context, ...string) (int, error)) (int, error) {
-	return bulk.Apply(a.walkDeadLetters(ctx, q), func(d DeadLetter) string { return d.EventID },
-		func(ids ...string) (int, error) { return act(ctx, ids...) })
+// bulk requeues or discards (op) the dead letters q selects by their row
+// ids: one event id can be a dead letter in several topics (a fan-out),
+// and only the copies selected are acted on (Requeue and Discard, given
+// an id, act on every copy).
+func (a *Admin) bulk(ctx context.Context, q core.DeadLetterQuery, op string) (int, error) {
+	sql := a.requeueRows
+	if op == "discard" {
+		sql = a.discardRows
+	}
+	return bulk.Apply(a.walkDeadLetters(ctx, q), func(d DeadLetter) int64 { return d.ID }, func(ids ...int64) (int, error) {
+		tag, err := a.pool.Exec(ctx, sql, ids)
+		if err != nil {
+			return 0, fmt.Errorf("outbox: %s: %w", op, err)
+		}
+		if tag.RowsAffected() > 0 {
+			// Wake the relays, as deadLetterOp does.
+			if _, err := a.pool.Exec(ctx, a.notifySQL, a.channel); err != nil {
+				return 0, fmt.Errorf("outbox: %s: wake relays: %w", op, err)
+			}
+		}
+		return int(tag.RowsAffected()), nil
+	})
+}
+
+// deadRowStatements are the requeue and discard statements (as in
+// NewAdmin) of the dead letters with the given row ids ($1): the rows a
+// bulk action selected, on the pending set's primary key.
+func deadRowStatements(pending, event string) (requeue, discard string) {
+	requeue = fmt.Sprintf(`WITH pend AS (
+    UPDATE %[1]s p SET dead = false, blocked = false, next_attempt_at = NULL
+     WHERE p.id = ANY($1::bigint[]) AND p.dead
+    RETURNING p.id
+)
+UPDATE %[2]s e SET dead_at = NULL, attempts = 0, next_attempt_at = NULL
+  FROM pend WHERE e.id = pend.id`, pending, event)
+	discard = fmt.Sprintf(`WITH pend AS (
+    DELETE FROM %[1]s p
+     WHERE p.id = ANY($1::bigint[]) AND p.dead
+    RETURNING p.id
+)
+UPDATE %[2]s e SET discarded_at = now()
+  FROM pend WHERE e.id = pend.id`, pending, event)
+	return requeue, discard
 }

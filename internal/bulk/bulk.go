@@ -89,11 +89,13 @@ func DryRun[T any](walk func(fn func([]T) error) error, page int) (count int, fi
 }
 
 // Apply calls act with the keys of each page of rows walk yields and
-// returns the sum of act's counts (so far, on an error).
-func Apply[T any](walk func(fn func([]T) error) error, key func(T) string, act func(keys ...string) (int, error)) (int, error) {
+// returns the sum of act's counts (so far, on an error). A key must name
+// the row walk yielded and nothing else (a row id, not an event id that
+// other rows share).
+func Apply[T, K any](walk func(fn func([]T) error) error, key func(T) K, act func(keys ...K) (int, error)) (int, error) {
 	total := 0
 	err := walk(func(rows []T) error {
-		keys := make([]string, len(rows))
+		keys := make([]K, len(rows))
 		for i, row := range rows {
 			keys[i] = key(row)
 		}
