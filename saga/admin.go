@@ -356,10 +356,28 @@ func (m *machine) opRetry() error {
 			st.Status = StepCompensating
 		}
 		m.in.Status = StatusCompensating
+		if err := m.restoreCompensationReason(); err != nil {
+			return err
+		}
 		return m.compensateFrom(i)
 	}
 	_ = s
+	m.in.LastError = "" // the past trouble is in the history
 	return m.advance(i)
+}
+
+// restoreCompensationReason makes the saga's last error the reason it
+// compensates for again (its last "compensate" history line), in place of
+// the trouble an operator is acting on: a saga that recovers ends with why
+// it compensated, not with a failure that is past.
+func (m *machine) restoreCompensationReason() error {
+	var reason string
+	err := m.tx.QueryRow(m.ctx, m.o.sql.compensateReason, m.in.ID).Scan(&reason)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return technicalError{fmt.Errorf("saga %s: read why it compensates: %w", m.in.ID, err)}
+	}
+	m.in.LastError = reason
+	return nil
 }
 
 func (m *machine) opSkip() error {
@@ -372,6 +390,7 @@ func (m *machine) opSkip() error {
 	}
 	st.Status, st.Due = StepSkipped, nil
 	m.record("skipped", s.name, "", 0, "", "")
+	m.in.LastError = "" // the past trouble is in the history
 	return m.advance(i + 1)
 }
 
@@ -385,6 +404,9 @@ func (m *machine) opMarkCompensated() error {
 	}
 	st.Status, st.Due = StepCompensated, nil
 	m.record("step_compensated", s.name, "", 0, "", "marked by operator")
+	if err := m.restoreCompensationReason(); err != nil {
+		return err
+	}
 	return m.compensateFrom(i - 1)
 }
 

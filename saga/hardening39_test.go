@@ -833,3 +833,46 @@ CREATE TRIGGER boom BEFORE UPDATE ON %[2]s FOR EACH ROW EXECUTE FUNCTION %[1]s()
 		t.Fatalf("after Retry: %s (%s)", in.Status, in.LastError)
 	}
 }
+
+// A saga whose compensation got stuck and that an operator retried ends
+// compensated with the reason it compensated for as its last error (and
+// its last history line), not the past "failed N times" of the
+// compensation; one retried forward no longer shows the old error while
+// it runs.
+func TestRecoveredSagaDropsItsPastError(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	id := "recovered"
+	d := stuckSoon(t, id) // stock failed; credit's compensation failed twice: stuck
+	in := d.get(id)
+	if !strings.Contains(in.LastError, "compensation of step credit failed") {
+		t.Fatalf("stuck with %q", in.LastError)
+	}
+	if _, err := d.o.Retry(ctx, id, alice); err != nil {
+		t.Fatal(err)
+	}
+	if in := d.get(id); strings.Contains(in.LastError, "compensation of step credit failed") {
+		t.Fatalf("compensating again, the last error is still the past one: %q", in.LastError)
+	}
+	d.reply(id, d.last(id), core.OutcomeSuccess)
+	in = d.get(id)
+	h := historyOf(t, d.o, id)
+	last := h[len(h)-1]
+	if in.Status != saga.StatusCompensated || !strings.HasPrefix(in.LastError, "step stock failed") || last.Reason != in.LastError {
+		t.Fatalf("%s, last error %q, last line %s %q", in.Status, in.LastError, last.Event, last.Reason)
+	}
+
+	// Forward: a stuck step retried runs without its past error.
+	d2, def := orderDriver(t, func(s *saga.Spec[order]) { s.Steps[2].OnTimeout = saga.TimeoutStuck })
+	stockRunning(t, d2, def, "fwd")
+	d2.tick(time.Second) // stock's timeout: stuck
+	if in := d2.get("fwd"); in.Status != saga.StatusStuck {
+		t.Fatalf("fwd: %s", in.Status)
+	}
+	if _, err := d2.o.Retry(ctx, "fwd", alice); err != nil {
+		t.Fatal(err)
+	}
+	if in := d2.get("fwd"); in.Status != saga.StatusRunning || in.LastError != "" {
+		t.Fatalf("fwd after Retry: %s, last error %q", in.Status, in.LastError)
+	}
+}

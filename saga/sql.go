@@ -17,6 +17,7 @@ type statements struct {
 	insertStarted                                   string
 	request, claimRequests, clearRequest            string // operator.go
 	failuresInARow, postpone, park, unregistered    string // timer.go
+	compensateReason                                string // admin.go
 	pause, unpause, hold, takeHeld, insertScheduled string // pause.go, schedule.go
 	instance, historyTable                          string
 	events                                          eventStatements // await.go
@@ -169,6 +170,9 @@ func timerStatements(schema string, s *statements) {
  WHERE type = $1 AND def_version <> ALL($2::int[])
    AND (status IN ('running', 'compensating', 'scheduled', 'paused') OR operator_request IS NOT NULL)
    FOR NO KEY UPDATE SKIP LOCKED`, instanceCols, inst)
+	// Why the saga compensates: its last "compensate" line, on
+	// saga_history_saga_idx (saga_id, id) backwards.
+	s.compensateReason = fmt.Sprintf(`SELECT reason FROM %s WHERE saga_id = $1 AND event = 'compensate' ORDER BY id DESC LIMIT 1`, hist)
 	s.postpone = fmt.Sprintf(`UPDATE %s SET next_wakeup_at = $2 WHERE id = $1`, inst)
 	s.park = fmt.Sprintf(`UPDATE %s SET status = 'stuck', next_wakeup_at = NULL, last_error = $2, updated_at = $3,
        version = version + 1
