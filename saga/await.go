@@ -208,6 +208,9 @@ const (
 	eventConsumed = "consumed"
 	eventIgnored  = "ignored"
 	eventRefused  = "refused"
+	// eventHeld is no state: the outcome of the history line of an event
+	// stored (as new) for a paused or scheduled saga.
+	eventHeld = "held"
 )
 
 // storedEvent is a row of saga_event.
@@ -216,12 +219,13 @@ type storedEvent struct {
 	name, id string
 	payload  []byte
 	state    string
+	at       time.Time // when it arrived
 }
 
 func scanEvents(rows pgx.Rows) ([]storedEvent, error) {
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (storedEvent, error) {
 		var e storedEvent
-		err := row.Scan(&e.arrived, &e.name, &e.id, &e.payload, &e.state)
+		err := row.Scan(&e.arrived, &e.name, &e.id, &e.payload, &e.state, &e.at)
 		return e, err
 	})
 }
@@ -409,8 +413,10 @@ func (m *machine) eventOutcome(ev storedEvent, state, step, reason string) error
 	return nil
 }
 
+// eventHistory is the "event" history line of ev, filed at at as state:
+// its detail holds its name, id, arrival number and arrival time.
 func eventHistory(sagaID string, at time.Time, status string, ev storedEvent, state, step, reason string) historyRow {
-	detail, _ := json.Marshal(map[string]any{"name": ev.name, "event_id": ev.id, "arrived": ev.arrived})
+	detail, _ := json.Marshal(map[string]any{"name": ev.name, "event_id": ev.id, "arrived": ev.arrived, "arrived_at": ev.at})
 	return historyRow{sagaID: sagaID, at: at, event: "event", step: step, outcome: state, status: status,
 		reason: ev.name + ": " + reason, detail: detail}
 }

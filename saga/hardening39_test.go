@@ -876,3 +876,42 @@ func TestRecoveredSagaDropsItsPastError(t *testing.T) {
 		t.Fatalf("fwd after Retry: %s, last error %q", in.Status, in.LastError)
 	}
 }
+
+// An event held for a paused saga has its history line at once ("event",
+// outcome held), and every event line carries the time the event arrived
+// (detail "arrived_at"), which the line's own time is not when the event
+// waited: the consumed line after Resume says when it came.
+func TestEventLinesSayWhenTheEventArrived(t *testing.T) {
+	t.Parallel()
+	d, def := setupAwait(t, single, bundleOptions{})
+	ctx := context.Background()
+	startPayment(t, d, def, "held-ev")
+	d.reply("held-ev", d.last("held-ev"), core.OutcomeSuccess) // waiting
+	if _, err := d.o.Pause(ctx, "held-ev", alice); err != nil {
+		t.Fatal(err)
+	}
+	arrived := d.clock.Now()
+	d.signal("held-ev", "payment.confirmed", "psp", confirmation{Ref: "r"})
+	arrivedAt := func(h saga.HistoryEntry) time.Time {
+		var detail struct {
+			At time.Time `json:"arrived_at"`
+		}
+		if err := json.Unmarshal(h.Detail, &detail); err != nil {
+			t.Fatal(err)
+		}
+		return detail.At
+	}
+	lines := historyEvents(t, d.o, "held-ev", "event")
+	if len(lines) != 1 || lines[0].Outcome != "held" || !arrivedAt(lines[0]).Equal(arrived) {
+		t.Fatalf("while paused: %+v", lines)
+	}
+	d.clock.Advance(time.Hour)
+	if _, err := d.o.Resume(ctx, "held-ev", alice); err != nil {
+		t.Fatal(err)
+	}
+	lines = historyEvents(t, d.o, "held-ev", "event")
+	last := lines[len(lines)-1]
+	if last.Outcome != "consumed" || !arrivedAt(last).Equal(arrived) || last.At.Equal(arrived) {
+		t.Fatalf("after Resume: %+v", last)
+	}
+}

@@ -168,7 +168,7 @@ func (o *Orchestrator) signal(ctx context.Context, tx pgx.Tx, sagaID, event, eve
 	}
 	refuse := func(cause error, reason string) ([]func(), error) {
 		refusal := fmt.Errorf("%w: saga %s, event %s (id %s): %s", cause, sagaID, event, eventID, reason)
-		ev := storedEvent{name: event, id: eventID, payload: raw}
+		ev := storedEvent{name: event, id: eventID, payload: raw, at: now}
 		err := tx.QueryRow(ctx, o.sql.events.insert, sagaID, event, eventID, raw, eventRefused, now).Scan(&ev.arrived)
 		if errors.Is(err, pgx.ErrNoRows) {
 			// A repeated delivery: nil if the first was taken (the saga
@@ -208,7 +208,14 @@ func (o *Orchestrator) signal(ctx context.Context, tx pgx.Tx, sagaID, event, eve
 		return nil, nil // the orchestrator's timer pass applies it
 	}
 	if status == StatusPaused || status == StatusScheduled {
-		return nil, nil // stored: Resume, or the saga's start, takes it
+		// Stored: Resume, or the saga's start, takes it. Its history line
+		// says so now, with its arrival.
+		why := "stored until the saga is resumed"
+		if status == StatusScheduled {
+			why = "stored until the saga starts"
+		}
+		ev := storedEvent{arrived: arrived, name: event, id: eventID, at: now}
+		return nil, o.writeHistory(ctx, tx, []historyRow{eventHistory(sagaID, now, string(status), ev, eventHeld, "", why)})
 	}
 	if err := o.callHook(ctx, HookLoaded, sagaID); err != nil {
 		return nil, err

@@ -221,10 +221,10 @@ RETURNING arrived`, ev),
 		// passes over the saga. So no event is stored without its saga.
 		peek: fmt.Sprintf(`SELECT type, def_version, status FROM %s WHERE id = $1 FOR KEY SHARE`, inst),
 		// On saga_event_open_idx (saga_id, arrived).
-		open: fmt.Sprintf(`SELECT arrived, name, event_id, payload, state FROM %s
+		open: fmt.Sprintf(`SELECT arrived, name, event_id, payload, state, at FROM %s
  WHERE saga_id = $1 AND state IN ('new', 'pending') AND name = ANY($2::text[])
  ORDER BY arrived`, ev),
-		nextNew: fmt.Sprintf(`SELECT arrived, name, event_id, payload, state FROM %s
+		nextNew: fmt.Sprintf(`SELECT arrived, name, event_id, payload, state, at FROM %s
  WHERE saga_id = $1 AND state = 'new'
  ORDER BY arrived LIMIT 1`, ev),
 		setState:     fmt.Sprintf(`UPDATE %s SET state = $2, step = $3 WHERE arrived = $1`, ev),
