@@ -131,7 +131,7 @@ func checkAwait[D any](s Step[D]) error {
 	switch a.OnTimeout {
 	case TimeoutRetry:
 		if a.Timeout > 0 {
-			return errors.New("Await.Timeout needs an Await.OnTimeout: TimeoutCompensate, TimeoutStuck or TimeoutContinue (a wait has nothing to retry)")
+			return errors.New("Await.Timeout is set and Await.OnTimeout is TimeoutRetry (its zero value, as when it is not set): a wait has nothing to retry; set OnTimeout to TimeoutCompensate, TimeoutStuck or TimeoutContinue")
 		}
 	case TimeoutCompensate:
 		if s.Kind == Retriable {
