@@ -198,7 +198,9 @@ func (o *Orchestrator) MarkCompensated(ctx context.Context, id string, by Actor)
 // barrier makes that safe). Forward phase before the pivot only. Abort of
 // a scheduled saga (StartAt) cancels it before it starts: it ends as
 // compensated, nothing having run, with a "cancelled" history line, and
-// its start never comes.
+// its start never comes; nothing of the definition runs either (no
+// compensation: no step took effect), so the caller's own rows written
+// with the start stay as they are.
 func (o *Orchestrator) Abort(ctx context.Context, id string, by Actor) (*Instance, error) {
 	return o.operate(ctx, id, by, "abort", (*machine).opAbort)
 }

@@ -140,8 +140,8 @@
 // deadline and its current step's due time (the step's timeout, or its
 // next try after a backoff) by the time it was paused, so a step paused
 // with 10s left still has 10s after Resume; the "resumed" history line
-// says by how much. A paused saga is not moved to a new definition
-// version (Migrate) until it is resumed.
+// says by how much. Migrate moves a paused saga to a new definition
+// version as it is (it stays paused: resume it on the new version).
 //
 // A scheduled saga (StartTx with StartAt) has its row, data and id at
 // once and nothing else: its start time is its wake-up, so the first
@@ -149,6 +149,11 @@
 // registered, starts it (a restart in between changes nothing), and the
 // Deadline counts from then. Abort cancels it: it ends compensated with a
 // "cancelled" history line and never starts; no other action applies.
+// Nothing of its definition runs then, no compensation either (no step
+// took effect): rows the caller wrote with the start stay as written, so
+// undo them where you call Abort. An event delivered to a paused or
+// scheduled saga is stored, with a history line (outcome held) at once,
+// and taken by Resume or by its wait once it has started.
 //
 // A wait step adds no saga status: the saga is running while it waits
 // (step status waiting), and its timeout leads to compensating, stuck or
@@ -413,7 +418,8 @@
 // replies (saga_held_reply); 011_saga_bulk adds the bulk operations
 // (saga_bulk_operation, saga_bulk_item) and an index selecting sagas by
 // status and step; 012_saga_history_stuck indexes the history's stuck
-// lines for retention.
+// lines for retention. docs/tables.md lists every column a user can
+// query.
 // Config.Clock replaces the real time (for tests that skip time) and
 // Config.Hook is called at each persistence boundary (HookLoaded,
 // HookBeforeCommit, HookAfterCommit), for harnesses that inject crashes;

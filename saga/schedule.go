@@ -23,7 +23,11 @@ type startOptions struct {
 // (Run, RunDue) of an orchestrator that has the definition registered:
 // the start time is the saga's next wake-up, so it survives a restart like
 // any timer. The definition's Deadline counts from the actual start.
-// Abort cancels a scheduled saga: it never starts. A t at or before now
+// Abort cancels a scheduled saga: it never starts, and nothing of its
+// definition runs (no step, no compensation): what the caller wrote in the
+// transaction that scheduled it (an order row, say) stays as written; undo
+// it yourself where you call Abort, or start the saga at once and let a
+// wait step hold it until its time. A t at or before now
 // (or the zero time) starts the saga at once, as without the option. A
 // repeated start of the same id with the same data returns the saga as it
 // is, whatever its start time.

@@ -52,8 +52,10 @@ func Signal(ctx context.Context, o *Orchestrator, sagaID, event, eventID string,
 // waits for, see Await) with payload to saga sagaID in the caller's
 // transaction: the event is stored (table saga_event) and applied with the
 // caller's own changes, or not at all. eventID identifies the delivery: a
-// second delivery with the same id changes nothing and returns nil, so a
-// webhook retried by its sender applies once. An empty eventID is a new
+// second delivery with the same id changes nothing, so a webhook retried
+// by its sender applies once; it returns nil when the first was taken
+// (applied or filed), and the first one's refusal again (ErrSagaEnded,
+// ErrEventNotAwaited) when the first was refused. An empty eventID is a new
 // UUID (no deduplication). payload is encoded with encoding/json (a
 // json.RawMessage is taken as it is and must be JSON); a NUL escape, a
 // lone UTF-16 surrogate escape or invalid UTF-8 in it becomes U+FFFD, as
