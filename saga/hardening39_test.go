@@ -915,3 +915,48 @@ func TestEventLinesSayWhenTheEventArrived(t *testing.T) {
 		t.Fatalf("after Resume: %+v", last)
 	}
 }
+
+// The timer pass that applies a saga's new events (left to it after a
+// timer failure) and then fires its due timeout saves that timeout, even
+// when the event was only filed (kept pending for a wait ahead).
+func TestTimerAfterFiledEventsSavesTheTimeout(t *testing.T) {
+	t.Parallel()
+	var failOnce atomic.Bool
+	failOnce.Store(true)
+	hook := func(ctx context.Context, p saga.HookPoint, id string) error {
+		if p == saga.HookLoaded && id == "filed" && failOnce.CompareAndSwap(true, false) {
+			return errors.New("injected")
+		}
+		return nil
+	}
+	d, def := setupAwait(t, single, bundleOptions{hook: hook})
+	ctx := context.Background()
+	startPayment(t, d, def, "filed") // at reserve, its timeout in an hour
+	d.clock.Advance(time.Hour)
+	if _, err := d.o.RunDue(ctx); err == nil { // the timer fails once: timer_failed, postponed
+		t.Fatal("the injected failure did not fail the timer")
+	}
+	// An event for the wait ahead, stored as new: the orchestrator held the saga.
+	held, err := d.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := held.Exec(ctx, `SELECT 1 FROM `+d.tbl("saga_instance")+` WHERE id = 'filed' FOR NO KEY UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	d.signal("filed", "payment.confirmed", "psp", confirmation{Ref: "early"})
+	if err := held.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d.tick(time.Minute) // past the backoff: the timer pass files the event, then times reserve out
+	in := d.get("filed")
+	if st := in.Steps["reserve"]; st.Status != saga.StepBackoff || in.NextWakeupAt == nil {
+		t.Fatalf("reserve %+v, next wake-up %v: the timeout was not saved", st, in.NextWakeupAt)
+	}
+	if got := d.eventStates("filed"); !slices.Equal(got, []string{"payment.confirmed/pending"}) {
+		t.Fatalf("events %v", got)
+	}
+	if n := len(historyEvents(t, d.o, "filed", "timeout")); n != 1 {
+		t.Fatalf("%d timeout lines", n)
+	}
+}

@@ -217,6 +217,9 @@ func (o *Orchestrator) wake(ctx context.Context, tx pgx.Tx, in *Instance, now ti
 			// is overdue by then is timed out before they are filed.
 			err = m.onNewEvents() // await.go
 		}
+		// The timer's own changes are saved even if filing the events
+		// marked the machine as only fenced.
+		m.applied = true
 		if err == nil {
 			err = m.onWake()
 		}
