@@ -242,7 +242,9 @@ func (o *Orchestrator) operateIn(ctx context.Context, tx pgx.Tx, id string, by A
 	}
 	ctx, span := startTransition(ctx, "operator", id, in.Step, nil) // tracing.go
 	defer span.End(nil)
-	m := &machine{o: o, d: d, in: in, ctx: ctx, tx: tx, now: o.clock.Now()}
+	// An operator action always writes the saga (its revision, at least),
+	// whatever filing stored events marked the machine as.
+	m := &machine{o: o, d: d, in: in, ctx: ctx, tx: tx, now: o.clock.Now(), applied: true}
 	m.hist = append(m.hist, historyRow{sagaID: id, at: m.now, event: "operator", step: in.Step, actor: by.Operator,
 		reason: by.Reason, status: string(in.Status), detail: operatorDetail(action, by.Operation)})
 	if err := fn(m); err != nil {

@@ -960,3 +960,28 @@ func TestTimerAfterFiledEventsSavesTheTimeout(t *testing.T) {
 		t.Fatalf("%d timeout lines", n)
 	}
 }
+
+// An operator's Retry of a stuck all-of wait whose only stored event is a
+// second copy of a name it applied (filed as ignored) is saved: the saga
+// waits again. Filing the copy marked the machine as only fenced, and the
+// Retry's new state was not written.
+func TestRetryThatOnlyFilesAnEventIsSaved(t *testing.T) {
+	t.Parallel()
+	d, def := setupAwait(t, saga.Await[payment]{All: []string{"signed", "verified"}, OnEvent: record("x"),
+		Timeout: time.Hour, OnTimeout: saga.TimeoutStuck}, bundleOptions{})
+	ctx := context.Background()
+	startPayment(t, d, def, "dup")
+	d.reply("dup", d.last("dup"), core.OutcomeSuccess)
+	d.signal("dup", "signed", "s1", nil)
+	d.tick(time.Hour) // stuck: verified never came
+	d.signal("dup", "signed", "s2", nil) // a second signed, kept for the stuck wait
+	if in := d.get("dup"); in.Status != saga.StatusStuck {
+		t.Fatalf("%s", in.Status)
+	}
+	if _, err := d.o.Retry(ctx, "dup", alice); err != nil {
+		t.Fatal(err)
+	}
+	if in := d.get("dup"); in.Status != saga.StatusRunning || in.Steps["paid"].Status != saga.StepWaiting {
+		t.Fatalf("after Retry: %s, paid %+v", in.Status, in.Steps["paid"])
+	}
+}
