@@ -973,7 +973,7 @@ func TestRetryThatOnlyFilesAnEventIsSaved(t *testing.T) {
 	startPayment(t, d, def, "dup")
 	d.reply("dup", d.last("dup"), core.OutcomeSuccess)
 	d.signal("dup", "signed", "s1", nil)
-	d.tick(time.Hour) // stuck: verified never came
+	d.tick(time.Hour)                    // stuck: verified never came
 	d.signal("dup", "signed", "s2", nil) // a second signed, kept for the stuck wait
 	if in := d.get("dup"); in.Status != saga.StatusStuck {
 		t.Fatalf("%s", in.Status)
