@@ -119,10 +119,12 @@
 // deadline passed after the pivot or while the pivot has an unanswered
 // attempt (running, or backing off after a timeout: it may have taken
 // effect), a success reply could not be applied (it cannot be decoded, or
-// it would put a \u0000 into the data, which jsonb cannot store), a command
-// could not be built or the outbox refuses it (a topic
+// it would put into the data what jsonb cannot store: a \u0000, a lone
+// surrogate escape, a number out of numeric's range; ErrUnstorableData), a
+// command could not be built or the outbox refuses it (a topic
 // WriterConfig.ValidateTopic refuses), its timer failed technically
-// Config.MaxTimerFailures times in a row, or its version is not registered;
+// Config.MaxTimerFailures times in a row or panicked, or its version is
+// not registered (a scheduled saga too);
 // compensating, when a compensation spent its budget, a command could not
 // be sent, or the deadline passed.
 //
@@ -272,7 +274,12 @@
 // second delivery with the same id applies nothing. An event that comes
 // before the saga reaches its wait is stored (pending) and consumed when
 // the saga gets there, in order of arrival; one after the wait is over is
-// recorded and ignored. An event for a saga that has ended returns
+// recorded and ignored (also one that comes after the wait's timeout or
+// the saga's deadline before a timer pass fired it: the overdue timer
+// fires first). A wait stuck on an event it could not apply keeps the
+// other events it still needs for an operator's Retry, and an all-of wait
+// that applied some of its events runs its LocalCompensation when the saga
+// compensates from it. An event for a saga that has ended returns
 // ErrSagaEnded, a name no step of the definition waits for
 // ErrEventNotAwaited; both are stored as refused and recorded in the
 // history. A saga that is stuck still stores its events for an
