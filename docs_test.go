@@ -1,6 +1,7 @@
 package millrace_test
 
 import (
+	"context"
 	"go/ast"
 	"go/parser"
 	"go/token"
@@ -11,6 +12,10 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/millrace/millrace/internal/pgtest"
 )
 
 // The repository's code and docs say what a rule is, never cite the id of
@@ -131,5 +136,66 @@ func TestExampleProgramsUseOnlyThePublicAPI(t *testing.T) {
 	}
 	if files == 0 {
 		t.Fatal("found no example programs: the walk is broken")
+	}
+}
+
+// docs/tables.md names every column of every table the migrations create,
+// and nothing else: a migration that adds a column fails this test until
+// the page says what the column is.
+func TestTablesDocNamesEveryColumn(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	rows, err := db.Pool.Query(context.Background(), `SELECT c.table_name, c.column_name
+  FROM information_schema.columns c JOIN information_schema.tables t USING (table_schema, table_name)
+ WHERE c.table_schema = $1 AND t.table_type = 'BASE TABLE'`, db.Schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	actual := map[string]map[string]bool{}
+	var table, column string
+	if _, err := pgx.ForEachRow(rows, []any{&table, &column}, func() error {
+		if actual[table] == nil {
+			actual[table] = map[string]bool{}
+		}
+		actual[table][column] = true
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile("docs/tables.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	documented := map[string]map[string]bool{}
+	heading, row := regexp.MustCompile("^## ([a-z_]+)$"), regexp.MustCompile("^\\| `([a-z_]+)` \\|")
+	table = ""
+	for i, line := range strings.Split(string(b), "\n") {
+		if m := heading.FindStringSubmatch(line); m != nil {
+			table = m[1]
+			if documented[table] != nil {
+				t.Errorf("docs/tables.md:%d: table %s twice", i+1, table)
+			}
+			documented[table] = map[string]bool{}
+		} else if m := row.FindStringSubmatch(line); m != nil && table != "" {
+			documented[table][m[1]] = true
+		}
+	}
+	for table, cols := range actual {
+		if documented[table] == nil {
+			t.Errorf("docs/tables.md has no section for table %s", table)
+			continue
+		}
+		for c := range cols {
+			if !documented[table][c] {
+				t.Errorf("docs/tables.md does not name column %s.%s", table, c)
+			}
+		}
+	}
+	for table, cols := range documented {
+		for c := range cols {
+			if !actual[table][c] {
+				t.Errorf("docs/tables.md names %s.%s, which the migrations do not create", table, c)
+			}
+		}
 	}
 }

@@ -468,3 +468,45 @@ func TestRunCleansTheAuditTrail(t *testing.T) {
 	run(t, svc)
 	waitFor(t, "the old entry removed", func() bool { return audited() == 1 })
 }
+
+// A saga whose command name is misspelt: the participant poisons the
+// command and also answers it, with a failure whose reason says it was
+// poisoned and why, so the saga fails its step at once with that reason
+// (compensated here, before any pivot) instead of timing out with
+// "N attempts timed out".
+func TestPoisonedCommandFailsItsStepWithTheReason(t *testing.T) {
+	t.Parallel()
+	b := setup(t, true)
+	var err error
+	b.def, err = saga.Define(saga.Spec[order]{
+		Type: "order", Version: 1, ReplyTopic: kafkatest.Topic(),
+		Steps: []saga.Step[order]{{
+			Name: "credit", Kind: saga.Compensatable, Timeout: time.Hour,
+			Action:       &saga.Command[order]{Topic: b.creditTopic, Name: "crdit"},
+			Compensation: &saga.Command[order]{},
+		}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := b.service(t)
+	run(t, svc)
+	ctx := context.Background()
+	id := uuid.NewString()
+	if _, err := saga.Start(ctx, svc.Orchestrator(), b.def, id, order{ID: id, Amount: 5}); err != nil {
+		t.Fatal(err)
+	}
+	var in *saga.Instance
+	waitFor(t, "compensated saga", func() bool {
+		if in, err = svc.Orchestrator().Get(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		return in.Status == saga.StatusCompensated
+	})
+	if !strings.Contains(in.LastError, "poisoned: ") || !strings.Contains(in.LastError, `unknown command: "crdit"`) {
+		t.Fatalf("last error %q, want the poison reason", in.LastError)
+	}
+	if got := kafkatest.Read(t, b.brokers, b.creditTopic+".poison", 1)[0]; got.Metadata.Get(core.MetadataSagaID) != id {
+		t.Fatalf("poisoned %v", got.Metadata)
+	}
+}

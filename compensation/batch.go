@@ -21,7 +21,9 @@ import (
 // one outbox write with it; each function runs under a savepoint of its
 // own, so a business failure (Fail) rolls back that function's writes only
 // and is replied. One message is a batch of one; RunBatched and Handle run
-// their transactions through it.
+// their transactions through it (and answer, besides, the poisoned
+// commands that can be answered, which HandleTx names in its error: see
+// the package documentation).
 //
 // Messages of one saga step are handled in the order given; the functions
 // run in message order. Before anything is written, every message is
@@ -36,11 +38,18 @@ import (
 // still keeps the effects once, and a redelivery is answered again (a
 // duplicate reply, which the orchestrator ignores).
 func (p *Participant) HandleTx(ctx context.Context, tx pgx.Tx, msgs ...*message.Message) error {
+	return p.handleTx(ctx, tx, false, msgs)
+}
+
+// handleTx is HandleTx; with answerPoisoned (RunBatched's), a poisoned
+// command that can be answered is answered (see RunBatched) instead of
+// named in the error: its caller poisons it.
+func (p *Participant) handleTx(ctx context.Context, tx pgx.Tx, answerPoisoned bool, msgs []*message.Message) error {
 	items := make([]*item, 0, len(msgs))
 	var bad []core.MessageError
 	for _, msg := range msgs {
 		it, err := p.item(msg)
-		if err != nil {
+		if err != nil && !(answerPoisoned && it != nil) {
 			bad = append(bad, core.MessageError{UUID: msg.UUID, Err: err})
 			continue
 		}
@@ -51,12 +60,6 @@ func (p *Participant) HandleTx(ctx context.Context, tx pgx.Tx, msgs ...*message.
 	}
 	if len(bad) > 0 {
 		return &core.BatchError{Errors: bad}
-	}
-	items, refused := withoutRefused(items)
-	if len(refused) > 0 {
-		if err := p.refuseTx(ctx, tx, refused...); err != nil {
-			return err
-		}
 	}
 	// The functions get the transaction as a pipeline.Tx, and find it so in
 	// ctx: the savepoints between them are queued on it (handleRound).
@@ -111,6 +114,12 @@ func (p *Participant) handleRound(ctx context.Context, tx pgx.Tx, items []*item)
 	var fin finishColumns
 	events := make([]outbox.Event, 0, len(items))
 	for _, it := range items {
+		if why := it.refusal(); why != "" {
+			// Refused (protocol.go): a failure reply, nothing else.
+			p.refused(it)
+			events = append(events, p.replyEvent(it.call, reply{outcome: core.OutcomeFailure, reason: cleanReason(why), payload: emptyReply}))
+			continue
+		}
 		cl, ok := claims.of(it.call)
 		if !ok {
 			return fmt.Errorf("compensation: %s: claim of %s %s/%s returned no row", p.name, it.call.Operation, it.call.SagaID, it.call.Step)
@@ -185,6 +194,9 @@ func (p *Participant) claimRound(ctx context.Context, tx pgx.Tx, items []*item) 
 	})
 	var comp, act claimColumns
 	for _, it := range sorted {
+		if it.refusal() != "" {
+			continue // answered without the barrier
+		}
 		if it.call.Operation == core.OperationCompensation {
 			comp.add(it.call, "", "", it.call.Attempt)
 			act.add(it.call, core.OutcomeCancelled, lateReason, 0)

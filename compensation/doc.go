@@ -155,8 +155,15 @@
 // A command that cannot be understood or answered (bad metadata, an
 // unknown command, a payload that does not decode, a reply topic the
 // participant's outbox Writer refuses) fails with a core.Permanent error
-// wrapping ErrInvalidCommand or ErrUnknownCommand before anything is
-// written, and goes to the poison topic with the reason.
+// wrapping ErrInvalidCommand or ErrUnknownCommand, and goes to the poison
+// topic with the reason. One that can be answered, as its saga headers and
+// reply topic are usable (an unknown command, a payload that does not
+// decode), is also answered by RunBatched and Handle, in the transaction
+// of its inbox mark: a failure whose reason begins "poisoned: " (nothing
+// ran), so the saga records why its step failed at once; for an action,
+// that failure is the attempt's in the barrier, so the same attempt
+// requeued from the poison topic later never runs (docs/protocol.md,
+// "Malformed input"). Nothing else is written.
 //
 // # Writing a compensation
 //

@@ -191,8 +191,9 @@ func Register[Cmd, Reply any](p *Participant, name string,
 // the action or compensation and the reply: RunBatched's path for a batch
 // of one. It is a Watermill NoPublishHandlerFunc for a Router the caller
 // runs, behind PoisonQueue and Retry (AddToRouter does this wiring): a
-// malformed command fails with a core.Permanent error, before anything is
-// written; a duplicate is acknowledged without effect.
+// malformed command fails with a core.Permanent error (one that can be
+// answered is answered first, as RunBatched does); a duplicate is
+// acknowledged without effect.
 func (p *Participant) Handle(msg *message.Message) error {
 	bad, err := p.runBatch(msg.Context(), []*message.Message{msg})
 	if err != nil {
@@ -234,9 +235,20 @@ type item struct {
 	// unsupported, if not empty, is why the command's protocol version
 	// is refused (protocol.go).
 	unsupported string
+	// poisoned, if not empty, is why a command that can be answered (its
+	// saga headers and reply topic are usable) cannot run: an unknown
+	// command, a payload that does not decode. RunBatched and Handle
+	// answer it with a failure (poisonedReason) and poison it too.
+	poisoned string
 }
 
-// item parses and decodes msg; its errors are permanent.
+// poisonedPrefix begins the reason of the failure reply to a poisoned
+// command that can be answered (docs/protocol.md, "Malformed input").
+const poisonedPrefix = "poisoned: "
+
+// item parses and decodes msg; its errors are permanent. For a command
+// that cannot run but can be answered (an unknown command, a payload that
+// does not decode), it returns the item too, with poisoned set.
 func (p *Participant) item(msg *message.Message) (*item, error) {
 	call, err := parseCall(msg)
 	if errors.Is(err, errUnsupportedProtocol) {
@@ -245,22 +257,35 @@ func (p *Participant) item(msg *message.Message) (*item, error) {
 	if err != nil {
 		return nil, err
 	}
-	p.mu.RLock()
-	c := p.commands[call.Command]
-	p.mu.RUnlock()
-	if c == nil {
-		return nil, core.Permanent(fmt.Errorf("%w: %q (message %q, participant %s)", ErrUnknownCommand, call.Command, msg.UUID, p.name))
-	}
-	cmd, err := c.decode(msg.Payload)
-	if err != nil {
-		return nil, invalid(msg, "payload of command %q: %v", call.Command, err)
-	}
 	// A reply the Writer refuses (a reply topic the transport does not
 	// allow) would fail the same way on every retry.
 	if err := p.writer.Validate(outbox.Event{Topic: call.ReplyTopic, PartitionKey: call.SagaID, Payload: emptyReply}); err != nil {
 		return nil, invalid(msg, "metadata %s %q: the outbox refuses it as the reply's topic: %v", core.MetadataSagaReplyTopic, call.ReplyTopic, err)
 	}
+	p.mu.RLock()
+	c := p.commands[call.Command]
+	p.mu.RUnlock()
+	if c == nil {
+		err := core.Permanent(fmt.Errorf("%w: %q (message %q, participant %s)", ErrUnknownCommand, call.Command, msg.UUID, p.name))
+		return &item{msg: msg, call: call, poisoned: err.Error()}, err
+	}
+	cmd, err := c.decode(msg.Payload)
+	if err != nil {
+		err := invalid(msg, "payload of command %q: %v", call.Command, err)
+		return &item{msg: msg, call: call, poisoned: err.Error()}, err
+	}
 	return &item{msg: msg, call: call, c: c, cmd: cmd}, nil
+}
+
+// refusal is why a command is answered with a failure and nothing else
+// (refuseTx): an unsupported protocol version, or a poisoned
+// compensation (the barrier's rules need not keep it: a later
+// compensation of the step runs whatever came before).
+func (it *item) refusal() string {
+	if it.poisoned != "" && it.call.Operation == core.OperationCompensation {
+		return poisonedPrefix + it.poisoned
+	}
+	return it.unsupported
 }
 
 // claim is what the barrier's claim found: the operation's own row, and
@@ -298,8 +323,13 @@ func (p *Participant) decide(ctx context.Context, tx pgx.Tx, it *item, cl claim,
 		}
 		return reply{outcome: outcome, reason: reason, payload: payload}
 	}
-	// run runs fn; count counts a run that did not fail technically.
+	// run runs fn; count counts a run that did not fail technically. A
+	// poisoned action does not run: it fails with the poison's reason,
+	// stored in the barrier as that attempt's failure.
 	run := func(count func(participant, command string), fn func() ([]byte, error)) (reply, error) {
+		if it.poisoned != "" {
+			return reply{outcome: core.OutcomeFailure, reason: cleanReason(poisonedPrefix + it.poisoned), payload: emptyReply, finish: true}, nil
+		}
 		if beforeRun != nil {
 			beforeRun()
 		}

@@ -56,7 +56,10 @@ type RunConfig struct {
 // partition, one batch in flight per partition).
 //
 // A malformed command or one without a usable event id is taken out of
-// its batch before anything is written and published to the poison topic.
+// its batch and published to the poison topic; one whose saga headers and
+// reply topic are usable (an unknown command, a payload that does not
+// decode) is answered in the batch first, with a failure whose reason
+// begins "poisoned: " (see the package documentation).
 // A batch that fails otherwise rolls back whole and is run again one
 // command per transaction: a command that fails alone is nacked (from a
 // core.BatchSubscriber, with the commands after it in its partition,
@@ -108,9 +111,14 @@ func (p *Participant) runBatch(ctx context.Context, msgs []*message.Message) (ma
 	bad := map[string]error{}
 	todo := make([]*message.Message, 0, len(msgs))
 	for _, m := range msgs {
-		if _, err := p.item(m); err != nil {
+		it, err := p.item(m)
+		if err != nil {
 			bad[m.UUID] = err
-			continue
+			if it == nil {
+				continue
+			}
+			// Poisoned, but it can be answered: it is, in this batch
+			// (with its mark), and poisoned after.
 		}
 		todo = append(todo, m)
 	}
@@ -125,10 +133,11 @@ func (p *Participant) runBatch(ctx context.Context, msgs []*message.Message) (ma
 			break
 		}
 		// Take the named ones out and mark the rest.
+		named := map[string]error{}
 		for _, e := range be.Errors {
-			bad[e.UUID] = e.Err
+			bad[e.UUID], named[e.UUID] = e.Err, e.Err
 		}
-		todo = withoutBad(todo, bad)
+		todo = withoutBad(todo, named)
 	}
 	if err != nil {
 		return nil, err
@@ -150,7 +159,7 @@ func (p *Participant) runBatch(ctx context.Context, msgs []*message.Message) (ma
 	// marks; its last writes go out with the COMMIT.
 	err = pipeline.BeginFunc(ctx, p.pool, func(tx *pipeline.Tx) error {
 		tx.Before = append(tx.Before, mark)
-		return p.HandleTx(ctx, tx, todo...)
+		return p.handleTx(ctx, tx, true, todo)
 	})
 	switch {
 	case err == nil:
@@ -174,7 +183,7 @@ func (p *Participant) runBatch(ctx context.Context, msgs []*message.Message) (ma
 		if len(run) == 0 {
 			return nil
 		}
-		return p.HandleTx(ctx, tx, run...)
+		return p.handleTx(ctx, tx, true, run)
 	})
 	if err != nil {
 		return nil, err

@@ -26,8 +26,8 @@ import (
 // through the Go participant in process, so that the participant and the
 // specification cannot drift: each case's records as the messages a Kafka
 // subscriber would deliver, handled one per transaction behind the inbox's
-// dedup middleware (as AddToRouter wires it) and all in one transaction
-// with MarkTx and HandleTx (as RunBatched does); the replies read
+// dedup middleware (as AddToRouter wires it) and all in one batch
+// (RunBatched's path); the replies read
 // from the outbox, the effects from the conformance table. A crash is a
 // technical error at the action's crash point: the transaction rolls back,
 // and the record is delivered again. The kit runs the same cases over
@@ -163,51 +163,33 @@ func (v *vectors) deliverEach(t *testing.T, msgs []*message.Message) map[int]boo
 	return poisoned
 }
 
-// deliverBatch handles msgs in one transaction, as RunBatched does: the
-// messages without a usable event id or that HandleTx refuses are
-// taken out (poisoned), the rest marked and the new ones handled; a crash
-// rolls the transaction back and the batch is delivered again.
+// deliverBatch handles msgs in one batch, as RunBatched does (its
+// runBatch): the marks, the poisoned messages taken out (and answered
+// where they can be), the rest handled; a crash rolls the transaction back
+// and the batch is delivered again.
 func (v *vectors) deliverBatch(t *testing.T, msgs []*message.Message) map[int]bool {
 	ctx := context.Background()
-	poisoned := map[int]bool{}
 	for try := 0; ; try++ {
 		if try > len(msgs)+2 {
 			t.Fatal("the batch never went through")
 		}
-		var todo []*message.Message
+		todo := make([]*message.Message, len(msgs))
 		for i, m := range msgs {
-			if !poisoned[i] {
-				todo = append(todo, m.Copy())
-			}
+			todo[i] = m.Copy()
 		}
-		err := pgx.BeginFunc(ctx, v.db.Pool, func(tx pgx.Tx) error {
-			fresh, err := v.dedup.MarkTx(ctx, tx, todo...)
-			if err != nil {
-				return err
-			}
-			var run []*message.Message
-			for i, m := range todo {
-				if fresh[i] {
-					run = append(run, m)
-				}
-			}
-			return v.p.HandleTx(ctx, tx, run...)
-		})
-		var be *core.BatchError
+		bad, err := compensation.RunBatch(ctx, v.p, todo)
 		switch {
 		case err == nil:
-			return poisoned
-		case errors.As(err, &be):
-			for _, e := range be.Errors {
-				if !core.IsPermanent(e.Err) {
-					t.Fatalf("%s: %v, not permanent", e.UUID, e.Err)
-				}
-				for i, m := range msgs {
-					if m.UUID == e.UUID {
-						poisoned[i] = true
+			poisoned := map[int]bool{}
+			for i, m := range msgs {
+				if e := bad[m.UUID]; e != nil {
+					if !core.IsPermanent(e) {
+						t.Fatalf("%s: %v, not permanent", m.UUID, e)
 					}
+					poisoned[i] = true
 				}
 			}
+			return poisoned
 		case errors.Is(err, errCrashed):
 		default:
 			t.Fatal(err)

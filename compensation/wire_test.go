@@ -101,6 +101,9 @@ func handBuilt(replyTo, sagaID, step, operation, attempt, command, payload strin
 // success, a duplicate attempt, an empty compensation, a late action, a
 // compensation, a business failure and a poisoned command.
 //
+// A poisoned command whose saga headers are usable (an unknown command)
+// is also answered, with a failure whose reason begins "poisoned: ".
+//
 // Then the same through RunBatched, many commands per transaction.
 func TestWireProtocolHandBuiltMessagesThroughKafka(t *testing.T) {
 	t.Parallel()
@@ -164,14 +167,20 @@ func wireProtocol(t *testing.T, batched bool) {
 	go func() { defer close(relayDone); _ = relay.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-relayDone })
 
-	want := len(cmds) // one reply per distinct command: the redelivery is a duplicate
+	// One reply per distinct command, the poisoned one too (a failure:
+	// nothing ran): the redelivery is a duplicate.
+	want := len(cmds) + 1
 	replies := kafkatest.Read(t, brokers, replyTo, want)
 	type key struct{ saga, op, attempt string }
 	got := map[key]*message.Message{}
 	for _, r := range replies {
 		md := r.Metadata
+		command := "reserve_credit"
+		if md.Get("saga_id") == "saga-bad" {
+			command = "no_such_command"
+		}
 		if md.Get("partition_key") != md.Get("saga_id") || md.Get("saga_type") != "order" || md.Get("saga_step") != "credit" ||
-			md.Get("saga_command") != "reserve_credit" {
+			md.Get("saga_command") != command {
 			t.Fatalf("reply headers %v: want the command's saga id (also as key), type, step and command", md)
 		}
 		got[key{md.Get("saga_id"), md.Get("saga_operation"), md.Get("saga_attempt")}] = r
@@ -187,14 +196,15 @@ func wireProtocol(t *testing.T, batched bool) {
 		{key{"saga-undo", "action", "1"}, "success", "", `"reservation_id"`},
 		{key{"saga-undo", "compensation", "1"}, "success", "", `{}`},
 		{key{"saga-fail", "action", "1"}, "failure", "insufficient credit", `{}`},
+		{key{"saga-bad", "action", "1"}, "failure", "poisoned: compensation: unknown command", `{}`},
 	}
 	for _, w := range wantReplies {
 		r := got[w.k]
 		if r == nil {
 			t.Fatalf("no reply for %+v among %d replies", w.k, len(replies))
 		}
-		if o, reason := r.Metadata.Get("saga_outcome"), r.Metadata.Get("saga_reason"); o != w.outcome || reason != w.reason ||
-			!strings.Contains(string(r.Payload), w.inBody) {
+		if o, reason := r.Metadata.Get("saga_outcome"), r.Metadata.Get("saga_reason"); o != w.outcome || !strings.HasPrefix(reason, w.reason) ||
+			(w.reason == "") != (reason == "") || !strings.Contains(string(r.Payload), w.inBody) {
 			t.Fatalf("reply %+v: outcome %q reason %q payload %s; want %q %q %s", w.k, o, reason, r.Payload, w.outcome, w.reason, w.inBody)
 		}
 	}
@@ -208,6 +218,11 @@ func wireProtocol(t *testing.T, batched bool) {
 	if n := b.actionCalls.Load(); n != 3 {
 		t.Fatalf("actions ran %d times, want 3 (ok, undo, fail)", n)
 	}
+	// The poisoned attempt is a failure in the barrier: requeued once the
+	// command is known, it would be answered with that failure, not run.
+	if n := b.count(t, `SELECT count(*) FROM `+b.db.Schema+`.compensation_barrier WHERE saga_id = 'saga-bad' AND outcome = 'failure' AND attempt = 1 AND reason LIKE 'poisoned: %'`); n != 1 {
+		t.Fatalf("barrier rows of the poisoned attempt: %d", n)
+	}
 	if n := b.count(t, `SELECT count(*) FROM `+b.effect); n != 3 {
 		t.Fatalf("effects = %d, want 3 (reserve ok, reserve undo, release undo)", n)
 	}
@@ -218,8 +233,9 @@ func wireProtocol(t *testing.T, batched bool) {
 }
 
 // AddToRouter wires PoisonQueue and Retry around Handle: a bad command of
-// each kind is poisoned with its reason and nothing is written; good
-// commands are answered once each, a redelivery not again.
+// each kind is poisoned with its reason, and only those whose saga headers
+// are usable are answered (a failure); good commands are answered once
+// each, a redelivery not again.
 func TestAddToRouterPoisonsBadCommands(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
@@ -290,10 +306,16 @@ func TestAddToRouterPoisonsBadCommands(t *testing.T) {
 		}
 	}
 	mu.Unlock()
-	replies := 1
-	waitFor(t, 30*time.Second, "the good command's replies", func() bool { return len(b.replies(t, saga)) == replies })
-	if n := b.count(t, `SELECT count(*) FROM `+b.db.Schema+`.compensation_barrier`); n != 1 {
-		t.Fatalf("barrier rows = %d, want 1 (bad commands write nothing)", n)
+	// The good command's reply, and a failure each for the unknown command
+	// and the bad payload, whose saga headers are usable: their attempts'
+	// failures are in the barrier. The others write nothing.
+	replies := 3
+	waitFor(t, 30*time.Second, "the good command's replies", func() bool { return len(b.replies(t, saga)) == 1 })
+	if n := b.count(t, `SELECT count(*) FROM `+b.db.Schema+`.compensation_barrier`); n != 3 {
+		t.Fatalf("barrier rows = %d, want 3 (the good command's, and the failures of the two answered)", n)
+	}
+	if n := b.count(t, `SELECT count(*) FROM `+b.db.Schema+`.compensation_barrier WHERE outcome = 'failure' AND reason LIKE 'poisoned: %'`); n != 2 {
+		t.Fatalf("barrier failures of poisoned attempts = %d, want 2", n)
 	}
 	if n := b.count(t, `SELECT count(*) FROM `+b.db.Schema+`.outbox_event`); n != replies {
 		t.Fatalf("outbox rows = %d, want %d", n, replies)

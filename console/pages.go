@@ -84,6 +84,18 @@ var funcs = template.FuncMap{
 		}
 		return d.OnBehalfOf
 	},
+	// arrivedAt is when an event line's event arrived, when that is not
+	// when the line was written (it waited: held for a paused saga,
+	// stored before its wait); zero otherwise.
+	"arrivedAt": func(h saga.HistoryEntry) time.Time {
+		var d struct {
+			At time.Time `json:"arrived_at"`
+		}
+		if h.Event != "event" || json.Unmarshal(h.Detail, &d) != nil || d.At.Equal(h.At) {
+			return time.Time{}
+		}
+		return d.At
+	},
 	"actionLabel": actionLabel,
 	"add":         func(a, b int) int { return a + b },
 	"seconds":     func(d time.Duration) int64 { return int64(d / time.Second) },

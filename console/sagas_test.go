@@ -12,6 +12,7 @@ import (
 	"github.com/millrace/millrace/console"
 	"github.com/millrace/millrace/internal/opstest"
 	"github.com/millrace/millrace/internal/pgtest"
+	"github.com/millrace/millrace/internal/sqlident"
 	"github.com/millrace/millrace/saga"
 )
 
@@ -82,6 +83,16 @@ func TestSagaPages(t *testing.T) {
 	if r := b.get("/saga?id=nope"); r.status != http.StatusNotFound {
 		t.Errorf("unknown saga: %d", r.status)
 	}
+	// An event line whose event waited says when it arrived (the line's
+	// own time is when it was filed).
+	if _, err := b.db.Pool.Exec(context.Background(), `INSERT INTO `+sqlident.Table(b.db.Schema, "saga_history")+`
+ (saga_id, at, event, step, operation, attempt, outcome, status, actor, reason, detail)
+ VALUES ('ship-<1>', '2026-01-01 12:00:00Z', 'event', 'paid', '', 0, 'consumed', 'running', '', 'payment.confirmed: ',
+         '{"name": "payment.confirmed", "event_id": "psp-1", "arrived": 1, "arrived_at": "2026-01-01T11:00:00Z"}')`); err != nil {
+		t.Fatal(err)
+	}
+	r = b.get("/saga?id=" + url.QueryEscape("ship-<1>"))
+	contains(t, "saga page with an event", r.body, `data-event="event"`, `(arrived 2026-01-01 11:00:00Z)`)
 }
 
 func TestSagaActions(t *testing.T) {

@@ -11,7 +11,9 @@ import (
 const DefaultListLimit = 100
 
 // ErrInvalidListParams is wrapped by a listing's error for ListParams it
-// cannot serve: a negative Limit or AfterID.
+// cannot serve (a negative Limit or AfterID), and by a bulk action's for a
+// DeadLetterQuery whose Error pattern PostgreSQL's LIKE refuses (one that
+// ends with the escape character \, or is not valid UTF-8).
 var ErrInvalidListParams = errors.New("millrace: invalid list params")
 
 // ListParams selects and pages dead letters, in the outbox
@@ -54,9 +56,15 @@ type DeadLetterQuery struct {
 	// Topic and PartitionKey keep only dead letters of this topic or key
 	// (matched in SQL by the listing, as ListParams). Defaults to any.
 	Topic, PartitionKey string
+	// EventID keeps only the dead letters with this event id: with Topic,
+	// the one copy of an event written to several topics that an operator
+	// chose. Defaults to any.
+	EventID string
 	// Error keeps only dead letters whose last error matches this SQL LIKE
 	// pattern ("%timeout%": % any run of characters, _ any one, \ makes
-	// the next literal; the whole error must match). Defaults to any.
+	// the next literal; the whole error must match). A pattern ending with
+	// an unescaped \ or holding invalid UTF-8 is refused, as PostgreSQL
+	// refuses it. Defaults to any.
 	Error string
 	// DeadBefore keeps only dead letters that died before it (older than
 	// an age). Defaults to any.

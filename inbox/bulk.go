@@ -12,12 +12,17 @@ import (
 // walk calls fn with each page of the dead letters q selects, listed by
 // List page by page.
 func (d *DeadLetters) walk(ctx context.Context, q core.DeadLetterQuery) func(func([]DeadLetter) error) error {
-	match := bulk.Match(q.Error, q.DeadBefore)
+	match, err := bulk.Match(q.Error, q.DeadBefore)
+	if err != nil {
+		return bulk.Refuse[DeadLetter](err)
+	}
 	return func(fn func([]DeadLetter) error) error {
 		return bulk.Walk(func(after int64) ([]DeadLetter, error) {
 			return d.List(ctx, core.ListParams{Topic: q.Topic, PartitionKey: q.PartitionKey, Limit: bulk.PageSize, AfterID: after})
 		}, func(e DeadLetter) int64 { return e.ID },
-			func(e DeadLetter) bool { return match(e.LastError, e.DeadAt) }, fn)
+			func(e DeadLetter) bool {
+				return match(e.LastError, e.DeadAt) && (q.EventID == "" || e.EventID == q.EventID)
+			}, fn)
 	}
 }
 

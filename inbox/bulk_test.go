@@ -92,6 +92,8 @@ func TestDeadLettersInBulk(t *testing.T) {
 		{core.DeadLetterQuery{Topic: "payments", Error: "malformed%"}, ids("c", 4, 5)},
 		{core.DeadLetterQuery{DeadBefore: halfHourAgo}, ids("c", 5)},
 		{core.DeadLetterQuery{Topic: "orders", DeadBefore: halfHourAgo}, nil},
+		{core.DeadLetterQuery{EventID: ms["c"][4].UUID}, ids("c", 4)},
+		{core.DeadLetterQuery{Topic: "orders", EventID: ms["c"][4].UUID}, nil},
 	} {
 		d, err := dl.DryRun(ctx, c.q, 2)
 		if err != nil {

@@ -64,6 +64,9 @@ type Admin struct {
 	replay    string
 	stats     string
 	notifySQL string
+
+	// requeueRows and discardRows act on row ids (bulk.go).
+	requeueRows, discardRows string
 }
 
 // NewAdmin returns an Admin on pool.
@@ -128,6 +131,8 @@ func NewAdmin(pool *pgxpool.Pool, cfg AdminConfig) (*Admin, error) {
 UPDATE %[2]s e SET dead_at = NULL, attempts = 0, next_attempt_at = NULL
   FROM pend WHERE e.id = pend.id
 RETURNING e.event_id::text, e.topic`, pending, event)
+
+	a.requeueRows, a.discardRows = deadRowStatements(pending, event) // bulk.go
 
 	a.discard = fmt.Sprintf(`WITH pend AS (
     DELETE FROM %[1]s p
@@ -307,7 +312,7 @@ func (a *Admin) deadLetterOp(ctx context.Context, tx pgx.Tx, op, sql string, eve
 	return len(entries), nil
 }
 
-func (a *Admin) deadLetterOpTx(ctx context.Context, tx pgx.Tx, op, sql string, ids [][16]byte, by core.Actor) ([]audit.Entry, error) {
+func (a *Admin) deadLetterOpTx(ctx context.Context, tx pgx.Tx, op, sql string, ids any, by core.Actor) ([]audit.Entry, error) {
 	rows, err := tx.Query(ctx, sql, ids)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: %s: %w", op, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/audit"
 	"github.com/millrace/millrace/internal/bulk"
@@ -12,12 +13,17 @@ import (
 // walkDeadLetters calls fn with each page of the dead letters q selects,
 // listed by List page by page.
 func (a *Admin) walkDeadLetters(ctx context.Context, q core.DeadLetterQuery) func(func([]DeadLetter) error) error {
-	match := bulk.Match(q.Error, q.DeadBefore)
+	match, err := bulk.Match(q.Error, q.DeadBefore)
+	if err != nil {
+		return bulk.Refuse[DeadLetter](err)
+	}
 	return func(fn func([]DeadLetter) error) error {
 		return bulk.Walk(func(after int64) ([]DeadLetter, error) {
 			return a.List(ctx, core.ListParams{Topic: q.Topic, PartitionKey: q.PartitionKey, Limit: bulk.PageSize, AfterID: after})
 		}, func(d DeadLetter) int64 { return d.ID },
-			func(d DeadLetter) bool { return match(d.LastError, d.DeadAt) }, fn)
+			func(d DeadLetter) bool {
+				return match(d.LastError, d.DeadAt) && (q.EventID == "" || d.EventID == q.EventID)
+			}, fn)
 	}
 }
 
@@ -33,23 +39,65 @@ func (a *Admin) DryRun(ctx context.Context, q core.DeadLetterQuery, page int) (*
 }
 
 // RequeueMatching requeues (as Requeue, by by) the dead letters q
-// selects, 500 per transaction, and returns how many it requeued. A dead
+// selects, 500 per transaction, and returns how many it requeued: only the
+// rows selected, so of an event id written to several topics only the
+// copies of the topic selected (q.Topic; q.EventID with q.Topic names one
+// copy). Each is recorded in the audit trail in its transaction. A dead
 // letter requeued or discarded meanwhile by someone else is not counted.
 func (a *Admin) RequeueMatching(ctx context.Context, q core.DeadLetterQuery, by core.Actor) (int, error) {
-	return a.bulk(ctx, q, by, a.Requeue)
+	return a.bulk(ctx, q, by, "requeue", a.requeueRows)
 }
 
-// DiscardMatching discards (as Discard, by by) the dead letters q
-// selects, 500 per transaction, and returns how many it discarded.
+// DiscardMatching discards (as Discard, by by) the dead letters q selects,
+// 500 per transaction, and returns how many it discarded: only the rows
+// selected, as RequeueMatching.
 func (a *Admin) DiscardMatching(ctx context.Context, q core.DeadLetterQuery, by core.Actor) (int, error) {
-	return a.bulk(ctx, q, by, a.Discard)
+	return a.bulk(ctx, q, by, "discard", a.discardRows)
 }
 
-func (a *Admin) bulk(ctx context.Context, q core.DeadLetterQuery, by core.Actor,
-	act func(context.Context, core.Actor, ...string) (int, error)) (int, error) {
-	if err := audit.Check(by, "outbox: bulk action"); err != nil {
+// bulk requeues or discards (op, with sql) the dead letters q selects by
+// their row ids: one event id can be a dead letter in several topics (a
+// fan-out), and only the copies selected are acted on (Requeue and
+// Discard, given an id, act on every copy).
+func (a *Admin) bulk(ctx context.Context, q core.DeadLetterQuery, by core.Actor, op, sql string) (int, error) {
+	if err := audit.Check(by, "outbox: bulk "+op); err != nil {
 		return 0, err
 	}
-	return bulk.Apply(a.walkDeadLetters(ctx, q), func(d DeadLetter) string { return d.EventID },
-		func(ids ...string) (int, error) { return act(ctx, by, ids...) })
+	return bulk.Apply(a.walkDeadLetters(ctx, q), func(d DeadLetter) int64 { return d.ID }, func(ids ...int64) (int, error) {
+		var entries []audit.Entry
+		err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
+			var err error
+			entries, err = a.deadLetterOpTx(ctx, tx, op, sql, ids, by)
+			return err
+		})
+		if err != nil {
+			return 0, err
+		}
+		audit.Count(entries...)
+		return len(entries), nil
+	})
+}
+
+// deadRowStatements are the requeue and discard statements (as in
+// NewAdmin, returning the event id and topic of each) of the dead letters
+// with the given row ids ($1): the rows a bulk action selected, on the
+// pending set's primary key.
+func deadRowStatements(pending, event string) (requeue, discard string) {
+	requeue = fmt.Sprintf(`WITH pend AS (
+    UPDATE %[1]s p SET dead = false, blocked = false, next_attempt_at = NULL
+     WHERE p.id = ANY($1::bigint[]) AND p.dead
+    RETURNING p.id
+)
+UPDATE %[2]s e SET dead_at = NULL, attempts = 0, next_attempt_at = NULL
+  FROM pend WHERE e.id = pend.id
+RETURNING e.event_id, e.topic`, pending, event)
+	discard = fmt.Sprintf(`WITH pend AS (
+    DELETE FROM %[1]s p
+     WHERE p.id = ANY($1::bigint[]) AND p.dead
+    RETURNING p.id
+)
+UPDATE %[2]s e SET discarded_at = now()
+  FROM pend WHERE e.id = pend.id
+RETURNING e.event_id, e.topic`, pending, event)
+	return requeue, discard
 }

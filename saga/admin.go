@@ -198,7 +198,9 @@ func (o *Orchestrator) MarkCompensated(ctx context.Context, id string, by Actor)
 // barrier makes that safe). Forward phase before the pivot only. Abort of
 // a scheduled saga (StartAt) cancels it before it starts: it ends as
 // compensated, nothing having run, with a "cancelled" history line, and
-// its start never comes.
+// its start never comes; nothing of the definition runs either (no
+// compensation: no step took effect), so the caller's own rows written
+// with the start stay as they are.
 func (o *Orchestrator) Abort(ctx context.Context, id string, by Actor) (*Instance, error) {
 	return o.operate(ctx, id, by, "abort", (*machine).opAbort)
 }
@@ -246,7 +248,9 @@ func (o *Orchestrator) operateIn(ctx context.Context, tx pgx.Tx, id string, by A
 	}
 	ctx, span := startTransition(ctx, "operator", id, in.Step, nil) // tracing.go
 	defer span.End(nil)
-	m := &machine{o: o, d: d, in: in, ctx: ctx, tx: tx, now: o.clock.Now()}
+	// An operator action always writes the saga (its revision, at least),
+	// whatever filing stored events marked the machine as.
+	m := &machine{o: o, d: d, in: in, ctx: ctx, tx: tx, now: o.clock.Now(), applied: true}
 	m.hist = append(m.hist, historyRow{sagaID: id, at: m.now, event: "operator", step: in.Step, actor: by.Operator,
 		reason: by.Reason, status: string(in.Status), detail: operatorDetail(action, by)})
 	if err := fn(m); err != nil {
@@ -350,6 +354,10 @@ func (m *machine) groupOp(action string) (handled bool, err error) {
 }
 
 func (m *machine) opRetry() error {
+	if m.neverStarted() { // schedule.go: stuck before its start
+		m.in.LastError = ""
+		return m.startNow()
+	}
 	if ok, err := m.groupOp("retry"); ok {
 		return err
 	}
@@ -364,10 +372,28 @@ func (m *machine) opRetry() error {
 			st.Status = StepCompensating
 		}
 		m.in.Status = StatusCompensating
+		if err := m.restoreCompensationReason(); err != nil {
+			return err
+		}
 		return m.compensateFrom(i)
 	}
 	_ = s
+	m.in.LastError = "" // the past trouble is in the history
 	return m.advance(i)
+}
+
+// restoreCompensationReason makes the saga's last error the reason it
+// compensates for again (its last "compensate" history line), in place of
+// the trouble an operator is acting on: a saga that recovers ends with why
+// it compensated, not with a failure that is past.
+func (m *machine) restoreCompensationReason() error {
+	var reason string
+	err := m.tx.QueryRow(m.ctx, m.o.sql.compensateReason, m.in.ID).Scan(&reason)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return technicalError{fmt.Errorf("saga %s: read why it compensates: %w", m.in.ID, err)}
+	}
+	m.in.LastError = reason
+	return nil
 }
 
 func (m *machine) opSkip() error {
@@ -380,6 +406,7 @@ func (m *machine) opSkip() error {
 	}
 	st.Status, st.Due = StepSkipped, nil
 	m.record("skipped", s.name, "", 0, "", "")
+	m.in.LastError = "" // the past trouble is in the history
 	return m.advance(i + 1)
 }
 
@@ -393,11 +420,14 @@ func (m *machine) opMarkCompensated() error {
 	}
 	st.Status, st.Due = StepCompensated, nil
 	m.record("step_compensated", s.name, "", 0, "", "marked by operator")
+	if err := m.restoreCompensationReason(); err != nil {
+		return err
+	}
 	return m.compensateFrom(i - 1)
 }
 
 func (m *machine) opAbort() error {
-	if m.in.Status == StatusScheduled {
+	if m.in.Status == StatusScheduled || m.neverStarted() {
 		return m.cancelScheduled() // schedule.go
 	}
 	if m.in.Phase == PhaseForward && !m.pastPivot() {

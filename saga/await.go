@@ -29,7 +29,10 @@ type Await[D any] struct {
 	// All lists events that must all arrive, in any order; each is
 	// applied (OnEvent, On) as it arrives, and the step completes with
 	// the last one. A second event of a name already applied is recorded
-	// and ignored. At least two names.
+	// and ignored. A wait that has applied some of them has taken effect:
+	// if the saga compensates before the last one (Abort, the wait's
+	// TimeoutCompensate, the deadline, a later event's failure), the
+	// step's LocalCompensation runs. At least two names.
 	All []string
 
 	// OnEvent applies an event's payload (JSON) to the data (see
@@ -128,7 +131,7 @@ func checkAwait[D any](s Step[D]) error {
 	switch a.OnTimeout {
 	case TimeoutRetry:
 		if a.Timeout > 0 {
-			return errors.New("Await.Timeout needs an Await.OnTimeout: TimeoutCompensate, TimeoutStuck or TimeoutContinue (a wait has nothing to retry)")
+			return errors.New("Await.Timeout is set and Await.OnTimeout is TimeoutRetry (its zero value, as when it is not set): a wait has nothing to retry; set OnTimeout to TimeoutCompensate, TimeoutStuck or TimeoutContinue")
 		}
 	case TimeoutCompensate:
 		if s.Kind == Retriable {
@@ -205,6 +208,9 @@ const (
 	eventConsumed = "consumed"
 	eventIgnored  = "ignored"
 	eventRefused  = "refused"
+	// eventHeld is no state: the outcome of the history line of an event
+	// stored (as new) for a paused or scheduled saga.
+	eventHeld = "held"
 )
 
 // storedEvent is a row of saga_event.
@@ -213,12 +219,13 @@ type storedEvent struct {
 	name, id string
 	payload  []byte
 	state    string
+	at       time.Time // when it arrived
 }
 
 func scanEvents(rows pgx.Rows) ([]storedEvent, error) {
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (storedEvent, error) {
 		var e storedEvent
-		err := row.Scan(&e.arrived, &e.name, &e.id, &e.payload, &e.state)
+		err := row.Scan(&e.arrived, &e.name, &e.id, &e.payload, &e.state, &e.at)
 		return e, err
 	})
 }
@@ -241,9 +248,15 @@ func (m *machine) enterWait(s *stepDef, st *StepState) (done bool, err error) {
 	}
 	i := m.d.index[s.name]
 	for _, ev := range evs {
-		if st.Status == StepWaiting && m.in.Status == StatusRunning && m.in.Step == s.name {
+		switch {
+		case st.Status == StepWaiting && m.in.Status == StatusRunning && m.in.Step == s.name:
 			err = m.applyEvent(s, st, ev)
-		} else {
+		case st.Status == StepWaiting && m.in.Step == s.name && s.wait.needs(st, ev.name):
+			// An event before it could not be applied: the saga is stuck
+			// at this wait, which still needs this one (an operator's
+			// Retry waits again and applies both).
+			err = m.keepPending(ev, "the wait is stuck on an earlier event and still needs it")
+		default:
 			err = m.leftOver(ev, i+1)
 		}
 		if err != nil {
@@ -293,15 +306,28 @@ func (m *machine) applyEvent(s *stepDef, st *StepState, ev storedEvent) error {
 	return nil
 }
 
+// needs reports whether a wait in state st still needs an event of name:
+// one it waits for, not applied yet (an all-of wait applies each name
+// once).
+func (w *waitDef) needs(st *StepState, name string) bool {
+	return w.has(name) && !(w.all && slices.Contains(st.Events, name))
+}
+
+// keepPending files ev as pending (if it is not already), for the wait
+// that still needs it.
+func (m *machine) keepPending(ev storedEvent, reason string) error {
+	if ev.state == eventPending {
+		return nil
+	}
+	return m.eventOutcome(ev, eventPending, "", reason)
+}
+
 // leftOver files an event the current step does not take: pending when
 // the saga moves forward and a step from index from on waits for it,
 // ignored otherwise.
 func (m *machine) leftOver(ev storedEvent, from int) error {
 	if m.in.Phase == PhaseForward && (m.in.Status == StatusRunning || m.in.Status == StatusStuck) && m.d.waitsFor(from, ev.name) {
-		if ev.state == eventPending {
-			return nil
-		}
-		return m.eventOutcome(ev, eventPending, "", "arrived before the saga waits for it")
+		return m.keepPending(ev, "arrived before the saga waits for it")
 	}
 	return m.eventOutcome(ev, eventIgnored, "", "no step ahead waits for it (the saga is "+string(m.in.Status)+" at "+m.in.Step+")")
 }
@@ -335,6 +361,15 @@ func (m *machine) onEvent(ev storedEvent) error {
 	if !m.d.waitsFor(0, ev.name) {
 		return m.eventOutcome(ev, eventRefused, "", "no step of v"+strconv.Itoa(m.d.version)+" waits for it")
 	}
+	if m.waitOverdue() {
+		// The wait timed out (or the deadline passed) before the event
+		// came, and no timer pass has fired it yet: fire it first, as the
+		// timer would have, and file the event after.
+		m.applied = true
+		if err := m.onWake(); err != nil {
+			return err
+		}
+	}
 	s, i := m.d.step(m.in.Step)
 	if r, ok := m.d.groups[m.in.Step]; ok {
 		s, i = nil, r[0]
@@ -353,6 +388,18 @@ func (m *machine) onEvent(ev storedEvent) error {
 	return m.leftOver(ev, i)
 }
 
+// waitOverdue reports whether the saga waits at a wait step whose timeout
+// or whose deadline is due.
+func (m *machine) waitOverdue() bool {
+	s, _ := m.d.step(m.in.Step)
+	if s == nil || s.wait == nil || m.in.Status != StatusRunning {
+		return false
+	}
+	st := m.in.state(s.name)
+	due := func(t *time.Time) bool { return t != nil && !m.now.Before(*t) }
+	return st.Status == StepWaiting && (due(st.Due) || due(m.in.DeadlineAt))
+}
+
 // eventOutcome sets a stored event's state and records it in the history
 // (event "event", the state as its outcome).
 func (m *machine) eventOutcome(ev storedEvent, state, step, reason string) error {
@@ -366,8 +413,10 @@ func (m *machine) eventOutcome(ev storedEvent, state, step, reason string) error
 	return nil
 }
 
+// eventHistory is the "event" history line of ev, filed at at as state:
+// its detail holds its name, id, arrival number and arrival time.
 func eventHistory(sagaID string, at time.Time, status string, ev storedEvent, state, step, reason string) historyRow {
-	detail, _ := json.Marshal(map[string]any{"name": ev.name, "event_id": ev.id, "arrived": ev.arrived})
+	detail, _ := json.Marshal(map[string]any{"name": ev.name, "event_id": ev.id, "arrived": ev.arrived, "arrived_at": ev.at})
 	return historyRow{sagaID: sagaID, at: at, event: "event", step: step, outcome: state, status: status,
 		reason: ev.name + ": " + reason, detail: detail}
 }

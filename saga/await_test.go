@@ -573,7 +573,8 @@ func TestDefineRefusesBadWaits(t *testing.T) {
 		{"with action", func(s *saga.Step[payment]) { s.Action = &saga.Command[payment]{Topic: "x"} }, "no Action"},
 		{"with remote compensation", func(s *saga.Step[payment]) { s.Compensation = &saga.Command[payment]{Topic: "x"} }, "LocalCompensation"},
 		{"in a group", func(s *saga.Step[payment]) { s.Group = "g" }, "group"},
-		{"retry timeout", func(s *saga.Step[payment]) { s.Await.Timeout = time.Minute }, "OnTimeout"},
+		{"retry timeout", func(s *saga.Step[payment]) { s.Await.Timeout = time.Minute }, "OnTimeout is TimeoutRetry (its zero value, as when it is not set)"},
+		{"retry timeout said", func(s *saga.Step[payment]) { s.Await.Timeout, s.Await.OnTimeout = time.Minute, saga.TimeoutRetry }, "a wait has nothing to retry"},
 		{"step OnTimeout", func(s *saga.Step[payment]) { s.OnTimeout = saga.TimeoutStuck }, "Await.OnTimeout"},
 		{"On for another event", func(s *saga.Step[payment]) {
 			s.Await.On = map[string]func(*payment, json.RawMessage) error{"x": nil}

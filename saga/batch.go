@@ -55,7 +55,7 @@ type BatchConfig struct {
 // RunBatched consumes the reply topics (ReplyTopics) from cfg.Subscriber
 // and applies the replies many per transaction, until ctx ends: one
 // statement records the inbox dedup marks of a whole batch, one locks its
-// sagas (SELECT ... FOR UPDATE, in id order, so concurrent batches never
+// sagas (SELECT ... FOR NO KEY UPDATE, in id order, so concurrent batches never
 // deadlock), and one each writes the sagas' new state, their history and
 // the next commands. The guarantees are Handler's: a reply is applied at
 // most once, with its state change and its next command in one
@@ -239,8 +239,12 @@ func (o *Orchestrator) handleRepliesTx(ctx context.Context, tx pgx.Tx, msgs []*m
 			order = append(order, m)
 		}
 		if m.d == nil {
-			m.parkUnregistered(&r)
-			res.Fenced++
+			if err := m.parkUnregistered(&r); err != nil {
+				return nil, nil, nil, err
+			}
+			if m.fenced {
+				res.Fenced++
+			}
 			continue
 		}
 		m.fenced = false

@@ -76,13 +76,13 @@
 // other data it fails with ErrAlreadyStarted.
 //
 // Each reply is applied in its batch's transaction: the inbox dedup mark,
-// SELECT ... FOR UPDATE on the saga row, fencing, the new state and history, and
+// SELECT ... FOR NO KEY UPDATE on the saga row, fencing, the new state and history, and
 // the next command or compensation through the outbox. Commands and
 // replies are keyed by saga id, so one saga's messages stay in order. A row
 // lock, not an optimistic version check: a reply, a timer and an operator
 // action on one saga wait for each other and never burn a retry budget
-// fighting. Run claims due sagas (next_wakeup_at <= now) with FOR UPDATE
-// SKIP LOCKED: any number of orchestrator processes share the replies and
+// fighting. Run claims due sagas (next_wakeup_at <= now) with FOR NO KEY
+// UPDATE SKIP LOCKED: any number of orchestrator processes share the replies and
 // the timers. The timer pass claims only the sagas of the types and
 // versions its orchestrator has registered: another service's sagas on
 // the same schema, or a newer version's during a rolling deploy, are left
@@ -123,10 +123,12 @@
 // deadline passed after the pivot or while the pivot has an unanswered
 // attempt (running, or backing off after a timeout: it may have taken
 // effect), a success reply could not be applied (it cannot be decoded, or
-// it would put a \u0000 into the data, which jsonb cannot store), a command
-// could not be built or the outbox refuses it (a topic
+// it would put into the data what jsonb cannot store: a \u0000, a lone
+// surrogate escape, a number out of numeric's range; ErrUnstorableData), a
+// command could not be built or the outbox refuses it (a topic
 // WriterConfig.ValidateTopic refuses), its timer failed technically
-// Config.MaxTimerFailures times in a row, or its version is not registered;
+// Config.MaxTimerFailures times in a row or panicked, or its version is
+// not registered (a scheduled saga too);
 // compensating, when a compensation spent its budget, a command could not
 // be sent, or the deadline passed.
 //
@@ -144,8 +146,8 @@
 // deadline and its current step's due time (the step's timeout, or its
 // next try after a backoff) by the time it was paused, so a step paused
 // with 10s left still has 10s after Resume; the "resumed" history line
-// says by how much. A paused saga is not moved to a new definition
-// version (Migrate) until it is resumed.
+// says by how much. Migrate moves a paused saga to a new definition
+// version as it is (it stays paused: resume it on the new version).
 //
 // A scheduled saga (StartTx with StartAt) has its row, data and id at
 // once and nothing else: its start time is its wake-up, so the first
@@ -153,6 +155,11 @@
 // registered, starts it (a restart in between changes nothing), and the
 // Deadline counts from then. Abort cancels it: it ends compensated with a
 // "cancelled" history line and never starts; no other action applies.
+// Nothing of its definition runs then, no compensation either (no step
+// took effect): rows the caller wrote with the start stay as written, so
+// undo them where you call Abort. An event delivered to a paused or
+// scheduled saga is stored, with a history line (outcome held) at once,
+// and taken by Resume or by its wait once it has started.
 //
 // A wait step adds no saga status: the saga is running while it waits
 // (step status waiting), and its timeout leads to compensating, stuck or
@@ -265,25 +272,32 @@
 //
 // Events are delivered in the caller's transaction with SignalTx (a
 // webhook's HTTP handler: verify, SignalTx, commit, answer 200), in one of
-// its own with Signal, or from a topic with EventHandler, behind the inbox.
+// its own with Signal, or from a topic with EventHandler (a transaction
+// per message; deduplicated by the event, not by an inbox mark).
 // Each is stored in saga_event, whatever becomes of it, with its id: a
 // second delivery with the same id applies nothing. An event that comes
 // before the saga reaches its wait is stored (pending) and consumed when
 // the saga gets there, in order of arrival; one after the wait is over is
-// recorded and ignored. An event for a saga that has ended returns
+// recorded and ignored (also one that comes after the wait's timeout or
+// the saga's deadline before a timer pass fired it: the overdue timer
+// fires first). A wait stuck on an event it could not apply keeps the
+// other events it still needs for an operator's Retry, and an all-of wait
+// that applied some of its events runs its LocalCompensation when the saga
+// compensates from it. An event for a saga that has ended returns
 // ErrSagaEnded, a name no step of the definition waits for
 // ErrEventNotAwaited; both are stored as refused and recorded in the
 // history. A saga that is stuck still stores its events for an
 // operator's Retry.
 //
 // The signaller never waits for the orchestrator, and no event is missed:
-// SignalTx takes the saga's row lock only if it is free (FOR UPDATE SKIP
-// LOCKED) and then applies the event at once, in its transaction; if the
-// orchestrator holds the row (applying a reply, advancing the saga into
+// SignalTx takes the saga's row lock only if it is free (FOR NO KEY UPDATE
+// SKIP LOCKED) and then applies the event at once, in its transaction; if
+// the orchestrator holds the row (applying a reply, advancing the saga into
 // its wait after it looked for stored events), the event is stored as new
-// and the orchestrator's timer pass applies it, within a PollInterval. The
-// history lines are "waiting" (a wait began) and "event", whose Outcome is
-// consumed, pending, ignored or refused.
+// (under a key share lock, which keeps retention from removing the saga
+// meanwhile) and the orchestrator's timer pass applies it, within a
+// PollInterval. The history lines are "waiting" (a wait began) and
+// "event", whose Outcome is consumed, pending, ignored or refused.
 //
 // # Versions
 //
@@ -294,20 +308,25 @@
 // steps change. A live saga whose version is not registered with the
 // orchestrator a reply for it reaches is parked as stuck with that reason,
 // logged as an error and counted (millrace_saga_unregistered_total); Run
-// does this at start for every live saga of a registered type
-// (ParkUnregistered). The timer pass leaves such sagas alone.
-// Register the version again and Retry the saga to resume it.
+// does this at start for every live or scheduled saga of a registered
+// type (ParkUnregistered), marks paused ones with the reason (a reply for
+// a paused one is held for Resume, as usual), and refuses the operator
+// requests pending on them, which nothing would apply. The timer pass
+// leaves such sagas alone. Register the version again and Retry the saga
+// to resume it (a scheduled one starts then), or Migrate it.
 //
-// To move live instances to a new version on purpose, Migrate maps their
+// To move instances to a new version on purpose (every one that has not
+// ended: paused and scheduled ones too), Migrate maps their
 // step state (steps may be renamed only where an instance has not started
 // them: a participant's barrier knows a step by its name; never two old
 // steps to one new name) and upcasts their data, each under its row lock,
 // with a "migrated" history line. An instance inside a parallel group
 // moves if the group's members are exactly one group of the new version.
 // An instance that cannot move faithfully stays on its version and is
-// reported: its current step would join a group whose other members would
-// never start, or the new version has a step before the current one that
-// has not run and never would.
+// reported: its current step changes kind (a wait step that becomes a
+// remote step, say), its current step would join a group whose other
+// members would never start, or the new version has a step before the
+// current one that has not run and never would.
 //
 // # Unsticking a saga
 //
@@ -417,7 +436,8 @@
 // replies (saga_held_reply); 011_saga_bulk adds the bulk operations
 // (saga_bulk_operation, saga_bulk_item) and an index selecting sagas by
 // status and step; 012_saga_history_stuck indexes the history's stuck
-// lines for retention.
+// lines for retention. docs/tables.md lists every column a user can
+// query.
 // Config.Clock replaces the real time (for tests that skip time) and
 // Config.Hook is called at each persistence boundary (HookLoaded,
 // HookBeforeCommit, HookAfterCommit), for harnesses that inject crashes;

@@ -353,18 +353,24 @@ func (m *machine) compensate(reason string) error {
 
 // needsCompensation reports whether step s's action took effect, or may
 // have: a remote action sent and not answered by a failure, a local step
-// done, a step left mid-compensation, or a remote step an operator skipped
+// done, a step left mid-compensation, a remote step an operator skipped
 // after its action was sent (it may have run: the barrier makes its
-// compensation a no-op if it did not).
+// compensation a no-op if it did not), or a wait step that applied some
+// of its events (an all-of wait given up before the last one).
 func needsCompensation(s *stepDef, st *StepState) bool {
 	if st == nil {
 		return false
 	}
+	applied := s.wait != nil && len(st.Events) > 0
 	switch st.Status {
 	case StepDone, StepUncertain, StepCompensating, StepCompBackoff:
 		return true
-	case StepRunning, StepBackoff, StepSkipped:
+	case StepRunning, StepBackoff:
 		return s.remote && st.Attempt > 0
+	case StepSkipped:
+		return (s.remote && st.Attempt > 0) || applied
+	case StepWaiting, StepFailed:
+		return applied
 	}
 	return false
 }

@@ -34,21 +34,25 @@ type Migration[From, To any] struct {
 // on its version, saying why.
 var ErrCannotMigrate = errors.New("saga: cannot migrate instance")
 
-// Migrate moves every live instance (running, compensating or stuck) of
-// m.From to m.To: each step's state goes to its (renamed) step, the data is
+// Migrate moves every instance of m.From that has not ended (running,
+// compensating, stuck, paused or scheduled) to m.To: each step's state goes to its (renamed) step, the data is
 // upcast, the instance records the new version and a "migrated" history
 // line, under its row lock. It is for definitions whose change would strand
 // instances otherwise; register To first. A saga inside a parallel group
 // moves when the group's members are exactly the members of one group of
 // To. An instance whose state has no faithful place in To (a started step
 // that To lacks or renames, a current step To lacks, a current step that
-// would join a group whose other members would never start, a step of To
-// before the current one that has not run and never would) or whose data
-// does not upcast is left as it was and reported in the returned error
-// (each wrapping ErrCannotMigrate); the others move. A Steps map that sends
-// two From steps to one To step is refused (core.ErrConfig).
-// It returns how many moved. A reply in flight for a moved instance is
-// still applied: steps keep their names and attempts.
+// changes kind (a wait step that becomes a remote or local step, a remote
+// step that becomes local...), a current step that would join a group
+// whose other members would never start, a step of To before the current
+// one that has not run and never would) or whose data does not upcast (or
+// upcasts to what jsonb cannot store) is left as it was and reported in
+// the returned error (each wrapping ErrCannotMigrate): every instance of
+// m.From that has not ended either moves or is in the error. A paused
+// saga stays paused (Resume it on To), a scheduled one keeps its start
+// time. A Steps map that sends two From steps to one To step is refused
+// (core.ErrConfig). It returns how many moved. A reply in flight for a
+// moved instance is still applied: steps keep their names and attempts.
 func Migrate[From, To any](ctx context.Context, o *Orchestrator, m Migration[From, To]) (int, error) {
 	if m.From == nil || m.To == nil {
 		return 0, fmt.Errorf("%w: saga.Migrate: From and To are required", core.ErrConfig)
@@ -101,8 +105,8 @@ func Migrate[From, To any](ctx context.Context, o *Orchestrator, m Migration[Fro
 		return json.Marshal(d)
 	}
 	query := fmt.Sprintf(`SELECT %s FROM %s
- WHERE type = $1 AND def_version = $2 AND status IN ('running', 'compensating', 'stuck') AND id > $3
- ORDER BY id LIMIT 100 FOR UPDATE`, instanceCols, o.sql.instance)
+ WHERE type = $1 AND def_version = $2 AND status NOT IN ('completed', 'compensated') AND id > $3
+ ORDER BY id LIMIT 100 FOR NO KEY UPDATE`, instanceCols, o.sql.instance)
 	moved, after := 0, ""
 	var problems []error
 	for {
@@ -163,6 +167,9 @@ func migrateOne(in *Instance, from, to *def, renames map[string]string, upcast f
 		return err
 	}
 	data, err := upcast(in.Data)
+	if err == nil {
+		err = checkStorable(data)
+	}
 	if err != nil {
 		return fmt.Errorf("upcast data: %v", err)
 	}
@@ -201,6 +208,11 @@ func migrateCurrent(in *Instance, from, to *def, renames map[string]string, step
 			}
 			group = ts.group
 		}
+		for _, fs := range from.steps[r[0]:r[1]] {
+			if ts, _ := to.step(rename(fs.name)); shape(ts) != shape(fs) {
+				return "", fmt.Errorf("current group %q: step %q is a %s in v%d and a %s in v%d: its state would not fit", in.Step, fs.name, shape(fs), from.version, shape(ts), to.version)
+			}
+		}
 		tr := to.groups[group]
 		if tr[1]-tr[0] != len(members) {
 			return "", fmt.Errorf("current group %q becomes group %q of v%d, which has other members too: they would never start", in.Step, group, to.version)
@@ -211,6 +223,9 @@ func migrateCurrent(in *Instance, from, to *def, renames map[string]string, step
 		ts, i := to.step(current)
 		if ts == nil {
 			return "", fmt.Errorf("current step %q is not in v%d", in.Step, to.version)
+		}
+		if fs, _ := from.step(in.Step); shape(fs) != shape(ts) {
+			return "", fmt.Errorf("current step %q is a %s in v%d and a %s in v%d: its state (%s) would not fit", in.Step, shape(fs), from.version, shape(ts), to.version, stepStatus(steps[ts.name]))
 		}
 		current, at = ts.name, i
 		if ts.group != "" && in.Phase == PhaseForward {
@@ -229,4 +244,24 @@ func migrateCurrent(in *Instance, from, to *def, renames map[string]string, step
 		}
 	}
 	return current, nil
+}
+
+// shape is what kind of step s is: a wait, remote or local step. A step's
+// state means something else for each, so the current step of a migrated
+// saga must keep its shape.
+func shape(s *stepDef) string {
+	switch {
+	case s.wait != nil:
+		return "wait step"
+	case s.remote:
+		return "remote step"
+	}
+	return "local step"
+}
+
+func stepStatus(st *StepState) string {
+	if st == nil || st.Status == StepPending {
+		return "not started"
+	}
+	return st.Status
 }

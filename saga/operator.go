@@ -327,6 +327,24 @@ func refusal(err error) bool {
 	return errors.Is(err, ErrActionNotAllowed) || errors.Is(err, ErrNotRegistered)
 }
 
+// applyRequest carries out an operator request in tx (operateIn). A panic
+// is returned as a panicked error (timer.go): the request is dropped.
+func (o *Orchestrator) applyRequest(ctx context.Context, tx pgx.Tx, id string, by Actor, action Action) (after []func(), err error) {
+	defer recoverPanic(&err)
+	_, after, err = o.operateIn(ctx, tx, id, by, string(action), action.op(), audit.Applied)
+	return after, err
+}
+
+// refused logs and records saga in's operator request as refused with
+// cause (an "operator_refused" history line). The caller clears it.
+func (o *Orchestrator) refused(ctx context.Context, tx pgx.Tx, in *Instance, cause error) error {
+	r := in.Request
+	o.logger.Info("saga: operator request refused", map[string]any{"saga_id": in.ID, "action": r.Action, "operator": r.Operator, "err": cause.Error()})
+	detail, _ := json.Marshal(map[string]any{"action": r.Action, "requested_at": r.RequestedAt, "error": cause.Error(), "operation": r.Operation})
+	return o.writeHistory(ctx, tx, []historyRow{{sagaID: in.ID, at: o.clock.Now(), event: "operator_refused",
+		step: in.Step, actor: r.Operator, reason: r.Reason, status: string(in.Status), detail: detail}})
+}
+
 // applyRequests applies the pending operator requests of at most
 // ClaimBatch sagas of the registered types and versions (during a rolling
 // deploy, an orchestrator without a saga's version leaves its request to
@@ -374,7 +392,7 @@ func (o *Orchestrator) applyRequests(ctx context.Context) (int, error) {
 				err = stale(in, r)
 			}
 			if err == nil {
-				_, after, err = o.operateIn(ctx, sp, in.ID, by, string(r.Action), r.Action.op(), audit.Applied)
+				after, err = o.applyRequest(ctx, sp, in.ID, by, r.Action)
 			}
 			switch {
 			case err == nil:
@@ -386,11 +404,7 @@ func (o *Orchestrator) applyRequests(ctx context.Context) (int, error) {
 				if err := sp.Rollback(ctx); err != nil {
 					return err
 				}
-				o.logger.Info("saga: operator request refused", map[string]any{"saga_id": in.ID, "action": r.Action, "operator": r.Operator, "err": err.Error()})
-				detail, _ := json.Marshal(map[string]any{"action": r.Action, "requested_at": r.RequestedAt, "error": err.Error(), "operation": r.Operation})
-				err = o.writeHistory(ctx, tx, []historyRow{{sagaID: in.ID, at: o.clock.Now(), event: "operator_refused",
-					step: in.Step, actor: r.Operator, reason: r.Reason, status: string(in.Status), detail: detail}})
-				if err != nil {
+				if err := o.refused(ctx, tx, in, refused); err != nil {
 					return err
 				}
 				count, err := o.auditSaga(ctx, tx, by, string(r.Action), audit.Refused, in, state(in), nil, map[string]string{"error": refused.Error()})

@@ -33,37 +33,65 @@ func (o *Orchestrator) Handler() message.NoPublishHandlerFunc {
 	}
 }
 
-// unregistered parks a live saga whose definition version this
-// orchestrator does not know as stuck, loudly.
+// unregistered parks a saga whose definition version this orchestrator
+// does not know (parkUnregistered), loudly.
 func (o *Orchestrator) unregistered(ctx context.Context, tx pgx.Tx, in *Instance, now time.Time, r *reply) ([]func(), error) {
 	m := &machine{o: o, in: in, ctx: ctx, tx: tx, now: now}
-	m.parkUnregistered(r)
+	if err := m.parkUnregistered(r); err != nil {
+		return nil, err
+	}
 	if err := m.save(); err != nil {
 		return nil, err
 	}
 	return m.after, nil
 }
 
-// parkUnregistered makes m's saga, whose version is not registered, stuck
-// (if it is live), and records r (if any) as fenced: it can be replayed by
-// an operator's Retry once the version is registered.
-func (m *machine) parkUnregistered(r *reply) {
+// unregisteredReason is why a saga on a definition version this
+// orchestrator does not know is parked.
+func unregisteredReason(in *Instance) string {
+	return fmt.Sprintf("definition %s v%d is not registered with this orchestrator", in.Type, in.Version)
+}
+
+// parkUnregistered deals with m's saga, whose version is not registered:
+// a running or compensating saga is parked as stuck, and so is a
+// scheduled one (an operator's Retry starts it, Abort cancels it, once
+// the version is registered or the saga migrated); a paused one stays
+// paused with the reason as its last error (a "unregistered" history
+// line), as Resume needs the version too. Reply r (if any) is held for a
+// paused saga, to be applied by Resume, and recorded as fenced otherwise:
+// an operator's Retry sends the step again once the version is there.
+func (m *machine) parkUnregistered(r *reply) error {
 	in, o := m.in, m.o
-	reason := fmt.Sprintf("definition %s v%d is not registered with this orchestrator", in.Type, in.Version)
+	reason := unregisteredReason(in)
 	o.logger.Error("saga: instance of an unregistered definition version", ErrNotRegistered,
 		map[string]any{"saga_id": in.ID, "type": in.Type, "version": in.Version, "status": in.Status})
 	m.d = &def{typ: in.Type, version: in.Version, index: map[string]int{}, pivot: -1}
-	if r != nil {
+	if r != nil && in.Status == StatusPaused {
+		if err := m.hold(*r); err != nil { // pause.go
+			return err
+		}
+	} else if r != nil {
 		m.fenced = true
 		m.hist = append(m.hist, historyRow{sagaID: in.ID, at: m.now, event: "fenced", step: r.step, op: r.op,
 			attempt: r.attempt, outcome: r.outcome, status: string(in.Status), reason: reason})
 	}
-	if in.Status.live() {
+	switch {
+	case in.Status.live() || in.Status == StatusScheduled:
+		if in.Status == StatusScheduled {
+			reason = "scheduled, and " + reason + " (Retry starts it once it is, Abort cancels it)"
+		}
 		m.applied = true
 		_ = m.stuck(reason)
-		if mt := o.metrics; mt != nil {
-			typ := in.Type
-			m.after = append(m.after, func() { mt.unregistered.WithLabelValues(typ).Inc() })
-		}
+	case in.Status == StatusPaused && in.LastError != reason:
+		m.applied = true
+		in.LastError = reason
+		m.record("unregistered", in.Step, "", 0, "", reason)
+	default:
+		return nil
 	}
+	if mt := o.metrics; mt != nil {
+		typ := in.Type
+		m.after = append(m.after, func() { mt.unregistered.WithLabelValues(typ).Inc() })
+	}
+	return nil
 }

@@ -23,7 +23,11 @@ type startOptions struct {
 // (Run, RunDue) of an orchestrator that has the definition registered:
 // the start time is the saga's next wake-up, so it survives a restart like
 // any timer. The definition's Deadline counts from the actual start.
-// Abort cancels a scheduled saga: it never starts. A t at or before now
+// Abort cancels a scheduled saga: it never starts, and nothing of its
+// definition runs (no step, no compensation): what the caller wrote in the
+// transaction that scheduled it (an order row, say) stays as written; undo
+// it yourself where you call Abort, or start the saga at once and let a
+// wait step hold it until its time. A t at or before now
 // (or the zero time) starts the saga at once, as without the option. A
 // repeated start of the same id with the same data returns the saga as it
 // is, whatever its start time.
@@ -65,6 +69,18 @@ func (m *machine) startScheduled() error {
 	if at := m.in.NextWakeupAt; at != nil && m.now.Before(*at) {
 		return nil // woken early: the save keeps its start time
 	}
+	return m.startNow()
+}
+
+// neverStarted reports whether m's saga has not started: scheduled, or
+// stuck before its start (its version was not registered at the time).
+func (m *machine) neverStarted() bool {
+	return m.in.Step == "" && len(m.in.Steps) == 0 && m.in.EndedAt == nil
+}
+
+// startNow starts a saga that has not started: its deadline counts from
+// now, and its first step runs.
+func (m *machine) startNow() error {
 	if m.d.deadline > 0 {
 		m.in.DeadlineAt = m.due(m.d.deadline)
 	}
@@ -76,7 +92,8 @@ func (m *machine) startScheduled() error {
 	return m.advance(0)
 }
 
-// cancelScheduled ends a scheduled saga before it started (Abort).
+// cancelScheduled ends a saga that has not started, scheduled or stuck
+// before its start (Abort).
 func (m *machine) cancelScheduled() error {
 	m.record("cancelled", "", "", 0, "", "cancelled before its start by an operator")
 	return m.end(StatusCompensated, "cancelled before its start by an operator")

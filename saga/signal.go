@@ -5,14 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/millrace/core"
-	"github.com/millrace/millrace/outbox"
 )
 
 // Errors of Signal, SignalTx and EventHandler.
@@ -54,12 +52,16 @@ func Signal(ctx context.Context, o *Orchestrator, sagaID, event, eventID string,
 // waits for, see Await) with payload to saga sagaID in the caller's
 // transaction: the event is stored (table saga_event) and applied with the
 // caller's own changes, or not at all. eventID identifies the delivery: a
-// second delivery with the same id changes nothing and returns nil, so a
-// webhook retried by its sender applies once. An empty eventID is a new
+// second delivery with the same id changes nothing, so a webhook retried
+// by its sender applies once; it returns nil when the first was taken
+// (applied or filed), and the first one's refusal again (ErrSagaEnded,
+// ErrEventNotAwaited) when the first was refused. An empty eventID is a new
 // UUID (no deduplication). payload is encoded with encoding/json (a
-// json.RawMessage is taken as it is and must be JSON); a NUL escape or
-// invalid UTF-8 in it becomes U+FFFD, as PostgreSQL's jsonb cannot hold
-// them.
+// json.RawMessage is taken as it is and must be JSON); a NUL escape, a
+// lone UTF-16 surrogate escape or invalid UTF-8 in it becomes U+FFFD, as
+// PostgreSQL's jsonb cannot hold them, and a number jsonb cannot hold
+// (1e999999) is refused with ErrInvalidEvent before any statement runs in
+// tx.
 //
 // The saga's definition must be registered with o. An event for a saga
 // that has ended returns an error wrapping ErrSagaEnded; a name no step of
@@ -69,12 +71,15 @@ func Signal(ctx context.Context, o *Orchestrator, sagaID, event, eventID string,
 // ErrNotFound.
 //
 // SignalTx never waits for the orchestrator. If the saga's row is free, it
-// locks it (FOR UPDATE SKIP LOCKED) and applies the event at once in tx:
+// locks it (FOR NO KEY UPDATE SKIP LOCKED) and applies the event at once in tx:
 // when the saga waits for it, its step's OnEvent runs and the saga moves on
 // (the next commands commit with tx); when it has not reached the wait yet,
 // the event is stored as pending and consumed, in order of arrival, when
 // the saga gets there; when the wait is over (the first of an any-of wait
-// won, it timed out) it is recorded and ignored. The row stays locked until
+// won, it timed out) it is recorded and ignored. A wait whose timeout (or
+// the saga's deadline) has passed by the event's arrival is timed out
+// first, as the timer pass would have, even if none has run yet: a late
+// event never wins over a timeout. The row stays locked until
 // tx ends, so keep tx short. If the orchestrator holds the row (it is
 // applying a reply, or entering the wait), the event is stored as new and
 // the orchestrator's timer pass (Run, RunDue) applies it the same way, in
@@ -128,7 +133,11 @@ func eventPayload(payload any) ([]byte, error) {
 			return nil, err
 		}
 	}
-	return storable([]byte(strings.ToValidUTF8(string(raw), "\uFFFD"))), nil
+	raw = storable(raw)
+	if err := checkStorable(raw); err != nil {
+		return nil, err // a number numeric cannot hold: no replacement keeps its meaning
+	}
+	return raw, nil
 }
 
 func (o *Orchestrator) signal(ctx context.Context, tx pgx.Tx, sagaID, event, eventID string, raw []byte) ([]func(), error) {
@@ -161,7 +170,7 @@ func (o *Orchestrator) signal(ctx context.Context, tx pgx.Tx, sagaID, event, eve
 	}
 	refuse := func(cause error, reason string) ([]func(), error) {
 		refusal := fmt.Errorf("%w: saga %s, event %s (id %s): %s", cause, sagaID, event, eventID, reason)
-		ev := storedEvent{name: event, id: eventID, payload: raw}
+		ev := storedEvent{name: event, id: eventID, payload: raw, at: now}
 		err := tx.QueryRow(ctx, o.sql.events.insert, sagaID, event, eventID, raw, eventRefused, now).Scan(&ev.arrived)
 		if errors.Is(err, pgx.ErrNoRows) {
 			// A repeated delivery: nil if the first was taken (the saga
@@ -201,7 +210,14 @@ func (o *Orchestrator) signal(ctx context.Context, tx pgx.Tx, sagaID, event, eve
 		return nil, nil // the orchestrator's timer pass applies it
 	}
 	if status == StatusPaused || status == StatusScheduled {
-		return nil, nil // stored: Resume, or the saga's start, takes it
+		// Stored: Resume, or the saga's start, takes it. Its history line
+		// says so now, with its arrival.
+		why := "stored until the saga is resumed"
+		if status == StatusScheduled {
+			why = "stored until the saga starts"
+		}
+		ev := storedEvent{arrived: arrived, name: event, id: eventID, at: now}
+		return nil, o.writeHistory(ctx, tx, []historyRow{eventHistory(sagaID, now, string(status), ev, eventHeld, "", why)})
 	}
 	if err := o.callHook(ctx, HookLoaded, sagaID); err != nil {
 		return nil, err
@@ -218,7 +234,11 @@ func (o *Orchestrator) signal(ctx context.Context, tx pgx.Tx, sagaID, event, eve
 
 // applyEvents applies the events a signaller stored without applying them
 // (it found the saga locked), for at most ClaimBatch sagas of the
-// registered types, each under a savepoint of its own. RunDue calls it.
+// registered types, each under a savepoint of its own. A saga whose events
+// fail technically is rolled back alone and handled as a failing timer
+// (timerFailed: a "timer_failed" line, its next try after a backoff, by
+// the timer pass, parked as stuck after MaxTimerFailures). RunDue calls
+// it.
 func (o *Orchestrator) applyEvents(ctx context.Context) (int, error) {
 	types, versions := o.registeredPairs()
 	if len(types) == 0 {
@@ -243,11 +263,9 @@ func (o *Orchestrator) applyEvents(ctx context.Context) (int, error) {
 			if err != nil {
 				return fmt.Errorf("saga %s: savepoint: %w", in.ID, err)
 			}
+			claimed := *in // as read: the machine changes in
 			m := &machine{o: o, d: d, in: in, ctx: ctx, tx: sp, now: now}
-			err = m.onNewEvents()
-			if err == nil {
-				err = m.save()
-			}
+			err = m.applyNewEvents()
 			if err == nil {
 				if err := sp.Commit(ctx); err != nil {
 					return fmt.Errorf("saga %s: release savepoint: %w", in.ID, err)
@@ -258,7 +276,15 @@ func (o *Orchestrator) applyEvents(ctx context.Context) (int, error) {
 			if rerr := sp.Rollback(ctx); rerr != nil || ctx.Err() != nil {
 				return errors.Join(err, rerr)
 			}
-			failed = errors.Join(failed, skipped{fmt.Errorf("saga %s: apply new events: %w", in.ID, err)})
+			err = fmt.Errorf("saga %s: apply new events: %w", in.ID, err)
+			parked, after, ferr := o.timerFailed(ctx, tx, &claimed, now, err) // timer.go
+			if ferr != nil {
+				return errors.Join(err, ferr)
+			}
+			failed = errors.Join(failed, skipped{err})
+			if parked {
+				woken = append(woken, after)
+			}
 		}
 		return nil
 	})
@@ -273,6 +299,16 @@ func (o *Orchestrator) applyEvents(ctx context.Context) (int, error) {
 	return len(woken), failed
 }
 
+// applyNewEvents applies m's new events and saves the saga. A panic is
+// returned as a panicked error (timer.go).
+func (m *machine) applyNewEvents() (err error) {
+	defer recoverPanic(&err)
+	if err := m.onNewEvents(); err != nil {
+		return err
+	}
+	return m.save()
+}
+
 // EventTarget is where a message delivers its event: the saga, the event's
 // name and its id (deduplicated per saga; defaults to the message's UUID).
 type EventTarget struct {
@@ -283,41 +319,46 @@ type EventTarget struct {
 // a topic as an event, as SignalTx does, with the message's payload (JSON)
 // as the event's. route maps a message to its saga and event name (from
 // its metadata or payload); an error it returns is the handler's (wrap it
-// with core.Permanent for a message that will never map). Each message
-// is applied in one transaction with its inbox dedup mark (consumer
-// Config.Consumer), so a redelivered message applies once. An event the
-// saga refuses (ErrSagaEnded, ErrEventNotAwaited) is recorded in its
-// history, logged and acknowledged; an unknown saga is a core.Permanent
-// error wrapping ErrNotFound. Put it behind Watermill's PoisonQueue and
-// Retry (with inbox.ShouldRetry) middleware, as any inbox handler.
+// with core.Permanent for a message that will never map). Each message is
+// applied in one transaction: the one in its context (core.TxFromContext,
+// as the inbox's middleware puts it there), or one of its own. It is
+// deduplicated by its event, not by the message: a redelivery (the same
+// saga and event id) applies once, and a message copied to several topics
+// applies once per saga it is routed to, whichever handlers read those
+// topics (it records no inbox mark of its own, so it shares none with the
+// reply handler). An event the saga refuses (ErrSagaEnded,
+// ErrEventNotAwaited) is recorded in its history, logged and acknowledged;
+// an unknown saga, an invalid event or a payload jsonb cannot hold is a
+// core.Permanent error (ErrNotFound, ErrInvalidEvent). Put it behind
+// Watermill's PoisonQueue and Retry (with inbox.ShouldRetry) middleware,
+// as any inbox handler.
 func (o *Orchestrator) EventHandler(route func(msg *message.Message) (EventTarget, error)) message.NoPublishHandlerFunc {
-	h := o.dedup.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-		tx, ok := core.TxFromContext(msg.Context())
-		if !ok {
-			return nil, outbox.ErrNoTx
-		}
+	return func(msg *message.Message) error {
 		t, err := route(msg)
 		if err != nil {
-			return nil, fmt.Errorf("saga: EventHandler: route message %s: %w", msg.UUID, err)
+			return fmt.Errorf("saga: EventHandler: route message %s: %w", msg.UUID, err)
 		}
 		if t.EventID == "" {
 			t.EventID = msg.UUID
 		}
 		if len(msg.Payload) > 0 && !json.Valid(msg.Payload) {
-			return nil, core.Permanent(fmt.Errorf("%w: message %s: payload is not JSON", ErrInvalidEvent, msg.UUID))
+			return core.Permanent(fmt.Errorf("%w: message %s: payload is not JSON", ErrInvalidEvent, msg.UUID))
 		}
-		err = SignalTx(msg.Context(), tx, o, t.SagaID, t.Event, t.EventID, json.RawMessage(msg.Payload))
-		switch {
-		case errors.Is(err, ErrSagaEnded) || errors.Is(err, ErrEventNotAwaited):
-			o.logger.Info("saga: event refused", map[string]any{"saga_id": t.SagaID, "event": t.Event, "event_id": t.EventID, "error": err.Error()})
-			return nil, nil
-		case errors.Is(err, ErrNotFound) || errors.Is(err, ErrInvalidEvent) || errors.Is(err, ErrInvalidID) || errors.Is(err, ErrNotRegistered):
-			return nil, core.Permanent(err)
+		ctx := msg.Context()
+		signal := func(tx pgx.Tx) error {
+			err := SignalTx(ctx, tx, o, t.SagaID, t.Event, t.EventID, json.RawMessage(msg.Payload))
+			switch {
+			case errors.Is(err, ErrSagaEnded) || errors.Is(err, ErrEventNotAwaited):
+				o.logger.Info("saga: event refused", map[string]any{"saga_id": t.SagaID, "event": t.Event, "event_id": t.EventID, "error": err.Error()})
+				return nil // its record commits
+			case errors.Is(err, ErrNotFound) || errors.Is(err, ErrInvalidEvent) || errors.Is(err, ErrInvalidID) || errors.Is(err, ErrNotRegistered):
+				return core.Permanent(err)
+			}
+			return err
 		}
-		return nil, err
-	})
-	return func(msg *message.Message) error {
-		_, err := h(msg)
-		return err
+		if tx, ok := core.TxFromContext(ctx); ok {
+			return signal(tx)
+		}
+		return pgx.BeginFunc(ctx, o.pool, signal)
 	}
 }

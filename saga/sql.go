@@ -16,13 +16,17 @@ type statements struct {
 	lockMany, updateMany                            string
 	insertStarted                                   string
 	request, claimRequests, clearRequest            string // operator.go
-	failuresInARow, postpone, park                  string // timer.go
+	failuresInARow, postpone, park, unregistered    string // timer.go
+	compensateReason                                string // admin.go
 	pause, unpause, hold, takeHeld, insertScheduled string // pause.go, schedule.go
 	instance, historyTable                          string
 	events                                          eventStatements // await.go
 	bulk                                            bulkStatements  // bulk.go
 }
 
+// Every lock the orchestrator takes on a saga's row is FOR NO KEY UPDATE
+// (it never changes the id): orchestrators exclude each other, and a
+// signaller's FOR KEY SHARE (events.peek) never waits for one.
 const instanceCols = `id, type, def_version, status, phase, step, steps, data, input, version,
        next_wakeup_at, deadline_at, attempts, last_error, created_at, updated_at, ended_at, operator_request`
 
@@ -101,7 +105,7 @@ SELECT count(*) FROM ins`, inst, hist),
    AND (type, def_version) IN (SELECT * FROM unnest($3::text[], $4::int[]))
  ORDER BY next_wakeup_at
  LIMIT $2
-   FOR UPDATE SKIP LOCKED`, instanceCols, inst),
+   FOR NO KEY UPDATE SKIP LOCKED`, instanceCols, inst),
 		// Only these two write operator_request: saving a saga never does.
 		request:      fmt.Sprintf(`UPDATE %s SET operator_request = $2, version = version + 1 WHERE id = $1 RETURNING version`, inst),
 		clearRequest: fmt.Sprintf(`UPDATE %s SET operator_request = NULL WHERE id = $1`, inst),
@@ -110,7 +114,7 @@ SELECT count(*) FROM ins`, inst, hist),
  WHERE operator_request IS NOT NULL
    AND (type, def_version) IN (SELECT * FROM unnest($1::text[], $2::int[]))
  LIMIT $3
-   FOR UPDATE SKIP LOCKED`, instanceCols, inst),
+   FOR NO KEY UPDATE SKIP LOCKED`, instanceCols, inst),
 		historyOf: fmt.Sprintf(`SELECT id, saga_id, at, event, step, operation, attempt, outcome, status, actor, reason, detail
   FROM %s WHERE saga_id = $1 ORDER BY id`, hist),
 	}
@@ -122,7 +126,7 @@ func batchStatements(schema string, s *statements) {
 	// "id = ANY($1)" PostgreSQL planned the lock again at every execution
 	// (0.16 ms of planning per batch at 200 sagas/s, more than the lock
 	// took to run).
-	s.lockMany = fmt.Sprintf(`SELECT %s FROM %s WHERE id = %s ORDER BY id FOR UPDATE`, instanceCols, inst, sqlident.AnyParam("$1", "text"))
+	s.lockMany = fmt.Sprintf(`SELECT %s FROM %s WHERE id = %s ORDER BY id FOR NO KEY UPDATE`, instanceCols, inst, sqlident.AnyParam("$1", "text"))
 	// updateMany writes the sagas' new states, and fails (a cast of its
 	// message to int) unless it saved $13 rows: its check must stop a
 	// COMMIT sent behind it in its round trip.
@@ -159,6 +163,16 @@ func timerStatements(schema string, s *statements) {
  WHERE saga_id = $1 AND event = $2
    AND id > (SELECT coalesce(max(id), 0) FROM %[1]s
               WHERE saga_id = $1 AND event NOT IN ('timer_failed', 'operator_failed', 'fenced'))`, hist)
+	// The sagas of a type on versions not registered ($2) that nothing
+	// would move: live, scheduled, paused, or with an operator request
+	// pending (ParkUnregistered).
+	s.unregistered = fmt.Sprintf(`SELECT %s FROM %s
+ WHERE type = $1 AND def_version <> ALL($2::int[])
+   AND (status IN ('running', 'compensating', 'scheduled', 'paused') OR operator_request IS NOT NULL)
+   FOR NO KEY UPDATE SKIP LOCKED`, instanceCols, inst)
+	// Why the saga compensates: its last "compensate" line, on
+	// saga_history_saga_idx (saga_id, id) backwards.
+	s.compensateReason = fmt.Sprintf(`SELECT reason FROM %s WHERE saga_id = $1 AND event = 'compensate' ORDER BY id DESC LIMIT 1`, hist)
 	s.postpone = fmt.Sprintf(`UPDATE %s SET next_wakeup_at = $2 WHERE id = $1`, inst)
 	s.park = fmt.Sprintf(`UPDATE %s SET status = 'stuck', next_wakeup_at = NULL, last_error = $2, updated_at = $3,
        version = version + 1
@@ -199,25 +213,34 @@ RETURNING arrived`, ev),
 		stateOf: fmt.Sprintf(`SELECT state FROM %s WHERE saga_id = $1 AND event_id = $2`, ev),
 		// The signaller takes the saga's row lock only if it is free: it
 		// never waits for the orchestrator.
-		tryLock: fmt.Sprintf(`SELECT %s FROM %s WHERE id = $1 FOR UPDATE SKIP LOCKED`, instanceCols, inst),
-		peek:    fmt.Sprintf(`SELECT type, def_version, status FROM %s WHERE id = $1`, inst),
+		tryLock: fmt.Sprintf(`SELECT %s FROM %s WHERE id = $1 FOR NO KEY UPDATE SKIP LOCKED`, instanceCols, inst),
+		// When the row is locked, the signaller reads it under a key share
+		// lock: never blocked by an orchestrator (which locks FOR NO KEY
+		// UPDATE), it waits only for retention's removal of the saga (FOR
+		// UPDATE), and then finds no row; while it holds it, retention
+		// passes over the saga. So no event is stored without its saga.
+		peek: fmt.Sprintf(`SELECT type, def_version, status FROM %s WHERE id = $1 FOR KEY SHARE`, inst),
 		// On saga_event_open_idx (saga_id, arrived).
-		open: fmt.Sprintf(`SELECT arrived, name, event_id, payload, state FROM %s
+		open: fmt.Sprintf(`SELECT arrived, name, event_id, payload, state, at FROM %s
  WHERE saga_id = $1 AND state IN ('new', 'pending') AND name = ANY($2::text[])
  ORDER BY arrived`, ev),
-		nextNew: fmt.Sprintf(`SELECT arrived, name, event_id, payload, state FROM %s
+		nextNew: fmt.Sprintf(`SELECT arrived, name, event_id, payload, state, at FROM %s
  WHERE saga_id = $1 AND state = 'new'
  ORDER BY arrived LIMIT 1`, ev),
 		setState:     fmt.Sprintf(`UPDATE %s SET state = $2, step = $3 WHERE arrived = $1`, ev),
 		closePending: fmt.Sprintf(`UPDATE %s SET state = 'ignored' WHERE saga_id = %s AND state = 'pending'`, ev, sqlident.AnyParam("$1", "text")),
 		// On saga_event_new_idx: only the events a signaller could not
-		// apply (the saga was locked), a handful at any time.
-		claimNew: fmt.Sprintf(`SELECT %s FROM %s
+		// apply (the saga was locked), a handful at any time. A saga whose
+		// last pass failed (its last line but fenced ones is timer_failed,
+		// found on saga_history_saga_idx backwards) waits for its backoff:
+		// the timer pass takes it, new events first, when it is due.
+		claimNew: fmt.Sprintf(`SELECT %s FROM %s s
  WHERE id IN (SELECT saga_id FROM %s WHERE state = 'new')
    AND status NOT IN ('paused', 'scheduled')
    AND (type, def_version) IN (SELECT * FROM unnest($1::text[], $2::int[]))
+   AND (SELECT h.event FROM %s h WHERE h.saga_id = s.id AND h.event <> 'fenced' ORDER BY h.id DESC LIMIT 1) IS DISTINCT FROM 'timer_failed'
  LIMIT $3
-   FOR UPDATE SKIP LOCKED`, instanceCols, inst, ev),
+   FOR NO KEY UPDATE SKIP LOCKED`, instanceCols, inst, ev, sqlident.Table(schema, "saga_history")),
 	}
 }
 

@@ -144,7 +144,7 @@ func StartTx[D any](ctx context.Context, tx pgx.Tx, o *Orchestrator, def *Defini
 		return o.existing(ctx, tx, d, id, raw)
 	}
 	in.Revision = 0 // as inserted; saving its first state makes it 1
-	m := &machine{o: o, d: d, in: in, ctx: ctx, tx: tx, now: now}
+	m := &machine{o: o, d: d, in: in, ctx: ctx, tx: tx, now: now, applied: true}
 	m.record("started", "", "", 0, "", "")
 	if err := m.advance(0); err != nil {
 		return nil, err

@@ -137,8 +137,10 @@ type HistoryEntry struct {
 	// operator_failed (a technical failure of a timer pass, rolled back;
 	// see Config.MaxTimerFailures), waiting (a wait step began waiting),
 	// event (an event delivered to the saga: Outcome says what became of
-	// it, consumed, pending, ignored or refused; Detail holds its name,
-	// id and arrival number).
+	// it, consumed, pending, ignored or refused, or held: stored for a
+	// paused or scheduled saga; Detail holds its name, id, arrival number
+	// and arrival time, "arrived_at", which At is not when the event
+	// waited to be filed).
 	// With pause and scheduled start: paused, resumed, held (a reply
 	// stored while paused), scheduled, cancelled.
 	Event     string

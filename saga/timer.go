@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -173,8 +174,27 @@ func onlySkipped(err error) bool {
 	return false
 }
 
-// wake fires one claimed saga's timer in tx.
-func (o *Orchestrator) wake(ctx context.Context, tx pgx.Tx, in *Instance, now time.Time) ([]func(), error) {
+// panicked is a panic in the orchestrator's handling of one saga (a bug,
+// or a state no code path expects), recovered: the saga is parked as
+// stuck with it at once (timerFailed) and the pass goes on.
+type panicked struct {
+	value any
+	stack []byte
+}
+
+func (p panicked) Error() string { return fmt.Sprintf("panic: %v", p.value) }
+
+// recoverPanic turns a panic into a panicked error in *err.
+func recoverPanic(err *error) {
+	if r := recover(); r != nil {
+		*err = panicked{value: r, stack: debug.Stack()}
+	}
+}
+
+// wake fires one claimed saga's timer in tx. A panic is returned as a
+// panicked error.
+func (o *Orchestrator) wake(ctx context.Context, tx pgx.Tx, in *Instance, now time.Time) (_ []func(), err error) {
+	defer recoverPanic(&err)
 	if err := o.callHook(ctx, HookLoaded, in.ID); err != nil {
 		return nil, err
 	}
@@ -190,7 +210,19 @@ func (o *Orchestrator) wake(ctx context.Context, tx pgx.Tx, in *Instance, now ti
 	} else {
 		mctx, span := startTransition(ctx, "timer", in.ID, in.Step, nil) // tracing.go
 		m := &machine{o: o, d: d, in: in, ctx: mctx, tx: tx, now: now}
-		err := m.onWake()
+		var err error
+		if d.hasWaits() && in.Status != StatusScheduled {
+			// Events no pass has applied yet come first (a saga that
+			// failed is left to this pass: see applyEvents); a wait that
+			// is overdue by then is timed out before they are filed.
+			err = m.onNewEvents() // await.go
+		}
+		// The timer's own changes are saved even if filing the events
+		// marked the machine as only fenced.
+		m.applied = true
+		if err == nil {
+			err = m.onWake()
+		}
 		if err == nil {
 			err = m.save()
 		}
@@ -236,6 +268,13 @@ func (o *Orchestrator) timerFailed(ctx context.Context, tx pgx.Tx, in *Instance,
 	n++
 	hist := []historyRow{{sagaID: in.ID, at: now, event: eventTimerFailed, step: in.Step, status: string(in.Status),
 		reason: fmt.Sprintf("failure %d of %d in a row: %v", n, o.maxFailures, cause)}}
+	reason := fmt.Sprintf("its timer failed %d times in a row: %v", n, cause)
+	var p panicked
+	if errors.As(cause, &p) {
+		// It would panic again: parked at once, with the stack in the log.
+		n, reason = o.maxFailures, fmt.Sprintf("its timer panicked: %v", p.value)
+		o.logger.Error("saga: timer panicked", cause, map[string]any{"saga_id": in.ID, "stack": string(p.stack)})
+	}
 	if n < o.maxFailures {
 		next := now.Add(backoff.Exponential(n, o.poll, 30*o.poll))
 		if _, err := tx.Exec(ctx, o.sql.postpone, in.ID, next); err != nil {
@@ -243,7 +282,6 @@ func (o *Orchestrator) timerFailed(ctx context.Context, tx pgx.Tx, in *Instance,
 		}
 		return false, nil, o.writeHistory(ctx, tx, hist)
 	}
-	reason := fmt.Sprintf("its timer failed %d times in a row: %v", n, cause)
 	if _, err := tx.Exec(ctx, o.sql.park, in.ID, oneLine(reason), now); err != nil {
 		return false, nil, fmt.Errorf("saga %s: park as stuck: %w", in.ID, err)
 	}
@@ -269,6 +307,9 @@ func (o *Orchestrator) requestFailed(ctx context.Context, tx pgx.Tx, in *Instanc
 		return false, err
 	}
 	n++
+	if errors.As(cause, new(panicked)) {
+		n = max(n, o.maxFailures) // it would panic again
+	}
 	r, now := in.Request, o.clock.Now()
 	row := historyRow{sagaID: in.ID, at: now, event: eventOperatorFailed, step: in.Step, actor: r.Operator,
 		status: string(in.Status), reason: fmt.Sprintf("failure %d of %d in a row: %v", n, o.maxFailures, cause)}
@@ -292,11 +333,17 @@ func (o *Orchestrator) registeredPairs() (types []string, versions []int32) {
 	return types, versions
 }
 
-// ParkUnregistered finds the live sagas (running or compensating) of the
-// registered types whose definition version is not registered, logs them
-// as errors, counts them in the unregistered metric, and parks them as
-// stuck with that reason. It returns how many it parked. Run calls it at
-// start.
+// ParkUnregistered finds the sagas of the registered types whose
+// definition version is not registered and that nothing would ever move:
+// it logs them as errors, counts them in the unregistered metric, parks
+// the running, compensating and scheduled ones as stuck with that reason
+// (an operator's Retry starts a scheduled one once its version is
+// registered or it is migrated; Abort cancels it), marks the paused ones
+// with the reason (they stay paused: migrate them, or register the
+// version, then Resume), and refuses the operator requests pending on any
+// of them ("operator_refused", ErrNotRegistered), which no orchestrator
+// would apply. It returns how many sagas it parked or marked. Run calls
+// it at start.
 func (o *Orchestrator) ParkUnregistered(ctx context.Context) (int, error) {
 	reg := o.registered()
 	if len(reg) == 0 {
@@ -305,30 +352,46 @@ func (o *Orchestrator) ParkUnregistered(ctx context.Context) (int, error) {
 	total := 0
 	now := o.clock.Now()
 	for typ, versions := range reg {
+		var after []func()
+		n := 0
 		err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
-			found, err := queryInstances(ctx, tx, fmt.Sprintf(`SELECT %s FROM %s
- WHERE type = $1 AND status IN ('running', 'compensating') AND def_version <> ALL($2::int[])
-   FOR UPDATE SKIP LOCKED`, instanceCols, o.sql.instance), typ, versions)
+			after, n = after[:0], 0
+			found, err := queryInstances(ctx, tx, o.sql.unregistered, typ, versions)
 			if err != nil {
 				return err
 			}
 			for _, in := range found {
-				after, err := o.unregistered(ctx, tx, in, now, nil)
-				if err != nil {
-					return err
-				}
-				defer func() {
-					for _, f := range after {
-						f()
+				claimed := *in // as read: parking changes in
+				if in.Status != StatusStuck && !(in.Status == StatusPaused && in.LastError == unregisteredReason(in)) {
+					a, err := o.unregistered(ctx, tx, in, now, nil)
+					if err != nil {
+						return err
 					}
-				}()
+					after = append(after, a...)
+					n++
+				}
+				if r := claimed.Request; r != nil {
+					cause := fmt.Errorf("%w: %s of saga %q: %s", ErrNotRegistered, r.Action, in.ID, unregisteredReason(in))
+					if err := o.refused(ctx, tx, &claimed, cause); err != nil {
+						return err
+					}
+					if err := o.bulkOutcome(ctx, tx, &claimed, r, cause); err != nil { // bulk.go
+						return err
+					}
+					if _, err := tx.Exec(ctx, o.sql.clearRequest, in.ID); err != nil {
+						return fmt.Errorf("saga %s: clear operator request: %w", in.ID, err)
+					}
+				}
 			}
-			total += len(found)
 			return nil
 		})
 		if err != nil {
 			return total, fmt.Errorf("saga: park unregistered versions of %s: %w", typ, err)
 		}
+		for _, f := range after {
+			f()
+		}
+		total += n
 	}
 	return total, nil
 }

@@ -6,8 +6,10 @@
 package bulk
 
 import (
+	"fmt"
 	"time"
 
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/like"
 )
 
@@ -18,15 +20,27 @@ const PageSize = 500
 // Match returns whether a dead letter's text (its last error, a poison
 // reason) and time (when it died, was poisoned) satisfy a selection:
 // text matches the SQL LIKE pattern (any text when pattern is empty) and
-// at is before before (any time when before is zero).
-func Match(pattern string, before time.Time) func(text string, at time.Time) bool {
+// at is before before (any time when before is zero). A pattern
+// PostgreSQL's LIKE refuses is an error wrapping
+// core.ErrInvalidListParams.
+func Match(pattern string, before time.Time) (func(text string, at time.Time) bool, error) {
 	var match func(string) bool
 	if pattern != "" {
-		match = like.Compile(pattern).MatchString
+		re, err := like.Compile(pattern)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", core.ErrInvalidListParams, err)
+		}
+		match = re.MatchString
 	}
 	return func(text string, at time.Time) bool {
 		return (match == nil || match(text)) && (before.IsZero() || at.Before(before))
-	}
+	}, nil
+}
+
+// Refuse is a walk that fails at once with err (a selection Match
+// refused).
+func Refuse[T any](err error) func(fn func([]T) error) error {
+	return func(func([]T) error) error { return err }
 }
 
 // Walk pages through a listing in row id order: list returns up to
@@ -75,11 +89,13 @@ func DryRun[T any](walk func(fn func([]T) error) error, page int) (count int, fi
 }
 
 // Apply calls act with the keys of each page of rows walk yields and
-// returns the sum of act's counts (so far, on an error).
-func Apply[T any](walk func(fn func([]T) error) error, key func(T) string, act func(keys ...string) (int, error)) (int, error) {
+// returns the sum of act's counts (so far, on an error). A key must name
+// the row walk yielded and nothing else (a row id, not an event id that
+// other rows share).
+func Apply[T, K any](walk func(fn func([]T) error) error, key func(T) K, act func(keys ...K) (int, error)) (int, error) {
 	total := 0
 	err := walk(func(rows []T) error {
-		keys := make([]string, len(rows))
+		keys := make([]K, len(rows))
 		for i, row := range rows {
 			keys[i] = key(row)
 		}

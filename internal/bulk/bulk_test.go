@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/millrace/millrace/core"
 )
 
 type row struct {
@@ -33,7 +35,10 @@ func TestWalkPages(t *testing.T) {
 		i, _ := slices.BinarySearchFunc(rows, after+1, func(r row, id int64) int { return int(r.id - id) })
 		return rows[i:min(i+PageSize, len(rows))], nil
 	}
-	match := Match("time%", now.Add(time.Second))
+	match, err := Match("time%", now.Add(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
 	walk := func(fn func([]row) error) error {
 		return Walk(list, func(r row) int64 { return r.id }, func(r row) bool { return match(r.err, r.at) }, fn)
 	}
@@ -73,9 +78,17 @@ func TestWalkPages(t *testing.T) {
 	if _, err := Apply(walk, func(r row) string { return "" }, func(...string) (int, error) { return 1, boom }); !errors.Is(err, boom) {
 		t.Fatalf("apply's error: %v", err)
 	}
+	old, _ := Match("", now.Add(-time.Second))
 	if n, _, _ := DryRun(func(fn func([]row) error) error {
-		return Walk(list, func(r row) int64 { return r.id }, func(r row) bool { return Match("", now.Add(-time.Second))(r.err, r.at) }, fn)
+		return Walk(list, func(r row) int64 { return r.id }, func(r row) bool { return old(r.err, r.at) }, fn)
 	}, 5); n != 0 {
 		t.Fatalf("nothing died before a second ago, yet %d", n)
+	}
+	// A pattern PostgreSQL's LIKE refuses is refused, not matched some
+	// other way: the dry run and the action fail alike.
+	for _, p := range []string{`timeout\`, "time\xff%"} {
+		if _, err := Match(p, time.Time{}); !errors.Is(err, core.ErrInvalidListParams) {
+			t.Errorf("Match(%q): %v", p, err)
+		}
 	}
 }

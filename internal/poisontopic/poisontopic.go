@@ -243,11 +243,14 @@ type DryRun struct {
 
 // matching reads topic and returns the messages q selects, newest first.
 func matching(ctx context.Context, brokers []string, topic string, q Query) ([]Message, error) {
+	match, err := bulk.Match(q.Reason, q.PoisonedBefore)
+	if err != nil {
+		return nil, err
+	}
 	_, msgs, err := Read(ctx, brokers, topic, 0)
 	if err != nil {
 		return nil, err
 	}
-	match := bulk.Match(q.Reason, q.PoisonedBefore)
 	return slices.DeleteFunc(msgs, func(m Message) bool {
 		return q.FromTopic != "" && m.Topic != q.FromTopic || !match(m.Reason, m.Time)
 	}), nil

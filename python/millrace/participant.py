@@ -50,7 +50,18 @@ class Failure(Exception):
 
 class Poison(Exception):
     """A command that cannot be handled the same way on any try: it goes to
-    the poison topic with the reason, and nothing of it is written."""
+    the poison topic with the reason. One whose saga headers and reply topic
+    are usable (call set: an unknown command, a payload that does not
+    decode) is also answered with a failure whose reason begins
+    POISONED_PREFIX; nothing else of it is written."""
+
+    def __init__(self, reason: str, call: "Call | None" = None):
+        super().__init__(reason)
+        self.call = call
+
+
+# The reason of the failure reply to an answered poisoned command begins so.
+POISONED_PREFIX = "poisoned: "
 
 
 @dataclass
@@ -173,19 +184,25 @@ class Participant:
             cmd = None
             c = None
             if not unsupported:
-                c = self._commands.get(call.command)
-                if c is None:
-                    raise Poison(f"unknown command {call.command!r} (participant {self.name})")
-                try:
-                    cmd = c.decode(record.value)
-                except Exception as err:
-                    raise Poison(f"payload of command {call.command!r}: {err}")
                 try:
                     self.writer.validate(Event(topic=call.reply_topic, partition_key=call.saga_id, payload=b"{}"))
                 except EventError as err:
                     raise Poison(f"{p.SAGA_REPLY_TOPIC} {call.reply_topic!r}: the outbox refuses it as the reply's topic: {err.reason}")
-        except (Poison, InvalidEventID) as err:
+                c = self._commands.get(call.command)
+                if c is None:
+                    raise Poison(f"unknown command {call.command!r} (participant {self.name})", call)
+                try:
+                    cmd = c.decode(record.value)
+                except Exception as err:
+                    raise Poison(f"payload of command {call.command!r}: {err}", call)
+        except InvalidEventID as err:
             self._poison(conn, record, str(err))
+            return Outcome("poisoned", str(err))
+        except Poison as err:
+            if err.call is None:
+                self._poison(conn, record, str(err))
+            else:
+                self._answer_poisoned(conn, record, event_id, err.call, str(err))
             return Outcome("poisoned", str(err))
 
         with conn.transaction():
@@ -234,6 +251,30 @@ class Participant:
             return self._finish_row(conn, call, p.SUCCESS, "", b"{}", empty=True)
         raise RuntimeError(f"millrace: {self.name}: action {call.saga_id}/{call.step} has outcome {act_outcome!r} in the barrier")
 
+    def _answer_poisoned(self, conn, record: Record, event_id: str, call: Call, reason: str) -> None:
+        """Poisons record and answers it, in one transaction with its inbox
+        mark: a failure whose reason begins POISONED_PREFIX (nothing ran).
+        An action's failure is stored in the barrier as its attempt's, so
+        the same attempt delivered again (a requeue) never runs; the rows'
+        other outcomes answer as always. A compensation writes no row."""
+        why = _clean_reason(POISONED_PREFIX + reason)
+        with conn.transaction():
+            self._poison(conn, record, reason)
+            if not self.inbox.mark(conn, event_id):
+                return
+            outcome, payload = p.FAILURE, b"{}"
+            if call.operation == p.ACTION:
+                inserted, stored, reply, stored_reason = conn.execute(
+                    self._claim_action, (call.saga_id, call.step, call.saga_type, call.command, call.attempt)).fetchone()
+                if inserted:
+                    self._finish_row(conn, call, p.FAILURE, why, b"{}", empty=False)
+                elif stored in (p.SUCCESS, p.FAILURE, p.CANCELLED):
+                    outcome, why = stored, stored_reason or ""
+                    payload = (bytes(reply) or b"{}") if stored != p.CANCELLED and reply is not None else b"{}"
+                else:
+                    raise RuntimeError(f"millrace: {self.name}: action {call.saga_id}/{call.step} has outcome {stored!r} in the barrier")
+            self._reply(conn, call, outcome, why, payload)
+
     def _call(self, conn, call: Call, fn, is_action: bool) -> tuple[str, str, bytes]:
         try:
             with conn.transaction():  # a savepoint: a business failure rolls back to it
@@ -273,7 +314,8 @@ class Participant:
     def _poison(self, conn, record: Record, reason: str) -> None:
         """Writes record's poisoned copy to the poison topic through the
         outbox, in a transaction of its own (as millrace's Go
-        PoisonPublisher does), with the reason."""
+        PoisonPublisher does; a savepoint in the caller's), with the
+        reason."""
         topic = self.poison_topic(record.topic)
         msg_uuid = p.clean_text(record.uuid)
         event_id = p.poison_event_id(topic, msg_uuid)

@@ -67,10 +67,13 @@ func (a *app) kafkaCmd() *cobra.Command {
 				return err
 			}
 			shown := []kafkalag.Partition{}
-			stalled := 0
+			stalled, lagging := 0, 0
 			for _, l := range lags {
 				if l.Stalled {
 					stalled++
+				}
+				if l.Lag != 0 || l.Err != "" {
+					lagging++
 				}
 				if all || l.Lag != 0 || l.Err != "" {
 					shown = append(shown, l)
@@ -82,7 +85,11 @@ func (a *app) kafkaCmd() *cobra.Command {
 				Lags       []kafkalag.Partition `json:"lags"`
 			}{len(lags), stalled, shown}
 			return a.emit(out, func(w io.Writer) {
-				fmt.Fprintf(w, "%d partition(s) of %d group(s) read, %d lagging shown, %d stalled\n", len(lags), countGroups(lags), len(shown), stalled)
+				shownWhat := "the lagging ones shown"
+				if all {
+					shownWhat = "all shown"
+				}
+				fmt.Fprintf(w, "%d partition(s) of %d group(s) read, %d lagging, %d stalled; %s\n", len(lags), countGroups(lags), lagging, stalled, shownWhat)
 				if len(shown) == 0 {
 					return
 				}

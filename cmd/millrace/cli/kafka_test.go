@@ -47,8 +47,15 @@ func TestKafkaLag(t *testing.T) {
 		t.Fatalf("with --stall-after 2h: exit %d\n%s%s", res.code, res.stdout, res.stderr)
 	}
 	res = poisonRun(t, nil, brokers, "kafka", "lag", "--group", group)
-	if res.code != 0 || !strings.Contains(res.stdout, "STALLED") || !strings.Contains(res.stdout, "1 stalled") {
+	if res.code != 0 || !strings.Contains(res.stdout, "STALLED") || !strings.Contains(res.stdout, "1 stalled") || !strings.Contains(res.stdout, "1 lagging") {
 		t.Fatalf("table: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	// Once the group caught up, --all shows every partition and says that
+	// none lags (it said "1 lagging shown").
+	kafkatest.CommitOffset(t, brokers, group, topic, 0, 3)
+	res = poisonRun(t, nil, brokers, "kafka", "lag", "--group", group, "--all")
+	if res.code != 0 || !strings.Contains(res.stdout, "0 lagging, 0 stalled; all shown") || !strings.Contains(res.stdout, topic) {
+		t.Fatalf("--all without lag: exit %d\n%s%s", res.code, res.stdout, res.stderr)
 	}
 	if res := poisonRun(t, nil, nil, "kafka", "lag"); res.code != 2 || !strings.Contains(res.stderr, "KAFKA_BROKERS") {
 		t.Fatalf("without brokers: exit %d: %s", res.code, res.stderr)

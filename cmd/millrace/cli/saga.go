@@ -315,9 +315,13 @@ func printSaga(w io.Writer, in *saga.Instance, data json.RawMessage, hist []saga
 		}
 		return t.UTC().Format(time.RFC3339)
 	}
+	phase := string(in.Phase)
+	if in.EndedAt != nil {
+		phase = "ended" // the phase it ended in is its status
+	}
 	table(w, []string{"FIELD", "VALUE"}, [][]string{
 		{"id", in.ID}, {"type", in.Type + " v" + strconv.Itoa(in.Version)}, {"status", string(in.Status)},
-		{"phase", string(in.Phase)}, {"current step", in.Step}, {"attempts", strconv.Itoa(in.Attempts)},
+		{"phase", phase}, {"current step", in.Step}, {"attempts", strconv.Itoa(in.Attempts)},
 		{"started", in.CreatedAt.UTC().Format(time.RFC3339)},
 		{"updated", in.UpdatedAt.UTC().Format(time.RFC3339)}, {"next wake-up", when(in.NextWakeupAt)},
 		{"deadline", when(in.DeadlineAt)}, {"ended", when(in.EndedAt)},
@@ -361,9 +365,21 @@ func printSaga(w io.Writer, in *saga.Instance, data json.RawMessage, hist []saga
 	rows = rows[:0]
 	for _, h := range hist {
 		rows = append(rows, []string{h.At.UTC().Format("2006-01-02 15:04:05.000"), h.Event, h.Step, h.Operation,
-			strconv.Itoa(h.Attempt), h.Outcome, string(h.Status), h.Actor, h.Reason})
+			strconv.Itoa(h.Attempt), h.Outcome, string(h.Status), h.Actor, h.Reason + arrival(h)})
 	}
 	table(w, []string{"AT", "EVENT", "STEP", "OPERATION", "ATTEMPT", "OUTCOME", "STATUS", "OPERATOR", "REASON"}, rows)
+}
+
+// arrival says when an event line's event arrived, if not when the line
+// was written (it waited: held for a paused saga, stored before the wait).
+func arrival(h saga.HistoryEntry) string {
+	var d struct {
+		At time.Time `json:"arrived_at"`
+	}
+	if h.Event != "event" || json.Unmarshal(h.Detail, &d) != nil || d.At.IsZero() || d.At.Equal(h.At) {
+		return ""
+	}
+	return " (arrived " + d.At.UTC().Format("2006-01-02 15:04:05.000") + ")"
 }
 
 type sagaAction func(o *saga.Orchestrator, ctx context.Context, id string, by saga.Actor) (*saga.Instance, error)

@@ -186,6 +186,38 @@ func TestSagaShow(t *testing.T) {
 	}
 	fails(t, db, 1, `saga: not found: "nope"`, "saga", "show", "nope")
 	fails(t, db, 2, `accepts 1 arg`, "saga", "show")
+
+	// A saga that ended is in no phase any more (it said "compensating").
+	s.CompensatedBook(t, "book-1")
+	human = ok(t, db, "saga", "show", "book-1")
+	if !regexp.MustCompile(`(?m)^phase +ended$`).MatchString(human) {
+		t.Errorf("a compensated saga's phase:\n%s", human)
+	}
+}
+
+// An event line says when its event arrived when that is not when the
+// line was written.
+func TestSagaShowArrival(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	line := func(arrived time.Time) saga.HistoryEntry {
+		return saga.HistoryEntry{Event: "event", At: at, Detail: mustMarshal(t, map[string]any{"arrived_at": arrived})}
+	}
+	if got := arrival(line(at.Add(-time.Hour))); got != " (arrived 2026-01-01 11:00:00.000)" {
+		t.Errorf("arrival an hour before: %q", got)
+	}
+	if got := arrival(line(at)); got != "" {
+		t.Errorf("arrival at the line's time: %q", got)
+	}
+}
+
+func mustMarshal(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 func TestSagaActions(t *testing.T) {
