@@ -18,7 +18,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace/internal/backoff"
-	"github.com/millrace/millrace/internal/sqlident"
 )
 
 // CDCRelayConfig configures a CDCRelay.
@@ -67,7 +66,7 @@ type CDCRelay struct {
 	repl    *pgconn.Config
 	begin   pgx.TxOptions
 
-	heldKeys, divert, unclaim, mark, marked, publication string
+	publication string
 }
 
 // NewCDCRelay returns a CDCRelay. It does not touch the database or the
@@ -111,47 +110,9 @@ func NewCDCRelay(pool *pgxpool.Pool, cfg CDCRelayConfig) (*CDCRelay, error) {
 		sql:     newCDCSQL(sweeper.schema),
 		sweeper: sweeper,
 		repl:    repl,
-		begin:   sweeper.begin,
+		begin:   sweeper.sql.begin,
 	}
 	c.publication = "'" + strings.ReplaceAll(cfg.Slot, "'", "''") + "'"
-	pending, events := c.sql.pending, c.sql.events
-	// Which keys of a batch have events in the pending set: those keys'
-	// stream events go there too, behind them, so per-key order holds. It
-	// scans the pending set, empty or small while everything flows (a
-	// large replay makes it slower, not wrong). Its keys stay a plain
-	// parameter, planned for each batch: the scan then hashes them, where
-	// an InitPlan's array (sqlident.AnyParam) would be matched one key
-	// after another against each pending row.
-	c.heldKeys = fmt.Sprintf(`SELECT DISTINCT partition_key FROM %s WHERE partition_key = ANY($1)`, pending)
-	// Stream events handed to the polling half. One already published (a
-	// stream read again after a crash) is not handed over twice.
-	c.divert = fmt.Sprintf(`INSERT INTO %s (id, lane, partition_key)
-SELECT id, lane, partition_key FROM %s WHERE id = %s AND published_at IS NULL AND discarded_at IS NULL
-ON CONFLICT (id) DO NOTHING`, pending, events, sqlident.AnyParam("$1", "int8"))
-	// The polling relay's unclaim, for events that never were claimed:
-	// an event already in the pending set (the stream read again) keeps
-	// its state there and is charged nothing again.
-	c.unclaim = fmt.Sprintf(`WITH f AS (
-    SELECT * FROM unnest($1::int8[], $2::bool[], $3::bool[], $4::timestamptz[], $5::text[], $6::bool[]) AS f(id, blocked, dead, next_at, err, charge)
-), q AS (
-    INSERT INTO %[1]s (id, lane, partition_key, blocked, dead, next_attempt_at)
-    SELECT e.id, e.lane, e.partition_key, f.blocked, f.dead, f.next_at FROM f JOIN %[2]s e ON e.id = f.id
-    ON CONFLICT (id) DO NOTHING
-    RETURNING id
-)
-UPDATE %[2]s e SET published_at = NULL,
-       attempts = e.attempts + f.charge::int,
-       last_error = coalesce(f.err, e.last_error),
-       next_attempt_at = f.next_at,
-       dead_at = CASE WHEN f.dead THEN now() END
-  FROM f JOIN q ON q.id = f.id
- WHERE e.id = f.id`, pending, events)
-	// The mark: a HOT update of the log by primary key, as the polling
-	// relay's; the publication streams inserts only.
-	// Which events of a batch are marked published already (primary-key
-	// lookups), while the stream may repeat what a relay before published.
-	c.marked = fmt.Sprintf(`SELECT id FROM %s WHERE id = %s AND published_at IS NOT NULL`, events, sqlident.AnyParam("$1", "int8"))
-	c.mark = fmt.Sprintf(`UPDATE %s SET published_at = now() WHERE id = %s AND published_at IS NULL`, events, sqlident.AnyParam("$1", "int8"))
 	return c, nil
 }
 
@@ -506,7 +467,7 @@ func (c *CDCRelay) publishRows(ctx context.Context, s *cdcStream) error {
 			keys = append(keys, rows[i].key)
 		}
 	}
-	qrows, err := c.pool.Query(ctx, c.heldKeys, keys)
+	qrows, err := c.pool.Query(ctx, c.sql.heldKeys, keys)
 	if err != nil {
 		return fmt.Errorf("outbox: CDC: read held keys: %w", err)
 	}
@@ -524,7 +485,7 @@ func (c *CDCRelay) publishRows(ctx context.Context, s *cdcStream) error {
 		for i := range rows {
 			ids[i] = rows[i].id
 		}
-		qrows, err := c.pool.Query(ctx, c.marked, ids)
+		qrows, err := c.pool.Query(ctx, c.sql.marked, ids)
 		if err != nil {
 			return fmt.Errorf("outbox: CDC: read marks: %w", err)
 		}
@@ -593,17 +554,17 @@ func (c *CDCRelay) publishRows(ctx context.Context, s *cdcStream) error {
 	defer cancel()
 	err = pgx.BeginTxFunc(bctx, c.pool, c.begin, func(tx pgx.Tx) error {
 		if len(published) > 0 {
-			if _, err := tx.Exec(bctx, c.mark, published); err != nil {
+			if _, err := tx.Exec(bctx, c.sql.mark, published); err != nil {
 				return fmt.Errorf("mark %d events published: %w", len(published), err)
 			}
 		}
 		if len(back.ids) > 0 {
-			if _, err := tx.Exec(bctx, c.unclaim, back.ids, back.blocked, back.dead, back.nextAt, back.errs, back.charge); err != nil {
+			if _, err := tx.Exec(bctx, c.sql.unclaim, back.ids, back.blocked, back.dead, back.nextAt, back.errs, back.charge); err != nil {
 				return fmt.Errorf("record %d failed events in the pending set: %w", len(back.ids), err)
 			}
 		}
 		if len(diverted) > 0 {
-			if _, err := tx.Exec(bctx, c.divert, diverted); err != nil {
+			if _, err := tx.Exec(bctx, c.sql.divert, diverted); err != nil {
 				return fmt.Errorf("hand %d events held behind their keys to the pending set: %w", len(diverted), err)
 			}
 		}

@@ -484,11 +484,11 @@ INSERT INTO `+pending+` (id, lane, partition_key) SELECT id, lane, partition_key
 	defer conn.Release()
 	c := conn.Conn()
 	for _, st := range []struct{ name, sql, args, want, table string }{
-		{"claim", r.claim, `'{0,1,2,3,4,5,6,7}', 2000, true`, "using outbox_event_pkey on outbox_event", "outbox_event"},
-		{"claimNoted", r.claimNoted, `2000, true`, "using outbox_event_pkey on outbox_event", "outbox_event"},
-		{"claimableLanes", r.claimableLanes, `true, 16`, "using outbox_pending_pkey on outbox_pending q", "outbox_pending"},
+		{"claim", r.sql.claim, `'{0,1,2,3,4,5,6,7}', 2000, true`, "using outbox_event_pkey on outbox_event", "outbox_event"},
+		{"claimNoted", r.sql.claimNoted, `2000, true`, "using outbox_event_pkey on outbox_event", "outbox_event"},
+		{"claimableLanes", r.sql.claimableLanes, `true, 16`, "using outbox_pending_pkey on outbox_pending q", "outbox_pending"},
 	} {
-		for _, s := range append(slices.Clone(r.beginStatements), `SET LOCAL plan_cache_mode = force_generic_plan`) {
+		for _, s := range append(slices.Clone(r.sql.beginStatements), `SET LOCAL plan_cache_mode = force_generic_plan`) {
 			if _, err := c.Exec(ctx, s); err != nil {
 				t.Fatal(err)
 			}
@@ -522,8 +522,8 @@ func TestBatchSettingsAreOneStatementForItsTransaction(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n := len(r.beginStatements); n != 2 {
-			t.Errorf("SyncCommit %v: %d statements begin a batch (%q), want BEGIN and one SELECT of the settings", sync, n, r.beginStatements)
+		if n := len(r.sql.beginStatements); n != 2 {
+			t.Errorf("SyncCommit %v: %d statements begin a batch (%q), want BEGIN and one SELECT of the settings", sync, n, r.sql.beginStatements)
 		}
 		conn, err := db.Pool.Acquire(ctx)
 		if err != nil {
@@ -535,7 +535,7 @@ func TestBatchSettingsAreOneStatementForItsTransaction(t *testing.T) {
 			b.Queue("SELECT current_setting('" + s + "')")
 		}
 		br := c.SendBatch(ctx, b)
-		for range r.beginStatements {
+		for range r.sql.beginStatements {
 			if _, err := br.Exec(); err != nil {
 				t.Fatal(err)
 			}
