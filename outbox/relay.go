@@ -317,99 +317,142 @@ var errOutage = errors.New("outbox: publish unavailable")
 // a NOTIFY of their own within it.
 const trailStart = 4 * time.Millisecond
 
-func (r *Relay) work(ctx context.Context, worker int) {
-	// A batch works on a window of LanesPerBatch lanes; the window moves on
-	// after every batch, and the worker sleeps only after a whole ring of
-	// windows found nothing, so every lane is looked at on every wake-up.
-	window := r.cfg.LanesPerBatch
-	windowsPerRing := (Lanes + window - 1) / window
-	offset := rand.IntN(Lanes)
-	idle := r.cfg.PollInterval
-	// After work is found, events may follow that no NOTIFY announces (a
-	// Writer sends at most one per NotifyInterval): they are looked for
-	// again on a short timer, from trailStart and doubling. Worker 0 alone
-	// does that, also after another worker's batch: each look that finds
-	// nothing is a round trip, and with every worker looking, a trickle of
-	// events cost the database more in looks than in events. The others
-	// sleep until a NOTIFY or PollInterval.
-	var trail <-chan struct{} // nil, never ready, but for worker 0
-	if worker == 0 {
-		trail = r.trail
+// look is how a batch finds the lanes it works on (takeBatch).
+type look int
+
+const (
+	// lookForWork locks the lanes of the first claimable events (and only
+	// those: a lane lock writes WAL) and claims in them, in one round
+	// trip: the batch after a NOTIFY, after a batch whose question found
+	// more work, and while the worker goes round the ring of windows.
+	lookForWork look = iota
+	// askFirst is a look on a timer, that nothing announced: it asks
+	// first, outside a transaction, whether anything is claimable, and
+	// looks for work only when something is. Under a trickle of events
+	// most such looks find nothing, and a look that finds nothing costs
+	// two round trips (BEGIN with the look, then ROLLBACK); the question
+	// costs one.
+	askFirst
+	// drainWindow is the batch after a full one: a backlog drains, and
+	// the look for work would only find the lanes of its head held by the
+	// other batches. It locks a window of lanes at once and claims in
+	// them, so that a backlog goes out in parallel.
+	drainWindow
+)
+
+// worker is the state of one of a relay's work loops.
+type worker struct {
+	id int
+	// offset is the first lane of the next batch's window; the window
+	// moves on after every batch.
+	offset int
+	look   look
+	// outages counts the batches failed in a row; empty the windows
+	// found empty in a row: the worker sleeps only after a whole ring of
+	// them, so every lane is looked at on every wake-up.
+	outages, empty int
+	// idle is how long the next sleep lasts without a NOTIFY: after work
+	// was found, from trailStart, doubling up to PollInterval.
+	idle time.Duration
+	// trail is r.trail for worker 0, nil (never ready) for the others.
+	trail <-chan struct{}
+}
+
+// work is one of a relay's work loops: a batch (runBatch), then, by what
+// it found, another batch at once, a back-off after an outage, or a sleep
+// until a NOTIFY or a timer says there may be work.
+//
+// After work is found, events may follow that no NOTIFY announces (a
+// Writer sends at most one per NotifyInterval): they are looked for again
+// on a short timer, from trailStart and doubling. Worker 0 alone does
+// that, also after another worker's batch: each look that finds nothing is
+// a round trip, and with every worker looking, a trickle of events cost
+// the database more in looks than in events. The others sleep until a
+// NOTIFY or PollInterval.
+func (r *Relay) work(ctx context.Context, id int) {
+	w := &worker{id: id, offset: rand.IntN(Lanes), idle: r.cfg.PollInterval}
+	if id == 0 {
+		w.trail = r.trail
 	}
-	outages, empty := 0, 0
-	backlog := false // the last batch was full: lock windows, skip the look for work
-	// A look on a timer, that no NOTIFY announced, is speculative: it
-	// first asks, outside a transaction, whether anything is claimable.
-	// Under a trickle of events most such looks find nothing, and a look
-	// that finds nothing costs two round trips (BEGIN with the look, then
-	// ROLLBACK); the question costs one. After a batch that was not full
-	// the question goes out behind its COMMIT, in the same round trip
-	// (runBatch's more): the worker looks again at once only when the
-	// answer is yes, at no round trip when it is no. Either question
-	// answers no when what it found is in lanes a sibling's batch holds
-	// (worthALook).
-	speculative := false
+	windowsPerRing := (Lanes + r.cfg.LanesPerBatch - 1) / r.cfg.LanesPerBatch
 	for ctx.Err() == nil {
-		n, more, err := r.runBatch(ctx, worker, offset, backlog, speculative)
-		speculative = false
-		backlog = n >= r.cfg.BatchSize
-		offset = (offset + window) % Lanes
-		if errors.Is(err, errNothingPending) {
-			// No free lane has work: the other windows have none either.
-			err, empty = nil, windowsPerRing-1
+		n, more, err := r.runBatch(ctx, w.id, w.offset, w.look)
+		w.offset = (w.offset + r.cfg.LanesPerBatch) % Lanes
+		w.look = lookForWork
+		if n >= r.cfg.BatchSize {
+			w.look = drainWindow
 		}
 		switch {
+		case errors.Is(err, errNothingPending):
+			// No free lane has work: the other windows have none either.
+			w.outages = 0
+			r.sleep(ctx, w)
 		case err != nil:
-			outages++
-			empty = 0
-			wait := backoff.Exponential(outages, 50*time.Millisecond, r.cfg.OutageBackoffMax)
-			r.log.Error("Relay batch failed; retrying", err, watermill.LogFields{"worker": worker, "retry_in": wait.String()})
-			r.cfg.Metrics.outage()
-			backoff.Sleep(ctx, wait)
-			continue
+			r.backOff(ctx, w, err)
 		case n > 0:
-			outages, empty = 0, 0
-			if trail != nil {
-				idle = trailStart
-			} else {
-				idle = r.cfg.PollInterval
-				select {
-				case r.trail <- struct{}{}:
-				default:
-				}
+			w.outages, w.empty = 0, 0
+			r.foundWork(w)
+			if !more {
+				// Nothing claimable after the batch: wait for a NOTIFY
+				// or the short looks.
+				r.sleep(ctx, w)
 			}
-			if more {
-				continue
-			}
-			// Nothing claimable after the batch: wait for a NOTIFY or
-			// the short looks.
 		default:
-			outages = 0
-			if empty++; empty < windowsPerRing {
-				continue
+			w.outages = 0
+			if w.empty++; w.empty >= windowsPerRing {
+				r.sleep(ctx, w)
 			}
 		}
-		empty = 0
-		t := time.NewTimer(idle)
-	sleep:
-		for {
-			select {
-			case <-ctx.Done():
-			case <-r.wake:
-				speculative = false
-			case <-trail:
-				// Another worker's batch found work and looked again at
-				// once: the short looks start over.
-				idle = trailStart
-				t.Reset(idle)
-				continue
-			case <-t.C:
-				speculative = true
-			}
-			break sleep
+	}
+}
+
+// backOff waits after a failed batch, longer after each failure in a row.
+func (r *Relay) backOff(ctx context.Context, w *worker, err error) {
+	w.outages++
+	w.empty = 0
+	wait := backoff.Exponential(w.outages, 50*time.Millisecond, r.cfg.OutageBackoffMax)
+	r.log.Error("Relay batch failed; retrying", err, watermill.LogFields{"worker": w.id, "retry_in": wait.String()})
+	r.cfg.Metrics.outage()
+	backoff.Sleep(ctx, wait)
+}
+
+// foundWork starts the short looks after work (see work): worker 0's own,
+// or, for another worker, worker 0's.
+func (r *Relay) foundWork(w *worker) {
+	if w.trail != nil {
+		w.idle = trailStart
+		return
+	}
+	w.idle = r.cfg.PollInterval
+	select {
+	case r.trail <- struct{}{}:
+	default:
+	}
+}
+
+// sleep waits until a NOTIFY, the end of w.idle (then the next batch asks
+// first: nothing announced work), or ctx's end. Worker 0 starts its short
+// looks again when another worker found work.
+func (r *Relay) sleep(ctx context.Context, w *worker) {
+	w.empty = 0
+	t := time.NewTimer(w.idle)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+		case <-r.wake:
+			w.look = lookForWork
+		case <-w.trail:
+			// Another worker's batch found work and looked again at
+			// once: the short looks start over.
+			w.idle = trailStart
+			t.Reset(w.idle)
+			continue
+		case <-t.C:
+			w.look = askFirst
 		}
-		t.Stop()
-		idle = min(idle*2, r.cfg.PollInterval)
+		w.idle = min(w.idle*2, r.cfg.PollInterval)
+		return
 	}
 }
 
@@ -485,7 +528,7 @@ type pendingRow struct {
 // one that was not full, whether anything was claimable once it committed,
 // outside the lanes its siblings hold (asked in the COMMIT's round trip;
 // yes when the question failed; see commit).
-func (r *Relay) runBatch(ctx context.Context, worker, offset int, backlog, speculative bool) (n int, more bool, err error) {
+func (r *Relay) runBatch(ctx context.Context, worker, offset int, how look) (n int, more bool, err error) {
 	if ctx.Err() != nil {
 		return 0, false, nil
 	}
@@ -508,7 +551,7 @@ func (r *Relay) runBatch(ctx context.Context, worker, offset int, backlog, specu
 		tx.Exec(rctx, "ROLLBACK") //nolint:errcheck // a failure closes the connection
 	}()
 
-	lanes, rows, err := r.takeBatch(ctx, tx, worker, offset, backlog, speculative)
+	lanes, rows, err := r.takeBatch(ctx, tx, worker, offset, how)
 	if errors.Is(err, errNothingPending) {
 		return 0, false, err
 	}
@@ -761,7 +804,7 @@ func (u *unclaimed) add(id int64, blocked, dead bool, nextAt *time.Time, err *st
 // every lane busy, and cost the drain a second walk of the pending set's
 // head per batch.
 //
-// A speculative batch (nothing announced work) first asks whether
+// An askFirst batch (nothing announced work) first asks whether
 // anything is claimable, outside the transaction, and returns
 // errNothingPending at once when nothing is, or nothing but events in
 // lanes its siblings hold (worthALook).
@@ -771,9 +814,9 @@ func (u *unclaimed) add(id int64, blocked, dead bool, nextAt *time.Time, err *st
 // it too (claimNoted), so a batch that finds work makes one round trip
 // where it made three. A window's claim takes its lanes as a parameter,
 // in a round trip of its own.
-func (r *Relay) takeBatch(ctx context.Context, tx *pgx.Conn, worker, offset int, backlog, speculative bool) ([]int16, []pendingRow, error) {
+func (r *Relay) takeBatch(ctx context.Context, tx *pgx.Conn, worker, offset int, how look) ([]int16, []pendingRow, error) {
 	hold := !r.cfg.SkipDeadLetteredKeys
-	if speculative && !backlog {
+	if how == askFirst {
 		var lanes []int16
 		if err := tx.QueryRow(ctx, r.sql.claimableLanes, hold, questionLanes).Scan(&lanes); err != nil {
 			return nil, nil, fmt.Errorf("outbox: look for work: %w", err)
@@ -782,7 +825,7 @@ func (r *Relay) takeBatch(ctx context.Context, tx *pgx.Conn, worker, offset int,
 			return nil, nil, errNothingPending
 		}
 	}
-	if !backlog {
+	if how != drainWindow {
 		// The look for work and the claim in the lanes it locked.
 		b := r.batch(true)
 		b.Queue(r.sql.lockLanes, offset, r.cfg.LanesPerBatch, r.cfg.BatchSize, hold)
@@ -801,9 +844,10 @@ func (r *Relay) takeBatch(ctx context.Context, tx *pgx.Conn, worker, offset int,
 		// Work whose lanes other batches hold: the claim behind the look
 		// had no lane, and claimed nothing.
 	}
-	b := r.batch(backlog) // begun by the look above unless draining
+	draining := how == drainWindow
+	b := r.batch(draining) // begun by the look above unless draining
 	b.Queue(r.sql.lockWindow, offset, r.cfg.LanesPerBatch)
-	got, _, err := r.readLockAndClaim(tx.SendBatch(ctx, b), backlog, false)
+	got, _, err := r.readLockAndClaim(tx.SendBatch(ctx, b), draining, false)
 	if err != nil {
 		return nil, nil, fmt.Errorf("outbox: %w", err)
 	}

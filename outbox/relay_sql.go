@@ -115,7 +115,7 @@ RETURNING e.id, e.event_id::text, e.topic, e.partition_key, e.aggregate_type, e.
           e.payload, e.payload_bytes, e.headers, e.attempts, c.blocked, c.next_attempt_at`, pending, events, claimable(pending, hold), lanes, limit)
 }
 
-// claimableLanesSQL is the look of a speculative batch (see work), and the
+// claimableLanesSQL is the question of an askFirst batch (see look), and the
 // question for more work after a batch (see commit), outside a
 // transaction: the lanes of the first $2 events the claim could take,
 // in id order (none: nothing is claimable). $1 whether dead letters
