@@ -458,6 +458,22 @@ func (c *CDCRelay) sendStatus(s *cdcStream) error {
 // the polling relay returns failed events) and what was held behind
 // events of its key in the pending set (handed to it).
 func (c *CDCRelay) publishRows(ctx context.Context, s *cdcStream) error {
+	out, diverted, err := c.route(ctx, s)
+	if err != nil {
+		return err
+	}
+	failed, err := c.publishThroughOutages(ctx, s, out)
+	if err != nil {
+		return err
+	}
+	return c.record(ctx, out, failed, diverted)
+}
+
+// route sorts the rows read into those to publish (out) and those whose
+// keys have events in the pending set (diverted: they go there too, behind
+// them). Rows the stream repeats that a relay before published and marked
+// are in neither.
+func (c *CDCRelay) route(ctx context.Context, s *cdcStream) (out []pendingRow, diverted []int64, err error) {
 	rows := s.rows
 	keys := make([]string, 0, len(rows))
 	seen := map[string]bool{}
@@ -467,17 +483,9 @@ func (c *CDCRelay) publishRows(ctx context.Context, s *cdcStream) error {
 			keys = append(keys, rows[i].key)
 		}
 	}
-	qrows, err := c.pool.Query(ctx, c.sql.heldKeys, keys)
+	held, err := queryValues[string](ctx, c.pool, c.sql.heldKeys, keys)
 	if err != nil {
-		return fmt.Errorf("outbox: CDC: read held keys: %w", err)
-	}
-	held, err := pgx.CollectRows(qrows, pgx.RowTo[string])
-	if err != nil {
-		return fmt.Errorf("outbox: CDC: read held keys: %w", err)
-	}
-	heldSet := make(map[string]bool, len(held))
-	for _, k := range held {
-		heldSet[k] = true
+		return nil, nil, fmt.Errorf("outbox: CDC: read held keys: %w", err)
 	}
 	var done map[int64]bool
 	if s.commits < 2 {
@@ -485,32 +493,45 @@ func (c *CDCRelay) publishRows(ctx context.Context, s *cdcStream) error {
 		for i := range rows {
 			ids[i] = rows[i].id
 		}
-		qrows, err := c.pool.Query(ctx, c.sql.marked, ids)
-		if err != nil {
-			return fmt.Errorf("outbox: CDC: read marks: %w", err)
-		}
-		marked, err := pgx.CollectRows(qrows, pgx.RowTo[int64])
-		if err != nil {
-			return fmt.Errorf("outbox: CDC: read marks: %w", err)
-		}
-		done = make(map[int64]bool, len(marked))
-		for _, id := range marked {
-			done[id] = true
+		if done, err = queryValues[int64](ctx, c.pool, c.sql.marked, ids); err != nil {
+			return nil, nil, fmt.Errorf("outbox: CDC: read marks: %w", err)
 		}
 	}
-	var out []pendingRow
-	var diverted []int64
 	for _, r := range rows {
-		if done[r.id] {
-			continue // published and marked by a relay before
-		}
-		if heldSet[r.key] {
+		switch {
+		case done[r.id]:
+			// published and marked by a relay before
+		case held[r.key]:
 			diverted = append(diverted, r.id)
-		} else {
+		default:
 			out = append(out, r)
 		}
 	}
+	return out, diverted, nil
+}
 
+// queryValues runs sql with arg and returns the set of its one column.
+func queryValues[T comparable](ctx context.Context, pool *pgxpool.Pool, sql string, arg any) (map[T]bool, error) {
+	rows, err := pool.Query(ctx, sql, arg)
+	if err != nil {
+		return nil, err
+	}
+	values, err := pgx.CollectRows(rows, pgx.RowTo[T])
+	if err != nil {
+		return nil, err
+	}
+	set := make(map[T]bool, len(values))
+	for _, v := range values {
+		set[v] = true
+	}
+	return set, nil
+}
+
+// publishThroughOutages publishes out and returns what failed. While
+// nothing goes out and nothing says the events are at fault (the broker
+// is away), nothing is confirmed: the slot keeps the WAL and the same
+// batch is tried again, with back-off.
+func (c *CDCRelay) publishThroughOutages(ctx context.Context, s *cdcStream, out []pendingRow) (map[int64]error, error) {
 	var failed map[int64]error
 	for attempt := 1; len(out) > 0; attempt++ {
 		endSpan := traceBatch(ctx, out) // tracing.go
@@ -520,9 +541,6 @@ func (c *CDCRelay) publishRows(ctx context.Context, s *cdcStream) error {
 		if len(failed) < len(out) || anyPermanent(failed) {
 			break
 		}
-		// Nothing went out and nothing says the events are at fault: the
-		// broker is away. Nothing is confirmed; the slot keeps the WAL
-		// and the same batch is tried again.
 		var first error
 		for _, e := range failed {
 			first = e
@@ -532,10 +550,16 @@ func (c *CDCRelay) publishRows(ctx context.Context, s *cdcStream) error {
 		wait := backoff.Exponential(attempt, 50*time.Millisecond, c.cfg.OutageBackoffMax)
 		c.log.Error("CDC batch failed; retrying", fmt.Errorf("%w: %d events: %v", errOutage, len(out), first), watermill.LogFields{"retry_in": wait.String()})
 		if err := c.waitReporting(ctx, s, wait); err != nil {
-			return err
+			return nil, err
 		}
 	}
+	return failed, nil
+}
 
+// record marks what of out went out published, returns what failed to
+// the pending set, and hands the diverted events to it, in one
+// transaction.
+func (c *CDCRelay) record(ctx context.Context, out []pendingRow, failed map[int64]error, diverted []int64) error {
 	var back unclaimed
 	if len(failed) > 0 {
 		back = c.sweeper.settleFailures(out, failed)
@@ -552,7 +576,7 @@ func (c *CDCRelay) publishRows(ctx context.Context, s *cdcStream) error {
 	}
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
-	err = pgx.BeginTxFunc(bctx, c.pool, c.begin, func(tx pgx.Tx) error {
+	err := pgx.BeginTxFunc(bctx, c.pool, c.begin, func(tx pgx.Tx) error {
 		if len(published) > 0 {
 			if _, err := tx.Exec(bctx, c.sql.mark, published); err != nil {
 				return fmt.Errorf("mark %d events published: %w", len(published), err)
