@@ -61,8 +61,7 @@ type Writer struct {
 	notifyInterval int64
 	lastNotify     atomic.Int64
 	validateTopic  func(string) error
-	// The statements that write one event, and many.
-	insertOne, insertOneNotify, insert, insertNotify string
+	sql            writerSQL
 }
 
 // NewWriter returns a Writer. pool is used only by Write; it may be nil if
@@ -81,43 +80,12 @@ func NewWriter(pool *pgxpool.Pool, cfg WriterConfig) (*Writer, error) {
 		channel:        notifyChannel(schema),
 		notifyInterval: int64(cfg.NotifyInterval),
 		validateTopic:  cfg.ValidateTopic,
+		sql:            newWriterSQL(schema, cfg.CDC),
 	}
-	// One round trip writes the log rows and their pending rows, and when
-	// due the wake-up hint.
-	events, pending := sqlident.Table(schema, "outbox_event"), sqlident.Table(schema, "outbox_pending")
-	const cols = `event_id, aggregate_type, aggregate_id, event_type, topic, partition_key, lane, payload, payload_bytes, headers`
 	if cfg.CDC {
-		// The log row alone: the CDC relay streams the insert. No hint
-		// either; the stream wakes the relay.
+		// No hint: the stream wakes the relay.
 		w.notifyInterval = -1
-		w.insertOne = fmt.Sprintf(`INSERT INTO %s (%s) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`, events, cols)
-		w.insert = fmt.Sprintf(`INSERT INTO %s (%s)
-SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int2[], $8::text[]::json[], $9::bytea[], $10::text[]::jsonb[])`, events, cols)
-		return w, nil
 	}
-	w.insertOne = fmt.Sprintf(`WITH ev AS (
-    INSERT INTO %s (%s) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-    RETURNING id, lane, partition_key
-)
-INSERT INTO %s (id, lane, partition_key) SELECT id, lane, partition_key FROM ev`, events, cols, pending)
-	w.insertOneNotify = fmt.Sprintf(`WITH ev AS (
-    INSERT INTO %s (%s) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-    RETURNING id, lane, partition_key
-), p AS (
-    INSERT INTO %s (id, lane, partition_key) SELECT id, lane, partition_key FROM ev
-)
-SELECT pg_notify($11, '')`, events, cols, pending)
-	many := fmt.Sprintf(`WITH ev AS (
-    INSERT INTO %s (%s)
-    SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int2[], $8::text[]::json[], $9::bytea[], $10::text[]::jsonb[])
-    RETURNING id, lane, partition_key
-), p AS (
-    INSERT INTO %s (id, lane, partition_key) SELECT id, lane, partition_key FROM ev
-)`, events, cols, pending)
-	w.insert = many + `
-SELECT 1`
-	w.insertNotify = many + `
-SELECT pg_notify($11, '')`
 	return w, nil
 }
 
@@ -190,16 +158,16 @@ func (w *Writer) WriteTx(ctx context.Context, tx pgx.Tx, events ...Event) ([]str
 		// parameters: cheaper to encode than ten one-element arrays.
 		r := &rows[0]
 		args := []any{[16]byte(r.id), r.aggType, r.aggID, r.eventType, r.topic, r.key, r.lane, r.payload, r.binary, r.headers}
-		sql := w.insertOne
+		sql := w.sql.insertOne
 		if w.notifyDue() {
-			sql, args = w.insertOneNotify, append(args, w.channel)
+			sql, args = w.sql.insertOneNotify, append(args, w.channel)
 		}
 		_, err = tx.Exec(ctx, sql, args...)
 	} else {
 		args := columns(rows)
-		sql := w.insert
+		sql := w.sql.insert
 		if w.notifyDue() {
-			sql, args = w.insertNotify, append(args, w.channel)
+			sql, args = w.sql.insertNotify, append(args, w.channel)
 		}
 		_, err = tx.Exec(ctx, sql, args...)
 	}
