@@ -289,6 +289,7 @@ type topicBatch struct {
 	topic string
 	msgs  []*message.Message
 	out   []outcome // its part of the call's outcomes
+	first int       // the index of its first message in the call
 }
 
 func (p *Publisher) publishTopics(batches []topicBatch) error {
@@ -324,83 +325,120 @@ type outcome struct {
 // publish sends the batches' messages, all of them (all, in the batches'
 // order) in the same rounds.
 func (p *Publisher) publish(batches []topicBatch, all []*message.Message) error {
-	out := make([]outcome, len(all))
+	c := &call{p: p, out: make([]outcome, len(all)), failedKeys: map[string]bool{}, failedTopics: map[string]bool{}}
+	i := 0
+	for b := range batches {
+		batches[b].first = i
+		batches[b].out = c.out[i : i+len(batches[b].msgs)]
+		i += len(batches[b].msgs)
+	}
+	for _, b := range batches {
+		c.marshal(b)
+	}
+	for _, b := range batches {
+		c.buffer(b)
+	}
+	c.flush()
+	for _, b := range batches {
+		p.isolate(b.topic, b.msgs, b.out)
+	}
+	return p.report(batches, all, c.out)
+}
+
+// call is a Publish call in progress: what became of each of its messages,
+// the keys held back after a failure, and the round being buffered.
+type call struct {
+	p   *Publisher
+	out []outcome
 	// A key with a failed message holds its later messages of this call
 	// back, so they cannot overtake it (core.BatchError's contract).
 	// Keys are per topic: topicKey. A message the Marshaler refused
 	// without saying its key holds back its whole topic.
-	failedKeys := map[string]bool{}
-	failedTopics := map[string]bool{}
-	hold := func(i int, key string, err error) {
-		out[i].err = err
-		failedKeys[key] = true
-	}
+	failedKeys, failedTopics map[string]bool
+	round                    []int // indexes into out
+	roundBytes               int64
+}
 
-	var round []int
-	var roundBytes int64
-	flush := func() {
-		if len(round) == 0 {
-			return
+// marshal turns b's messages into records (in b.out), failing those the
+// Marshaler refuses, permanently (buffer holds back what is behind them).
+func (c *call) marshal(b topicBatch) {
+	for i, msg := range b.msgs {
+		o := &b.out[i]
+		rec, err := c.p.marshaler.Marshal(b.topic, msg)
+		if err == nil && rec == nil {
+			err = errors.New("the Marshaler returned no record")
 		}
-		p.produce(out, round)
-		for _, i := range round {
-			if out[i].err != nil {
-				failedKeys[topicKey(out[i].rec.Topic, string(out[i].rec.Key))] = true
-			}
+		if err == nil {
+			rec.Topic = b.topic
+			o.rec, o.size = rec, recordBatchSize(rec)
+			continue
 		}
-		round, roundBytes = round[:0], 0
-	}
-	i := 0
-	for b := range batches {
-		topic := batches[b].topic
-		limit := p.limitFor(topic)
-		batches[b].out = out[i : i+len(batches[b].msgs)]
-		for _, msg := range batches[b].msgs {
-			rec, err := p.marshaler.Marshal(topic, msg)
-			if err == nil && rec == nil {
-				err = errors.New("the Marshaler returned no record")
-			}
-			if err != nil {
-				err = core.Permanent(fmt.Errorf("%w %s: %w", ErrMarshal, msg.UUID, err))
-				if rec != nil { // it says the key: hold that
-					out[i].rec = &kgo.Record{Topic: topic, Key: rec.Key}
-					hold(i, topicKey(topic, string(rec.Key)), err)
-				} else {
-					out[i].err = err
-					failedTopics[topic] = true
-				}
-				i++
-				continue
-			}
-			rec.Topic = topic
-			key := topicKey(topic, string(rec.Key))
-			out[i].rec = rec
-			out[i].size = recordBatchSize(rec)
-			switch {
-			case failedKeys[key] || failedTopics[topic]:
-				out[i].err = temporary(fmt.Errorf("%w: message %s", ErrHeldBack, msg.UUID))
-			case out[i].size > limit:
-				hold(i, key, core.Permanent(fmt.Errorf("%w: message %s needs %d bytes, topic %s takes %d",
-					ErrMessageTooLarge, msg.UUID, out[i].size, topic, limit)))
-			default:
-				if len(round) >= p.chunk || p.chunkBytes > 0 && roundBytes+int64(out[i].size) > p.chunkBytes {
-					flush()
-					if failedKeys[key] || failedTopics[topic] {
-						out[i].err = temporary(fmt.Errorf("%w: message %s", ErrHeldBack, msg.UUID))
-						break
-					}
-				}
-				round = append(round, i)
-				roundBytes += int64(out[i].size)
-			}
-			i++
+		o.err = core.Permanent(fmt.Errorf("%w %s: %w", ErrMarshal, msg.UUID, err))
+		if rec != nil {
+			o.rec = &kgo.Record{Topic: b.topic, Key: rec.Key} // it says the key: hold that
 		}
 	}
-	flush()
-	for _, b := range batches {
-		p.isolate(b.topic, b.msgs, b.out)
-	}
+}
 
+// buffer puts b's records into rounds, in order, refusing those too large
+// for their topic and holding back those behind a failure of their key: a
+// record the Marshaler refused holds back its key, or its whole topic when
+// the Marshaler did not say the key.
+func (c *call) buffer(b topicBatch) {
+	limit := c.p.limitFor(b.topic)
+	for i, msg := range b.msgs {
+		o := &b.out[i]
+		switch {
+		case o.err != nil && o.rec == nil:
+			c.failedTopics[b.topic] = true
+			continue
+		case o.err != nil:
+			c.failedKeys[topicKey(b.topic, string(o.rec.Key))] = true
+			continue
+		}
+		key := topicKey(b.topic, string(o.rec.Key))
+		switch {
+		case c.held(b.topic, key):
+			o.err = temporary(fmt.Errorf("%w: message %s", ErrHeldBack, msg.UUID))
+		case o.size > limit:
+			o.err = core.Permanent(fmt.Errorf("%w: message %s needs %d bytes, topic %s takes %d",
+				ErrMessageTooLarge, msg.UUID, o.size, b.topic, limit))
+			c.failedKeys[key] = true
+		default:
+			if len(c.round) >= c.p.chunk || c.p.chunkBytes > 0 && c.roundBytes+int64(o.size) > c.p.chunkBytes {
+				c.flush()
+				if c.held(b.topic, key) {
+					o.err = temporary(fmt.Errorf("%w: message %s", ErrHeldBack, msg.UUID))
+					continue
+				}
+			}
+			c.round = append(c.round, b.first+i)
+			c.roundBytes += int64(o.size)
+		}
+	}
+}
+
+// held reports whether a message of key (a topicKey of topic) waits
+// behind a failure.
+func (c *call) held(topic, key string) bool { return c.failedKeys[key] || c.failedTopics[topic] }
+
+// flush sends the round buffered and records which keys failed in it.
+func (c *call) flush() {
+	if len(c.round) == 0 {
+		return
+	}
+	c.p.produce(c.out, c.round)
+	for _, i := range c.round {
+		if c.out[i].err != nil {
+			c.failedKeys[topicKey(c.out[i].rec.Topic, string(c.out[i].rec.Key))] = true
+		}
+	}
+	c.round, c.roundBytes = c.round[:0], 0
+}
+
+// report returns the call's BatchError (nil when everything went out),
+// logging a partly failed topic and a key stored out of order.
+func (p *Publisher) report(batches []topicBatch, all []*message.Message, out []outcome) error {
 	var failed []core.MessageError
 	for i, o := range out {
 		if o.err != nil {
