@@ -269,8 +269,9 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 // messages are as in Publish: a key's records keep their order and none
 // is stored after an earlier one of its key failed (a key is one per
 // topic: the same key in two topics is two keys). The error is a
-// *core.BatchError listing every failed message of every topic, or
-// nil. outbox.Relay uses it for a batch that holds several topics.
+// *core.BatchError listing every failed message of every topic, each with
+// its topic (a message sent to two topics is two copies, each failing or
+// going out on its own), or nil. outbox.Relay uses it for a batch that holds several topics.
 func (p *Publisher) PublishTopics(byTopic map[string][]*message.Message) error {
 	topics := make([]string, 0, len(byTopic))
 	for t := range byTopic {
@@ -293,22 +294,22 @@ type topicBatch struct {
 }
 
 func (p *Publisher) publishTopics(batches []topicBatch) error {
-	var all []*message.Message
+	n := 0
 	for _, b := range batches {
-		all = append(all, b.msgs...)
+		n += len(b.msgs)
 	}
-	if len(all) == 0 {
+	if n == 0 {
 		return nil
 	}
 	if p.closed.Load() {
-		return failAll(all, ErrClosed)
+		return failAll(batches, ErrClosed)
 	}
 	p.sendMu.Lock()
 	defer p.sendMu.Unlock()
 	if p.closed.Load() {
-		return failAll(all, ErrClosed)
+		return failAll(batches, ErrClosed)
 	}
-	err := p.publish(batches, all)
+	err := p.publish(batches, n)
 	if p.stale != "" {
 		p.renewClient()
 	}
@@ -322,10 +323,9 @@ type outcome struct {
 	size int32       // the record's batch size when alone
 }
 
-// publish sends the batches' messages, all of them (all, in the batches'
-// order) in the same rounds.
-func (p *Publisher) publish(batches []topicBatch, all []*message.Message) error {
-	c := &call{p: p, out: make([]outcome, len(all)), failedKeys: map[string]bool{}, failedTopics: map[string]bool{}}
+// publish sends the batches' messages, n in all, in the same rounds.
+func (p *Publisher) publish(batches []topicBatch, n int) error {
+	c := &call{p: p, out: make([]outcome, n), failedKeys: map[string]bool{}, failedTopics: map[string]bool{}}
 	i := 0
 	for b := range batches {
 		batches[b].first = i
@@ -342,7 +342,7 @@ func (p *Publisher) publish(batches []topicBatch, all []*message.Message) error 
 	for _, b := range batches {
 		p.isolate(b.topic, b.msgs, b.out)
 	}
-	return p.report(batches, all, c.out)
+	return p.report(batches)
 }
 
 // call is a Publish call in progress: what became of each of its messages,
@@ -438,11 +438,13 @@ func (c *call) flush() {
 
 // report returns the call's BatchError (nil when everything went out),
 // logging a partly failed topic and a key stored out of order.
-func (p *Publisher) report(batches []topicBatch, all []*message.Message, out []outcome) error {
+func (p *Publisher) report(batches []topicBatch) error {
 	var failed []core.MessageError
-	for i, o := range out {
-		if o.err != nil {
-			failed = append(failed, core.MessageError{UUID: all[i].UUID, Err: o.err})
+	for _, b := range batches {
+		for i, o := range b.out {
+			if o.err != nil {
+				failed = append(failed, core.MessageError{UUID: b.msgs[i].UUID, Topic: b.topic, Err: o.err})
+			}
 		}
 	}
 	if len(failed) == 0 {
@@ -730,10 +732,12 @@ func (p *Publisher) Close() error {
 // closeGrace is how long Close lets the Publish call in progress finish.
 const closeGrace = 10 * time.Second
 
-func failAll(msgs []*message.Message, err error) error {
-	failed := make([]core.MessageError, len(msgs))
-	for i, m := range msgs {
-		failed[i] = core.MessageError{UUID: m.UUID, Err: temporary(err)}
+func failAll(batches []topicBatch, err error) error {
+	var failed []core.MessageError
+	for _, b := range batches {
+		for _, m := range b.msgs {
+			failed = append(failed, core.MessageError{UUID: m.UUID, Topic: b.topic, Err: temporary(err)})
+		}
 	}
 	return &core.BatchError{Errors: failed}
 }

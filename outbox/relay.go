@@ -35,9 +35,11 @@ const MaxBatchSize = 10_000
 // Publish call per topic, one after the other; with Kafka, one round of
 // acknowledgements rather than one per topic. Each topic's messages are
 // in the batch's order. The error is read as Publish's: nil, a
-// *core.BatchError naming the failed messages by UUID, or an error
-// that fails the whole call (the relay then publishes the batch again a
-// topic at a time, to find what is at fault).
+// *core.BatchError naming the failed messages by UUID and topic (an event
+// written to several topics is a message per topic with one UUID; a
+// failure without its topic fails every copy, which the relay then sends
+// again), or an error that fails the whole call (the relay then publishes
+// the batch again a topic at a time, to find what is at fault).
 type TopicsPublisher interface {
 	message.Publisher
 	PublishTopics(byTopic map[string][]*message.Message) error
@@ -782,6 +784,17 @@ func isTemporary(err error) bool {
 	return errors.As(err, &ne) || errors.Is(err, context.DeadlineExceeded)
 }
 
+// unavailableError marks a failure that says nothing against the event:
+// the publisher failed a whole call and nothing told its messages apart.
+// It is temporary: it charges no attempt.
+type unavailableError struct{ err error }
+
+func (e unavailableError) Error() string   { return e.err.Error() }
+func (e unavailableError) Unwrap() error   { return e.err }
+func (e unavailableError) Temporary() bool { return true }
+
+func unavailable(err error) error { return unavailableError{err} }
+
 // errNotTried marks the events of a call that a publisher did not get to:
 // the one-at-a-time fallback stopped at a temporary failure.
 var errNotTried = errors.New("outbox: not tried: the publisher is unavailable")
@@ -1034,38 +1047,55 @@ func (r *Relay) publish(rows []pendingRow) (failed map[int64]error, outage error
 
 // batchFailures records in failed what a publisher's *core.BatchError
 // err says of rows, the messages of its call, and reports whether err was
-// one. A BatchError that names a message the call did not hold, or none,
-// or one with no error, fails every row: its report cannot be trusted to
-// say what was delivered.
+// one. A message is a copy of an event on one topic: the same event id may
+// go to several topics (a fan-out), and a failure names its copy by UUID
+// and topic (core.MessageError.Topic); one without a topic, of an id the
+// call sent to several topics, fails every copy of it (a duplicate, never
+// a loss). A BatchError that names a message the call did not hold, or
+// none, or one with no error, fails every row: its report cannot be
+// trusted to say what was delivered.
 func (r *Relay) batchFailures(rows []pendingRow, err error, failed map[int64]error) bool {
 	var be *core.BatchError
 	if !errors.As(err, &be) {
 		return false
 	}
-	byUUID := make(map[string]int64, len(rows))
+	type copyOf struct{ eventID, topic string }
+	byCopy := make(map[copyOf]int64, len(rows))
+	copies := make(map[string][]int64, len(rows))
 	for i := range rows {
-		byUUID[rows[i].eventID] = rows[i].id
+		byCopy[copyOf{rows[i].eventID, rows[i].topic}] = rows[i].id
+		copies[rows[i].eventID] = append(copies[rows[i].eventID], rows[i].id)
 	}
-	for _, me := range be.Errors {
-		if _, ok := byUUID[me.UUID]; !ok || me.Err == nil {
-			whole := fmt.Errorf("outbox: the publisher's BatchError names message %q, which the call did not hold, or has no error for it; the whole call counts as failed: %w", me.UUID, err)
-			for i := range rows {
-				failed[rows[i].id] = whole
-			}
+	named := make([][]int64, len(be.Errors))
+	for i, me := range be.Errors {
+		named[i] = copies[me.UUID]
+		if id, ok := byCopy[copyOf{me.UUID, me.Topic}]; ok {
+			named[i] = []int64{id}
+		} else if me.Topic != "" {
+			named[i] = nil
+		}
+		if len(named[i]) == 0 || me.Err == nil {
+			whole := fmt.Errorf("outbox: the publisher's BatchError names message %q (topic %q), which the call did not hold, or has no error for it; the whole call counts as failed: %w", me.UUID, me.Topic, err)
+			failAll(rows, unavailable(whole), failed)
 			return true
 		}
 	}
 	if len(be.Errors) == 0 {
-		whole := fmt.Errorf("outbox: the publisher returned a BatchError naming no message; the whole call counts as failed: %w", err)
-		for i := range rows {
-			failed[rows[i].id] = whole
-		}
+		failAll(rows, unavailable(fmt.Errorf("outbox: the publisher returned a BatchError naming no message; the whole call counts as failed: %w", err)), failed)
 		return true
 	}
-	for _, me := range be.Errors {
-		failed[byUUID[me.UUID]] = me.Err
+	for i, me := range be.Errors {
+		for _, id := range named[i] {
+			failed[id] = me.Err
+		}
 	}
 	return true
+}
+
+func failAll(rows []pendingRow, err error, failed map[int64]error) {
+	for i := range rows {
+		failed[rows[i].id] = err
+	}
 }
 
 func sameTopic(rows []pendingRow) bool {
