@@ -123,9 +123,11 @@ type Publisher struct {
 	chunk      int
 	chunkBytes int64
 
+	// clientMu guards client against Close while a call renews it.
+	clientMu sync.Mutex
+
 	limitsMu sync.Mutex
-	limits   map[string]int32     // topic → record batch limit in use
-	guesses  map[string]time.Time // topic → when the cluster did not say its limit
+	topics   map[string]*topicState // limits.go
 }
 
 // NewPublisher connects to the brokers and returns a Publisher. It fails,
@@ -158,8 +160,7 @@ func NewPublisher(cfg PublisherConfig, logger watermill.LoggerAdapter) (*Publish
 		maxBytes:  cfg.MaxMessageBytes,
 		marshaler: cfg.Marshaler,
 		logger:    logger,
-		limits:    map[string]int32{},
-		guesses:   map[string]time.Time{},
+		topics:    map[string]*topicState{},
 	}
 	p.opts = append([]kgo.Opt{
 		kgo.SeedBrokers(p.brokers...),
@@ -291,6 +292,10 @@ type topicBatch struct {
 	msgs  []*message.Message
 	out   []outcome // its part of the call's outcomes
 	first int       // the index of its first message in the call
+	// limit is the topic's record batch limit; refusal, when set, fails
+	// every message of the topic (a name Kafka refuses, a missing topic).
+	limit   int32
+	refusal error
 }
 
 func (p *Publisher) publishTopics(batches []topicBatch) error {
@@ -334,6 +339,13 @@ func (p *Publisher) publish(batches []topicBatch, n int) error {
 	}
 	for _, b := range batches {
 		c.marshal(b)
+	}
+	for i := range batches {
+		c.prepare(&batches[i])
+	}
+	if p.stale != "" {
+		// Before sending: the client's batches must fit the topics.
+		p.renewClient()
 	}
 	for _, b := range batches {
 		c.buffer(b)
@@ -380,15 +392,40 @@ func (c *call) marshal(b topicBatch) {
 	}
 }
 
+// prepare finds whether b's topic takes records, and its limit: a topic
+// name Kafka refuses fails its messages for good, a missing topic fails
+// them at once (errMissingTopic). A record over the limit in use has the
+// limit read again, once: it may have been raised.
+func (c *call) prepare(b *topicBatch) {
+	if err := ValidateTopic(b.topic); err != nil {
+		b.refusal = core.Permanent(err)
+		return
+	}
+	b.limit, b.refusal = c.p.limitFor(b.topic)
+	if b.refusal != nil || b.limit >= c.p.maxBytes {
+		return
+	}
+	for _, o := range b.out {
+		if o.err == nil && o.size > b.limit {
+			b.limit = c.p.rereadLimit(b.topic)
+			return
+		}
+	}
+}
+
 // buffer puts b's records into rounds, in order, refusing those too large
 // for their topic and holding back those behind a failure of their key: a
 // record the Marshaler refused holds back its key, or its whole topic when
 // the Marshaler did not say the key.
 func (c *call) buffer(b topicBatch) {
-	limit := c.p.limitFor(b.topic)
 	for i, msg := range b.msgs {
 		o := &b.out[i]
 		switch {
+		case b.refusal != nil:
+			if o.err == nil {
+				o.err = b.refusal
+			}
+			continue
 		case o.err != nil && o.rec == nil:
 			c.failedTopics[b.topic] = true
 			continue
@@ -400,9 +437,9 @@ func (c *call) buffer(b topicBatch) {
 		switch {
 		case c.held(b.topic, key):
 			o.err = temporary(fmt.Errorf("%w: message %s", ErrHeldBack, msg.UUID))
-		case o.size > limit:
+		case o.size > b.limit:
 			o.err = core.Permanent(fmt.Errorf("%w: message %s needs %d bytes, topic %s takes %d",
-				ErrMessageTooLarge, msg.UUID, o.size, b.topic, limit))
+				ErrMessageTooLarge, msg.UUID, o.size, b.topic, b.limit))
 			c.failedKeys[key] = true
 		default:
 			if len(c.round) >= c.p.chunk || c.p.chunkBytes > 0 && c.roundBytes+int64(o.size) > c.p.chunkBytes {
@@ -509,12 +546,17 @@ func (p *Publisher) produce(out []outcome, idx []int) {
 	// loading waits for that), and so does the Flush after it, which
 	// otherwise would find no partition to drain and wait forever.
 	last := len(idx) - 1
-	rs := &roundState{pos: make(map[*kgo.Record]int, last), done: make([]atomic.Bool, last), placed: make(chan struct{})}
+	rs := &roundState{
+		pos:         make(map[*kgo.Record]int, len(idx)),
+		partitioned: make([]atomic.Bool, len(idx)),
+		done:        make([]atomic.Bool, last),
+		placed:      make(chan struct{}),
+	}
 	rs.left.Store(int64(last))
 	if last == 0 {
 		close(rs.placed)
 	}
-	for k, i := range idx[:last] {
+	for k, i := range idx {
 		rs.pos[out[i].rec] = k
 	}
 	ctx = context.WithValue(ctx, roundKey{}, rs)
@@ -536,7 +578,12 @@ func (p *Publisher) produce(out []outcome, idx []int) {
 		out[i].rec.Context = ctx
 		p.client.Produce(ctx, out[i].rec, func(_ *kgo.Record, err error) {
 			out[i].err = err
-			if err != nil && buffering.Load() {
+			// Only the failure of a record placed in a partition can
+			// leave a later record of that partition to start a fresh
+			// batch. One that failed before (its topic's metadata did
+			// not load: a missing or refused topic) says nothing of the
+			// others, and must not fail them.
+			if err != nil && buffering.Load() && rs.partitioned[k].Load() {
 				early.Store(true)
 				cancel()
 			}
@@ -549,31 +596,33 @@ func (p *Publisher) produce(out []outcome, idx []int) {
 	// acknowledged or failed (after the delivery timeout at the latest).
 	_ = p.client.Flush(context.Background())
 	wg.Wait()
-	// A refusal for size makes the topic's limit be read again: once for
-	// the round, not once per refused record (a refused batch can hold
-	// thousands).
-	topic := out[idx[0]].rec.Topic
-	var limit int32
-	refreshed := func() int32 {
-		if limit == 0 {
-			limit = p.refreshLimit(topic)
-		}
-		return limit
-	}
+	// A refusal for size makes the record's topic's limit be read again:
+	// once for the round, not once per refused record (a refused batch
+	// can hold thousands).
+	limits := map[string]int32{}
 	for _, i := range idx {
 		if err := out[i].err; err != nil && !errors.Is(err, ErrHeldBack) {
+			topic := out[i].rec.Topic
+			refreshed := func() int32 {
+				if _, ok := limits[topic]; !ok {
+					limits[topic] = p.refreshLimit(topic)
+				}
+				return limits[topic]
+			}
 			out[i].err = p.classify(topic, out[i].size, err, refreshed)
 		}
 	}
 }
 
 // roundState tracks which records of a produce round are placed in their
-// partitions (or failed before): placed closes when all are.
+// partitions (partitioned), and whether every record but the last is
+// placed or failed (placed closes then).
 type roundState struct {
-	pos    map[*kgo.Record]int // record → its position in the round; read-only while producing
-	done   []atomic.Bool
-	left   atomic.Int64
-	placed chan struct{}
+	pos         map[*kgo.Record]int // record → its position in the round; read-only while producing
+	partitioned []atomic.Bool
+	done        []atomic.Bool
+	left        atomic.Int64
+	placed      chan struct{}
 }
 
 func (rs *roundState) mark(k int) {
@@ -596,6 +645,7 @@ func (partitionedHook) OnProduceRecordPartitioned(r *kgo.Record, _ int32) {
 	}
 	if rs, ok := r.Context.Value(roundKey{}).(*roundState); ok {
 		if k, ok := rs.pos[r]; ok {
+			rs.partitioned[k].Store(true)
 			rs.mark(k)
 		}
 	}
@@ -688,7 +738,9 @@ func (p *Publisher) checkOrder(topic string, msgs []*message.Message, out []outc
 }
 
 // renewClient replaces the client with a new one, whose partitions take
-// their batch limits and topic ids afresh. Called under sendMu.
+// their batch limits and topic ids afresh. Called under sendMu. A
+// Publisher closed meanwhile keeps its closed client, and the new one is
+// closed at once.
 func (p *Publisher) renewClient() {
 	why := p.stale
 	p.stale = ""
@@ -697,9 +749,17 @@ func (p *Publisher) renewClient() {
 		p.logger.Error("Kafka client not renewed", err, nil)
 		return
 	}
+	p.clientMu.Lock()
+	if p.closed.Load() {
+		p.clientMu.Unlock()
+		c.Close()
+		return
+	}
 	old := p.client
 	p.client = c
+	p.clientMu.Unlock()
 	old.Close()
+	p.clientRenewed()
 	p.logger.Info("Kafka client renewed: "+why, nil)
 }
 
@@ -716,13 +776,18 @@ func (p *Publisher) Close() error {
 		p.sendMu.Lock()
 		close(idle)
 	}()
+	closeClient := func() {
+		p.clientMu.Lock()
+		defer p.clientMu.Unlock()
+		p.client.Close()
+	}
 	t := time.NewTimer(closeGrace)
 	defer t.Stop()
 	select {
 	case <-idle:
-		p.client.Close()
+		closeClient()
 	case <-t.C:
-		p.client.Close() // fails what the call in progress waits for
+		closeClient() // fails what the call in progress waits for
 		<-idle
 	}
 	p.sendMu.Unlock()
@@ -730,7 +795,7 @@ func (p *Publisher) Close() error {
 }
 
 // closeGrace is how long Close lets the Publish call in progress finish.
-const closeGrace = 10 * time.Second
+var closeGrace = 10 * time.Second
 
 func failAll(batches []topicBatch, err error) error {
 	var failed []core.MessageError

@@ -42,6 +42,10 @@ type Config struct {
 	// BrokerConfigs are broker settings, for example message.max.bytes.
 	// Defaults to none (kfake's defaults).
 	BrokerConfigs map[string]string
+	// NoAutoCreate makes the broker create no topic on first use, as
+	// Apache Kafka with auto.create.topics.enable=false: a topic exists
+	// once something creates it. Defaults to false.
+	NoAutoCreate bool
 }
 
 // Broker is a running embedded broker.
@@ -52,7 +56,8 @@ type Broker struct {
 	closeOnce sync.Once
 }
 
-// Start starts a one-node broker on 127.0.0.1 that creates topics on first use.
+// Start starts a broker on 127.0.0.1 that creates topics on first use
+// (unless cfg.NoAutoCreate).
 func Start(cfg Config) (*Broker, error) {
 	if cfg.Partitions <= 0 {
 		cfg.Partitions = 8
@@ -69,8 +74,10 @@ func Start(cfg Config) (*Broker, error) {
 		kfake.ListenFn(ev.listen),
 		kfake.NumBrokers(cfg.Brokers),
 		kfake.Ports(ports...),
-		kfake.AllowAutoTopicCreation(),
 		kfake.DefaultNumPartitions(cfg.Partitions),
+	}
+	if !cfg.NoAutoCreate {
+		opts = append(opts, kfake.AllowAutoTopicCreation())
 	}
 	if cfg.DataDir != "" {
 		opts = append(opts, kfake.DataDir(cfg.DataDir))
@@ -82,7 +89,9 @@ func Start(cfg Config) (*Broker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("devkafka: start embedded broker on 127.0.0.1:%d: %w", cfg.Port, err)
 	}
-	createOnMetadata(c, int32(cfg.Partitions))
+	if !cfg.NoAutoCreate {
+		createOnMetadata(c, int32(cfg.Partitions))
+	}
 	ev.start(c)
 	return &Broker{cluster: c, evictor: ev}, nil
 }
