@@ -380,6 +380,9 @@ func (c *call) marshal(b topicBatch) {
 		if err == nil && rec == nil {
 			err = errors.New("the Marshaler returned no record")
 		}
+		if pk, ok := msg.Metadata[core.MetadataPartitionKey]; err == nil && ok && string(rec.Key) != pk {
+			err = fmt.Errorf("the Marshaler keyed the record by %q, not by its partition key %q: a message with a partition key is keyed by it, which the outbox orders by", rec.Key, pk)
+		}
 		if err == nil {
 			rec.Topic = b.topic
 			o.rec, o.size = rec, recordBatchSize(rec)
