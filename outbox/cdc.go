@@ -538,7 +538,7 @@ func (c *CDCRelay) publishThroughOutages(ctx context.Context, s *cdcStream, out 
 		var outage error
 		failed, outage = c.sweeper.publish(out)
 		endSpan(len(failed), outage)
-		if len(failed) < len(out) || anyPermanent(failed) {
+		if !allUncharged(out, failed) {
 			break
 		}
 		var first error

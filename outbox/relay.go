@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"slices"
 	"sync"
 	"time"
@@ -571,7 +570,7 @@ func (r *Relay) runBatch(ctx context.Context, worker, offset int, how look) (n i
 	endSpan := traceBatch(ctx, rows) // tracing.go
 	failed, outage := r.publish(rows)
 	endSpan(len(failed), outage)
-	if len(failed) == len(rows) && !anyPermanent(failed) {
+	if allUncharged(rows, failed) {
 		// Nothing went out and nothing says the events are at fault: the
 		// broker is unavailable. Roll back (the events stay pending),
 		// count no attempts, back off.
@@ -705,7 +704,7 @@ type unclaimed struct {
 // with PublishTopics; the pending set then holds the key's later events in
 // every topic while the failed one is blocked):
 //
-//   - permanent (core.IsPermanent): dead-lettered at once, one attempt
+//   - permanent (isPermanent): dead-lettered at once, one attempt
 //     charged, with its reason;
 //   - temporary (isTemporary: the broker or a partition is away): no attempt
 //     charged; the event waits RetryMin, blocking its key, with its reason;
@@ -742,7 +741,7 @@ func (r *Relay) settleFailures(rows []pendingRow, failed map[int64]error) unclai
 		reason := err.Error()
 		fields := watermill.LogFields{"event_id": row.eventID, "topic": row.topic, "partition_key": row.key}
 		switch {
-		case core.IsPermanent(err):
+		case isPermanent(err):
 			fields["attempt"] = row.attempts + 1
 			u.add(row.id, true, true, &now, &reason, true)
 			u.charged++
@@ -769,35 +768,6 @@ func (r *Relay) settleFailures(rows []pendingRow, failed map[int64]error) unclai
 	}
 	return u
 }
-
-// isTemporary reports whether err says that sending again later will work:
-// an error with a Temporary() bool method that returns true (kafka.Publisher
-// marks outages, timeouts and leader elections so; the convention of
-// net.Error), any net.Error (connection refused or reset, timeouts), or a
-// context deadline. Such a failure charges no attempt.
-func isTemporary(err error) bool {
-	var t interface{ Temporary() bool }
-	if errors.As(err, &t) && t.Temporary() {
-		return true
-	}
-	var ne net.Error
-	return errors.As(err, &ne) || errors.Is(err, context.DeadlineExceeded)
-}
-
-// unavailableError marks a failure that says nothing against the event:
-// the publisher failed a whole call and nothing told its messages apart.
-// It is temporary: it charges no attempt.
-type unavailableError struct{ err error }
-
-func (e unavailableError) Error() string   { return e.err.Error() }
-func (e unavailableError) Unwrap() error   { return e.err }
-func (e unavailableError) Temporary() bool { return true }
-
-func unavailable(err error) error { return unavailableError{err} }
-
-// errNotTried marks the events of a call that a publisher did not get to:
-// the one-at-a-time fallback stopped at a temporary failure.
-var errNotTried = errors.New("outbox: not tried: the publisher is unavailable")
 
 func (u *unclaimed) add(id int64, blocked, dead bool, nextAt *time.Time, err *string, charge bool) {
 	u.ids = append(u.ids, id)
@@ -1108,7 +1078,8 @@ func sameTopic(rows []pendingRow) bool {
 }
 
 // publishRun publishes rows of one topic in one call and records the
-// failures in failed.
+// failures in failed. A publisher that fails the call whole has the
+// messages at fault found one at a time (findAtFault).
 func (r *Relay) publishRun(rows []pendingRow, failed map[int64]error) (outage error) {
 	msgs := make([]*message.Message, len(rows))
 	for i := range rows {
@@ -1119,15 +1090,40 @@ func (r *Relay) publishRun(rows []pendingRow, failed map[int64]error) (outage er
 		return nil
 	}
 	if len(rows) == 1 {
-		failed[rows[0].id] = err
+		// Alone in its call: an event found at fault before (charged,
+		// and back after its backoff) is taken to be at fault again;
+		// else nothing in the call tells.
+		if rows[0].attempts > 0 {
+			failed[rows[0].id] = failedAlone(err)
+		} else {
+			failed[rows[0].id] = untold(err)
+		}
 		return nil
 	}
-	// The publisher failed the call as a whole: find the messages at fault
-	// by sending one at a time, in order, holding back the rest of a key
-	// once one of its messages fails. The first failure that is not
-	// permanent ends the search: the publisher is unavailable, and trying
-	// every message would hold the batch for as many calls.
+	return r.findAtFault(rows, failed)
+}
+
+// findAtFault sends rows one at a time, in order, after the publisher
+// failed them in one call, holding back the rest of a key once one of its
+// messages fails (as a publisher that returns a BatchError does). A
+// failure is read by what follows it:
+//
+//   - permanent (isPermanent): the event is at fault for good;
+//   - in a pass in which other messages went out, fewer than faultsInARow
+//     failures in a row: the event failed alone and is at fault, for now
+//     (failedAlone: an attempt is charged, even if its error says
+//     temporary, as a transport that drops the connection on a message it
+//     refuses does);
+//   - faultsInARow failures in a row: the publisher is unavailable. The
+//     search stops there, those failures charge nothing, and the events
+//     not tried are failed with errNotTried.
+//
+// A pass in which nothing went out charges nothing (but permanent
+// failures), and is an outage.
+func (r *Relay) findAtFault(rows []pendingRow, failed map[int64]error) (outage error) {
 	held := map[string]error{}
+	var run []int64 // the ids of the failures since the last message that went out
+	wentOut := false
 	for i := range rows {
 		if err, ok := held[rows[i].key]; ok {
 			failed[rows[i].id] = err
@@ -1135,27 +1131,43 @@ func (r *Relay) publishRun(rows []pendingRow, failed map[int64]error) (outage er
 		}
 		err := r.cfg.Publisher.Publish(rows[i].topic, rows[i].message())
 		if err == nil {
+			wentOut = true
+			for _, id := range run {
+				failed[id] = failedAlone(failed[id])
+			}
+			run = run[:0]
 			continue
 		}
-		if !core.IsPermanent(err) {
-			for _, row := range rows[i:] {
+		failed[rows[i].id] = err
+		held[rows[i].key] = fmt.Errorf("held behind a failed event of its key: %w", err)
+		if isPermanent(err) {
+			continue
+		}
+		if run = append(run, rows[i].id); len(run) == faultsInARow {
+			for _, row := range rows[i+1:] {
 				if _, ok := failed[row.id]; !ok {
 					failed[row.id] = errNotTried
 				}
 			}
-			return err
+			outage = err
+			break
 		}
-		failed[rows[i].id] = err
-		held[rows[i].key] = fmt.Errorf("held behind a failed event of its key: %w", err)
 	}
-	return nil
+	// The failures at the end of the pass: at fault when messages went
+	// out before them and they were too few to say an outage began.
+	mark := unavailable
+	if wentOut && outage == nil {
+		mark = failedAlone
+	}
+	for _, id := range run {
+		failed[id] = mark(failed[id])
+	}
+	if !wentOut && outage == nil && len(run) > 0 {
+		outage = failed[run[0]]
+	}
+	return outage
 }
 
-func anyPermanent(failed map[int64]error) bool {
-	for _, err := range failed {
-		if core.IsPermanent(err) {
-			return true
-		}
-	}
-	return false
-}
+// faultsInARow is how many failures in a row, one message at a time, say
+// that a publisher is unavailable rather than its messages at fault.
+const faultsInARow = 3
