@@ -43,7 +43,9 @@ func listDeadSQL(pending, events string) string {
  LIMIT $4`, pending, events)
 }
 
-// requeueSQL makes dead letters ($1, event ids) pending again.
+// requeueSQL makes dead letters ($1, event ids) pending again, due at once
+// (next_attempt_at now, so that a CDC relay's polling half takes them: see
+// claimable).
 //
 // Requeue and discard find the rows by event_id (its unique index),
 // then the pending row by primary key. The "p.dead" condition is
@@ -51,7 +53,7 @@ func listDeadSQL(pending, events string) string {
 // at the same time ends up in exactly one of the two.
 func requeueSQL(pending, events string) string {
 	return fmt.Sprintf(`WITH pend AS (
-    UPDATE %[1]s p SET dead = false, blocked = false, next_attempt_at = NULL
+    UPDATE %[1]s p SET dead = false, blocked = false, next_attempt_at = now()
       FROM %[2]s e
      WHERE e.event_id = ANY($1::uuid[]) AND p.id = e.id AND p.dead
     RETURNING p.id
@@ -72,7 +74,8 @@ UPDATE %[2]s e SET discarded_at = now()
   FROM pend WHERE e.id = pend.id`, pending, events)
 }
 
-// replaySQL puts a chunk of published events back into the pending set.
+// replaySQL puts a chunk of published events back into the pending set,
+// due at once (next_attempt_at now: see claimable).
 //
 // Replay walks the log in id order (primary key), a chunk at a time.
 // FOR KEY SHARE keeps a Cleaner from deleting a selected row before the
@@ -98,8 +101,8 @@ func replaySQL(pending, events string) string {
      LIMIT $9
        FOR KEY SHARE
 ), ins AS (
-    INSERT INTO %[1]s (id, lane, partition_key)
-    SELECT id, lane, partition_key FROM sel
+    INSERT INTO %[1]s (id, lane, partition_key, next_attempt_at)
+    SELECT id, lane, partition_key, now() FROM sel
     ON CONFLICT (id) DO NOTHING
     RETURNING 1
 )

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -64,7 +65,6 @@ type CDCRelay struct {
 	sql     cdcSQL
 	sweeper *Relay
 	repl    *pgconn.Config
-	begin   pgx.TxOptions
 
 	publication string
 }
@@ -79,6 +79,8 @@ func NewCDCRelay(pool *pgxpool.Pool, cfg CDCRelayConfig) (*CDCRelay, error) {
 	if err != nil {
 		return nil, err
 	}
+	sweeper.cdcHalf = true
+	sweeper.sql = newRelaySQL(sweeper.schema, sweeper.cfg.SyncCommit, true)
 	cfg.RelayConfig = sweeper.cfg // with its defaults
 	if cfg.FlushInterval == 0 {
 		cfg.FlushInterval = 5 * time.Millisecond
@@ -101,6 +103,10 @@ func NewCDCRelay(pool *pgxpool.Pool, cfg CDCRelayConfig) (*CDCRelay, error) {
 		params[k] = v
 	}
 	params["replication"] = "database"
+	// The stream's text form of payload_bytes is bytea's output: hex is
+	// what the relay decodes, whatever the server, database or role
+	// sets.
+	params["bytea_output"] = "hex"
 	repl.RuntimeParams = params
 	c := &CDCRelay{
 		cfg:     cfg,
@@ -110,7 +116,6 @@ func NewCDCRelay(pool *pgxpool.Pool, cfg CDCRelayConfig) (*CDCRelay, error) {
 		sql:     newCDCSQL(sweeper.schema),
 		sweeper: sweeper,
 		repl:    repl,
-		begin:   sweeper.sql.begin,
 	}
 	c.publication = "'" + strings.ReplaceAll(cfg.Slot, "'", "''") + "'"
 	return c, nil
@@ -275,12 +280,6 @@ type cdcStream struct {
 	// idleEnd a position the server reported while nothing was in flight.
 	acked, idleEnd, sent pglogrepl.LSN
 	nextStatus           time.Time
-	// commits counts the transactions this connection completed. Until
-	// it has completed two, the stream may repeat events a relay before
-	// published and marked without confirming them (the transaction in
-	// progress when it died): those are skipped, so a large transaction
-	// makes progress across crashes.
-	commits int
 }
 
 func (s *cdcStream) confirmable() pglogrepl.LSN { return max(s.acked, s.idleEnd) }
@@ -311,12 +310,13 @@ func (c *CDCRelay) streamOnce(ctx context.Context) (progressed bool, err error) 
 	for {
 		if ctx.Err() != nil {
 			// Publish and confirm what was read: a graceful stop adds no
-			// duplicates.
-			return progressed, c.flush(context.WithoutCancel(ctx), s)
+			// duplicates. Once: with the broker away, the batch is left
+			// unconfirmed, and streamed again at the next start.
+			return progressed, c.flush(context.WithoutCancel(ctx), s, ctx)
 		}
 		now := time.Now()
 		if len(s.rows) >= c.cfg.BatchSize || (len(s.rows) > 0 && !now.Before(s.flushAt)) {
-			if err := c.flush(ctx, s); err != nil {
+			if err := c.flush(ctx, s, ctx); err != nil {
 				return progressed, err
 			}
 			progressed = true
@@ -409,7 +409,6 @@ func (c *CDCRelay) handle(s *cdcStream, data []byte) error {
 			s.rows = append(s.rows, row)
 		case *pglogrepl.CommitMessage:
 			s.inTx = false
-			s.commits++
 			s.lastCommit = m.TransactionEndLSN
 			if len(s.rows) == 0 {
 				// A transaction with no events of ours (or all of them
@@ -422,11 +421,12 @@ func (c *CDCRelay) handle(s *cdcStream, data []byte) error {
 }
 
 // flush publishes the rows read, marks them, and confirms the end of the
-// last transaction they complete.
-func (c *CDCRelay) flush(ctx context.Context, s *cdcStream) error {
+// last transaction they complete. ctx carries its statements; once stop
+// has ended, a batch the broker cannot take is not tried again.
+func (c *CDCRelay) flush(ctx context.Context, s *cdcStream, stop context.Context) error {
 	if len(s.rows) > 0 {
 		c.cfg.Metrics.slotAge(s.oldest)
-		if err := c.publishRows(ctx, s); err != nil {
+		if err := c.publishRows(ctx, s, stop); err != nil {
 			return err
 		}
 		s.rows = s.rows[:0]
@@ -452,70 +452,124 @@ func (c *CDCRelay) sendStatus(s *cdcStream) error {
 	return nil
 }
 
-// publishRows publishes a stream batch in order, keeping the status
-// reports going while the broker is away, then records in one transaction
-// what went out (marked published), what failed (into the pending set, as
-// the polling relay returns failed events) and what was held behind
-// events of its key in the pending set (handed to it).
-func (c *CDCRelay) publishRows(ctx context.Context, s *cdcStream) error {
-	out, diverted, err := c.route(ctx, s)
-	if err != nil {
-		return err
+// publishRows publishes a stream batch in order and records what became of
+// it (tryBatch). While nothing goes out and nothing says the events are at
+// fault (the broker is away), nothing is confirmed: the slot keeps the WAL,
+// and the batch is tried again with back-off, the status reports going on
+// meanwhile, until stop ends. ctx carries the statements.
+func (c *CDCRelay) publishRows(ctx context.Context, s *cdcStream, stop context.Context) error {
+	for attempt := 1; ; attempt++ {
+		outage, err := c.tryBatch(ctx, s.rows)
+		if err != nil || outage == nil {
+			return err
+		}
+		c.cfg.Metrics.outage()
+		if stop.Err() != nil {
+			return fmt.Errorf("outbox: CDC: stopped while the broker was unavailable (the batch is not confirmed and is streamed again): %w", outage)
+		}
+		wait := backoff.Exponential(attempt, 50*time.Millisecond, c.cfg.OutageBackoffMax)
+		c.log.Error("CDC batch failed; retrying", outage, watermill.LogFields{"retry_in": wait.String()})
+		if err := c.waitReporting(ctx, s, wait); err != nil {
+			return err
+		}
 	}
-	failed, err := c.publishThroughOutages(ctx, s, out)
-	if err != nil {
-		return err
-	}
-	return c.record(ctx, out, failed, diverted)
 }
 
-// route sorts the rows read into those to publish (out) and those whose
-// keys have events in the pending set (diverted: they go there too, behind
-// them). Rows the stream repeats that a relay before published and marked
-// are in neither.
-func (c *CDCRelay) route(ctx context.Context, s *cdcStream) (out []pendingRow, diverted []int64, err error) {
-	rows := s.rows
+// tryBatch publishes a stream batch in one transaction that holds the
+// lanes of its keys (cdcSQL.lockLanes): it sorts the rows (route),
+// publishes those to publish, and records what went out (marked
+// published), what failed (into the pending set, as the polling relay
+// returns failed events) and what was held behind events of its key in the
+// pending set (handed to it). When nothing went out and nothing says the
+// events are at fault it returns outage, recording nothing.
+func (c *CDCRelay) tryBatch(ctx context.Context, rows []pendingRow) (outage error, err error) {
+	conn, err := c.pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: CDC: %w", err)
+	}
+	defer conn.Release()
+	tx := conn.Conn()
+	defer rollbackOpen(ctx, tx)
+	out, diverted, err := c.route(ctx, tx, rows)
+	if err != nil {
+		return nil, err
+	}
+	var failed map[int64]error
+	if len(out) > 0 {
+		endSpan := traceBatch(ctx, out) // tracing.go
+		var partial error
+		failed, partial = c.sweeper.publish(out)
+		endSpan(len(failed), partial)
+		if allUncharged(out, failed) {
+			var first error
+			for _, e := range failed {
+				first = e
+				break
+			}
+			return fmt.Errorf("%w: %d events: %v", errOutage, len(out), first), nil
+		}
+	}
+	return nil, c.record(ctx, tx, out, failed, diverted)
+}
+
+// route begins the batch's transaction on tx, locks the lanes of its keys,
+// and sorts its rows into those to publish (out) and those whose keys have
+// events handed to the pending set (diverted: they go there too, behind
+// them), in one round trip. Rows that need nothing more (the stream
+// repeats what was published, discarded or dead-lettered) are in neither.
+func (c *CDCRelay) route(ctx context.Context, tx *pgx.Conn, rows []pendingRow) (out []pendingRow, diverted []int64, err error) {
 	keys := make([]string, 0, len(rows))
+	var lanes []int16
+	ids := make([]int64, len(rows))
 	seen := map[string]bool{}
 	for i := range rows {
+		ids[i] = rows[i].id
 		if !seen[rows[i].key] {
 			seen[rows[i].key] = true
 			keys = append(keys, rows[i].key)
+			if !slices.Contains(lanes, rows[i].lane) {
+				lanes = append(lanes, rows[i].lane)
+			}
 		}
 	}
-	held, err := queryValues[string](ctx, c.pool, c.sql.heldKeys, keys)
+	b := &pgx.Batch{}
+	for _, st := range c.sweeper.sql.beginStatements {
+		b.Queue(st)
+	}
+	b.Queue(c.sql.lockLanes, lanes)
+	b.Queue(c.sql.heldKeys, keys)
+	b.Queue(c.sql.finished, ids)
+	br := tx.SendBatch(ctx, b)
+	defer br.Close()
+	for range len(c.sweeper.sql.beginStatements) + 1 {
+		if _, err := br.Exec(); err != nil {
+			return nil, nil, fmt.Errorf("outbox: CDC: begin and lock the batch's lanes: %w", err)
+		}
+	}
+	held, err := collectSet[string](br)
 	if err != nil {
 		return nil, nil, fmt.Errorf("outbox: CDC: read held keys: %w", err)
 	}
-	var done map[int64]bool
-	if s.commits < 2 {
-		ids := make([]int64, len(rows))
-		for i := range rows {
-			ids[i] = rows[i].id
-		}
-		if done, err = queryValues[int64](ctx, c.pool, c.sql.marked, ids); err != nil {
-			return nil, nil, fmt.Errorf("outbox: CDC: read marks: %w", err)
-		}
+	done, err := collectSet[int64](br)
+	if err != nil {
+		return nil, nil, fmt.Errorf("outbox: CDC: read finished events: %w", err)
 	}
 	for _, r := range rows {
 		switch {
 		case done[r.id]:
-			// published and marked by a relay before
+			// published, discarded or dead-lettered before
 		case held[r.key]:
 			diverted = append(diverted, r.id)
 		default:
 			out = append(out, r)
 		}
 	}
-	return out, diverted, nil
+	return out, diverted, br.Close()
 }
 
-// queryValues runs sql with arg and returns the set of its one column.
-func queryValues[T comparable](ctx context.Context, pool *pgxpool.Pool, sql string, arg any) (map[T]bool, error) {
-	rows, err := pool.Query(ctx, sql, arg)
-	if err != nil {
-		return nil, err
-	}
+// collectSet reads the next result of br, of one column, as a set.
+func collectSet[T comparable](br pgx.BatchResults) (map[T]bool, error) {
+	rows, _ := br.Query()
 	values, err := pgx.CollectRows(rows, pgx.RowTo[T])
 	if err != nil {
 		return nil, err
@@ -527,39 +581,10 @@ func queryValues[T comparable](ctx context.Context, pool *pgxpool.Pool, sql stri
 	return set, nil
 }
 
-// publishThroughOutages publishes out and returns what failed. While
-// nothing goes out and nothing says the events are at fault (the broker
-// is away), nothing is confirmed: the slot keeps the WAL and the same
-// batch is tried again, with back-off.
-func (c *CDCRelay) publishThroughOutages(ctx context.Context, s *cdcStream, out []pendingRow) (map[int64]error, error) {
-	var failed map[int64]error
-	for attempt := 1; len(out) > 0; attempt++ {
-		endSpan := traceBatch(ctx, out) // tracing.go
-		var outage error
-		failed, outage = c.sweeper.publish(out)
-		endSpan(len(failed), outage)
-		if !allUncharged(out, failed) {
-			break
-		}
-		var first error
-		for _, e := range failed {
-			first = e
-			break
-		}
-		c.cfg.Metrics.outage()
-		wait := backoff.Exponential(attempt, 50*time.Millisecond, c.cfg.OutageBackoffMax)
-		c.log.Error("CDC batch failed; retrying", fmt.Errorf("%w: %d events: %v", errOutage, len(out), first), watermill.LogFields{"retry_in": wait.String()})
-		if err := c.waitReporting(ctx, s, wait); err != nil {
-			return nil, err
-		}
-	}
-	return failed, nil
-}
-
 // record marks what of out went out published, returns what failed to
-// the pending set, and hands the diverted events to it, in one
-// transaction.
-func (c *CDCRelay) record(ctx context.Context, out []pendingRow, failed map[int64]error, diverted []int64) error {
+// the pending set, hands the diverted events to it, and commits tx, in one
+// round trip.
+func (c *CDCRelay) record(ctx context.Context, tx *pgx.Conn, out []pendingRow, failed map[int64]error, diverted []int64) error {
 	var back unclaimed
 	if len(failed) > 0 {
 		back = c.sweeper.settleFailures(out, failed)
@@ -576,26 +601,19 @@ func (c *CDCRelay) record(ctx context.Context, out []pendingRow, failed map[int6
 	}
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
-	err := pgx.BeginTxFunc(bctx, c.pool, c.begin, func(tx pgx.Tx) error {
-		if len(published) > 0 {
-			if _, err := tx.Exec(bctx, c.sql.mark, published); err != nil {
-				return fmt.Errorf("mark %d events published: %w", len(published), err)
-			}
-		}
-		if len(back.ids) > 0 {
-			if _, err := tx.Exec(bctx, c.sql.unclaim, back.ids, back.blocked, back.dead, back.nextAt, back.errs, back.charge); err != nil {
-				return fmt.Errorf("record %d failed events in the pending set: %w", len(back.ids), err)
-			}
-		}
-		if len(diverted) > 0 {
-			if _, err := tx.Exec(bctx, c.sql.divert, diverted); err != nil {
-				return fmt.Errorf("hand %d events held behind their keys to the pending set: %w", len(diverted), err)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("outbox: CDC: %w", err)
+	b := &pgx.Batch{}
+	if len(published) > 0 {
+		b.Queue(c.sql.mark, published)
+	}
+	if len(back.ids) > 0 {
+		b.Queue(c.sql.unclaim, back.ids, back.blocked, back.dead, back.nextAt, back.errs, back.charge)
+	}
+	if len(diverted) > 0 {
+		b.Queue(c.sql.divert, diverted)
+	}
+	b.Queue("COMMIT")
+	if err := tx.SendBatch(bctx, b).Close(); err != nil {
+		return fmt.Errorf("outbox: CDC: record %d published, %d failed and %d held events: %w", len(published), len(back.ids), len(diverted), err)
 	}
 	c.cfg.Metrics.batch(len(published), back)
 	if len(back.ids) > 0 || len(diverted) > 0 {
@@ -632,7 +650,7 @@ func (c *CDCRelay) waitReporting(ctx context.Context, s *cdcStream, d time.Durat
 // cdcRelation maps the columns of outbox_event, as the stream describes
 // them, to the fields of a pendingRow.
 type cdcRelation struct {
-	id, eventID, aggType, aggID, eventType, topic, key, payload, payloadBytes, headers, attempts int
+	id, eventID, aggType, aggID, eventType, topic, key, lane, payload, payloadBytes, headers, attempts int
 }
 
 func newCDCRelation(m *pglogrepl.RelationMessage) (*cdcRelation, error) {
@@ -643,7 +661,7 @@ func newCDCRelation(m *pglogrepl.RelationMessage) (*cdcRelation, error) {
 	r := &cdcRelation{}
 	for name, field := range map[string]*int{
 		"id": &r.id, "event_id": &r.eventID, "aggregate_type": &r.aggType, "aggregate_id": &r.aggID,
-		"event_type": &r.eventType, "topic": &r.topic, "partition_key": &r.key, "payload": &r.payload,
+		"event_type": &r.eventType, "topic": &r.topic, "partition_key": &r.key, "lane": &r.lane, "payload": &r.payload,
 		"payload_bytes": &r.payloadBytes, "headers": &r.headers, "attempts": &r.attempts,
 	} {
 		i, ok := idx[name]
@@ -672,6 +690,11 @@ func (r *cdcRelation) row(t *pglogrepl.TupleData) (pendingRow, error) {
 	p.id = id
 	p.eventID, p.aggType, p.aggID, p.eventType = text(r.eventID), text(r.aggType), text(r.aggID), text(r.eventType)
 	p.topic, p.key = text(r.topic), text(r.key)
+	lane, err := strconv.ParseInt(text(r.lane), 10, 16)
+	if err != nil {
+		return p, fmt.Errorf("outbox: CDC: event %s: decode lane: %w", p.eventID, err)
+	}
+	p.lane = int16(lane)
 	if b, ok := col(r.payload); ok {
 		p.payload = b
 	}

@@ -201,11 +201,29 @@
 // CDCRelayConfig.RelayConfig) publishes them. Admin.Stats counts the
 // pending set only: the backlog still in the WAL is the slot's lag. A
 // whole batch that fails (the broker is away) is retried, unconfirmed,
-// while the slot holds the WAL and the outbox grows.
+// while the slot holds the WAL and the outbox grows; a relay stopped
+// meanwhile tries its batch once more and returns, leaving it unconfirmed.
 //
-// Switching: CreateCDC, then switch the Writers to CDC (events written by
-// the polling Writer before go out through the pending set). Back: switch
-// the Writers, stop the CDC relays, DropCDC, start polling Relays.
+// The stream and the polling half never publish events of one key at the
+// same time: a stream batch holds the lanes of its keys (as a polling
+// batch does) from its look at the pending set to its marks, so an event
+// handed to the polling half (a retry, a requeued dead letter, a replay)
+// and the stream's new events of its key do not interleave. An event the
+// stream delivers again (after a crash, a restart, a slot position saved
+// before it) is not published again if it was published, discarded or
+// dead-lettered meanwhile. The relay's replication connection sets
+// bytea_output = hex, whatever the server, database or role sets.
+//
+// Switching, in order per key throughout: on a schema set up for CDC the
+// stream also publishes what a polling Writer writes (every insert is in
+// the stream, in commit order), and deletes its pending row; the CDC
+// relay's polling half leaves such rows to it, and a polling Relay refuses
+// to run there (its error wraps core.ErrConfig). To CDC: CreateCDC (it
+// hands what is pending to the CDC relay's polling half), stop the polling
+// Relays, start the CDC relays, switch the Writers to CDC, in a rolling
+// deploy if you like. Back: switch the Writers back to polling (the CDC
+// relays publish both kinds meanwhile), stop the CDC relays, DropCDC (it
+// queues what the stream had not published), start the polling Relays.
 //
 // # Tables
 //

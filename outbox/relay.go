@@ -208,6 +208,9 @@ type Relay struct {
 
 	sql     relaySQL
 	channel string
+	// cdcHalf: the polling half of a CDCRelay, which claims only what is
+	// handed to the pending set (see claimable).
+	cdcHalf bool
 
 	wake chan struct{}
 	// held are the lanes whose events each worker's batch has claimed, by
@@ -245,7 +248,7 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 		wake:    make(chan struct{}, 1),
 		trail:   make(chan struct{}, 1),
 		held:    make([][]int16, cfg.Workers),
-		sql:     newRelaySQL(schema, cfg.SyncCommit),
+		sql:     newRelaySQL(schema, cfg.SyncCommit, false),
 	}
 	return r, nil
 }
@@ -296,13 +299,37 @@ func (r *Relay) probe(ctx context.Context) error {
 		if _, err := tx.Exec(ctx, r.sql.claimNoted, 0, false); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, r.sql.unclaim, []int64{}, []bool{}, []bool{}, []*time.Time{}, []*string{}, []bool{})
-		return err
+		if _, err := tx.Exec(ctx, r.sql.unclaim, []int64{}, []bool{}, []bool{}, []*time.Time{}, []*string{}, []bool{}); err != nil {
+			return err
+		}
+		if r.cdcHalf {
+			return nil
+		}
+		return r.checkNoCDC(ctx, tx)
 	})
+	if errors.Is(err, core.ErrConfig) {
+		return err
+	}
 	if err != nil {
 		return fmt.Errorf("outbox: relay cannot use the outbox tables in schema %q (migrations applied? privileges granted?): %w", r.schema, err)
 	}
 	return nil
+}
+
+// checkNoCDC refuses a schema set up for change data capture (a
+// publication on outbox_event): there the CDC relay's stream publishes
+// the events a polling Writer writes, in commit order with the others, and
+// a polling Relay beside it would publish them too, out of that order.
+func (r *Relay) checkNoCDC(ctx context.Context, tx pgx.Tx) error {
+	var pub string
+	err := tx.QueryRow(ctx, `SELECT pubname::text FROM pg_publication_tables WHERE schemaname = $1 AND tablename = 'outbox_event' LIMIT 1`, r.schema).Scan(&pub)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return pgprobe.Refused(fmt.Errorf("outbox: schema %q is set up for change data capture (publication %q on outbox_event): run a CDCRelay there, not a polling Relay (it would publish the polling Writers' events out of order with the stream), or DropCDC first (%w)", r.schema, pub, core.ErrConfig))
 }
 
 // errOutage is returned by a batch when every publish failed with a
@@ -508,6 +535,7 @@ func (r *Relay) signal() {
 
 type pendingRow struct {
 	id                                  int64
+	lane                                int16 // read from the stream only (CDCRelay)
 	eventID, topic, key, aggType, aggID string
 	eventType                           string
 	payload, payloadBytes, headers      []byte
@@ -543,14 +571,7 @@ func (r *Relay) runBatch(ctx context.Context, worker, offset int, how look) (n i
 	// failed): it never goes back to the pool with locks held.
 	defer conn.Release()
 	tx := conn.Conn()
-	defer func() {
-		if tx.PgConn().TxStatus() == 'I' {
-			return // committed, or BEGIN never ran
-		}
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		tx.Exec(rctx, "ROLLBACK") //nolint:errcheck // a failure closes the connection
-	}()
+	defer rollbackOpen(ctx, tx)
 
 	lanes, rows, err := r.takeBatch(ctx, tx, worker, offset, how)
 	if errors.Is(err, errNothingPending) {
@@ -599,6 +620,18 @@ func (r *Relay) runBatch(ctx context.Context, worker, offset int, how look) (n i
 		return len(rows), false, fmt.Errorf("%w: %d of %d events not sent: %v", errOutage, len(back.ids), len(rows), outage)
 	}
 	return len(rows), more, nil
+}
+
+// rollbackOpen rolls back the transaction open on tx, if any (one
+// committed, or never begun, is left as it is). A failed rollback closes
+// the connection, which its pool then destroys.
+func rollbackOpen(ctx context.Context, tx *pgx.Conn) {
+	if tx.PgConn().TxStatus() == 'I' {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	tx.Exec(rctx, "ROLLBACK") //nolint:errcheck // a failure closes the connection
 }
 
 // commit commits the batch's transaction on tx. If ask, it asks in the

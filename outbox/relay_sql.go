@@ -25,14 +25,18 @@ type relaySQL struct {
 	begin           pgx.TxOptions
 }
 
-func newRelaySQL(schema string, syncCommit bool) relaySQL {
+// newRelaySQL builds the statements; handedOverOnly for the polling half
+// of a CDC relay, which leaves the rows a polling Writer wrote to the
+// stream (claimable).
+func newRelaySQL(schema string, syncCommit, handedOverOnly bool) relaySQL {
 	pending, events, lanes := sqlident.Table(schema, "outbox_pending"), sqlident.Table(schema, "outbox_event"), sqlident.Table(schema, "outbox_lane")
+	claimable := func(holdDead string) string { return claimable(pending, holdDead, handedOverOnly) }
 	s := relaySQL{
-		lockLanes:      lockLanesSQL(pending, lanes),
-		claimNoted:     claimSQL(pending, events, notedLanes, "$1", "$2"),
+		lockLanes:      lockLanesSQL(pending, lanes, claimable),
+		claimNoted:     claimSQL(pending, events, notedLanes, "$1", "$2", claimable),
 		lockWindow:     fmt.Sprintf(`SELECT lane FROM %s ORDER BY (lane + $1) %% %d LIMIT $2 FOR NO KEY UPDATE SKIP LOCKED`, lanes, Lanes),
-		claim:          claimSQL(pending, events, "$1::smallint[]", "$2", "$3"),
-		claimableLanes: claimableLanesSQL(pending),
+		claim:          claimSQL(pending, events, "$1::smallint[]", "$2", "$3", claimable),
+		claimableLanes: claimableLanesSQL(pending, claimable),
 		unclaim:        unclaimSQL(pending, events, false),
 	}
 	s.beginStatements = []string{"BEGIN", batchSettings(syncCommit)}
@@ -60,7 +64,7 @@ func newRelaySQL(schema string, syncCommit bool) relaySQL {
 // (lockWindow), so that a backlog still goes out in parallel. $1
 // offset, $2 lanes at most, $3 BatchSize, $4 whether dead letters hold
 // their keys.
-func lockLanesSQL(pending, lanes string) string {
+func lockLanesSQL(pending, lanes string, claimable func(holdDead string) string) string {
 	return fmt.Sprintf(`WITH head AS MATERIALIZED (
     SELECT q.lane FROM %[1]s q
      WHERE %[4]s
@@ -75,7 +79,7 @@ func lockLanesSQL(pending, lanes string) string {
 ), %[5]s
 SELECT lane FROM got WHERE (SELECT v FROM noted) IS NOT NULL
 UNION ALL
-SELECT NULL::smallint WHERE NOT EXISTS (SELECT 1 FROM got) AND (SELECT count(*) FROM head) >= $3`, pending, lanes, Lanes, claimable(pending, "$4"), noteLanes)
+SELECT NULL::smallint WHERE NOT EXISTS (SELECT 1 FROM got) AND (SELECT count(*) FROM head) >= $3`, pending, lanes, Lanes, claimable("$4"), noteLanes)
 }
 
 // claimSQL is the claim: it takes a batch out of the pending set and marks it published
@@ -98,7 +102,7 @@ SELECT NULL::smallint WHERE NOT EXISTS (SELECT 1 FROM got) AND (SELECT count(*) 
 // claim: PostgreSQL matches a parameter's many lanes by a hash, an
 // InitPlan's one by one (a window of 64 lanes made a drain's claim 15%
 // slower).
-func claimSQL(pending, events, lanes, limit, hold string) string {
+func claimSQL(pending, events, lanes, limit, hold string, claimable func(holdDead string) string) string {
 	return fmt.Sprintf(`WITH claimed AS (
     DELETE FROM %[1]s
      WHERE id = ANY(ARRAY(SELECT q.id FROM %[1]s q
@@ -112,7 +116,7 @@ UPDATE %[2]s e SET published_at = now()
   FROM claimed c
  WHERE e.id = c.id
 RETURNING e.id, e.event_id::text, e.topic, e.partition_key, e.aggregate_type, e.aggregate_id, e.event_type,
-          e.payload, e.payload_bytes, e.headers, e.attempts, c.blocked, c.next_attempt_at`, pending, events, claimable(pending, hold), lanes, limit)
+          e.payload, e.payload_bytes, e.headers, e.attempts, c.blocked, c.next_attempt_at`, pending, events, claimable(hold), lanes, limit)
 }
 
 // claimableLanesSQL is the question of an askFirst batch (see look), and the
@@ -127,8 +131,8 @@ RETURNING e.id, e.event_id::text, e.topic, e.partition_key, e.aggregate_type, e.
 // 72-107 pages read per question on average; 4-7 in the primary key's
 // order, which reads the live rows' pages and the few index pages
 // before them).
-func claimableLanesSQL(pending string) string {
-	return fmt.Sprintf(`SELECT coalesce(array_agg(h.lane), '{}') FROM (SELECT q.lane FROM %s q WHERE %s ORDER BY q.id LIMIT $2) h`, pending, claimable(pending, "$1"))
+func claimableLanesSQL(pending string, claimable func(holdDead string) string) string {
+	return fmt.Sprintf(`SELECT coalesce(array_agg(h.lane), '{}') FROM (SELECT q.lane FROM %s q WHERE %s ORDER BY q.id LIMIT $2) h`, pending, claimable("$1"))
 }
 
 // unclaimSQL returns the events of a batch that did not go out to the
@@ -137,21 +141,25 @@ func claimableLanesSQL(pending string) string {
 // held behind a failed event of their key, as they were.
 //
 // With streamed (the CDC relay's events, never claimed from the pending
-// set), an event already in the pending set (the stream read again) keeps
-// its state there and is charged nothing again.
+// set), the rows are handed to the polling half (next_attempt_at set, now
+// when due at once), and an event already handed to it (the stream read
+// again) keeps its state there and is charged nothing again; a row a
+// polling Writer wrote for the event is taken over.
 func unclaimSQL(pending, events string, streamed bool) string {
-	onConflict, onlyInserted := "", ""
+	nextAt, onConflict, onlyInserted := "f.next_at", "", ""
 	if streamed {
+		nextAt = "coalesce(f.next_at, now())"
 		onConflict = `
-    ON CONFLICT (id) DO NOTHING
+    ON CONFLICT (id) DO UPDATE SET blocked = excluded.blocked, dead = excluded.dead, next_attempt_at = excluded.next_attempt_at
+     WHERE p.next_attempt_at IS NULL
     RETURNING id`
 		onlyInserted = " JOIN q ON q.id = f.id"
 	}
 	return fmt.Sprintf(`WITH f AS (
     SELECT * FROM unnest($1::int8[], $2::bool[], $3::bool[], $4::timestamptz[], $5::text[], $6::bool[]) AS f(id, blocked, dead, next_at, err, charge)
 ), q AS (
-    INSERT INTO %[1]s (id, lane, partition_key, blocked, dead, next_attempt_at)
-    SELECT e.id, e.lane, e.partition_key, f.blocked, f.dead, f.next_at FROM f JOIN %[2]s e ON e.id = f.id%[3]s
+    INSERT INTO %[1]s AS p (id, lane, partition_key, blocked, dead, next_attempt_at)
+    SELECT e.id, e.lane, e.partition_key, f.blocked, f.dead, %[5]s FROM f JOIN %[2]s e ON e.id = f.id%[3]s
 )
 UPDATE %[2]s e SET published_at = NULL,
        attempts = e.attempts + f.charge::int,
@@ -159,7 +167,7 @@ UPDATE %[2]s e SET published_at = NULL,
        next_attempt_at = f.next_at,
        dead_at = CASE WHEN f.dead THEN now() END
   FROM f%[4]s
- WHERE e.id = f.id`, pending, events, onConflict, onlyInserted)
+ WHERE e.id = f.id`, pending, events, onConflict, onlyInserted, nextAt)
 }
 
 // batchSettings is the statement that sets up a batch's transaction. The
@@ -202,9 +210,19 @@ const (
 // dead) event of its key. The claim and the look for work in lockLanes
 // share it: a look that counted held events as work could lock only their
 // lanes, and leave the rest of the outbox waiting behind a dead letter.
-func claimable(pending, holdDead string) string {
-	return fmt.Sprintf(`NOT q.dead AND (NOT q.blocked OR q.next_attempt_at <= now())
+//
+// With handedOverOnly (a CDC relay's polling half), only rows handed to
+// the pending set (next_attempt_at set: diverted or failed stream events,
+// requeued dead letters, replays, what a backfill queued) are claimable:
+// a row a polling Writer wrote (next_attempt_at null) is in the stream
+// too, and the stream publishes it in commit order with the others.
+func claimable(pending, holdDead string, handedOverOnly bool) string {
+	cond := fmt.Sprintf(`NOT q.dead AND (NOT q.blocked OR q.next_attempt_at <= now())
        AND NOT EXISTS (SELECT 1 FROM %s b
                         WHERE b.blocked AND b.partition_key = q.partition_key AND b.id < q.id
                           AND (NOT b.dead OR %s))`, pending, holdDead)
+	if handedOverOnly {
+		cond += " AND q.next_attempt_at IS NOT NULL"
+	}
+	return cond
 }
