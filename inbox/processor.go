@@ -210,6 +210,11 @@ func (p *Processor) ProcessOnce(ctx context.Context) (int, error) {
 			continue
 		}
 		if err := p.apply(ctx, tx, r, &out); err != nil {
+			if errors.Is(err, errConnBusy) {
+				// The batch is lost with its connection: charge the row
+				// on its own; the others are claimed again.
+				return 1, p.chargeAlone(ctx, r, out.failed)
+			}
 			return 0, err
 		}
 	}
@@ -278,6 +283,18 @@ func (p *Processor) apply(ctx context.Context, tx pgx.Tx, r row, out *outcomes) 
 	if err == nil {
 		err = p.call(ctx, tx, msg)
 	}
+	if tx.Conn().PgConn().IsBusy() {
+		// The handler left a result set open (it panicked while reading
+		// rows, or did not close them): the connection takes no other
+		// statement, its rollback to the savepoint neither. Close it (the
+		// batch rolls back) and charge the row alone.
+		if err == nil {
+			err = errLeftOpen
+		}
+		_ = tx.Conn().Close(context.WithoutCancel(ctx))
+		p.fail(r, msg, err, out)
+		return errConnBusy
+	}
 	if err == nil && tx.Conn().PgConn().TxStatus() == txFailed {
 		// The handler swallowed an SQL error: what it wrote is lost
 		// and the transaction takes no more statements until it
@@ -324,6 +341,27 @@ func (p *Processor) fail(r row, msg *message.Message, err error, out *outcomes) 
 	}
 }
 
+// chargeAlone records the failure of row r (in f, as fail put it), in a
+// transaction of its own, after the batch's was lost with its connection.
+// The row is charged only if nothing else changed it since the claim
+// (markFailed checks its attempts).
+func (p *Processor) chargeAlone(ctx context.Context, r row, f failures) error {
+	tx, err := p.pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("inbox: processor %s: begin: %w", p.cfg.Consumer, err)
+	}
+	defer rollback(ctx, tx)
+	last := len(f.ids) - 1
+	one := &outcomes{failed: failures{ids: f.ids[last:], attempts: f.attempts[last:], errs: f.errs[last:], backoff: f.backoff[last:], dead: f.dead[last:]}}
+	if err := p.record(ctx, tx, one); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("inbox: processor %s: commit: %w", p.cfg.Consumer, err)
+	}
+	return nil
+}
+
 // record marks the batch's rows processed or failed.
 func (p *Processor) record(ctx context.Context, tx pgx.Tx, out *outcomes) error {
 	if len(out.done) > 0 {
@@ -343,6 +381,14 @@ func (p *Processor) record(ctx context.Context, tx pgx.Tx, out *outcomes) error 
 // for a transaction in which a statement failed: it takes no more
 // statements until it rolls back (to a savepoint, here).
 const txFailed = 'E'
+
+// errLeftOpen is a row's error when its handler returned nil but left a
+// result set open; errConnBusy ends a batch whose connection such a handler
+// left busy.
+var (
+	errLeftOpen = errors.New("inbox: the handler returned with a result set open (rows not closed): the batch's connection could take no other statement")
+	errConnBusy = errors.New("inbox: the batch's connection is busy with a result set the handler left open")
+)
 
 // errSwallowed is a row's error when its handler returned nil but left the
 // transaction failed.

@@ -15,7 +15,7 @@ type processorSQL struct {
 	claim string
 	// markDone marks rows processed ($1 ids); markFailed records the
 	// failures of rows (their attempts, errors, backoff, and whether they
-	// are dead).
+	// are dead), of those not changed since they were claimed.
 	markDone, markFailed string
 }
 
@@ -29,7 +29,7 @@ func newProcessorSQL(schema string, orderByKey bool) processorSQL {
        next_attempt_at = now() + f.backoff_ms * interval '1 millisecond',
        dead_at = CASE WHEN f.dead THEN now() END
   FROM unnest($1::bigint[], $2::int[], $3::text[], $4::bigint[], $5::bool[]) AS f(id, attempts, err, backoff_ms, dead)
- WHERE e.id = f.id`, table),
+ WHERE e.id = f.id AND e.attempts = f.attempts - 1 AND NOT e.processed`, table),
 	}
 	if orderByKey {
 		s.claim = claimByKeySQL(table)
