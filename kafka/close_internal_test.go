@@ -4,9 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kfake"
 	"go.uber.org/goleak"
-
-	"github.com/millrace/millrace/internal/devkafka"
 )
 
 // Close gives up waiting for the call in progress and closes the client;
@@ -16,7 +15,7 @@ import (
 // it, and it shortens closeGrace.
 func TestCloseDuringAClientRenewalLeaksNoClient(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	b, err := devkafka.Start(devkafka.Config{})
+	b, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -24,7 +23,7 @@ func TestCloseDuringAClientRenewalLeaksNoClient(t *testing.T) {
 	grace := closeGrace
 	closeGrace = 10 * time.Millisecond
 	defer func() { closeGrace = grace }()
-	p, err := NewPublisher(PublisherConfig{Brokers: b.Addrs()}, nil)
+	p, err := NewPublisher(PublisherConfig{Brokers: b.ListenAddrs()}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
