@@ -113,29 +113,35 @@
 // publisher says of the error:
 //
 //   - permanent (core.Permanent: too large, invalid, a topic Kafka
-//     refuses): dead-lettered at once, with its reason;
+//     refuses; and what transports without typed errors say of a message
+//     they never take: NATS "maximum payload exceeded", Redis "invalid bulk
+//     length"): dead-lettered at once, with its reason;
 //   - temporary (an error with a Temporary() bool method returning true, as
 //     kafka.Publisher reports a broker or partition away, a timeout or a
 //     leader election; any net.Error): no attempt charged, tried again after
 //     RelayConfig.RetryMin, however long it lasts;
-//   - anything else: charged an attempt, retried with capped exponential
+//   - anything else (for kafka.Publisher, a topic missing or not
+//     authorized): charged an attempt, retried with capped exponential
 //     backoff, and dead-lettered after RelayConfig.MaxAttempts.
 //
 // A dead letter keeps its last error; everything else keeps flowing. Later
 // events of its key wait behind a failed or dead event, so per-key order
-// holds, unless RelayConfig.SkipDeadLetteredKeys is set.
+// holds, unless RelayConfig.SkipDeadLetteredKeys is set. A publisher's
+// failure names its message by UUID and topic (core.MessageError.Topic):
+// an event written to several topics (a fan-out) is one message per topic,
+// and only the copy that failed is retried or dead-lettered.
 //
 // How a failure is told apart from an outage: a batch in which every event
-// failed with an error not marked permanent counts as an outage. So does a
-// publisher that fails whole calls (no *core.BatchError) when, sending
-// the batch one message at a time to find the one at fault, the relay meets
-// a failure that is not permanent: it stops there, keeps what went out, and
-// backs off. A *core.BatchError naming a message the call did not hold
-// fails the whole call: the relay cannot tell what was delivered. An event
-// that fails alone with an error its publisher does not mark permanent
-// waits as in an outage instead of being dead-lettered; millrace's Kafka
-// publisher marks the errors retrying cannot fix, and a publisher of your
-// own should too.
+// failed, each failure temporary, counts as an outage. A publisher that
+// fails whole calls (no *core.BatchError) has the batch sent again one
+// message at a time to find the messages at fault: an event that fails
+// while other messages of the pass go out is at fault, and charged (even
+// if its error says temporary: Redis drops the connection on a payload it
+// refuses), and three failures in a row are an outage: the search stops
+// there, keeps what went out, charges nothing, and backs off. An event
+// alone in its batch whose call fails says nothing, unless it was found at
+// fault before. A *core.BatchError naming a message the call did not hold
+// fails the whole call: the relay cannot tell what was delivered.
 //
 // An Admin lists, requeues and discards dead letters (one by one, or in
 // bulk by a DeadLetterQuery: DryRun, RequeueMatching,

@@ -63,11 +63,11 @@ type RelayConfig struct {
 	// and says which messages failed. A publisher that returns a
 	// *core.BatchError is told apart from one that fails a whole call;
 	// for the latter the relay sends a failed call again one message at a
-	// time to find the message at fault, and stops at the first failure
-	// that is not permanent (an outage). Errors marked core.Permanent
-	// dead-letter their event at once; errors that say they are temporary
-	// (a Temporary() bool method returning true, or a net.Error) charge no
-	// attempt. A batch that holds several topics goes out in one call to a
+	// time to find the messages at fault, and stops after three failures
+	// in a row (an outage). Errors marked core.Permanent dead-letter their
+	// event at once; errors that say they are temporary (a Temporary()
+	// bool method returning true, or a net.Error) charge no attempt (see
+	// the package doc, "Failures"). A batch that holds several topics goes out in one call to a
 	// TopicsPublisher (kafka.Publisher is one), else in a Publish call per
 	// topic, one after the other.
 	Publisher message.Publisher
