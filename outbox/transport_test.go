@@ -11,11 +11,13 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/millrace/millrace/internal/devkafka"
 	"github.com/millrace/millrace/internal/kafkatest"
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/internal/streamtest"
+	"github.com/millrace/millrace/kafka"
 	"github.com/millrace/millrace/outbox"
 )
 
@@ -299,4 +301,51 @@ func TestCDCRelayEventOverNATSMaxPayloadDoesNotStallTheStream(t *testing.T) {
 		err := b.db.Pool.QueryRow(context.Background(), `SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1`, outbox.DefaultSlot(b.db.Schema), written).Scan(&past)
 		return err == nil && past
 	})
+}
+
+// byCustomer is a kafka.Marshaler that keys records by the metadata
+// "customer" (in kafka.DefaultMarshaler's format otherwise).
+type byCustomer struct{}
+
+func (byCustomer) Marshal(topic string, msg *message.Message) (*kgo.Record, error) {
+	r, err := kafka.DefaultMarshaler().Marshal(topic, msg)
+	if r != nil {
+		r.Key = []byte(msg.Metadata.Get("customer"))
+	}
+	return r, err
+}
+
+// Through the relay, a Marshaler that keys records by another field than
+// the partition key: the relay keeps order, and holds a failed event's key
+// back, by partition key, so such records would be ordered only within
+// one call (a failed event of customer C let a later event of C with
+// another partition key be stored past it in the next call). The
+// Publisher refuses them: each is dead-lettered at once with the reason,
+// and none is stored.
+func TestRelayRefusesRecordsNotKeyedByThePartitionKey(t *testing.T) {
+	t.Parallel()
+	bundle := kafkaSetup(t)
+	kafkatest.CreateTopic(t, bundle.brokers, bundle.topic, -1, map[string]string{"max.message.bytes": "100000"})
+	write := func(key, payload string) string {
+		ids, err := bundle.w.Write(context.Background(), outbox.Event{Topic: bundle.topic, PartitionKey: key, Payload: []byte(payload), Metadata: map[string]string{"customer": "C"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ids[0]
+	}
+	ids := []string{write("order-1", `"`+strings.Repeat("x", 200_000)+`"`), write("order-2", `{}`)}
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: bundle.brokers, Marshaler: byCustomer{}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pub.Close() })
+	startRelay(t, bundle.db, fastRetries(pub, 10))
+	for _, id := range ids {
+		if attempts, reason := deadLettered(t, bundle.db, id); attempts != 1 || !strings.Contains(reason, "partition key") {
+			t.Fatalf("event %s: dead after %d attempts (%s); want at once, not keyed by its partition key", id, attempts, reason)
+		}
+	}
+	if n := kafkatest.RecordCount(t, bundle.brokers, bundle.topic); n != 0 {
+		t.Fatalf("the topic holds %d records, want none", n)
+	}
 }
