@@ -21,9 +21,10 @@ import (
 
 // Errors returned by NewPublisher and Publish. Test for them with errors.Is.
 var (
-	// ErrClosed is the error of every message published after Close. It is
-	// temporary.
-	ErrClosed = errors.New("kafka: publisher closed")
+	// ErrClosed is the error of every message published after the
+	// Publisher's Close (temporary), and of Subscribe and SubscribeBatch
+	// after the Subscriber's.
+	ErrClosed = errors.New("kafka: closed")
 	// ErrMarshal is the error of a message the Marshaler refused (for
 	// example one whose metadata uses the reserved
 	// "_watermill_message_uuid" key). Such a message was not sent; the

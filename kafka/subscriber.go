@@ -39,10 +39,6 @@ const (
 	DefaultRevokeGrace     = 10 * time.Second
 )
 
-// ErrSubscriberClosed is returned by Subscribe and SubscribeBatch after
-// Close.
-var ErrSubscriberClosed = errors.New("kafka: subscriber closed")
-
 // SubscriberConfig configures a Subscriber.
 type SubscriberConfig struct {
 	// Brokers are the seed brokers, host:port. Required.
@@ -350,7 +346,7 @@ func (s *Subscriber) start(ctx context.Context, topic string, maxRecs int,
 	defer s.mu.Unlock()
 	if s.closed {
 		cancel()
-		return ErrSubscriberClosed
+		return ErrClosed
 	}
 	client, err := kgo.NewClient(opts...)
 	if err != nil {

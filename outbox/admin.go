@@ -15,16 +15,11 @@ import (
 	"github.com/millrace/millrace/internal/sqlident"
 )
 
-// Errors of the operator API.
-var (
-	// ErrEmptyReplayFilter is returned by Replay for a filter that selects
-	// nothing in particular: set at least one field, or All to replay every
-	// published event retention kept.
-	ErrEmptyReplayFilter = errors.New("outbox: replay filter is empty (set a field, or All: true to replay the whole log)")
-	// ErrInvalidReplayFilter is returned by Replay for a filter whose ranges
-	// make no sense (To before From, ToID below FromID, negative ids).
-	ErrInvalidReplayFilter = errors.New("outbox: invalid replay filter")
-)
+// ErrInvalidReplayFilter is returned by Replay for a filter that selects
+// nothing in particular (set at least one field, or All to replay every
+// published event retention kept), or whose ranges make no sense (To
+// before From, ToID below FromID, negative ids).
+var ErrInvalidReplayFilter = errors.New("outbox: invalid replay filter")
 
 // AdminConfig configures an Admin.
 type AdminConfig struct {
@@ -246,7 +241,7 @@ func (f ReplayFilter) empty() bool {
 
 func (f ReplayFilter) validate() error {
 	if f.empty() && !f.All {
-		return ErrEmptyReplayFilter
+		return fmt.Errorf("%w: it is empty (set a field, or All: true to replay the whole log)", ErrInvalidReplayFilter)
 	}
 	if f.FromID < 0 || f.ToID < 0 {
 		return fmt.Errorf("%w: negative id", ErrInvalidReplayFilter)

@@ -564,7 +564,7 @@ func TestReplayRefusesEmptyAndInvalidFilters(t *testing.T) {
 	b := opsSetup(t)
 	ids := b.write(opsEvent("t", "k"))
 	b.publish(time.Now(), ids...)
-	if _, err := b.admin.Replay(b.ctx, outbox.ReplayFilter{}); !errors.Is(err, outbox.ErrEmptyReplayFilter) {
+	if _, err := b.admin.Replay(b.ctx, outbox.ReplayFilter{}); !errors.Is(err, outbox.ErrInvalidReplayFilter) {
 		t.Errorf("empty filter: %v", err)
 	}
 	now := time.Now()

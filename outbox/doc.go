@@ -25,8 +25,9 @@
 // cannot travel unchanged, a topic WriterConfig.ValidateTopic refuses, one
 // id twice for one topic) is an *EventError reported before anything is
 // sent: the transaction is untouched and can still commit; Writer.Validate
-// reports the same without writing. WriteTx with a nil transaction returns
-// ErrNilTx, with no events ErrNoEvents.
+// reports the same without writing; its error wraps ErrInvalidEvent, and
+// names the field. WriteTx with a nil transaction returns an error wrapping
+// ErrNoTx, with no events ErrNoEvents.
 //
 // What is written is what is delivered: the payload byte for byte (JSON is
 // stored as PostgreSQL json, which keeps the text as written: key order,

@@ -35,7 +35,7 @@ type WriterConfig struct {
 	NotifyInterval time.Duration
 	// ValidateTopic, if set, checks each event's topic when it is written,
 	// against the rules of the transport the relay publishes to; an event
-	// it refuses is an *EventError wrapping ErrInvalidTopic, and nothing is
+	// it refuses is an *EventError wrapping ErrInvalidEvent, and nothing is
 	// sent. With the Kafka relay set it to kafka.ValidateTopic: a topic
 	// name Kafka refuses would otherwise only fail at publish time, where
 	// it stops its key. Defaults to nil: the outbox does not know the
@@ -89,15 +89,6 @@ func NewWriter(pool *pgxpool.Pool, cfg WriterConfig) (*Writer, error) {
 	return w, nil
 }
 
-// Errors of the Writer's calls.
-var (
-	// ErrNilTx is returned by WriteTx (and a TxPublisher) given a nil
-	// transaction.
-	ErrNilTx = errors.New("outbox: nil transaction")
-	// ErrNoPool is returned by Write on a Writer made without a pool.
-	ErrNoPool = errors.New("outbox: Write needs a Writer made with a pool; use WriteTx")
-)
-
 // configError returns a config error that wraps core.ErrConfig; the
 // message names the field.
 func configError(format string, args ...any) error {
@@ -111,7 +102,7 @@ func notifyChannel(schema string) string { return "millrace_outbox_" + sqlident.
 // Write writes events in a transaction of its own.
 func (w *Writer) Write(ctx context.Context, events ...Event) ([]string, error) {
 	if w.pool == nil {
-		return nil, ErrNoPool
+		return nil, configError("Write needs a Writer made with a pool; use WriteTx")
 	}
 	var ids []string
 	err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
@@ -130,16 +121,14 @@ func (w *Writer) Write(ctx context.Context, events ...Event) ([]string, error) {
 // is not a UUID, a payload that is not JSON, text with NUL or invalid UTF-8,
 // a topic or key over MaxKeyBytes, metadata that cannot travel unchanged, a
 // topic WriterConfig.ValidateTopic refuses, an id given twice for one topic
-// in the call) is reported as an *EventError wrapping ErrMissingTopic,
-// ErrEmptyPartitionKey, ErrInvalidEventID, ErrInvalidJSON, ErrInvalidText,
-// ErrTooLong, ErrInvalidMetadata, ErrInvalidTopic or ErrDuplicateEvent,
-// before anything is sent: tx is
-// untouched and can go on and commit. A database error aborts tx; roll it
+// in the call) is reported as an *EventError wrapping ErrInvalidEvent (or,
+// for the id given twice, ErrDuplicateEvent), before anything is sent: tx
+// is untouched and can go on and commit. A database error aborts tx; roll it
 // back. One of them is an event id written before on the same topic, which
 // wraps ErrDuplicateEvent.
 func (w *Writer) WriteTx(ctx context.Context, tx pgx.Tx, events ...Event) ([]string, error) {
 	if tx == nil {
-		return nil, ErrNilTx
+		return nil, fmt.Errorf("%w: WriteTx given a nil transaction", ErrNoTx)
 	}
 	if len(events) == 0 {
 		return nil, ErrNoEvents

@@ -278,7 +278,7 @@ func (a *app) outboxReplayCmd() *cobra.Command {
 				return err
 			}
 			n, err := admin.Replay(cmd.Context(), f)
-			if errors.Is(err, outbox.ErrEmptyReplayFilter) || errors.Is(err, outbox.ErrInvalidReplayFilter) {
+			if errors.Is(err, outbox.ErrInvalidReplayFilter) {
 				return usageError{err}
 			}
 			if err != nil {
