@@ -177,6 +177,25 @@ func TestCDCBothWritersKeepKeyOrder(t *testing.T) {
 			t.Fatalf("key %s published as %v, want %v", key, got, ids)
 		}
 	}
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		rows, err := b.db.Pool.Query(context.Background(), `SELECT e.id, e.event_id::text, e.partition_key, e.published_at IS NOT NULL, p.next_attempt_at IS NOT NULL, p.blocked
+  FROM "`+b.db.Schema+`".outbox_pending p JOIN "`+b.db.Schema+`".outbox_event e ON e.id = p.id ORDER BY e.id`)
+		if err != nil {
+			t.Log(err)
+			return
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var id int64
+			var eid, key string
+			var pub, handed, blocked bool
+			_ = rows.Scan(&id, &eid, &key, &pub, &handed, &blocked)
+			t.Logf("pending: id %d event %s key %s published %v handed over %v blocked %v; recorded %d times", id, eid, key, pub, handed, blocked, rec.ids()[eid])
+		}
+	})
 	eventually(t, 10*time.Second, "the pending set empty", func() bool { return countRows(t, b.db, "outbox_pending", "") == 0 })
 }
 
