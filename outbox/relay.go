@@ -67,9 +67,9 @@ type RelayConfig struct {
 	// in a row (an outage). Errors marked core.Permanent dead-letter their
 	// event at once; errors that say they are temporary (a Temporary()
 	// bool method returning true, or a net.Error) charge no attempt (see
-	// the package doc, "Failures"). A batch that holds several topics goes out in one call to a
-	// TopicsPublisher (kafka.Publisher is one), else in a Publish call per
-	// topic, one after the other.
+	// the package doc, "Failures"). A batch that holds several topics goes
+	// out in one call to a TopicsPublisher (kafka.Publisher is one), else
+	// in a Publish call per topic, one after the other.
 	Publisher message.Publisher
 	// BatchSize is the most events claimed and published at once; with
 	// Workers it bounds the relay's memory (make bench: ~33 MiB peak RSS at
