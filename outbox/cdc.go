@@ -490,7 +490,7 @@ func (c *CDCRelay) tryBatch(ctx context.Context, rows []pendingRow) (outage erro
 	defer conn.Release()
 	tx := conn.Conn()
 	defer rollbackOpen(ctx, tx)
-	out, diverted, err := c.route(ctx, tx, rows)
+	out, diverted, err := c.routeVisible(ctx, tx, rows)
 	if err != nil {
 		return nil, err
 	}
@@ -512,12 +512,45 @@ func (c *CDCRelay) tryBatch(ctx context.Context, rows []pendingRow) (outage erro
 	return nil, c.record(ctx, tx, out, failed, diverted)
 }
 
+// routeVisible routes the batch (route) once the transactions that wrote
+// its rows are visible to the statements that mark and hand them over: the
+// server sends a transaction to the stream once its commit is in the WAL,
+// a moment before other sessions see it, and a statement by id would then
+// miss its rows (its events published and never marked, a failure or a
+// hand-over never recorded). route finds some rows not yet visible: its
+// transaction is rolled back, and it is tried again, for up to
+// visibleWait; rows not visible then (deleted meanwhile: retention removes
+// events long published) are taken as finished.
+func (c *CDCRelay) routeVisible(ctx context.Context, tx *pgx.Conn, rows []pendingRow) (out []pendingRow, diverted []int64, err error) {
+	deadline := time.Now().Add(visibleWait)
+	for try := 1; ; try++ {
+		out, diverted, err = c.route(ctx, tx, rows, time.Now().After(deadline))
+		if !errors.Is(err, errNotVisible) {
+			return out, diverted, err
+		}
+		rollbackOpen(ctx, tx)
+		backoff.Sleep(ctx, backoff.Exponential(try, time.Millisecond, 50*time.Millisecond))
+		if ctx.Err() != nil {
+			return nil, nil, ctx.Err()
+		}
+	}
+}
+
+// visibleWait is how long routeVisible waits for a stream batch's rows to be
+// visible.
+const visibleWait = 5 * time.Second
+
+// errNotVisible says that rows of a stream batch are not visible yet.
+var errNotVisible = errors.New("outbox: CDC: rows of the batch not visible yet")
+
 // route begins the batch's transaction on tx, locks the lanes of its keys,
 // and sorts its rows into those to publish (out) and those whose keys have
 // events handed to the pending set (diverted: they go there too, behind
 // them), in one round trip. Rows that need nothing more (the stream
 // repeats what was published, discarded or dead-lettered) are in neither.
-func (c *CDCRelay) route(ctx context.Context, tx *pgx.Conn, rows []pendingRow) (out []pendingRow, diverted []int64, err error) {
+// It returns errNotVisible when a row is not visible yet, unless
+// invisibleFinished: then such a row is in neither.
+func (c *CDCRelay) route(ctx context.Context, tx *pgx.Conn, rows []pendingRow, invisibleFinished bool) (out []pendingRow, diverted []int64, err error) {
 	keys := make([]string, 0, len(rows))
 	var lanes []int16
 	ids := make([]int64, len(rows))
@@ -538,7 +571,7 @@ func (c *CDCRelay) route(ctx context.Context, tx *pgx.Conn, rows []pendingRow) (
 	}
 	b.Queue(c.sql.lockLanes, lanes)
 	b.Queue(c.sql.heldKeys, keys)
-	b.Queue(c.sql.finished, ids)
+	b.Queue(c.sql.visible, ids)
 	br := tx.SendBatch(ctx, b)
 	defer br.Close()
 	for range len(c.sweeper.sql.beginStatements) + 1 {
@@ -550,14 +583,21 @@ func (c *CDCRelay) route(ctx context.Context, tx *pgx.Conn, rows []pendingRow) (
 	if err != nil {
 		return nil, nil, fmt.Errorf("outbox: CDC: read held keys: %w", err)
 	}
-	done, err := collectSet[int64](br)
-	if err != nil {
-		return nil, nil, fmt.Errorf("outbox: CDC: read finished events: %w", err)
+	qrows, _ := br.Query()
+	visible := make(map[int64]bool, len(rows)) // id → finished
+	var id int64
+	var finished bool
+	if _, err := pgx.ForEachRow(qrows, []any{&id, &finished}, func() error { visible[id] = finished; return nil }); err != nil {
+		return nil, nil, fmt.Errorf("outbox: CDC: read the batch's events: %w", err)
 	}
 	for _, r := range rows {
+		finished, ok := visible[r.id]
+		if !ok && !invisibleFinished {
+			return nil, nil, errNotVisible
+		}
 		switch {
-		case done[r.id]:
-			// published, discarded or dead-lettered before
+		case finished || !ok:
+			// published, discarded or dead-lettered before (or gone)
 		case held[r.key]:
 			diverted = append(diverted, r.id)
 		default:
