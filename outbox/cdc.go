@@ -572,6 +572,9 @@ func (c *CDCRelay) route(ctx context.Context, tx *pgx.Conn, rows []pendingRow, i
 	b.Queue(c.sql.lockLanes, lanes)
 	b.Queue(c.sql.heldKeys, keys)
 	b.Queue(c.sql.visible, ids)
+	if invisibleFinished {
+		b.Queue(c.sql.visibleIDs, ids)
+	}
 	br := tx.SendBatch(ctx, b)
 	defer br.Close()
 	for range len(c.sweeper.sql.beginStatements) + 1 {
@@ -583,20 +586,22 @@ func (c *CDCRelay) route(ctx context.Context, tx *pgx.Conn, rows []pendingRow, i
 	if err != nil {
 		return nil, nil, fmt.Errorf("outbox: CDC: read held keys: %w", err)
 	}
-	qrows, _ := br.Query()
-	visible := make(map[int64]bool, len(rows)) // id → finished
-	var id int64
-	var finished bool
-	if _, err := pgx.ForEachRow(qrows, []any{&id, &finished}, func() error { visible[id] = finished; return nil }); err != nil {
+	var nVisible int
+	var done, visible []int64
+	if err := br.QueryRow().Scan(&nVisible, &done); err != nil {
 		return nil, nil, fmt.Errorf("outbox: CDC: read the batch's events: %w", err)
 	}
-	for _, r := range rows {
-		finished, ok := visible[r.id]
-		if !ok && !invisibleFinished {
-			return nil, nil, errNotVisible
+	if invisibleFinished {
+		if err := br.QueryRow().Scan(&visible); err != nil {
+			return nil, nil, fmt.Errorf("outbox: CDC: read the batch's events: %w", err)
 		}
+	}
+	if nVisible < len(rows) && !invisibleFinished {
+		return nil, nil, errNotVisible
+	}
+	for _, r := range rows {
 		switch {
-		case finished || !ok:
+		case slices.Contains(done, r.id) || invisibleFinished && !slices.Contains(visible, r.id):
 			// published, discarded or dead-lettered before (or gone)
 		case held[r.key]:
 			diverted = append(diverted, r.id)

@@ -38,15 +38,16 @@ type cdcSQL struct {
 	// scan then hashes them, where an InitPlan's array (sqlident.AnyParam)
 	// would be matched one key after another against each pending row.
 	heldKeys string
-	// visible returns the events of a batch ($1) that this statement sees,
-	// each with whether it needs nothing more: marked published already,
+	// visible counts the events of a batch ($1) that this statement sees,
+	// and returns those that need nothing more: marked published already,
 	// discarded, or dead-lettered. The stream repeats what it delivered
 	// after its last confirmed position (a relay killed, a server
 	// restarted, a slot position saved at a checkpoint before it); such an
 	// event is not published again, and a discarded dead letter never is.
 	// And it delivers a transaction a moment before others see it: see
 	// routeVisible (primary-key lookups).
-	visible string
+	// visibleIDs returns the ids it sees.
+	visible, visibleIDs string
 	// divert hands stream events to the polling half (a row a polling
 	// Writer wrote is handed over). One already published (a stream read
 	// again after a crash) is not handed over.
@@ -71,7 +72,9 @@ SELECT id, lane, partition_key, now() FROM %[2]s WHERE published_at IS NULL AND 
 ON CONFLICT (id) DO UPDATE SET next_attempt_at = now() WHERE p.next_attempt_at IS NULL`, pending, events),
 		lockLanes: fmt.Sprintf(`SELECT lane FROM %s WHERE lane = ANY($1::smallint[]) ORDER BY lane FOR NO KEY UPDATE`, lanes),
 		heldKeys:  fmt.Sprintf(`SELECT DISTINCT partition_key FROM %s WHERE partition_key = ANY($1) AND next_attempt_at IS NOT NULL`, pending),
-		visible:   fmt.Sprintf(`SELECT id, published_at IS NOT NULL OR discarded_at IS NOT NULL OR dead_at IS NOT NULL FROM %s WHERE id = %s`, events, ids),
+		visible: fmt.Sprintf(`SELECT count(*), coalesce(array_agg(id) FILTER (WHERE published_at IS NOT NULL OR discarded_at IS NOT NULL OR dead_at IS NOT NULL), '{}')
+  FROM %s WHERE id = %s`, events, ids),
+		visibleIDs: fmt.Sprintf(`SELECT coalesce(array_agg(id), '{}') FROM %s WHERE id = %s`, events, ids),
 		divert: fmt.Sprintf(`INSERT INTO %[1]s AS p (id, lane, partition_key, next_attempt_at)
 SELECT id, lane, partition_key, now() FROM %[2]s WHERE id = %[3]s AND published_at IS NULL AND discarded_at IS NULL
 ON CONFLICT (id) DO UPDATE SET next_attempt_at = now() WHERE p.next_attempt_at IS NULL`, pending, events, ids),
