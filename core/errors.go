@@ -30,10 +30,15 @@ func Permanent(err error) error {
 func IsPermanent(err error) bool { return errors.Is(err, errPermanent) }
 
 // MessageError is the failure of one message in a batch, named by the
-// message's Watermill UUID.
+// message's Watermill UUID and, in a call that sends to several topics,
+// its topic: one message may go to several topics (a fan-out keeps the
+// UUID), and each copy fails or goes out on its own.
 type MessageError struct {
 	UUID string
-	Err  error
+	// Topic is the topic of the failed copy; empty in a call of one topic
+	// (Publish), where the UUID alone names it.
+	Topic string
+	Err   error
 }
 
 // BatchError is returned by publishers that can tell which messages of a

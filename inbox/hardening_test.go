@@ -475,3 +475,56 @@ func TestProcessorOrderByKeyThreeProcessorsRandomFailures(t *testing.T) {
 		}
 	}
 }
+
+// A handler that panics with a result set open (its rows not closed) leaves
+// the batch's connection busy: the row cannot be rolled back to its
+// savepoint there. The row is still charged an attempt, with the reason,
+// and dead-lettered after MaxAttempts; the other rows are applied. (The
+// rollback to the savepoint failed with "conn busy", the whole batch
+// rolled back every time, the row was never charged and the good rows
+// never ran.)
+func TestProcessorHandlerPanicWithAResultSetOpen(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 2)
+	r := newReceiver(t, b, "c")
+	ms := msgs(5, func(i int) string { return fmt.Sprint("k", i) })
+	if _, err := r.Receive(context.Background(), ms...); err != nil {
+		t.Fatal(err)
+	}
+	bad := ms[1].UUID
+	p := newProcessor(t, b, inbox.ProcessorConfig{
+		MaxAttempts: 2, RetryMin: time.Millisecond, RetryMax: time.Millisecond,
+		Handler: func(ctx context.Context, tx pgx.Tx, m *message.Message) error {
+			if m.UUID == bad {
+				rows, err := tx.Query(ctx, `SELECT generate_series(1, 100000)`)
+				if err != nil {
+					return err
+				}
+				rows.Next()
+				panic("boom")
+			}
+			return b.apply(ctx, tx, m.UUID, "")
+		},
+	})
+	ctx := context.Background()
+	waitFor(t, 30*time.Second, "the good rows applied and the bad one dead-lettered", func() bool {
+		if _, err := p.ProcessOnce(ctx); err != nil {
+			t.Logf("ProcessOnce: %v", err)
+		}
+		var dead bool
+		if err := b.db.Pool.QueryRow(ctx, `SELECT dead_at IS NOT NULL FROM `+b.table("inbox_event")+` WHERE event_id = $1`, bad).Scan(&dead); err != nil {
+			t.Fatal(err)
+		}
+		return dead && b.effects(t) == 4
+	})
+	var (
+		attempts int
+		lastErr  string
+	)
+	if err := b.db.Pool.QueryRow(ctx, `SELECT attempts, coalesce(last_error, '') FROM `+b.table("inbox_event")+` WHERE event_id = $1`, bad).Scan(&attempts, &lastErr); err != nil {
+		t.Fatal(err)
+	}
+	if attempts != 2 || !strings.Contains(lastErr, "panicked") {
+		t.Fatalf("the row whose handler panicked: attempts %d, last_error %q; want 2, the panic", attempts, lastErr)
+	}
+}

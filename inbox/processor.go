@@ -16,7 +16,6 @@ import (
 	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/backoff"
 	"github.com/millrace/millrace/internal/logging"
-	"github.com/millrace/millrace/internal/sqlident"
 )
 
 // HandlerFunc applies one inbox message. It runs inside tx, which also
@@ -86,7 +85,7 @@ type Processor struct {
 	cfg  ProcessorConfig
 	dead *DeadLetters
 
-	claim, markDone, markFailed string
+	sql processorSQL
 }
 
 // NewProcessor returns a Processor. It does not touch the database.
@@ -132,71 +131,11 @@ func NewProcessor(pool *pgxpool.Pool, cfg ProcessorConfig) (*Processor, error) {
 	if cfg.RetryMax < cfg.RetryMin {
 		return nil, fmt.Errorf("%w: ProcessorConfig.RetryMax %v < RetryMin %v", core.ErrConfig, cfg.RetryMax, cfg.RetryMin)
 	}
-	table := sqlident.Table(schema, "inbox_event")
 	dead, err := NewDeadLetters(pool, DeadLetterConfig{Schema: schema, Consumer: cfg.Consumer})
 	if err != nil {
 		return nil, err
 	}
-	p := &Processor{pool: pool, cfg: cfg, dead: dead}
-	// The claim walks inbox_event_unprocessed_idx (consumer, id).
-	p.claim = fmt.Sprintf(`SELECT id, event_id::text, topic, partition_key, payload, metadata::text, attempts, false
-  FROM %s
- WHERE consumer = $1 AND NOT processed AND dead_at IS NULL
-   AND (next_attempt_at IS NULL OR next_attempt_at <= now())
- ORDER BY id
- LIMIT $2
-   FOR UPDATE SKIP LOCKED`, table)
-	if cfg.OrderByKey {
-		// The per-key hold is decided twice.
-		//
-		// Before the LIMIT, so that held rows never fill the batch: a row
-		// is skipped when the first unprocessed row of its key (its head)
-		// is dead or backing off. The head is the first entry of its key
-		// in inbox_event_unprocessed_key_idx (consumer, partition_key, id):
-		// one index probe, which the planner caches per key (Memoize), so
-		// a long run of held rows costs a scan of
-		// inbox_event_unprocessed_idx and little more (measured: 100,000
-		// held rows ahead of the batch, ~50 ms).
-		//
-		// After the claim, exactly: a claimed row is held when the
-		// unprocessed row just before it in its key (the last entry before
-		// it in the same index, one probe) is not in this batch: it is in
-		// another processor's batch (rows stay unprocessed until that batch
-		// commits), or waits between the head and this row. The processor
-		// then also holds the key's later rows of the batch, so every row
-		// it applies has all the earlier rows of its key applied, or
-		// applied before it in the same batch.
-		p.claim = fmt.Sprintf(`WITH claimed AS (
-SELECT q.id, q.event_id::text, q.topic, q.partition_key, q.payload, q.metadata::text, q.attempts
-  FROM %[1]s q
-  LEFT JOIN LATERAL (
-        SELECT h.dead_at, h.next_attempt_at FROM %[1]s h
-         WHERE h.consumer = $1 AND h.partition_key = q.partition_key
-           AND NOT h.processed AND h.partition_key <> ''
-         ORDER BY h.id LIMIT 1) head ON q.partition_key <> ''
- WHERE q.consumer = $1 AND NOT q.processed AND q.dead_at IS NULL
-   AND (q.next_attempt_at IS NULL OR q.next_attempt_at <= now())
-   AND head.dead_at IS NULL AND (head.next_attempt_at IS NULL OR head.next_attempt_at <= now())
- ORDER BY q.id
- LIMIT $2
-   FOR UPDATE OF q SKIP LOCKED
-)
-SELECT c.*, c.partition_key <> '' AND EXISTS (
-        SELECT 1 FROM (SELECT e.id FROM %[1]s e
-                        WHERE e.consumer = $1 AND e.partition_key = c.partition_key
-                          AND NOT e.processed AND e.partition_key <> '' AND e.id < c.id
-                        ORDER BY e.id DESC LIMIT 1) prev
-         WHERE prev.id NOT IN (SELECT id FROM claimed))
-  FROM claimed c
- ORDER BY c.id`, table)
-	}
-	p.markDone = fmt.Sprintf(`UPDATE %s SET processed = true, processed_at = now(), next_attempt_at = NULL
- WHERE id = %s`, table, sqlident.AnyParam("$1", "int8"))
-	p.markFailed = fmt.Sprintf(`UPDATE %s AS e SET attempts = f.attempts, last_error = f.err,
-       next_attempt_at = now() + f.backoff_ms * interval '1 millisecond',
-       dead_at = CASE WHEN f.dead THEN now() END
-  FROM unnest($1::bigint[], $2::int[], $3::text[], $4::bigint[], $5::bool[]) AS f(id, attempts, err, backoff_ms, dead)
- WHERE e.id = f.id`, table)
+	p := &Processor{pool: pool, cfg: cfg, dead: dead, sql: newProcessorSQL(schema, cfg.OrderByKey)}
 	return p, nil
 }
 
@@ -258,120 +197,198 @@ func (p *Processor) ProcessOnce(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("inbox: processor %s: begin: %w", p.cfg.Consumer, err)
 	}
 	defer rollback(ctx, tx)
-	rows, err := tx.Query(ctx, p.claim, p.cfg.Consumer, p.cfg.BatchSize)
-	if err != nil {
-		return 0, fmt.Errorf("inbox: processor %s: claim: %w", p.cfg.Consumer, err)
+	batch, err := p.claimBatch(ctx, tx)
+	if err != nil || len(batch) == 0 {
+		return 0, err
 	}
-	var batch []row
-	for rows.Next() {
-		var r row
-		if err := rows.Scan(&r.id, &r.eventID, &r.topic, &r.key, &r.payload, &r.metadata, &r.attempts, &r.held); err != nil {
-			rows.Close()
-			return 0, fmt.Errorf("inbox: processor %s: claim: %w", p.cfg.Consumer, err)
-		}
-		batch = append(batch, r)
-	}
-	if err := rows.Err(); err != nil {
-		return 0, fmt.Errorf("inbox: processor %s: claim: %w", p.cfg.Consumer, err)
-	}
-	if len(batch) == 0 {
-		return 0, nil
-	}
-
-	var (
-		done                  []int64
-		failIDs, failAttempts []int64
-		failErrs              []string
-		failBackoff           []int64
-		failDead              []bool
-		heldKeys              map[string]bool // keys whose later rows wait
-		open                  bool            // a savepoint is open
-	)
+	var out outcomes
 	for _, r := range batch {
-		if r.key != "" && (r.held || heldKeys[r.key]) {
+		if r.key != "" && (r.held || out.heldKeys[r.key]) {
 			// An earlier row of its key is waiting, or failed in this
 			// batch: hold this one, and the key's later ones, until then.
-			if heldKeys == nil {
-				heldKeys = map[string]bool{}
-			}
-			heldKeys[r.key] = true
+			out.holdKey(r.key)
 			continue
 		}
-		sp := "SAVEPOINT millrace_inbox_row"
-		if open {
-			sp = "RELEASE SAVEPOINT millrace_inbox_row; " + sp
-		}
-		if _, err := tx.Exec(ctx, sp); err != nil {
-			return 0, fmt.Errorf("inbox: processor %s: savepoint: %w", p.cfg.Consumer, err)
-		}
-		open = true
-		msg, err := r.message(ctx, tx)
-		if err == nil {
-			err = p.call(ctx, tx, msg)
-		}
-		if err == nil && tx.Conn().PgConn().TxStatus() == txFailed {
-			// The handler swallowed an SQL error: what it wrote is lost
-			// and the transaction takes no more statements until it
-			// rolls back to the row's savepoint. Charge the row.
-			err = errSwallowed
-		}
-		if err == nil {
-			done = append(done, r.id)
-			continue
-		}
-		if ctx.Err() != nil {
-			return 0, ctx.Err() // stopping: the batch rolls back, nothing is lost
-		}
-		if _, rerr := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT millrace_inbox_row"); rerr != nil {
-			return 0, fmt.Errorf("inbox: processor %s: rollback to savepoint after %v: %w", p.cfg.Consumer, err, rerr)
-		}
-		attempt := r.attempts + 1
-		if p.cfg.OnError != nil && msg != nil {
-			p.cfg.OnError(msg, attempt, err)
-		}
-		dead := attempt >= p.cfg.MaxAttempts || core.IsPermanent(err)
-		fields := watermill.LogFields{"event_id": r.eventID, "attempt": attempt}
-		if dead {
-			p.cfg.Logger.Error("Inbox message dead-lettered", err, fields)
-		} else {
-			p.cfg.Logger.Info("Inbox message failed; will retry: "+err.Error(), fields)
-		}
-		failIDs = append(failIDs, r.id)
-		failAttempts = append(failAttempts, int64(attempt))
-		failErrs = append(failErrs, err.Error())
-		failBackoff = append(failBackoff, backoff.Exponential(attempt, p.cfg.RetryMin, p.cfg.RetryMax).Milliseconds())
-		failDead = append(failDead, dead)
-		if p.cfg.OrderByKey && r.key != "" {
-			if heldKeys == nil {
-				heldKeys = map[string]bool{}
+		if err := p.apply(ctx, tx, r, &out); err != nil {
+			if errors.Is(err, errConnBusy) {
+				// The batch is lost with its connection: charge the row
+				// on its own; the others are claimed again.
+				return 1, p.chargeAlone(ctx, r, out.failed)
 			}
-			heldKeys[r.key] = true
+			return 0, err
 		}
 	}
-	if len(done) > 0 {
-		if _, err := tx.Exec(ctx, p.markDone, done); err != nil {
-			return 0, fmt.Errorf("inbox: processor %s: mark processed: %w", p.cfg.Consumer, err)
-		}
-	}
-	if len(failIDs) > 0 {
-		attempts := make([]int32, len(failAttempts))
-		for i, a := range failAttempts {
-			attempts[i] = int32(a)
-		}
-		if _, err := tx.Exec(ctx, p.markFailed, failIDs, attempts, failErrs, failBackoff, failDead); err != nil {
-			return 0, fmt.Errorf("inbox: processor %s: mark failed: %w", p.cfg.Consumer, err)
-		}
+	if err := p.record(ctx, tx, &out); err != nil {
+		return 0, err
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return 0, fmt.Errorf("inbox: processor %s: commit: %w", p.cfg.Consumer, err)
 	}
-	return len(done) + len(failIDs), nil
+	return len(out.done) + len(out.failed.ids), nil
+}
+
+// claimBatch claims the rows of a batch, in id order.
+func (p *Processor) claimBatch(ctx context.Context, tx pgx.Tx) ([]row, error) {
+	rows, err := tx.Query(ctx, p.sql.claim, p.cfg.Consumer, p.cfg.BatchSize)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: processor %s: claim: %w", p.cfg.Consumer, err)
+	}
+	batch, err := pgx.CollectRows(rows, func(cr pgx.CollectableRow) (row, error) {
+		var r row
+		err := cr.Scan(&r.id, &r.eventID, &r.topic, &r.key, &r.payload, &r.metadata, &r.attempts, &r.held)
+		return r, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("inbox: processor %s: claim: %w", p.cfg.Consumer, err)
+	}
+	return batch, nil
+}
+
+// outcomes are what became of a batch's rows.
+type outcomes struct {
+	done     []int64
+	failed   failures
+	heldKeys map[string]bool // keys whose later rows wait
+	open     bool            // a savepoint is open
+}
+
+func (o *outcomes) holdKey(key string) {
+	if o.heldKeys == nil {
+		o.heldKeys = map[string]bool{}
+	}
+	o.heldKeys[key] = true
+}
+
+// failures are the failed rows of a batch, as columns for markFailed.
+type failures struct {
+	ids      []int64
+	attempts []int32
+	errs     []string
+	backoff  []int64 // milliseconds
+	dead     []bool
+}
+
+// apply runs the handler for r under a savepoint, and records in out what
+// became of it. An error is the batch's: it rolls back.
+func (p *Processor) apply(ctx context.Context, tx pgx.Tx, r row, out *outcomes) error {
+	sp := "SAVEPOINT millrace_inbox_row"
+	if out.open {
+		sp = "RELEASE SAVEPOINT millrace_inbox_row; " + sp
+	}
+	if _, err := tx.Exec(ctx, sp); err != nil {
+		return fmt.Errorf("inbox: processor %s: savepoint: %w", p.cfg.Consumer, err)
+	}
+	out.open = true
+	msg, err := r.message(ctx, tx)
+	if err == nil {
+		err = p.call(ctx, tx, msg)
+	}
+	if tx.Conn().PgConn().IsBusy() {
+		// The handler left a result set open (it panicked while reading
+		// rows, or did not close them): the connection takes no other
+		// statement, its rollback to the savepoint neither. Close it (the
+		// batch rolls back) and charge the row alone.
+		if err == nil {
+			err = errLeftOpen
+		}
+		_ = tx.Conn().Close(context.WithoutCancel(ctx))
+		p.fail(r, msg, err, out)
+		return errConnBusy
+	}
+	if err == nil && tx.Conn().PgConn().TxStatus() == txFailed {
+		// The handler swallowed an SQL error: what it wrote is lost
+		// and the transaction takes no more statements until it
+		// rolls back to the row's savepoint. Charge the row.
+		err = errSwallowed
+	}
+	if err == nil {
+		out.done = append(out.done, r.id)
+		return nil
+	}
+	if ctx.Err() != nil {
+		return ctx.Err() // stopping: the batch rolls back, nothing is lost
+	}
+	if _, rerr := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT millrace_inbox_row"); rerr != nil {
+		return fmt.Errorf("inbox: processor %s: rollback to savepoint after %v: %w", p.cfg.Consumer, err, rerr)
+	}
+	p.fail(r, msg, err, out)
+	return nil
+}
+
+// fail records the failure of row r (its message msg, nil if it could not
+// be built): an attempt charged, dead-lettered after MaxAttempts or at
+// once when permanent, and with OrderByKey its key's later rows held.
+func (p *Processor) fail(r row, msg *message.Message, err error, out *outcomes) {
+	attempt := r.attempts + 1
+	if p.cfg.OnError != nil && msg != nil {
+		p.cfg.OnError(msg, attempt, err)
+	}
+	dead := attempt >= p.cfg.MaxAttempts || core.IsPermanent(err)
+	fields := watermill.LogFields{"event_id": r.eventID, "attempt": attempt}
+	if dead {
+		p.cfg.Logger.Error("Inbox message dead-lettered", err, fields)
+	} else {
+		p.cfg.Logger.Info("Inbox message failed; will retry: "+err.Error(), fields)
+	}
+	f := &out.failed
+	f.ids = append(f.ids, r.id)
+	f.attempts = append(f.attempts, int32(attempt))
+	f.errs = append(f.errs, err.Error())
+	f.backoff = append(f.backoff, backoff.Exponential(attempt, p.cfg.RetryMin, p.cfg.RetryMax).Milliseconds())
+	f.dead = append(f.dead, dead)
+	if p.cfg.OrderByKey && r.key != "" {
+		out.holdKey(r.key)
+	}
+}
+
+// chargeAlone records the failure of row r (in f, as fail put it), in a
+// transaction of its own, after the batch's was lost with its connection.
+// The row is charged only if nothing else changed it since the claim
+// (markFailed checks its attempts).
+func (p *Processor) chargeAlone(ctx context.Context, r row, f failures) error {
+	tx, err := p.pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("inbox: processor %s: begin: %w", p.cfg.Consumer, err)
+	}
+	defer rollback(ctx, tx)
+	last := len(f.ids) - 1
+	one := &outcomes{failed: failures{ids: f.ids[last:], attempts: f.attempts[last:], errs: f.errs[last:], backoff: f.backoff[last:], dead: f.dead[last:]}}
+	if err := p.record(ctx, tx, one); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("inbox: processor %s: commit: %w", p.cfg.Consumer, err)
+	}
+	return nil
+}
+
+// record marks the batch's rows processed or failed.
+func (p *Processor) record(ctx context.Context, tx pgx.Tx, out *outcomes) error {
+	if len(out.done) > 0 {
+		if _, err := tx.Exec(ctx, p.sql.markDone, out.done); err != nil {
+			return fmt.Errorf("inbox: processor %s: mark processed: %w", p.cfg.Consumer, err)
+		}
+	}
+	if f := out.failed; len(f.ids) > 0 {
+		if _, err := tx.Exec(ctx, p.sql.markFailed, f.ids, f.attempts, f.errs, f.backoff, f.dead); err != nil {
+			return fmt.Errorf("inbox: processor %s: mark failed: %w", p.cfg.Consumer, err)
+		}
+	}
+	return nil
 }
 
 // txFailed is the transaction status PostgreSQL reports (in ReadyForQuery)
 // for a transaction in which a statement failed: it takes no more
 // statements until it rolls back (to a savepoint, here).
 const txFailed = 'E'
+
+// errLeftOpen is a row's error when its handler returned nil but left a
+// result set open; errConnBusy ends a batch whose connection such a handler
+// left busy.
+var (
+	errLeftOpen = errors.New("inbox: the handler returned with a result set open (rows not closed): the batch's connection could take no other statement")
+	errConnBusy = errors.New("inbox: the batch's connection is busy with a result set the handler left open")
+)
 
 // errSwallowed is a row's error when its handler returned nil but left the
 // transaction failed.

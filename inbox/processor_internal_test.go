@@ -27,5 +27,5 @@ SELECT 'orders', gen_random_uuid(), '' FROM generate_series(1, 5000);
 ANALYZE `+sqlident.Table(db.Schema, "inbox_event")); err != nil {
 		t.Fatal(err)
 	}
-	db.CheckKeepsGenericPlan(t, p.markDone, "inbox_event_pkey", []int64{7, 3, 11})
+	db.CheckKeepsGenericPlan(t, p.sql.markDone, "inbox_event_pkey", []int64{7, 3, 11})
 }

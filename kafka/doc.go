@@ -40,7 +40,9 @@
 //     Should the client still send some early (its previous flush winding
 //     down) and one of them fail while the call is being buffered, the
 //     buffering stops and the call's unsent batches are cancelled, failing
-//     temporarily rather than going out behind the failure.
+//     temporarily rather than going out behind the failure. A record that
+//     fails before it is placed in a partition (its topic's metadata did
+//     not load) stops nothing: it endangers no other record's order.
 //   - franz-go's idempotent producer numbers each partition's batches; the
 //     broker stores them only in sequence, and when a batch fails for good
 //     (refused, out of retries, timed out) the client fails every record
@@ -61,11 +63,21 @@
 //     once per topic); batches are capped at it, so a broker does not refuse
 //     a batch for size that the client split differently. If the limit is
 //     lowered while the Publisher runs, the refused records are sent again
-//     alone and the client is renewed with the lower limit.
+//     alone, each judged by its own topic's limit, and the client is
+//     renewed with the lower limit. A record over the limit in use has it
+//     read again (it may have been raised). Whenever the limit in use is
+//     not what the client's batches of the topic were sized for (a topic
+//     described late, or created after a first try), the client is renewed
+//     before the records go out.
+//   - A message that carries the metadata core.MetadataPartitionKey is
+//     keyed by it (see Marshaler): the outbox relay holds a failed event's
+//     later events back by partition key, so the record key must be it.
 //
 // A caller that must keep the order across calls (the outbox relay does)
 // holds a key back after its first failure rather than sending later
-// messages of it in the next call. Order is per topic and record key.
+// messages of it in the next call. Order is per topic and record key. In a
+// PublishTopics call each topic fails on its own: a topic that is missing
+// or refused fails its messages only.
 //
 // NewPublisher refuses client options that would break this:
 // kgo.DisableIdempotentWrite (without idempotence a retried request can land
@@ -170,17 +182,28 @@
 //   - refused by the broker, alone in its batch, as corrupt or invalid
 //     (CORRUPT_MESSAGE, INVALID_RECORD, INVALID_TIMESTAMP,
 //     UNSUPPORTED_FOR_MESSAGE_FORMAT, POLICY_VIOLATION);
-//   - refused for its topic (INVALID_TOPIC_EXCEPTION, for a name Kafka does
-//     not accept, or TOPIC_AUTHORIZATION_FAILED): every message of the topic;
+//   - refused for its topic's name (a name ValidateTopic refuses, checked
+//     before sending, or INVALID_TOPIC_EXCEPTION): every message of the
+//     topic;
 //   - refused by the Marshaler (ErrMarshal), for instance by
 //     DefaultMarshaler because its metadata uses the reserved
 //     "_watermill_message_uuid" key.
 //
+// A topic the cluster does not have and does not create
+// (UNKNOWN_TOPIC_OR_PARTITION once the client waited for it) and a topic
+// the producer may not write to (TOPIC_AUTHORIZATION_FAILED) fail their
+// messages as the topic's fault, neither permanent nor temporary: an
+// operator may fix either, and the outbox relay charges an attempt, backs
+// off and dead-letters the event after its MaxAttempts (a choice: a brief
+// ACL mistake or a topic created late costs retries, not dead letters). A
+// missing topic's messages then fail at once, without waiting for the
+// cluster, until it is looked for again a second later.
+//
 // Errors that sending again later will fix say so: IsTemporary reports true
 // (they have a Temporary() bool method, which the outbox relay reads): the
 // brokers down or unreachable, timeouts, Kafka errors marked retriable
-// (NOT_LEADER_FOR_PARTITION, UNKNOWN_TOPIC_OR_PARTITION, ...), ErrHeldBack,
-// and ErrClosed. Other errors, neither (cluster-wide authorization or
-// configuration faults, which fail every message alike), are returned as
-// they are.
+// (NOT_LEADER_FOR_PARTITION, ...), ErrHeldBack, ErrClosed, and every error
+// not known to be a message's or its topic's fault (cluster-wide
+// authorization or configuration faults, which fail every message alike
+// until an operator fixes them).
 package kafka

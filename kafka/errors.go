@@ -1,10 +1,8 @@
 package kafka
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"net"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -32,12 +30,14 @@ var batchKErrors = map[*kerr.Error]bool{
 	kerr.InvalidRecord:               true,
 }
 
-// topicKErrors are the broker's answers about a topic: every record of it
-// gets the same, so each is permanent as it stands.
-var topicKErrors = map[*kerr.Error]bool{
-	kerr.InvalidTopicException:    true,
-	kerr.TopicAuthorizationFailed: true,
-}
+// The broker's answers about a topic rather than a record. A name it
+// refuses is refused for good: permanent. A topic that does not exist, or
+// that the producer may not write to, is a fault an operator fixes (creates
+// the topic, grants the ACL): neither permanent, which would dead-letter
+// every event of the topic at the first refusal, nor temporary, which
+// would retry them uncharged for ever; the outbox relay charges an attempt
+// for it, backs off, and dead-letters the event after its MaxAttempts
+// (about a quarter of an hour with its defaults).
 
 // errSuspect marks a record that failed with its batch for a reason that
 // may be another record's: Publisher.isolate sends it again alone.
@@ -76,6 +76,12 @@ func IsTemporary(err error) bool {
 //
 // refreshed is the topic's limit as learnt again after a refusal for size;
 // it is called only for such a refusal, and at most once per round.
+//
+// Anything not known to be the record's or its topic's fault is temporary:
+// an outage, a leader election, a timeout, or a fault of the producer's or
+// the cluster's configuration that fails every record alike (cluster
+// authorization, required acks), which an operator fixes and after which
+// the records go through.
 func (p *Publisher) classify(topic string, size int32, err error, refreshed func() int32) error {
 	switch {
 	case errors.Is(err, kgo.ErrClientClosed):
@@ -99,24 +105,21 @@ func (p *Publisher) classify(topic string, size int32, err error, refreshed func
 			p.stale = "the cluster no longer knows the id of topic " + topic
 			return temporary(err)
 		}
-		if topicKErrors[ke] {
+		switch {
+		case ke == kerr.InvalidTopicException:
 			return core.Permanent(err)
-		}
-		if batchKErrors[ke] {
+		case ke == kerr.UnknownTopicOrPartition:
+			// The client waited for its metadata (UnknownTopicRetries):
+			// the topic is gone. Its next records fail at once until the
+			// cluster is asked again.
+			p.markMissing(topic)
+			return errMissingTopic(topic, err)
+		case ke == kerr.TopicAuthorizationFailed:
+			return fmt.Errorf("kafka: not authorized to write to topic %s: %w", topic, err)
+		case batchKErrors[ke]:
 			return suspectError{err}
 		}
-		if ke.Retriable {
-			return temporary(err)
-		}
-		return err
-	}
-	var ne net.Error
-	switch {
-	case errors.Is(err, kgo.ErrRecordTimeout), errors.Is(err, kgo.ErrRecordRetries),
-		errors.Is(err, kgo.ErrMaxBuffered), errors.Is(err, kgo.ErrAborting),
-		errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled),
-		errors.As(err, &ne), kgo.IsRetryableBrokerErr(err):
 		return temporary(err)
 	}
-	return err
+	return temporary(err)
 }

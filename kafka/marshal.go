@@ -14,6 +14,14 @@ import (
 // topic and chooses the partition from the key). It returns a new record
 // on each call.
 //
+// A message that carries the metadata core.MetadataPartitionKey must be
+// keyed by it: the Publisher refuses another key (ErrMarshal, permanent).
+// Order is kept per partition key all the way from the outbox (its relay
+// publishes a key's events in order, and holds a failed event's later
+// events back, by partition key), so a record keyed by another field would
+// be ordered only within one Publish call. Messages without it may be keyed
+// by anything.
+//
 // A message of a key is never stored after an earlier one of that key
 // that failed, so when Marshal fails the Publisher must know the key the
 // message would have had: a Marshaler that can tell returns, with its

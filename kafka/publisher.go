@@ -22,8 +22,8 @@ import (
 // Errors returned by NewPublisher and Publish. Test for them with errors.Is.
 var (
 	// ErrClosed is the error of every message published after the
-	// Publisher's Close (it is temporary), and of Subscribe and
-	// SubscribeBatch after the Subscriber's.
+	// Publisher's Close (temporary), and of Subscribe and SubscribeBatch
+	// after the Subscriber's.
 	ErrClosed = errors.New("kafka: closed")
 	// ErrMarshal is the error of a message the Marshaler refused (for
 	// example one whose metadata uses the reserved
@@ -124,9 +124,11 @@ type Publisher struct {
 	chunk      int
 	chunkBytes int64
 
+	// clientMu guards client against Close while a call renews it.
+	clientMu sync.Mutex
+
 	limitsMu sync.Mutex
-	limits   map[string]int32     // topic → record batch limit in use
-	guesses  map[string]time.Time // topic → when the cluster did not say its limit
+	topics   map[string]*topicState // limits.go
 }
 
 // NewPublisher connects to the brokers and returns a Publisher. It fails,
@@ -159,8 +161,7 @@ func NewPublisher(cfg PublisherConfig, logger watermill.LoggerAdapter) (*Publish
 		maxBytes:  cfg.MaxMessageBytes,
 		marshaler: cfg.Marshaler,
 		logger:    logger,
-		limits:    map[string]int32{},
-		guesses:   map[string]time.Time{},
+		topics:    map[string]*topicState{},
 	}
 	p.opts = append([]kgo.Opt{
 		kgo.SeedBrokers(p.brokers...),
@@ -282,8 +283,9 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 // messages are as in Publish: a key's records keep their order and none
 // is stored after an earlier one of its key failed (a key is one per
 // topic: the same key in two topics is two keys). The error is a
-// *core.BatchError listing every failed message of every topic, or
-// nil. outbox.Relay uses it for a batch that holds several topics.
+// *core.BatchError listing every failed message of every topic, each with
+// its topic (a message sent to two topics is two copies, each failing or
+// going out on its own), or nil. outbox.Relay uses it for a batch that holds several topics.
 func (p *Publisher) PublishTopics(byTopic map[string][]*message.Message) error {
 	topics := make([]string, 0, len(byTopic))
 	for t := range byTopic {
@@ -302,25 +304,30 @@ type topicBatch struct {
 	topic string
 	msgs  []*message.Message
 	out   []outcome // its part of the call's outcomes
+	first int       // the index of its first message in the call
+	// limit is the topic's record batch limit; refusal, when set, fails
+	// every message of the topic (a name Kafka refuses, a missing topic).
+	limit   int32
+	refusal error
 }
 
 func (p *Publisher) publishTopics(batches []topicBatch) error {
-	var all []*message.Message
+	n := 0
 	for _, b := range batches {
-		all = append(all, b.msgs...)
+		n += len(b.msgs)
 	}
-	if len(all) == 0 {
+	if n == 0 {
 		return nil
 	}
 	if p.closed.Load() {
-		return failAll(all, ErrClosed)
+		return failAll(batches, ErrClosed)
 	}
 	p.sendMu.Lock()
 	defer p.sendMu.Unlock()
 	if p.closed.Load() {
-		return failAll(all, ErrClosed)
+		return failAll(batches, ErrClosed)
 	}
-	err := p.publish(batches, all)
+	err := p.publish(batches, n)
 	if p.stale != "" {
 		p.renewClient()
 	}
@@ -334,90 +341,163 @@ type outcome struct {
 	size int32       // the record's batch size when alone
 }
 
-// publish sends the batches' messages, all of them (all, in the batches'
-// order) in the same rounds.
-func (p *Publisher) publish(batches []topicBatch, all []*message.Message) error {
-	out := make([]outcome, len(all))
+// publish sends the batches' messages, n in all, in the same rounds.
+func (p *Publisher) publish(batches []topicBatch, n int) error {
+	c := &call{p: p, out: make([]outcome, n), failedKeys: map[string]bool{}, failedTopics: map[string]bool{}}
+	i := 0
+	for b := range batches {
+		batches[b].first = i
+		batches[b].out = c.out[i : i+len(batches[b].msgs)]
+		i += len(batches[b].msgs)
+	}
+	for _, b := range batches {
+		c.marshal(b)
+	}
+	for i := range batches {
+		c.prepare(&batches[i])
+	}
+	if p.stale != "" {
+		// Before sending: the client's batches must fit the topics.
+		p.renewClient()
+	}
+	for _, b := range batches {
+		c.buffer(b)
+	}
+	c.flush()
+	for _, b := range batches {
+		p.isolate(b.topic, b.msgs, b.out)
+	}
+	return p.report(batches)
+}
+
+// call is a Publish call in progress: what became of each of its messages,
+// the keys held back after a failure, and the round being buffered.
+type call struct {
+	p   *Publisher
+	out []outcome
 	// A key with a failed message holds its later messages of this call
 	// back, so they cannot overtake it (core.BatchError's contract).
 	// Keys are per topic: topicKey. A message the Marshaler refused
 	// without saying its key holds back its whole topic.
-	failedKeys := map[string]bool{}
-	failedTopics := map[string]bool{}
-	hold := func(i int, key string, err error) {
-		out[i].err = err
-		failedKeys[key] = true
-	}
+	failedKeys, failedTopics map[string]bool
+	round                    []int // indexes into out
+	roundBytes               int64
+}
 
-	var round []int
-	var roundBytes int64
-	flush := func() {
-		if len(round) == 0 {
+// marshal turns b's messages into records (in b.out), failing those the
+// Marshaler refuses, permanently (buffer holds back what is behind them).
+func (c *call) marshal(b topicBatch) {
+	for i, msg := range b.msgs {
+		o := &b.out[i]
+		rec, err := c.p.marshaler.Marshal(b.topic, msg)
+		if err == nil && rec == nil {
+			err = errors.New("the Marshaler returned no record")
+		}
+		if pk, ok := msg.Metadata[core.MetadataPartitionKey]; err == nil && ok && string(rec.Key) != pk {
+			err = fmt.Errorf("the Marshaler keyed the record by %q, not by its partition key %q: a message with a partition key is keyed by it, which the outbox orders by", rec.Key, pk)
+		}
+		if err == nil {
+			rec.Topic = b.topic
+			o.rec, o.size = rec, recordBatchSize(rec)
+			continue
+		}
+		o.err = core.Permanent(fmt.Errorf("%w %s: %w", ErrMarshal, msg.UUID, err))
+		if rec != nil {
+			o.rec = &kgo.Record{Topic: b.topic, Key: rec.Key} // it says the key: hold that
+		}
+	}
+}
+
+// prepare finds whether b's topic takes records, and its limit: a topic
+// name Kafka refuses fails its messages for good, a missing topic fails
+// them at once (errMissingTopic). A record over the limit in use has the
+// limit read again, once: it may have been raised.
+func (c *call) prepare(b *topicBatch) {
+	if err := ValidateTopic(b.topic); err != nil {
+		b.refusal = core.Permanent(err)
+		return
+	}
+	b.limit, b.refusal = c.p.limitFor(b.topic)
+	if b.refusal != nil || b.limit >= c.p.maxBytes {
+		return
+	}
+	for _, o := range b.out {
+		if o.err == nil && o.size > b.limit {
+			b.limit = c.p.rereadLimit(b.topic)
 			return
 		}
-		p.produce(out, round)
-		for _, i := range round {
-			if out[i].err != nil {
-				failedKeys[topicKey(out[i].rec.Topic, string(out[i].rec.Key))] = true
-			}
-		}
-		round, roundBytes = round[:0], 0
 	}
-	i := 0
-	for b := range batches {
-		topic := batches[b].topic
-		limit := p.limitFor(topic)
-		batches[b].out = out[i : i+len(batches[b].msgs)]
-		for _, msg := range batches[b].msgs {
-			rec, err := p.marshaler.Marshal(topic, msg)
-			if err == nil && rec == nil {
-				err = errors.New("the Marshaler returned no record")
-			}
-			if err != nil {
-				err = core.Permanent(fmt.Errorf("%w %s: %w", ErrMarshal, msg.UUID, err))
-				if rec != nil { // it says the key: hold that
-					out[i].rec = &kgo.Record{Topic: topic, Key: rec.Key}
-					hold(i, topicKey(topic, string(rec.Key)), err)
-				} else {
-					out[i].err = err
-					failedTopics[topic] = true
-				}
-				i++
-				continue
-			}
-			rec.Topic = topic
-			key := topicKey(topic, string(rec.Key))
-			out[i].rec = rec
-			out[i].size = recordBatchSize(rec)
-			switch {
-			case failedKeys[key] || failedTopics[topic]:
-				out[i].err = temporary(fmt.Errorf("%w: message %s", ErrHeldBack, msg.UUID))
-			case out[i].size > limit:
-				hold(i, key, core.Permanent(fmt.Errorf("%w: message %s needs %d bytes, topic %s takes %d",
-					ErrMessageTooLarge, msg.UUID, out[i].size, topic, limit)))
-			default:
-				if len(round) >= p.chunk || p.chunkBytes > 0 && roundBytes+int64(out[i].size) > p.chunkBytes {
-					flush()
-					if failedKeys[key] || failedTopics[topic] {
-						out[i].err = temporary(fmt.Errorf("%w: message %s", ErrHeldBack, msg.UUID))
-						break
-					}
-				}
-				round = append(round, i)
-				roundBytes += int64(out[i].size)
-			}
-			i++
-		}
-	}
-	flush()
-	for _, b := range batches {
-		p.isolate(b.topic, b.msgs, b.out)
-	}
+}
 
+// buffer puts b's records into rounds, in order, refusing those too large
+// for their topic and holding back those behind a failure of their key: a
+// record the Marshaler refused holds back its key, or its whole topic when
+// the Marshaler did not say the key.
+func (c *call) buffer(b topicBatch) {
+	for i, msg := range b.msgs {
+		o := &b.out[i]
+		switch {
+		case b.refusal != nil:
+			if o.err == nil {
+				o.err = b.refusal
+			}
+			continue
+		case o.err != nil && o.rec == nil:
+			c.failedTopics[b.topic] = true
+			continue
+		case o.err != nil:
+			c.failedKeys[topicKey(b.topic, string(o.rec.Key))] = true
+			continue
+		}
+		key := topicKey(b.topic, string(o.rec.Key))
+		switch {
+		case c.held(b.topic, key):
+			o.err = temporary(fmt.Errorf("%w: message %s", ErrHeldBack, msg.UUID))
+		case o.size > b.limit:
+			o.err = core.Permanent(fmt.Errorf("%w: message %s needs %d bytes, topic %s takes %d",
+				ErrMessageTooLarge, msg.UUID, o.size, b.topic, b.limit))
+			c.failedKeys[key] = true
+		default:
+			if len(c.round) >= c.p.chunk || c.p.chunkBytes > 0 && c.roundBytes+int64(o.size) > c.p.chunkBytes {
+				c.flush()
+				if c.held(b.topic, key) {
+					o.err = temporary(fmt.Errorf("%w: message %s", ErrHeldBack, msg.UUID))
+					continue
+				}
+			}
+			c.round = append(c.round, b.first+i)
+			c.roundBytes += int64(o.size)
+		}
+	}
+}
+
+// held reports whether a message of key (a topicKey of topic) waits
+// behind a failure.
+func (c *call) held(topic, key string) bool { return c.failedKeys[key] || c.failedTopics[topic] }
+
+// flush sends the round buffered and records which keys failed in it.
+func (c *call) flush() {
+	if len(c.round) == 0 {
+		return
+	}
+	c.p.produce(c.out, c.round)
+	for _, i := range c.round {
+		if c.out[i].err != nil {
+			c.failedKeys[topicKey(c.out[i].rec.Topic, string(c.out[i].rec.Key))] = true
+		}
+	}
+	c.round, c.roundBytes = c.round[:0], 0
+}
+
+// report returns the call's BatchError (nil when everything went out),
+// logging a partly failed topic and a key stored out of order.
+func (p *Publisher) report(batches []topicBatch) error {
 	var failed []core.MessageError
-	for i, o := range out {
-		if o.err != nil {
-			failed = append(failed, core.MessageError{UUID: all[i].UUID, Err: o.err})
+	for _, b := range batches {
+		for i, o := range b.out {
+			if o.err != nil {
+				failed = append(failed, core.MessageError{UUID: b.msgs[i].UUID, Topic: b.topic, Err: o.err})
+			}
 		}
 	}
 	if len(failed) == 0 {
@@ -482,12 +562,17 @@ func (p *Publisher) produce(out []outcome, idx []int) {
 	// loading waits for that), and so does the Flush after it, which
 	// otherwise would find no partition to drain and wait forever.
 	last := len(idx) - 1
-	rs := &roundState{pos: make(map[*kgo.Record]int, last), done: make([]atomic.Bool, last), placed: make(chan struct{})}
+	rs := &roundState{
+		pos:         make(map[*kgo.Record]int, len(idx)),
+		partitioned: make([]atomic.Bool, len(idx)),
+		done:        make([]atomic.Bool, last),
+		placed:      make(chan struct{}),
+	}
 	rs.left.Store(int64(last))
 	if last == 0 {
 		close(rs.placed)
 	}
-	for k, i := range idx[:last] {
+	for k, i := range idx {
 		rs.pos[out[i].rec] = k
 	}
 	ctx = context.WithValue(ctx, roundKey{}, rs)
@@ -509,7 +594,12 @@ func (p *Publisher) produce(out []outcome, idx []int) {
 		out[i].rec.Context = ctx
 		p.client.Produce(ctx, out[i].rec, func(_ *kgo.Record, err error) {
 			out[i].err = err
-			if err != nil && buffering.Load() {
+			// Only the failure of a record placed in a partition can
+			// leave a later record of that partition to start a fresh
+			// batch. One that failed before (its topic's metadata did
+			// not load: a missing or refused topic) says nothing of the
+			// others, and must not fail them.
+			if err != nil && buffering.Load() && rs.partitioned[k].Load() {
 				early.Store(true)
 				cancel()
 			}
@@ -522,31 +612,33 @@ func (p *Publisher) produce(out []outcome, idx []int) {
 	// acknowledged or failed (after the delivery timeout at the latest).
 	_ = p.client.Flush(context.Background())
 	wg.Wait()
-	// A refusal for size makes the topic's limit be read again: once for
-	// the round, not once per refused record (a refused batch can hold
-	// thousands).
-	topic := out[idx[0]].rec.Topic
-	var limit int32
-	refreshed := func() int32 {
-		if limit == 0 {
-			limit = p.refreshLimit(topic)
-		}
-		return limit
-	}
+	// A refusal for size makes the record's topic's limit be read again:
+	// once for the round, not once per refused record (a refused batch
+	// can hold thousands).
+	limits := map[string]int32{}
 	for _, i := range idx {
 		if err := out[i].err; err != nil && !errors.Is(err, ErrHeldBack) {
+			topic := out[i].rec.Topic
+			refreshed := func() int32 {
+				if _, ok := limits[topic]; !ok {
+					limits[topic] = p.refreshLimit(topic)
+				}
+				return limits[topic]
+			}
 			out[i].err = p.classify(topic, out[i].size, err, refreshed)
 		}
 	}
 }
 
 // roundState tracks which records of a produce round are placed in their
-// partitions (or failed before): placed closes when all are.
+// partitions (partitioned), and whether every record but the last is
+// placed or failed (placed closes then).
 type roundState struct {
-	pos    map[*kgo.Record]int // record → its position in the round; read-only while producing
-	done   []atomic.Bool
-	left   atomic.Int64
-	placed chan struct{}
+	pos         map[*kgo.Record]int // record → its position in the round; read-only while producing
+	partitioned []atomic.Bool
+	done        []atomic.Bool
+	left        atomic.Int64
+	placed      chan struct{}
 }
 
 func (rs *roundState) mark(k int) {
@@ -569,6 +661,7 @@ func (partitionedHook) OnProduceRecordPartitioned(r *kgo.Record, _ int32) {
 	}
 	if rs, ok := r.Context.Value(roundKey{}).(*roundState); ok {
 		if k, ok := rs.pos[r]; ok {
+			rs.partitioned[k].Store(true)
 			rs.mark(k)
 		}
 	}
@@ -661,7 +754,9 @@ func (p *Publisher) checkOrder(topic string, msgs []*message.Message, out []outc
 }
 
 // renewClient replaces the client with a new one, whose partitions take
-// their batch limits and topic ids afresh. Called under sendMu.
+// their batch limits and topic ids afresh. Called under sendMu. A
+// Publisher closed meanwhile keeps its closed client, and the new one is
+// closed at once.
 func (p *Publisher) renewClient() {
 	why := p.stale
 	p.stale = ""
@@ -670,9 +765,17 @@ func (p *Publisher) renewClient() {
 		p.logger.Error("Kafka client not renewed", err, nil)
 		return
 	}
+	p.clientMu.Lock()
+	if p.closed.Load() {
+		p.clientMu.Unlock()
+		c.Close()
+		return
+	}
 	old := p.client
 	p.client = c
+	p.clientMu.Unlock()
 	old.Close()
+	p.clientRenewed()
 	p.logger.Info("Kafka client renewed: "+why, nil)
 }
 
@@ -689,13 +792,18 @@ func (p *Publisher) Close() error {
 		p.sendMu.Lock()
 		close(idle)
 	}()
+	closeClient := func() {
+		p.clientMu.Lock()
+		defer p.clientMu.Unlock()
+		p.client.Close()
+	}
 	t := time.NewTimer(closeGrace)
 	defer t.Stop()
 	select {
 	case <-idle:
-		p.client.Close()
+		closeClient()
 	case <-t.C:
-		p.client.Close() // fails what the call in progress waits for
+		closeClient() // fails what the call in progress waits for
 		<-idle
 	}
 	p.sendMu.Unlock()
@@ -703,12 +811,14 @@ func (p *Publisher) Close() error {
 }
 
 // closeGrace is how long Close lets the Publish call in progress finish.
-const closeGrace = 10 * time.Second
+var closeGrace = 10 * time.Second
 
-func failAll(msgs []*message.Message, err error) error {
-	failed := make([]core.MessageError, len(msgs))
-	for i, m := range msgs {
-		failed[i] = core.MessageError{UUID: m.UUID, Err: temporary(err)}
+func failAll(batches []topicBatch, err error) error {
+	var failed []core.MessageError
+	for _, b := range batches {
+		for _, m := range b.msgs {
+			failed = append(failed, core.MessageError{UUID: m.UUID, Topic: b.topic, Err: temporary(err)})
+		}
 	}
 	return &core.BatchError{Errors: failed}
 }

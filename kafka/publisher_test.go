@@ -233,10 +233,10 @@ func (m byCustomer) Marshal(topic string, msg *message.Message) (*kgo.Record, er
 	return r, nil
 }
 
-// A custom Marshaler keys records by another field than the partition key:
+// A custom Marshaler keys records by another field (messages that carry
+// no partition key: see TestPublishRefusesARecordNotKeyedByItsPartitionKey):
 // a message it refuses holds back the later messages of its RECORD key (a
-// later message of that customer with another partition key is not stored
-// past it). A refusal that says the key holds back that key only; one that
+// later message of that customer for another order is not stored past it). A refusal that says the key holds back that key only; one that
 // does not holds back the rest of its topic, and no other topic.
 func TestPublishMarshalErrorHoldsTheRecordKey(t *testing.T) {
 	t.Parallel()
@@ -246,8 +246,10 @@ func TestPublishMarshalErrorHoldsTheRecordKey(t *testing.T) {
 			t.Parallel()
 			topic, other := kafkatest.Topic(), kafkatest.Topic()
 			p := newPublisherWith(t, kafka.PublisherConfig{Brokers: brokers, Marshaler: byCustomer{sayKey: sayKey}})
-			msg := func(i int, customer, partitionKey string) *message.Message {
-				m := newMessage(i, partitionKey)
+			msg := func(i int, customer, order string) *message.Message {
+				m := newMessage(i, order)
+				delete(m.Metadata, core.MetadataPartitionKey) // keyed by customer alone
+				m.Metadata.Set("order", order)
 				m.Metadata.Set("customer", customer)
 				return m
 			}
@@ -267,7 +269,7 @@ func TestPublishMarshalErrorHoldsTheRecordKey(t *testing.T) {
 				t.Errorf("the refused message: %v, want a permanent ErrMarshal", err)
 			}
 			if err := failed[msgs[2].UUID]; !errors.Is(err, kafka.ErrHeldBack) {
-				t.Errorf("alice's next message (another partition key): %v, want ErrHeldBack", err)
+				t.Errorf("alice's next message (another order): %v, want ErrHeldBack", err)
 			}
 			wantStored := []*message.Message{msgs[0], msgs[3]} // bob's goes: the key is known
 			if !sayKey {

@@ -16,16 +16,11 @@ import (
 	"github.com/millrace/millrace/internal/sqlident"
 )
 
-// Errors of the operator API.
-var (
-	// ErrEmptyReplayFilter is returned by Replay for a filter that selects
-	// nothing in particular: set at least one field, or All to replay every
-	// published event retention kept.
-	ErrEmptyReplayFilter = errors.New("outbox: replay filter is empty (set a field, or All: true to replay the whole log)")
-	// ErrInvalidReplayFilter is returned by Replay for a filter whose ranges
-	// make no sense (To before From, ToID below FromID, negative ids).
-	ErrInvalidReplayFilter = errors.New("outbox: invalid replay filter")
-)
+// ErrInvalidReplayFilter is returned by Replay for a filter that selects
+// nothing in particular (set at least one field, or All to replay every
+// published event retention kept), or whose ranges make no sense (To
+// before From, ToID below FromID, negative ids).
+var ErrInvalidReplayFilter = errors.New("outbox: invalid replay filter")
 
 // AdminConfig configures an Admin.
 type AdminConfig struct {
@@ -57,16 +52,8 @@ type Admin struct {
 	cdc         cdcSQL
 	cdcSlot     string
 
-	trail     *audit.Trail
-	listDead  string
-	requeue   string
-	discard   string
-	replay    string
-	stats     string
-	notifySQL string
-
-	// requeueRows and discardRows act on row ids (bulk.go).
-	requeueRows, discardRows string
+	trail *audit.Trail
+	sql   adminSQL
 }
 
 // NewAdmin returns an Admin on pool.
@@ -90,101 +77,17 @@ func NewAdmin(pool *pgxpool.Pool, cfg AdminConfig) (*Admin, error) {
 	if cfg.ReplayChunk == 0 {
 		cfg.ReplayChunk = 10_000
 	}
-	event := sqlident.Table(schema, "outbox_event")
-	pending := sqlident.Table(schema, "outbox_pending")
-	a := &Admin{
+	return &Admin{
 		pool:        pool,
 		countLimit:  cfg.StatsCountLimit,
 		replayChunk: cfg.ReplayChunk,
-		pendingRel:  pending,
+		pendingRel:  sqlident.Table(schema, "outbox_pending"),
 		cdc:         newCDCSQL(schema),
 		cdcSlot:     cfg.CDCSlot,
 		channel:     notifyChannel(schema),
 		trail:       audit.New(schema),
-		notifySQL:   `SELECT pg_notify($1, '')`,
-	}
-
-	// Dead rows are always blocked too, so "p.blocked" lets the planner use
-	// the small partial index outbox_pending_blocked_idx instead of
-	// scanning the whole pending set.
-	a.listDead = fmt.Sprintf(`SELECT e.id, e.event_id::text, e.topic, e.partition_key, e.aggregate_type, e.aggregate_id,
-       e.event_type, e.attempts, coalesce(e.last_error, ''), e.created_at, e.dead_at,
-       coalesce(convert_to(e.payload::text, 'UTF8'), e.payload_bytes), e.payload IS NULL, e.headers
-  FROM %[1]s p JOIN %[2]s e ON e.id = p.id
- WHERE p.blocked AND p.dead AND p.id > $1
-   AND ($2 = '' OR e.topic = $2)
-   AND ($3 = '' OR p.partition_key = $3)
- ORDER BY p.id
- LIMIT $4`, pending, event)
-
-	// Requeue and discard find the rows by event_id (its unique index),
-	// then the pending row by primary key. The "p.dead" condition is
-	// rechecked on the locked row, so a dead letter requeued and discarded
-	// at the same time ends up in exactly one of the two. They return
-	// what they acted on, for the audit trail.
-	a.requeue = fmt.Sprintf(`WITH pend AS (
-    UPDATE %[1]s p SET dead = false, blocked = false, next_attempt_at = NULL
-      FROM %[2]s e
-     WHERE e.event_id = ANY($1::uuid[]) AND p.id = e.id AND p.dead
-    RETURNING p.id
-)
-UPDATE %[2]s e SET dead_at = NULL, attempts = 0, next_attempt_at = NULL
-  FROM pend WHERE e.id = pend.id
-RETURNING e.event_id::text, e.topic`, pending, event)
-
-	a.requeueRows, a.discardRows = deadRowStatements(pending, event) // bulk.go
-
-	a.discard = fmt.Sprintf(`WITH pend AS (
-    DELETE FROM %[1]s p
-     USING %[2]s e
-     WHERE e.event_id = ANY($1::uuid[]) AND p.id = e.id AND p.dead
-    RETURNING p.id
-)
-UPDATE %[2]s e SET discarded_at = now()
-  FROM pend WHERE e.id = pend.id
-RETURNING e.event_id::text, e.topic`, pending, event)
-
-	// Replay walks the log in id order (primary key), a chunk at a time.
-	// FOR KEY SHARE keeps retention from deleting a selected row before the
-	// pending row that points to it commits (it does not block the relay's
-	// mark, a non-key update).
-	// The filter's fields are parameters; an unset one ($n IS NULL or '')
-	// matches everything. A time range alone is served by
-	// outbox_event_created_at_idx when the planner finds it selective.
-	a.replay = fmt.Sprintf(`WITH sel AS (
-    SELECT id, lane, partition_key
-      FROM %[2]s
-     WHERE id > $1 AND id <= $2
-       AND published_at IS NOT NULL
-       AND ($3::timestamptz IS NULL OR created_at >= $3)
-       AND ($4::timestamptz IS NULL OR created_at < $4)
-       AND ($5 = '' OR aggregate_type = $5)
-       AND ($6 = '' OR aggregate_id = $6)
-       AND ($7 = '' OR event_type = $7)
-       AND ($8 = '' OR topic = $8)
-       AND ($10 = '' OR partition_key = $10)
-     ORDER BY id
-     LIMIT $9
-       FOR KEY SHARE
-), ins AS (
-    INSERT INTO %[1]s (id, lane, partition_key)
-    SELECT id, lane, partition_key FROM sel
-    ON CONFLICT (id) DO NOTHING
-    RETURNING 1
-)
-SELECT (SELECT max(id) FROM sel), (SELECT count(*) FROM sel), (SELECT count(*) FROM ins)`, pending, event)
-
-	// One round trip. The exact count stops at the limit; the oldest
-	// pending event is the first not-dead entry of the pending primary key
-	// and then a primary-key lookup in the log.
-	a.stats = fmt.Sprintf(`SELECT
-    (SELECT count(*) FROM (SELECT 1 FROM %[1]s WHERE NOT dead LIMIT $1) s),
-    (SELECT count(*) FROM %[1]s WHERE blocked AND dead),
-    (SELECT count(*) FROM %[1]s WHERE blocked AND NOT dead),
-    (SELECT reltuples::bigint FROM pg_class WHERE oid = $2::text::regclass),
-    (SELECT extract(epoch FROM now() - e.created_at)::float8 FROM %[2]s e
-      WHERE e.id = (SELECT id FROM %[1]s WHERE NOT dead ORDER BY id LIMIT 1))`, pending, event)
-	return a, nil
+		sql:         newAdminSQL(schema),
+	}, nil
 }
 
 // dbtx is what the Admin needs of a pool or a transaction.
@@ -222,7 +125,7 @@ func (a *Admin) List(ctx context.Context, p core.ListParams) ([]DeadLetter, erro
 	if p.Limit == 0 {
 		p.Limit = 100
 	}
-	rows, err := a.pool.Query(ctx, a.listDead, p.AfterID, p.Topic, p.PartitionKey, p.Limit)
+	rows, err := a.pool.Query(ctx, a.sql.listDead, p.AfterID, p.Topic, p.PartitionKey, p.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: list dead letters: %w", err)
 	}
@@ -256,13 +159,13 @@ func (a *Admin) List(ctx context.Context, p core.ListParams) ([]DeadLetter, erro
 // topics (copies of one message) names each copy: every one of them that
 // is a dead letter is requeued (Discard likewise).
 func (a *Admin) Requeue(ctx context.Context, by core.Actor, eventIDs ...string) (int, error) {
-	return a.deadLetterOp(ctx, nil, "requeue", a.requeue, eventIDs, by)
+	return a.deadLetterOp(ctx, nil, "requeue", a.sql.requeue, eventIDs, by)
 }
 
 // RequeueTx is Requeue in the caller's transaction (its audit entries
 // too).
 func (a *Admin) RequeueTx(ctx context.Context, tx pgx.Tx, by core.Actor, eventIDs ...string) (int, error) {
-	return a.deadLetterOp(ctx, tx, "requeue", a.requeue, eventIDs, by)
+	return a.deadLetterOp(ctx, tx, "requeue", a.sql.requeue, eventIDs, by)
 }
 
 // Discard drops dead letters for good, in a transaction of its own: they
@@ -275,13 +178,13 @@ func (a *Admin) RequeueTx(ctx context.Context, tx pgx.Tx, by core.Actor, eventID
 // with an error wrapping core.ErrInvalidEventID, an incomplete by with one
 // wrapping core.ErrNoActor.
 func (a *Admin) Discard(ctx context.Context, by core.Actor, eventIDs ...string) (int, error) {
-	return a.deadLetterOp(ctx, nil, "discard", a.discard, eventIDs, by)
+	return a.deadLetterOp(ctx, nil, "discard", a.sql.discard, eventIDs, by)
 }
 
 // DiscardTx is Discard in the caller's transaction (its audit entries
 // too).
 func (a *Admin) DiscardTx(ctx context.Context, tx pgx.Tx, by core.Actor, eventIDs ...string) (int, error) {
-	return a.deadLetterOp(ctx, tx, "discard", a.discard, eventIDs, by)
+	return a.deadLetterOp(ctx, tx, "discard", a.sql.discard, eventIDs, by)
 }
 
 // deadLetterOp runs op in tx, or in a transaction of its own when tx is
@@ -331,7 +234,7 @@ func (a *Admin) deadLetterOpTx(ctx context.Context, tx pgx.Tx, op, sql string, i
 	}
 	// Wake the relays: requeued events are due now, and a discarded dead
 	// letter unblocks the events behind it.
-	if _, err := tx.Exec(ctx, a.notifySQL, a.channel); err != nil {
+	if _, err := tx.Exec(ctx, a.sql.notify, a.channel); err != nil {
 		return nil, fmt.Errorf("outbox: %s: wake relays: %w", op, err)
 	}
 	if err := a.trail.Write(ctx, tx, entries...); err != nil {
@@ -381,7 +284,7 @@ func (f ReplayFilter) empty() bool {
 
 func (f ReplayFilter) validate() error {
 	if f.empty() && !f.All {
-		return ErrEmptyReplayFilter
+		return fmt.Errorf("%w: it is empty (set a field, or All: true to replay the whole log)", ErrInvalidReplayFilter)
 	}
 	if f.FromID < 0 || f.ToID < 0 {
 		return fmt.Errorf("%w: negative id", ErrInvalidReplayFilter)
@@ -489,14 +392,14 @@ func (a *Admin) replayOn(ctx context.Context, db dbtx, f ReplayFilter) (int64, e
 			last        *int64
 			selected, n int64
 		)
-		err := db.QueryRow(ctx, a.replay, cursor, upper, from, to,
+		err := db.QueryRow(ctx, a.sql.replay, cursor, upper, from, to,
 			f.AggregateType, f.AggregateID, f.EventType, f.Topic, a.replayChunk, f.PartitionKey).Scan(&last, &selected, &n)
 		if err != nil {
 			return total, fmt.Errorf("outbox: replay after id %d: %w", cursor, err)
 		}
 		total += n
 		if n > 0 {
-			if _, err := db.Exec(ctx, a.notifySQL, a.channel); err != nil {
+			if _, err := db.Exec(ctx, a.sql.notify, a.channel); err != nil {
 				return total, fmt.Errorf("outbox: replay: wake relays: %w", err)
 			}
 		}
@@ -534,7 +437,7 @@ func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 		reltuples *int64
 		age       *float64
 	)
-	err := a.pool.QueryRow(ctx, a.stats, a.countLimit+1, a.pendingRel).
+	err := a.pool.QueryRow(ctx, a.sql.stats, a.countLimit+1, a.pendingRel).
 		Scan(&s.Pending, &s.Dead, &s.Blocked, &reltuples, &age)
 	if err != nil {
 		return Stats{}, fmt.Errorf("outbox: stats: %w", err)

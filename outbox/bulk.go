@@ -45,14 +45,14 @@ func (a *Admin) DryRun(ctx context.Context, q core.DeadLetterQuery, page int) (*
 // copy). Each is recorded in the audit trail in its transaction. A dead
 // letter requeued or discarded meanwhile by someone else is not counted.
 func (a *Admin) RequeueMatching(ctx context.Context, q core.DeadLetterQuery, by core.Actor) (int, error) {
-	return a.bulk(ctx, q, by, "requeue", a.requeueRows)
+	return a.bulk(ctx, q, by, "requeue", a.sql.requeueRows)
 }
 
 // DiscardMatching discards (as Discard, by by) the dead letters q selects,
 // 500 per transaction, and returns how many it discarded: only the rows
 // selected, as RequeueMatching.
 func (a *Admin) DiscardMatching(ctx context.Context, q core.DeadLetterQuery, by core.Actor) (int, error) {
-	return a.bulk(ctx, q, by, "discard", a.discardRows)
+	return a.bulk(ctx, q, by, "discard", a.sql.discardRows)
 }
 
 // bulk requeues or discards (op, with sql) the dead letters q selects by
@@ -76,28 +76,4 @@ func (a *Admin) bulk(ctx context.Context, q core.DeadLetterQuery, by core.Actor,
 		audit.Count(entries...)
 		return len(entries), nil
 	})
-}
-
-// deadRowStatements are the requeue and discard statements (as in
-// NewAdmin, returning the event id and topic of each) of the dead letters
-// with the given row ids ($1): the rows a bulk action selected, on the
-// pending set's primary key.
-func deadRowStatements(pending, event string) (requeue, discard string) {
-	requeue = fmt.Sprintf(`WITH pend AS (
-    UPDATE %[1]s p SET dead = false, blocked = false, next_attempt_at = NULL
-     WHERE p.id = ANY($1::bigint[]) AND p.dead
-    RETURNING p.id
-)
-UPDATE %[2]s e SET dead_at = NULL, attempts = 0, next_attempt_at = NULL
-  FROM pend WHERE e.id = pend.id
-RETURNING e.event_id, e.topic`, pending, event)
-	discard = fmt.Sprintf(`WITH pend AS (
-    DELETE FROM %[1]s p
-     WHERE p.id = ANY($1::bigint[]) AND p.dead
-    RETURNING p.id
-)
-UPDATE %[2]s e SET discarded_at = now()
-  FROM pend WHERE e.id = pend.id
-RETURNING e.event_id, e.topic`, pending, event)
-	return requeue, discard
 }

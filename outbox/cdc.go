@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,7 +19,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace/internal/backoff"
-	"github.com/millrace/millrace/internal/sqlident"
 )
 
 // CDCRelayConfig configures a CDCRelay.
@@ -65,9 +65,8 @@ type CDCRelay struct {
 	sql     cdcSQL
 	sweeper *Relay
 	repl    *pgconn.Config
-	begin   pgx.TxOptions
 
-	heldKeys, divert, unclaim, mark, marked, publication string
+	publication string
 }
 
 // NewCDCRelay returns a CDCRelay. It does not touch the database or the
@@ -80,6 +79,8 @@ func NewCDCRelay(pool *pgxpool.Pool, cfg CDCRelayConfig) (*CDCRelay, error) {
 	if err != nil {
 		return nil, err
 	}
+	sweeper.cdcHalf = true
+	sweeper.sql = newRelaySQL(sweeper.schema, sweeper.cfg.SyncCommit, true)
 	cfg.RelayConfig = sweeper.cfg // with its defaults
 	if cfg.FlushInterval == 0 {
 		cfg.FlushInterval = 5 * time.Millisecond
@@ -102,6 +103,10 @@ func NewCDCRelay(pool *pgxpool.Pool, cfg CDCRelayConfig) (*CDCRelay, error) {
 		params[k] = v
 	}
 	params["replication"] = "database"
+	// The stream's text form of payload_bytes is bytea's output: hex is
+	// what the relay decodes, whatever the server, database or role
+	// sets.
+	params["bytea_output"] = "hex"
 	repl.RuntimeParams = params
 	c := &CDCRelay{
 		cfg:     cfg,
@@ -111,47 +116,8 @@ func NewCDCRelay(pool *pgxpool.Pool, cfg CDCRelayConfig) (*CDCRelay, error) {
 		sql:     newCDCSQL(sweeper.schema),
 		sweeper: sweeper,
 		repl:    repl,
-		begin:   sweeper.begin,
 	}
 	c.publication = "'" + strings.ReplaceAll(cfg.Slot, "'", "''") + "'"
-	pending, events := c.sql.pending, c.sql.events
-	// Which keys of a batch have events in the pending set: those keys'
-	// stream events go there too, behind them, so per-key order holds. It
-	// scans the pending set, empty or small while everything flows (a
-	// large replay makes it slower, not wrong). Its keys stay a plain
-	// parameter, planned for each batch: the scan then hashes them, where
-	// an InitPlan's array (sqlident.AnyParam) would be matched one key
-	// after another against each pending row.
-	c.heldKeys = fmt.Sprintf(`SELECT DISTINCT partition_key FROM %s WHERE partition_key = ANY($1)`, pending)
-	// Stream events handed to the polling half. One already published (a
-	// stream read again after a crash) is not handed over twice.
-	c.divert = fmt.Sprintf(`INSERT INTO %s (id, lane, partition_key)
-SELECT id, lane, partition_key FROM %s WHERE id = %s AND published_at IS NULL AND discarded_at IS NULL
-ON CONFLICT (id) DO NOTHING`, pending, events, sqlident.AnyParam("$1", "int8"))
-	// The polling relay's unclaim, for events that never were claimed:
-	// an event already in the pending set (the stream read again) keeps
-	// its state there and is charged nothing again.
-	c.unclaim = fmt.Sprintf(`WITH f AS (
-    SELECT * FROM unnest($1::int8[], $2::bool[], $3::bool[], $4::timestamptz[], $5::text[], $6::bool[]) AS f(id, blocked, dead, next_at, err, charge)
-), q AS (
-    INSERT INTO %[1]s (id, lane, partition_key, blocked, dead, next_attempt_at)
-    SELECT e.id, e.lane, e.partition_key, f.blocked, f.dead, f.next_at FROM f JOIN %[2]s e ON e.id = f.id
-    ON CONFLICT (id) DO NOTHING
-    RETURNING id
-)
-UPDATE %[2]s e SET published_at = NULL,
-       attempts = e.attempts + f.charge::int,
-       last_error = coalesce(f.err, e.last_error),
-       next_attempt_at = f.next_at,
-       dead_at = CASE WHEN f.dead THEN now() END
-  FROM f JOIN q ON q.id = f.id
- WHERE e.id = f.id`, pending, events)
-	// The mark: a HOT update of the log by primary key, as the polling
-	// relay's; the publication streams inserts only.
-	// Which events of a batch are marked published already (primary-key
-	// lookups), while the stream may repeat what a relay before published.
-	c.marked = fmt.Sprintf(`SELECT id FROM %s WHERE id = %s AND published_at IS NOT NULL`, events, sqlident.AnyParam("$1", "int8"))
-	c.mark = fmt.Sprintf(`UPDATE %s SET published_at = now() WHERE id = %s AND published_at IS NULL`, events, sqlident.AnyParam("$1", "int8"))
 	return c, nil
 }
 
@@ -314,12 +280,6 @@ type cdcStream struct {
 	// idleEnd a position the server reported while nothing was in flight.
 	acked, idleEnd, sent pglogrepl.LSN
 	nextStatus           time.Time
-	// commits counts the transactions this connection completed. Until
-	// it has completed two, the stream may repeat events a relay before
-	// published and marked without confirming them (the transaction in
-	// progress when it died): those are skipped, so a large transaction
-	// makes progress across crashes.
-	commits int
 }
 
 func (s *cdcStream) confirmable() pglogrepl.LSN { return max(s.acked, s.idleEnd) }
@@ -350,12 +310,13 @@ func (c *CDCRelay) streamOnce(ctx context.Context) (progressed bool, err error) 
 	for {
 		if ctx.Err() != nil {
 			// Publish and confirm what was read: a graceful stop adds no
-			// duplicates.
-			return progressed, c.flush(context.WithoutCancel(ctx), s)
+			// duplicates. Once: with the broker away, the batch is left
+			// unconfirmed, and streamed again at the next start.
+			return progressed, c.flush(context.WithoutCancel(ctx), s, ctx)
 		}
 		now := time.Now()
 		if len(s.rows) >= c.cfg.BatchSize || (len(s.rows) > 0 && !now.Before(s.flushAt)) {
-			if err := c.flush(ctx, s); err != nil {
+			if err := c.flush(ctx, s, ctx); err != nil {
 				return progressed, err
 			}
 			progressed = true
@@ -448,7 +409,6 @@ func (c *CDCRelay) handle(s *cdcStream, data []byte) error {
 			s.rows = append(s.rows, row)
 		case *pglogrepl.CommitMessage:
 			s.inTx = false
-			s.commits++
 			s.lastCommit = m.TransactionEndLSN
 			if len(s.rows) == 0 {
 				// A transaction with no events of ours (or all of them
@@ -461,11 +421,12 @@ func (c *CDCRelay) handle(s *cdcStream, data []byte) error {
 }
 
 // flush publishes the rows read, marks them, and confirms the end of the
-// last transaction they complete.
-func (c *CDCRelay) flush(ctx context.Context, s *cdcStream) error {
+// last transaction they complete. ctx carries its statements; once stop
+// has ended, a batch the broker cannot take is not tried again.
+func (c *CDCRelay) flush(ctx context.Context, s *cdcStream, stop context.Context) error {
 	if len(s.rows) > 0 {
 		c.cfg.Metrics.slotAge(s.oldest)
-		if err := c.publishRows(ctx, s); err != nil {
+		if err := c.publishRows(ctx, s, stop); err != nil {
 			return err
 		}
 		s.rows = s.rows[:0]
@@ -491,90 +452,184 @@ func (c *CDCRelay) sendStatus(s *cdcStream) error {
 	return nil
 }
 
-// publishRows publishes a stream batch in order, keeping the status
-// reports going while the broker is away, then records in one transaction
-// what went out (marked published), what failed (into the pending set, as
-// the polling relay returns failed events) and what was held behind
-// events of its key in the pending set (handed to it).
-func (c *CDCRelay) publishRows(ctx context.Context, s *cdcStream) error {
-	rows := s.rows
-	keys := make([]string, 0, len(rows))
-	seen := map[string]bool{}
-	for i := range rows {
-		if !seen[rows[i].key] {
-			seen[rows[i].key] = true
-			keys = append(keys, rows[i].key)
-		}
-	}
-	qrows, err := c.pool.Query(ctx, c.heldKeys, keys)
-	if err != nil {
-		return fmt.Errorf("outbox: CDC: read held keys: %w", err)
-	}
-	held, err := pgx.CollectRows(qrows, pgx.RowTo[string])
-	if err != nil {
-		return fmt.Errorf("outbox: CDC: read held keys: %w", err)
-	}
-	heldSet := make(map[string]bool, len(held))
-	for _, k := range held {
-		heldSet[k] = true
-	}
-	var done map[int64]bool
-	if s.commits < 2 {
-		ids := make([]int64, len(rows))
-		for i := range rows {
-			ids[i] = rows[i].id
-		}
-		qrows, err := c.pool.Query(ctx, c.marked, ids)
-		if err != nil {
-			return fmt.Errorf("outbox: CDC: read marks: %w", err)
-		}
-		marked, err := pgx.CollectRows(qrows, pgx.RowTo[int64])
-		if err != nil {
-			return fmt.Errorf("outbox: CDC: read marks: %w", err)
-		}
-		done = make(map[int64]bool, len(marked))
-		for _, id := range marked {
-			done[id] = true
-		}
-	}
-	var out []pendingRow
-	var diverted []int64
-	for _, r := range rows {
-		if done[r.id] {
-			continue // published and marked by a relay before
-		}
-		if heldSet[r.key] {
-			diverted = append(diverted, r.id)
-		} else {
-			out = append(out, r)
-		}
-	}
-
-	var failed map[int64]error
-	for attempt := 1; len(out) > 0; attempt++ {
-		endSpan := traceBatch(ctx, out) // tracing.go
-		var outage error
-		failed, outage = c.sweeper.publish(out)
-		endSpan(len(failed), outage)
-		if len(failed) < len(out) || anyPermanent(failed) {
-			break
-		}
-		// Nothing went out and nothing says the events are at fault: the
-		// broker is away. Nothing is confirmed; the slot keeps the WAL
-		// and the same batch is tried again.
-		var first error
-		for _, e := range failed {
-			first = e
-			break
+// publishRows publishes a stream batch in order and records what became of
+// it (tryBatch). While nothing goes out and nothing says the events are at
+// fault (the broker is away), nothing is confirmed: the slot keeps the WAL,
+// and the batch is tried again with back-off, the status reports going on
+// meanwhile, until stop ends. ctx carries the statements.
+func (c *CDCRelay) publishRows(ctx context.Context, s *cdcStream, stop context.Context) error {
+	for attempt := 1; ; attempt++ {
+		outage, err := c.tryBatch(ctx, s.rows)
+		if err != nil || outage == nil {
+			return err
 		}
 		c.cfg.Metrics.outage()
+		if stop.Err() != nil {
+			return fmt.Errorf("outbox: CDC: stopped while the broker was unavailable (the batch is not confirmed and is streamed again): %w", outage)
+		}
 		wait := backoff.Exponential(attempt, 50*time.Millisecond, c.cfg.OutageBackoffMax)
-		c.log.Error("CDC batch failed; retrying", fmt.Errorf("%w: %d events: %v", errOutage, len(out), first), watermill.LogFields{"retry_in": wait.String()})
+		c.log.Error("CDC batch failed; retrying", outage, watermill.LogFields{"retry_in": wait.String()})
 		if err := c.waitReporting(ctx, s, wait); err != nil {
 			return err
 		}
 	}
+}
 
+// tryBatch publishes a stream batch in one transaction that holds the
+// lanes of its keys (cdcSQL.lockLanes): it sorts the rows (route),
+// publishes those to publish, and records what went out (marked
+// published), what failed (into the pending set, as the polling relay
+// returns failed events) and what was held behind events of its key in the
+// pending set (handed to it). When nothing went out and nothing says the
+// events are at fault it returns outage, recording nothing.
+func (c *CDCRelay) tryBatch(ctx context.Context, rows []pendingRow) (outage error, err error) {
+	conn, err := c.pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: CDC: %w", err)
+	}
+	defer conn.Release()
+	tx := conn.Conn()
+	defer rollbackOpen(ctx, tx)
+	out, diverted, err := c.routeVisible(ctx, tx, rows)
+	if err != nil {
+		return nil, err
+	}
+	var failed map[int64]error
+	if len(out) > 0 {
+		endSpan := traceBatch(ctx, out) // tracing.go
+		var partial error
+		failed, partial = c.sweeper.publish(out)
+		endSpan(len(failed), partial)
+		if allUncharged(out, failed) {
+			var first error
+			for _, e := range failed {
+				first = e
+				break
+			}
+			return fmt.Errorf("%w: %d events: %v", errOutage, len(out), first), nil
+		}
+	}
+	return nil, c.record(ctx, tx, out, failed, diverted)
+}
+
+// routeVisible routes the batch (route) once the transactions that wrote
+// its rows are visible to the statements that mark and hand them over: the
+// server sends a transaction to the stream once its commit is in the WAL,
+// a moment before other sessions see it, and a statement by id would then
+// miss its rows (its events published and never marked, a failure or a
+// hand-over never recorded). route finds some rows not yet visible: its
+// transaction is rolled back, and it is tried again, for up to
+// visibleWait; rows not visible then (deleted meanwhile: retention removes
+// events long published) are taken as finished.
+func (c *CDCRelay) routeVisible(ctx context.Context, tx *pgx.Conn, rows []pendingRow) (out []pendingRow, diverted []int64, err error) {
+	deadline := time.Now().Add(visibleWait)
+	for try := 1; ; try++ {
+		out, diverted, err = c.route(ctx, tx, rows, time.Now().After(deadline))
+		if !errors.Is(err, errNotVisible) {
+			return out, diverted, err
+		}
+		rollbackOpen(ctx, tx)
+		backoff.Sleep(ctx, backoff.Exponential(try, time.Millisecond, 50*time.Millisecond))
+		if ctx.Err() != nil {
+			return nil, nil, ctx.Err()
+		}
+	}
+}
+
+// visibleWait is how long routeVisible waits for a stream batch's rows to be
+// visible.
+const visibleWait = 5 * time.Second
+
+// errNotVisible says that rows of a stream batch are not visible yet.
+var errNotVisible = errors.New("outbox: CDC: rows of the batch not visible yet")
+
+// route begins the batch's transaction on tx, locks the lanes of its keys,
+// and sorts its rows into those to publish (out) and those whose keys have
+// events handed to the pending set (diverted: they go there too, behind
+// them), in one round trip. Rows that need nothing more (the stream
+// repeats what was published, discarded or dead-lettered) are in neither.
+// It returns errNotVisible when a row is not visible yet, unless
+// invisibleFinished: then such a row is in neither.
+func (c *CDCRelay) route(ctx context.Context, tx *pgx.Conn, rows []pendingRow, invisibleFinished bool) (out []pendingRow, diverted []int64, err error) {
+	keys := make([]string, 0, len(rows))
+	var lanes []int16
+	ids := make([]int64, len(rows))
+	seen := map[string]bool{}
+	for i := range rows {
+		ids[i] = rows[i].id
+		if !seen[rows[i].key] {
+			seen[rows[i].key] = true
+			keys = append(keys, rows[i].key)
+			if !slices.Contains(lanes, rows[i].lane) {
+				lanes = append(lanes, rows[i].lane)
+			}
+		}
+	}
+	b := &pgx.Batch{}
+	for _, st := range c.sweeper.sql.beginStatements {
+		b.Queue(st)
+	}
+	b.Queue(c.sql.lockLanes, lanes)
+	b.Queue(c.sql.heldKeys, keys)
+	b.Queue(c.sql.visible, ids)
+	if invisibleFinished {
+		b.Queue(c.sql.visibleIDs, ids)
+	}
+	br := tx.SendBatch(ctx, b)
+	defer br.Close()
+	for range len(c.sweeper.sql.beginStatements) + 1 {
+		if _, err := br.Exec(); err != nil {
+			return nil, nil, fmt.Errorf("outbox: CDC: begin and lock the batch's lanes: %w", err)
+		}
+	}
+	held, err := collectSet[string](br)
+	if err != nil {
+		return nil, nil, fmt.Errorf("outbox: CDC: read held keys: %w", err)
+	}
+	var nVisible int
+	var done, visible []int64
+	if err := br.QueryRow().Scan(&nVisible, &done); err != nil {
+		return nil, nil, fmt.Errorf("outbox: CDC: read the batch's events: %w", err)
+	}
+	if invisibleFinished {
+		if err := br.QueryRow().Scan(&visible); err != nil {
+			return nil, nil, fmt.Errorf("outbox: CDC: read the batch's events: %w", err)
+		}
+	}
+	if nVisible < len(rows) && !invisibleFinished {
+		return nil, nil, errNotVisible
+	}
+	for _, r := range rows {
+		switch {
+		case slices.Contains(done, r.id) || invisibleFinished && !slices.Contains(visible, r.id):
+			// published, discarded or dead-lettered before (or gone)
+		case held[r.key]:
+			diverted = append(diverted, r.id)
+		default:
+			out = append(out, r)
+		}
+	}
+	return out, diverted, br.Close()
+}
+
+// collectSet reads the next result of br, of one column, as a set.
+func collectSet[T comparable](br pgx.BatchResults) (map[T]bool, error) {
+	rows, _ := br.Query()
+	values, err := pgx.CollectRows(rows, pgx.RowTo[T])
+	if err != nil {
+		return nil, err
+	}
+	set := make(map[T]bool, len(values))
+	for _, v := range values {
+		set[v] = true
+	}
+	return set, nil
+}
+
+// record marks what of out went out published, returns what failed to
+// the pending set, hands the diverted events to it, and commits tx, in one
+// round trip.
+func (c *CDCRelay) record(ctx context.Context, tx *pgx.Conn, out []pendingRow, failed map[int64]error, diverted []int64) error {
 	var back unclaimed
 	if len(failed) > 0 {
 		back = c.sweeper.settleFailures(out, failed)
@@ -591,26 +646,19 @@ func (c *CDCRelay) publishRows(ctx context.Context, s *cdcStream) error {
 	}
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
-	err = pgx.BeginTxFunc(bctx, c.pool, c.begin, func(tx pgx.Tx) error {
-		if len(published) > 0 {
-			if _, err := tx.Exec(bctx, c.mark, published); err != nil {
-				return fmt.Errorf("mark %d events published: %w", len(published), err)
-			}
-		}
-		if len(back.ids) > 0 {
-			if _, err := tx.Exec(bctx, c.unclaim, back.ids, back.blocked, back.dead, back.nextAt, back.errs, back.charge); err != nil {
-				return fmt.Errorf("record %d failed events in the pending set: %w", len(back.ids), err)
-			}
-		}
-		if len(diverted) > 0 {
-			if _, err := tx.Exec(bctx, c.divert, diverted); err != nil {
-				return fmt.Errorf("hand %d events held behind their keys to the pending set: %w", len(diverted), err)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("outbox: CDC: %w", err)
+	b := &pgx.Batch{}
+	if len(published) > 0 {
+		b.Queue(c.sql.mark, published)
+	}
+	if len(back.ids) > 0 {
+		b.Queue(c.sql.unclaim, back.ids, back.blocked, back.dead, back.nextAt, back.errs, back.charge)
+	}
+	if len(diverted) > 0 {
+		b.Queue(c.sql.divert, diverted)
+	}
+	b.Queue("COMMIT")
+	if err := tx.SendBatch(bctx, b).Close(); err != nil {
+		return fmt.Errorf("outbox: CDC: record %d published, %d failed and %d held events: %w", len(published), len(back.ids), len(diverted), err)
 	}
 	c.cfg.Metrics.batch(len(published), back)
 	if len(back.ids) > 0 || len(diverted) > 0 {
@@ -647,7 +695,7 @@ func (c *CDCRelay) waitReporting(ctx context.Context, s *cdcStream, d time.Durat
 // cdcRelation maps the columns of outbox_event, as the stream describes
 // them, to the fields of a pendingRow.
 type cdcRelation struct {
-	id, eventID, aggType, aggID, eventType, topic, key, payload, payloadBytes, headers, attempts int
+	id, eventID, aggType, aggID, eventType, topic, key, lane, payload, payloadBytes, headers, attempts int
 }
 
 func newCDCRelation(m *pglogrepl.RelationMessage) (*cdcRelation, error) {
@@ -658,7 +706,7 @@ func newCDCRelation(m *pglogrepl.RelationMessage) (*cdcRelation, error) {
 	r := &cdcRelation{}
 	for name, field := range map[string]*int{
 		"id": &r.id, "event_id": &r.eventID, "aggregate_type": &r.aggType, "aggregate_id": &r.aggID,
-		"event_type": &r.eventType, "topic": &r.topic, "partition_key": &r.key, "payload": &r.payload,
+		"event_type": &r.eventType, "topic": &r.topic, "partition_key": &r.key, "lane": &r.lane, "payload": &r.payload,
 		"payload_bytes": &r.payloadBytes, "headers": &r.headers, "attempts": &r.attempts,
 	} {
 		i, ok := idx[name]
@@ -687,6 +735,11 @@ func (r *cdcRelation) row(t *pglogrepl.TupleData) (pendingRow, error) {
 	p.id = id
 	p.eventID, p.aggType, p.aggID, p.eventType = text(r.eventID), text(r.aggType), text(r.aggID), text(r.eventType)
 	p.topic, p.key = text(r.topic), text(r.key)
+	lane, err := strconv.ParseInt(text(r.lane), 10, 16)
+	if err != nil {
+		return p, fmt.Errorf("outbox: CDC: event %s: decode lane: %w", p.eventID, err)
+	}
+	p.lane = int16(lane)
 	if b, ok := col(r.payload); ok {
 		p.payload = b
 	}

@@ -49,25 +49,6 @@ func DefaultSlot(schema string) string {
 // by a crash is found and finished at the next start.
 func slotPair(slot string) [2]string { return [2]string{slot, slot + "_b"} }
 
-// cdcSQL are the statements of CDC's setup, recovery and status.
-type cdcSQL struct {
-	schema, events, pending string
-	// backfill puts every unpublished log row the pending set lacks into
-	// it: the events the stream will not deliver (written before the slot
-	// existed, or held by a slot that was invalidated) go out through the
-	// polling path. It scans the log (no index serves published_at IS
-	// NULL), which is why it runs only at setup and recovery.
-	backfill string
-}
-
-func newCDCSQL(schema string) cdcSQL {
-	c := cdcSQL{schema: schema, events: sqlident.Table(schema, "outbox_event"), pending: sqlident.Table(schema, "outbox_pending")}
-	c.backfill = fmt.Sprintf(`INSERT INTO %s (id, lane, partition_key)
-SELECT id, lane, partition_key FROM %s WHERE published_at IS NULL AND discarded_at IS NULL
-ON CONFLICT (id) DO NOTHING`, c.pending, c.events)
-	return c
-}
-
 // checkWALLevel returns an error wrapping ErrWALLevel unless the server
 // runs with wal_level = logical.
 func checkWALLevel(ctx context.Context, db interface {

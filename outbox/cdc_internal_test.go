@@ -25,7 +25,7 @@ ANALYZE `+sqlident.Table(db.Schema, "outbox_event")); err != nil {
 		t.Fatal(err)
 	}
 	ids := []int64{7, 3, 11}
-	for name, sql := range map[string]string{"mark": c.mark, "marked": c.marked, "divert": c.divert} {
+	for name, sql := range map[string]string{"mark": c.sql.mark, "visible": c.sql.visible, "visibleIDs": c.sql.visibleIDs, "divert": c.sql.divert} {
 		t.Run(name, func(t *testing.T) { db.CheckKeepsGenericPlan(t, sql, "outbox_event_pkey", ids) })
 	}
 }

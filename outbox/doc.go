@@ -25,8 +25,9 @@
 // cannot travel unchanged, a topic WriterConfig.ValidateTopic refuses, one
 // id twice for one topic) is an *EventError reported before anything is
 // sent: the transaction is untouched and can still commit; Writer.Validate
-// reports the same without writing. WriteTx with a nil transaction returns
-// ErrNilTx, with no events ErrNoEvents.
+// reports the same without writing; its error wraps ErrInvalidEvent, and
+// names the field. WriteTx with a nil transaction returns an error wrapping
+// ErrNoTx, with no events ErrNoEvents.
 //
 // What is written is what is delivered: the payload byte for byte (JSON is
 // stored as PostgreSQL json, which keeps the text as written: key order,
@@ -113,29 +114,35 @@
 // publisher says of the error:
 //
 //   - permanent (core.Permanent: too large, invalid, a topic Kafka
-//     refuses): dead-lettered at once, with its reason;
+//     refuses; and what transports without typed errors say of a message
+//     they never take: NATS "maximum payload exceeded", Redis "invalid bulk
+//     length"): dead-lettered at once, with its reason;
 //   - temporary (an error with a Temporary() bool method returning true, as
 //     kafka.Publisher reports a broker or partition away, a timeout or a
 //     leader election; any net.Error): no attempt charged, tried again after
 //     RelayConfig.RetryMin, however long it lasts;
-//   - anything else: charged an attempt, retried with capped exponential
+//   - anything else (for kafka.Publisher, a topic missing or not
+//     authorized): charged an attempt, retried with capped exponential
 //     backoff, and dead-lettered after RelayConfig.MaxAttempts.
 //
 // A dead letter keeps its last error; everything else keeps flowing. Later
 // events of its key wait behind a failed or dead event, so per-key order
-// holds, unless RelayConfig.SkipDeadLetteredKeys is set.
+// holds, unless RelayConfig.SkipDeadLetteredKeys is set. A publisher's
+// failure names its message by UUID and topic (core.MessageError.Topic):
+// an event written to several topics (a fan-out) is one message per topic,
+// and only the copy that failed is retried or dead-lettered.
 //
 // How a failure is told apart from an outage: a batch in which every event
-// failed with an error not marked permanent counts as an outage. So does a
-// publisher that fails whole calls (no *core.BatchError) when, sending
-// the batch one message at a time to find the one at fault, the relay meets
-// a failure that is not permanent: it stops there, keeps what went out, and
-// backs off. A *core.BatchError naming a message the call did not hold
-// fails the whole call: the relay cannot tell what was delivered. An event
-// that fails alone with an error its publisher does not mark permanent
-// waits as in an outage instead of being dead-lettered; millrace's Kafka
-// publisher marks the errors retrying cannot fix, and a publisher of your
-// own should too.
+// failed, each failure temporary, counts as an outage. A publisher that
+// fails whole calls (no *core.BatchError) has the batch sent again one
+// message at a time to find the messages at fault: an event that fails
+// while other messages of the pass go out is at fault, and charged (even
+// if its error says temporary: Redis drops the connection on a payload it
+// refuses), and three failures in a row are an outage: the search stops
+// there, keeps what went out, charges nothing, and backs off. An event
+// alone in its batch whose call fails says nothing, unless it was found at
+// fault before. A *core.BatchError naming a message the call did not hold
+// fails the whole call: the relay cannot tell what was delivered.
 //
 // An Admin lists, requeues and discards dead letters (one by one, or in
 // bulk by a DeadLetterQuery: DryRun, RequeueMatching,
@@ -203,11 +210,29 @@
 // CDCRelayConfig.RelayConfig) publishes them. Admin.Stats counts the
 // pending set only: the backlog still in the WAL is the slot's lag. A
 // whole batch that fails (the broker is away) is retried, unconfirmed,
-// while the slot holds the WAL and the outbox grows.
+// while the slot holds the WAL and the outbox grows; a relay stopped
+// meanwhile tries its batch once more and returns, leaving it unconfirmed.
 //
-// Switching: CreateCDC, then switch the Writers to CDC (events written by
-// the polling Writer before go out through the pending set). Back: switch
-// the Writers, stop the CDC relays, DropCDC, start polling Relays.
+// The stream and the polling half never publish events of one key at the
+// same time: a stream batch holds the lanes of its keys (as a polling
+// batch does) from its look at the pending set to its marks, so an event
+// handed to the polling half (a retry, a requeued dead letter, a replay)
+// and the stream's new events of its key do not interleave. An event the
+// stream delivers again (after a crash, a restart, a slot position saved
+// before it) is not published again if it was published, discarded or
+// dead-lettered meanwhile. The relay's replication connection sets
+// bytea_output = hex, whatever the server, database or role sets.
+//
+// Switching, in order per key throughout: on a schema set up for CDC the
+// stream also publishes what a polling Writer writes (every insert is in
+// the stream, in commit order), and deletes its pending row; the CDC
+// relay's polling half leaves such rows to it, and a polling Relay refuses
+// to run there (its error wraps core.ErrConfig). To CDC: CreateCDC (it
+// hands what is pending to the CDC relay's polling half), stop the polling
+// Relays, start the CDC relays, switch the Writers to CDC, in a rolling
+// deploy if you like. Back: switch the Writers back to polling (the CDC
+// relays publish both kinds meanwhile), stop the CDC relays, DropCDC (it
+// queues what the stream had not published), start the polling Relays.
 //
 // # Tables
 //

@@ -75,26 +75,21 @@ type Event struct {
 	// for example trace context. The relay adds millrace's keys (event_id,
 	// partition_key, content_type and, when set, event_type, aggregate_type,
 	// aggregate_id); a Metadata entry under one of those keys must agree
-	// with the event, or the event is refused (ErrInvalidMetadata), so that
+	// with the event, or the event is refused (ErrInvalidEvent), so that
 	// what a consumer reads is what was written.
 	Metadata map[string]string
 }
 
-// Errors for events that cannot be written. They come wrapped in an
-// *EventError that says which event of a call was at fault.
+// Errors for events that cannot be written.
 var (
-	ErrMissingTopic      = errors.New("outbox: event has no topic")
-	ErrEmptyPartitionKey = errors.New("outbox: event has an empty partition key")
-	ErrInvalidJSON       = errors.New("outbox: payload is not valid JSON in UTF-8 (set Binary for opaque payloads)")
-	// ErrInvalidText: a text field holds a NUL byte or invalid UTF-8.
-	ErrInvalidText = errors.New("outbox: text holds NUL or invalid UTF-8")
-	// ErrTooLong: a Topic or PartitionKey longer than MaxKeyBytes.
-	ErrTooLong = errors.New("outbox: topic or partition key too long")
-	// ErrInvalidMetadata: a metadata key or value holds a NUL byte or
-	// invalid UTF-8, or a millrace key disagrees with the event.
-	ErrInvalidMetadata = errors.New("outbox: metadata cannot travel unchanged")
-	// ErrInvalidTopic: WriterConfig.ValidateTopic refused the topic.
-	ErrInvalidTopic = errors.New("outbox: invalid topic")
+	// ErrInvalidEvent is wrapped, in an *EventError that says which event
+	// of a call was at fault, by the errors of an event WriteTx refuses:
+	// no topic, an empty partition key, a payload that is not JSON, text
+	// with NUL or invalid UTF-8, a topic or key over MaxKeyBytes, metadata
+	// that cannot travel unchanged, a topic WriterConfig.ValidateTopic
+	// refuses (that error is wrapped too), an id that is not a UUID (with
+	// core.ErrInvalidEventID). The message names the field.
+	ErrInvalidEvent = errors.New("outbox: invalid event")
 	// ErrDuplicateEvent: the event id was given twice for one topic, in
 	// one call (reported before anything is sent) or in an earlier write
 	// (reported by the database: the transaction is then aborted).
@@ -127,25 +122,25 @@ func validText(s string) bool {
 func (e *Event) normalize(index int, validateTopic func(string) error) (uuid.UUID, error) {
 	fail := func(err error) (uuid.UUID, error) { return uuid.UUID{}, &EventError{Index: index, ID: e.ID, Err: err} }
 	if e.Topic == "" {
-		return fail(ErrMissingTopic)
+		return fail(fmt.Errorf("%w: no topic", ErrInvalidEvent))
 	}
 	if e.PartitionKey == "" {
-		return fail(ErrEmptyPartitionKey)
+		return fail(fmt.Errorf("%w: empty partition key", ErrInvalidEvent))
 	}
 	for _, f := range [...]struct{ name, value string }{
 		{"Topic", e.Topic}, {"PartitionKey", e.PartitionKey}, {"AggregateType", e.AggregateType},
 		{"AggregateID", e.AggregateID}, {"EventType", e.EventType},
 	} {
 		if !validText(f.value) {
-			return fail(fmt.Errorf("%w: %s %q", ErrInvalidText, f.name, f.value))
+			return fail(fmt.Errorf("%w: %s %q holds NUL or invalid UTF-8", ErrInvalidEvent, f.name, f.value))
 		}
 	}
 	if len(e.Topic) > MaxKeyBytes || len(e.PartitionKey) > MaxKeyBytes {
-		return fail(fmt.Errorf("%w: topic %d bytes, partition key %d bytes, at most %d each", ErrTooLong, len(e.Topic), len(e.PartitionKey), MaxKeyBytes))
+		return fail(fmt.Errorf("%w: topic or partition key too long: topic %d bytes, partition key %d bytes, at most %d each", ErrInvalidEvent, len(e.Topic), len(e.PartitionKey), MaxKeyBytes))
 	}
 	if validateTopic != nil {
 		if err := validateTopic(e.Topic); err != nil {
-			return fail(fmt.Errorf("%w %q: %w", ErrInvalidTopic, e.Topic, err))
+			return fail(fmt.Errorf("%w: topic %q: %w", ErrInvalidEvent, e.Topic, err))
 		}
 	}
 	var id uuid.UUID
@@ -156,12 +151,12 @@ func (e *Event) normalize(index int, validateTopic func(string) error) (uuid.UUI
 			return fail(err)
 		}
 	} else if id, err = uuid.Parse(e.ID); err != nil {
-		return fail(fmt.Errorf("%w: %v", core.ErrInvalidEventID, err))
+		return fail(fmt.Errorf("%w: %w: %v", ErrInvalidEvent, core.ErrInvalidEventID, err))
 	}
 	given := e.ID
 	e.ID = id.String()
 	if !e.Binary && (!utf8.Valid(e.Payload) || !json.Valid(e.Payload)) {
-		return fail(ErrInvalidJSON)
+		return fail(fmt.Errorf("%w: payload is not valid JSON in UTF-8 (set Binary for opaque payloads)", ErrInvalidEvent))
 	}
 	if err := e.checkMetadata(); err != nil {
 		e.ID = given
@@ -176,10 +171,10 @@ func (e *Event) normalize(index int, validateTopic func(string) error) (uuid.UUI
 func (e *Event) checkMetadata() error {
 	for k, v := range e.Metadata {
 		if k == "" || !validText(k) {
-			return fmt.Errorf("%w: key %q is empty or holds NUL or invalid UTF-8", ErrInvalidMetadata, k)
+			return fmt.Errorf("%w: metadata key %q is empty or holds NUL or invalid UTF-8", ErrInvalidEvent, k)
 		}
 		if !validText(v) {
-			return fmt.Errorf("%w: value of %q holds NUL or invalid UTF-8", ErrInvalidMetadata, k)
+			return fmt.Errorf("%w: metadata value of %q holds NUL or invalid UTF-8", ErrInvalidEvent, k)
 		}
 	}
 	if len(e.Metadata) == 0 {
@@ -201,7 +196,7 @@ func (e *Event) checkMetadata() error {
 	} {
 		v, ok := e.Metadata[r.key]
 		if ok && v != r.value && (r.always || r.value != "") {
-			return fmt.Errorf("%w: %s is %q, the event's is %q", ErrInvalidMetadata, r.key, v, r.value)
+			return fmt.Errorf("%w: metadata %s is %q, the event's is %q", ErrInvalidEvent, r.key, v, r.value)
 		}
 	}
 	// A content type of the user's own (text/plain, a schema-registry
@@ -209,7 +204,7 @@ func (e *Event) checkMetadata() error {
 	// the payload is stored.
 	if v, ok := e.Metadata[core.MetadataContentType]; ok && v != contentType &&
 		(v == core.ContentTypeJSON || v == core.ContentTypeBinary) {
-		return fmt.Errorf("%w: %s is %q, but the payload is stored as %s", ErrInvalidMetadata, core.MetadataContentType, v, contentType)
+		return fmt.Errorf("%w: metadata %s is %q, but the payload is stored as %s", ErrInvalidEvent, core.MetadataContentType, v, contentType)
 	}
 	return nil
 }

@@ -13,9 +13,10 @@ import (
 	"github.com/millrace/millrace/core"
 )
 
-// ErrNoTx is returned by a context publisher when the message's context
-// carries no transaction.
-var ErrNoTx = errors.New("outbox: no transaction in the message context (use core.ContextWithTx, or the inbox middleware)")
+// ErrNoTx is wrapped by the error of a write without a transaction: WriteTx
+// (or a TxPublisher) given a nil one, or a ContextPublisher's message whose
+// context carries none (use core.ContextWithTx, or the inbox middleware).
+var ErrNoTx = errors.New("outbox: no transaction")
 
 // PartitionKeyFunc picks the partition key of a message published through
 // the outbox's Watermill publisher.
@@ -141,7 +142,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	for i, msg := range msgs {
 		tx, ok := core.TxFromContext(msg.Context())
 		if !ok {
-			return fmt.Errorf("message %s: %w", msg.UUID, ErrNoTx)
+			return fmt.Errorf("message %s: %w in its context (use core.ContextWithTx, or the inbox middleware)", msg.UUID, ErrNoTx)
 		}
 		g, seen := byTx[tx]
 		if !seen {

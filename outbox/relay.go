@@ -7,9 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -36,9 +34,11 @@ const MaxBatchSize = 10_000
 // Publish call per topic, one after the other; with Kafka, one round of
 // acknowledgements rather than one per topic. Each topic's messages are
 // in the batch's order. The error is read as Publish's: nil, a
-// *core.BatchError naming the failed messages by UUID, or an error
-// that fails the whole call (the relay then publishes the batch again a
-// topic at a time, to find what is at fault).
+// *core.BatchError naming the failed messages by UUID and topic (an event
+// written to several topics is a message per topic with one UUID; a
+// failure without its topic fails every copy, which the relay then sends
+// again), or an error that fails the whole call (the relay then publishes
+// the batch again a topic at a time, to find what is at fault).
 type TopicsPublisher interface {
 	message.Publisher
 	PublishTopics(byTopic map[string][]*message.Message) error
@@ -63,13 +63,13 @@ type RelayConfig struct {
 	// and says which messages failed. A publisher that returns a
 	// *core.BatchError is told apart from one that fails a whole call;
 	// for the latter the relay sends a failed call again one message at a
-	// time to find the message at fault, and stops at the first failure
-	// that is not permanent (an outage). Errors marked core.Permanent
-	// dead-letter their event at once; errors that say they are temporary
-	// (a Temporary() bool method returning true, or a net.Error) charge no
-	// attempt. A batch that holds several topics goes out in one call to a
-	// TopicsPublisher (kafka.Publisher is one), else in a Publish call per
-	// topic, one after the other.
+	// time to find the messages at fault, and stops after three failures
+	// in a row (an outage). Errors marked core.Permanent dead-letter their
+	// event at once; errors that say they are temporary (a Temporary()
+	// bool method returning true, or a net.Error) charge no attempt (see
+	// the package doc, "Failures"). A batch that holds several topics goes
+	// out in one call to a TopicsPublisher (kafka.Publisher is one), else
+	// in a Publish call per topic, one after the other.
 	Publisher message.Publisher
 	// BatchSize is the most events claimed and published at once; with
 	// Workers it bounds the relay's memory (make bench: ~33 MiB peak RSS at
@@ -206,11 +206,11 @@ type Relay struct {
 
 	schema string
 
-	lockLanes, lockWindow, claim, claimNoted, unclaim string
-	claimableLanes                                    string
-	begin                                             pgx.TxOptions
-	beginStatements                                   []string // sent in the round trip of the first lock; begin is them as one query
-	channel                                           string
+	sql     relaySQL
+	channel string
+	// cdcHalf: the polling half of a CDCRelay, which claims only what is
+	// handed to the pending set (see claimable).
+	cdcHalf bool
 
 	wake chan struct{}
 	// held are the lanes whose events each worker's batch has claimed, by
@@ -239,7 +239,6 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	pending, events, lanes := sqlident.Table(schema, "outbox_pending"), sqlident.Table(schema, "outbox_event"), sqlident.Table(schema, "outbox_lane")
 	r := &Relay{
 		cfg:     cfg,
 		pool:    pool,
@@ -249,133 +248,8 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 		wake:    make(chan struct{}, 1),
 		trail:   make(chan struct{}, 1),
 		held:    make([][]int16, cfg.Workers),
+		sql:     newRelaySQL(schema, cfg.SyncCommit, false),
 	}
-	// The lanes of a batch are locked first, in a statement of their own,
-	// so that the claim's snapshot is taken after the locks are held: it
-	// then sees everything the lanes' previous holder committed, and cannot
-	// claim rows that holder already published. Lanes are taken from a
-	// rotating start so that relays and workers do not all queue on lane 0
-	// (index: outbox_lane's primary key).
-	//
-	// Only lanes with something to claim are locked: those of the first
-	// BatchSize events the claim could take (the same conditions, in id
-	// order). A row lock writes a WAL record, and locking a whole window of
-	// lanes for a batch of one event, hundreds of times a second, wrote
-	// more WAL than the events did and slowed every commit on the
-	// database. The statement returns no row when nothing can be claimed
-	// or all of it is in lanes other batches hold, and a single NULL when
-	// other batches hold the lanes of the first BatchSize events and there
-	// may be more behind them: the batch then locks a window of lanes
-	// (lockWindow), so that a backlog still goes out in parallel. $1
-	// offset, $2 lanes at most, $3 BatchSize, $4 whether dead letters hold
-	// their keys.
-	r.lockLanes = fmt.Sprintf(`WITH head AS MATERIALIZED (
-    SELECT q.lane FROM %[1]s q
-     WHERE %[4]s
-     ORDER BY q.id
-     LIMIT $3
-), got AS (
-    SELECT l.lane FROM %[2]s l
-     WHERE l.lane IN (SELECT lane FROM head)
-     ORDER BY (l.lane + $1) %% %[3]d
-     LIMIT $2
-       FOR NO KEY UPDATE SKIP LOCKED
-), %[5]s
-SELECT lane FROM got WHERE (SELECT v FROM noted) IS NOT NULL
-UNION ALL
-SELECT NULL::smallint WHERE NOT EXISTS (SELECT 1 FROM got) AND (SELECT count(*) FROM head) >= $3`, pending, lanes, Lanes, claimable(pending, "$4"), noteLanes)
-	// claimableLanes is the look of a speculative batch (see work), and the
-	// question for more work after a batch (see commit), outside a
-	// transaction: the lanes of the first $2 events the claim could take,
-	// in id order (none: nothing is claimable). $1 whether dead letters
-	// hold their keys. It walks the pending set in id order rather than
-	// asking EXISTS: PostgreSQL drops the ORDER BY of an EXISTS and scans
-	// the table from its start, and the pending set's live rows are its
-	// newest, behind every page of the rows published since the last
-	// vacuum (measured over a relay's first minute at 1,000 events/s:
-	// 72-107 pages read per question on average; 4-7 in the primary key's
-	// order, which reads the live rows' pages and the few index pages
-	// before them).
-	r.claimableLanes = fmt.Sprintf(`SELECT coalesce(array_agg(h.lane), '{}') FROM (SELECT q.lane FROM %s q WHERE %s ORDER BY q.id LIMIT $2) h`, pending, claimable(pending, "$1"))
-	r.lockWindow = fmt.Sprintf(`SELECT lane FROM %s ORDER BY (lane + $1) %% %d LIMIT $2 FOR NO KEY UPDATE SKIP LOCKED`, lanes, Lanes)
-	// The claim takes a batch out of the pending set and marks it published
-	// in one statement, before publishing: the transaction commits only
-	// after the broker acknowledged, so a crash or an outage rolls it back
-	// and the events are pending again. The inner SELECT walks
-	// outbox_pending's primary key in id order; a key with a failing (or,
-	// unless skipped, dead) event waits behind it, a probe that uses
-	// outbox_pending_blocked_idx, empty while everything flows. The mark is
-	// a HOT update (published_at is in no index; the log's fillfactor leaves
-	// room). "id = ANY(ARRAY(...))" keeps the DELETE on primary-key lookups
-	// (with "IN (...)" the planner hashes a scan of the whole pending set).
-	// Rows come back in no particular order; the relay sorts them.
-	//
-	// claim takes the lanes as its parameter $1. claimNoted claims in the
-	// lanes lockLanes noted in the transaction (noteLanes), so that it can
-	// go out in the lock's round trip: it still runs after the lock, on a
-	// snapshot taken after the lanes were locked; with no lane noted it
-	// claims nothing, without a scan. The window of a drain goes through
-	// claim: PostgreSQL matches a parameter's many lanes by a hash, an
-	// InitPlan's one by one (a window of 64 lanes made a drain's claim 15%
-	// slower).
-	claim := func(lanes, limit, hold string) string {
-		return fmt.Sprintf(`WITH claimed AS (
-    DELETE FROM %[1]s
-     WHERE id = ANY(ARRAY(SELECT q.id FROM %[1]s q
-                   WHERE q.lane = ANY(%[4]s) AND %[3]s
-                     AND cardinality(%[4]s) > 0
-                   ORDER BY q.id
-                   LIMIT %[5]s))
-    RETURNING id, blocked, next_attempt_at
-)
-UPDATE %[2]s e SET published_at = now()
-  FROM claimed c
- WHERE e.id = c.id
-RETURNING e.id, e.event_id::text, e.topic, e.partition_key, e.aggregate_type, e.aggregate_id, e.event_type,
-          e.payload, e.payload_bytes, e.headers, e.attempts, c.blocked, c.next_attempt_at`, pending, events, claimable(pending, hold), lanes, limit)
-	}
-	r.claim = claim("$1::smallint[]", "$2", "$3")
-	r.claimNoted = claim(notedLanes, "$1", "$2")
-	// Events that did not go out return to the pending set: failed (err
-	// not null: blocked, due again at next_at, perhaps dead, charged an
-	// attempt unless the failure was temporary), or, held behind a failed
-	// event of their key, as they were.
-	r.unclaim = fmt.Sprintf(`WITH f AS (
-    SELECT * FROM unnest($1::int8[], $2::bool[], $3::bool[], $4::timestamptz[], $5::text[], $6::bool[]) AS f(id, blocked, dead, next_at, err, charge)
-), q AS (
-    INSERT INTO %[1]s (id, lane, partition_key, blocked, dead, next_attempt_at)
-    SELECT e.id, e.lane, e.partition_key, f.blocked, f.dead, f.next_at FROM f JOIN %[2]s e ON e.id = f.id
-)
-UPDATE %[2]s e SET published_at = NULL,
-       attempts = e.attempts + f.charge::int,
-       last_error = coalesce(f.err, e.last_error),
-       next_attempt_at = f.next_at,
-       dead_at = CASE WHEN f.dead THEN now() END
-  FROM f
- WHERE e.id = f.id`, pending, events)
-	// The claim marks what it took in outbox_event by joining the rows it
-	// deleted, a handful to BatchSize, to the log: by the log's primary key,
-	// a row at a time, is right for any size of the log. PostgreSQL keeps
-	// the plan it made for the statement's first executions, and on a
-	// fresh or emptied log, before autovacuum has analyzed it, that plan
-	// hashes a sequential scan of the whole log, and goes on scanning it
-	// as it grows (measured over a relay's first minute at 1,000 events/s
-	// on a fresh schema: 320-610 pages read per claim on average, 1.1-2.0
-	// ms; 18 pages and 0.06 ms with these settings). With hash and merge
-	// joins off, for the batch's transaction only, every plan it makes
-	// joins through the index.
-	//
-	// Without SyncCommit the same statement turns synchronous_commit off
-	// for the transaction (what SET LOCAL does): one statement where there
-	// were two, and each statement costs PostgreSQL an executor's start and
-	// end, which at a batch of one or two events is much of the batch's
-	// cost.
-	settings := "SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)"
-	if !cfg.SyncCommit {
-		settings += ", set_config('synchronous_commit', 'off', true)"
-	}
-	r.beginStatements = []string{"BEGIN", settings}
-	r.begin = pgx.TxOptions{BeginQuery: strings.Join(r.beginStatements, "; ")}
 	return r, nil
 }
 
@@ -413,25 +287,49 @@ func (r *Relay) probe(ctx context.Context) error {
 	err := pgprobe.Probe(ctx, r.pool, r.cfg.OutageBackoffMax, func(err error, wait time.Duration) {
 		r.log.Error("Relay cannot reach the database at start; retrying", err, watermill.LogFields{"retry_in": wait.String()})
 	}, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, r.lockLanes, 0, 0, 0, false); err != nil {
+		if _, err := tx.Exec(ctx, r.sql.lockLanes, 0, 0, 0, false); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, r.lockWindow, 0, 0); err != nil {
+		if _, err := tx.Exec(ctx, r.sql.lockWindow, 0, 0); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, r.claim, []int16{}, 0, false); err != nil {
+		if _, err := tx.Exec(ctx, r.sql.claim, []int16{}, 0, false); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, r.claimNoted, 0, false); err != nil {
+		if _, err := tx.Exec(ctx, r.sql.claimNoted, 0, false); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, r.unclaim, []int64{}, []bool{}, []bool{}, []*time.Time{}, []*string{}, []bool{})
-		return err
+		if _, err := tx.Exec(ctx, r.sql.unclaim, []int64{}, []bool{}, []bool{}, []*time.Time{}, []*string{}, []bool{}); err != nil {
+			return err
+		}
+		if r.cdcHalf {
+			return nil
+		}
+		return r.checkNoCDC(ctx, tx)
 	})
+	if errors.Is(err, core.ErrConfig) {
+		return err
+	}
 	if err != nil {
 		return fmt.Errorf("outbox: relay cannot use the outbox tables in schema %q (migrations applied? privileges granted?): %w", r.schema, err)
 	}
 	return nil
+}
+
+// checkNoCDC refuses a schema set up for change data capture (a
+// publication on outbox_event): there the CDC relay's stream publishes
+// the events a polling Writer writes, in commit order with the others, and
+// a polling Relay beside it would publish them too, out of that order.
+func (r *Relay) checkNoCDC(ctx context.Context, tx pgx.Tx) error {
+	var pub string
+	err := tx.QueryRow(ctx, `SELECT pubname::text FROM pg_publication_tables WHERE schemaname = $1 AND tablename = 'outbox_event' LIMIT 1`, r.schema).Scan(&pub)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return pgprobe.Refused(fmt.Errorf("outbox: schema %q is set up for change data capture (publication %q on outbox_event): run a CDCRelay there, not a polling Relay (it would publish the polling Writers' events out of order with the stream), or DropCDC first (%w)", r.schema, pub, core.ErrConfig))
 }
 
 // errOutage is returned by a batch when every publish failed with a
@@ -447,99 +345,142 @@ var errOutage = errors.New("outbox: publish unavailable")
 // a NOTIFY of their own within it.
 const trailStart = 4 * time.Millisecond
 
-func (r *Relay) work(ctx context.Context, worker int) {
-	// A batch works on a window of LanesPerBatch lanes; the window moves on
-	// after every batch, and the worker sleeps only after a whole ring of
-	// windows found nothing, so every lane is looked at on every wake-up.
-	window := r.cfg.LanesPerBatch
-	windowsPerRing := (Lanes + window - 1) / window
-	offset := rand.IntN(Lanes)
-	idle := r.cfg.PollInterval
-	// After work is found, events may follow that no NOTIFY announces (a
-	// Writer sends at most one per NotifyInterval): they are looked for
-	// again on a short timer, from trailStart and doubling. Worker 0 alone
-	// does that, also after another worker's batch: each look that finds
-	// nothing is a round trip, and with every worker looking, a trickle of
-	// events cost the database more in looks than in events. The others
-	// sleep until a NOTIFY or PollInterval.
-	var trail <-chan struct{} // nil, never ready, but for worker 0
-	if worker == 0 {
-		trail = r.trail
+// look is how a batch finds the lanes it works on (takeBatch).
+type look int
+
+const (
+	// lookForWork locks the lanes of the first claimable events (and only
+	// those: a lane lock writes WAL) and claims in them, in one round
+	// trip: the batch after a NOTIFY, after a batch whose question found
+	// more work, and while the worker goes round the ring of windows.
+	lookForWork look = iota
+	// askFirst is a look on a timer, that nothing announced: it asks
+	// first, outside a transaction, whether anything is claimable, and
+	// looks for work only when something is. Under a trickle of events
+	// most such looks find nothing, and a look that finds nothing costs
+	// two round trips (BEGIN with the look, then ROLLBACK); the question
+	// costs one.
+	askFirst
+	// drainWindow is the batch after a full one: a backlog drains, and
+	// the look for work would only find the lanes of its head held by the
+	// other batches. It locks a window of lanes at once and claims in
+	// them, so that a backlog goes out in parallel.
+	drainWindow
+)
+
+// worker is the state of one of a relay's work loops.
+type worker struct {
+	id int
+	// offset is the first lane of the next batch's window; the window
+	// moves on after every batch.
+	offset int
+	look   look
+	// outages counts the batches failed in a row; empty the windows
+	// found empty in a row: the worker sleeps only after a whole ring of
+	// them, so every lane is looked at on every wake-up.
+	outages, empty int
+	// idle is how long the next sleep lasts without a NOTIFY: after work
+	// was found, from trailStart, doubling up to PollInterval.
+	idle time.Duration
+	// trail is r.trail for worker 0, nil (never ready) for the others.
+	trail <-chan struct{}
+}
+
+// work is one of a relay's work loops: a batch (runBatch), then, by what
+// it found, another batch at once, a back-off after an outage, or a sleep
+// until a NOTIFY or a timer says there may be work.
+//
+// After work is found, events may follow that no NOTIFY announces (a
+// Writer sends at most one per NotifyInterval): they are looked for again
+// on a short timer, from trailStart and doubling. Worker 0 alone does
+// that, also after another worker's batch: each look that finds nothing is
+// a round trip, and with every worker looking, a trickle of events cost
+// the database more in looks than in events. The others sleep until a
+// NOTIFY or PollInterval.
+func (r *Relay) work(ctx context.Context, id int) {
+	w := &worker{id: id, offset: rand.IntN(Lanes), idle: r.cfg.PollInterval}
+	if id == 0 {
+		w.trail = r.trail
 	}
-	outages, empty := 0, 0
-	backlog := false // the last batch was full: lock windows, skip the look for work
-	// A look on a timer, that no NOTIFY announced, is speculative: it
-	// first asks, outside a transaction, whether anything is claimable.
-	// Under a trickle of events most such looks find nothing, and a look
-	// that finds nothing costs two round trips (BEGIN with the look, then
-	// ROLLBACK); the question costs one. After a batch that was not full
-	// the question goes out behind its COMMIT, in the same round trip
-	// (runBatch's more): the worker looks again at once only when the
-	// answer is yes, at no round trip when it is no. Either question
-	// answers no when what it found is in lanes a sibling's batch holds
-	// (worthALook).
-	speculative := false
+	windowsPerRing := (Lanes + r.cfg.LanesPerBatch - 1) / r.cfg.LanesPerBatch
 	for ctx.Err() == nil {
-		n, more, err := r.runBatch(ctx, worker, offset, backlog, speculative)
-		speculative = false
-		backlog = n >= r.cfg.BatchSize
-		offset = (offset + window) % Lanes
-		if errors.Is(err, errNothingPending) {
-			// No free lane has work: the other windows have none either.
-			err, empty = nil, windowsPerRing-1
+		n, more, err := r.runBatch(ctx, w.id, w.offset, w.look)
+		w.offset = (w.offset + r.cfg.LanesPerBatch) % Lanes
+		w.look = lookForWork
+		if n >= r.cfg.BatchSize {
+			w.look = drainWindow
 		}
 		switch {
+		case errors.Is(err, errNothingPending):
+			// No free lane has work: the other windows have none either.
+			w.outages = 0
+			r.sleep(ctx, w)
 		case err != nil:
-			outages++
-			empty = 0
-			wait := backoff.Exponential(outages, 50*time.Millisecond, r.cfg.OutageBackoffMax)
-			r.log.Error("Relay batch failed; retrying", err, watermill.LogFields{"worker": worker, "retry_in": wait.String()})
-			r.cfg.Metrics.outage()
-			backoff.Sleep(ctx, wait)
-			continue
+			r.backOff(ctx, w, err)
 		case n > 0:
-			outages, empty = 0, 0
-			if trail != nil {
-				idle = trailStart
-			} else {
-				idle = r.cfg.PollInterval
-				select {
-				case r.trail <- struct{}{}:
-				default:
-				}
+			w.outages, w.empty = 0, 0
+			r.foundWork(w)
+			if !more {
+				// Nothing claimable after the batch: wait for a NOTIFY
+				// or the short looks.
+				r.sleep(ctx, w)
 			}
-			if more {
-				continue
-			}
-			// Nothing claimable after the batch: wait for a NOTIFY or
-			// the short looks.
 		default:
-			outages = 0
-			if empty++; empty < windowsPerRing {
-				continue
+			w.outages = 0
+			if w.empty++; w.empty >= windowsPerRing {
+				r.sleep(ctx, w)
 			}
 		}
-		empty = 0
-		t := time.NewTimer(idle)
-	sleep:
-		for {
-			select {
-			case <-ctx.Done():
-			case <-r.wake:
-				speculative = false
-			case <-trail:
-				// Another worker's batch found work and looked again at
-				// once: the short looks start over.
-				idle = trailStart
-				t.Reset(idle)
-				continue
-			case <-t.C:
-				speculative = true
-			}
-			break sleep
+	}
+}
+
+// backOff waits after a failed batch, longer after each failure in a row.
+func (r *Relay) backOff(ctx context.Context, w *worker, err error) {
+	w.outages++
+	w.empty = 0
+	wait := backoff.Exponential(w.outages, 50*time.Millisecond, r.cfg.OutageBackoffMax)
+	r.log.Error("Relay batch failed; retrying", err, watermill.LogFields{"worker": w.id, "retry_in": wait.String()})
+	r.cfg.Metrics.outage()
+	backoff.Sleep(ctx, wait)
+}
+
+// foundWork starts the short looks after work (see work): worker 0's own,
+// or, for another worker, worker 0's.
+func (r *Relay) foundWork(w *worker) {
+	if w.trail != nil {
+		w.idle = trailStart
+		return
+	}
+	w.idle = r.cfg.PollInterval
+	select {
+	case r.trail <- struct{}{}:
+	default:
+	}
+}
+
+// sleep waits until a NOTIFY, the end of w.idle (then the next batch asks
+// first: nothing announced work), or ctx's end. Worker 0 starts its short
+// looks again when another worker found work.
+func (r *Relay) sleep(ctx context.Context, w *worker) {
+	w.empty = 0
+	t := time.NewTimer(w.idle)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+		case <-r.wake:
+			w.look = lookForWork
+		case <-w.trail:
+			// Another worker's batch found work and looked again at
+			// once: the short looks start over.
+			w.idle = trailStart
+			t.Reset(w.idle)
+			continue
+		case <-t.C:
+			w.look = askFirst
 		}
-		t.Stop()
-		idle = min(idle*2, r.cfg.PollInterval)
+		w.idle = min(w.idle*2, r.cfg.PollInterval)
+		return
 	}
 }
 
@@ -594,6 +535,7 @@ func (r *Relay) signal() {
 
 type pendingRow struct {
 	id                                  int64
+	lane                                int16 // read from the stream only (CDCRelay)
 	eventID, topic, key, aggType, aggID string
 	eventType                           string
 	payload, payloadBytes, headers      []byte
@@ -615,7 +557,7 @@ type pendingRow struct {
 // one that was not full, whether anything was claimable once it committed,
 // outside the lanes its siblings hold (asked in the COMMIT's round trip;
 // yes when the question failed; see commit).
-func (r *Relay) runBatch(ctx context.Context, worker, offset int, backlog, speculative bool) (n int, more bool, err error) {
+func (r *Relay) runBatch(ctx context.Context, worker, offset int, how look) (n int, more bool, err error) {
 	if ctx.Err() != nil {
 		return 0, false, nil
 	}
@@ -629,16 +571,9 @@ func (r *Relay) runBatch(ctx context.Context, worker, offset int, backlog, specu
 	// failed): it never goes back to the pool with locks held.
 	defer conn.Release()
 	tx := conn.Conn()
-	defer func() {
-		if tx.PgConn().TxStatus() == 'I' {
-			return // committed, or BEGIN never ran
-		}
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		tx.Exec(rctx, "ROLLBACK") //nolint:errcheck // a failure closes the connection
-	}()
+	defer rollbackOpen(ctx, tx)
 
-	lanes, rows, err := r.takeBatch(ctx, tx, worker, offset, backlog, speculative)
+	lanes, rows, err := r.takeBatch(ctx, tx, worker, offset, how)
 	if errors.Is(err, errNothingPending) {
 		return 0, false, err
 	}
@@ -656,7 +591,7 @@ func (r *Relay) runBatch(ctx context.Context, worker, offset int, backlog, specu
 	endSpan := traceBatch(ctx, rows) // tracing.go
 	failed, outage := r.publish(rows)
 	endSpan(len(failed), outage)
-	if len(failed) == len(rows) && !anyPermanent(failed) {
+	if allUncharged(rows, failed) {
 		// Nothing went out and nothing says the events are at fault: the
 		// broker is unavailable. Roll back (the events stay pending),
 		// count no attempts, back off.
@@ -670,7 +605,7 @@ func (r *Relay) runBatch(ctx context.Context, worker, offset int, backlog, specu
 	var back unclaimed
 	if len(failed) > 0 {
 		back = r.settleFailures(rows, failed)
-		if _, err := tx.Exec(bctx, r.unclaim, back.ids, back.blocked, back.dead, back.nextAt, back.errs, back.charge); err != nil {
+		if _, err := tx.Exec(bctx, r.sql.unclaim, back.ids, back.blocked, back.dead, back.nextAt, back.errs, back.charge); err != nil {
 			return 0, false, fmt.Errorf("outbox: return %d failed events to the pending set: %w", len(back.ids), err)
 		}
 	}
@@ -685,6 +620,18 @@ func (r *Relay) runBatch(ctx context.Context, worker, offset int, backlog, specu
 		return len(rows), false, fmt.Errorf("%w: %d of %d events not sent: %v", errOutage, len(back.ids), len(rows), outage)
 	}
 	return len(rows), more, nil
+}
+
+// rollbackOpen rolls back the transaction open on tx, if any (one
+// committed, or never begun, is left as it is). A failed rollback closes
+// the connection, which its pool then destroys.
+func rollbackOpen(ctx context.Context, tx *pgx.Conn) {
+	if tx.PgConn().TxStatus() == 'I' {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	tx.Exec(rctx, "ROLLBACK") //nolint:errcheck // a failure closes the connection
 }
 
 // commit commits the batch's transaction on tx. If ask, it asks in the
@@ -713,7 +660,7 @@ func (r *Relay) commit(ctx context.Context, tx *pgx.Conn, worker int, ask bool) 
 	}
 	b := &pgx.Batch{}
 	b.Queue("COMMIT")
-	b.Queue(r.claimableLanes, !r.cfg.SkipDeadLetteredKeys, questionLanes)
+	b.Queue(r.sql.claimableLanes, !r.cfg.SkipDeadLetteredKeys, questionLanes)
 	br := tx.SendBatch(ctx, b)
 	defer br.Close()
 	if _, err := br.Exec(); err != nil {
@@ -790,7 +737,7 @@ type unclaimed struct {
 // with PublishTopics; the pending set then holds the key's later events in
 // every topic while the failed one is blocked):
 //
-//   - permanent (core.IsPermanent): dead-lettered at once, one attempt
+//   - permanent (isPermanent): dead-lettered at once, one attempt
 //     charged, with its reason;
 //   - temporary (isTemporary: the broker or a partition is away): no attempt
 //     charged; the event waits RetryMin, blocking its key, with its reason;
@@ -827,7 +774,7 @@ func (r *Relay) settleFailures(rows []pendingRow, failed map[int64]error) unclai
 		reason := err.Error()
 		fields := watermill.LogFields{"event_id": row.eventID, "topic": row.topic, "partition_key": row.key}
 		switch {
-		case core.IsPermanent(err):
+		case isPermanent(err):
 			fields["attempt"] = row.attempts + 1
 			u.add(row.id, true, true, &now, &reason, true)
 			u.charged++
@@ -855,24 +802,6 @@ func (r *Relay) settleFailures(rows []pendingRow, failed map[int64]error) unclai
 	return u
 }
 
-// isTemporary reports whether err says that sending again later will work:
-// an error with a Temporary() bool method that returns true (kafka.Publisher
-// marks outages, timeouts and leader elections so; the convention of
-// net.Error), any net.Error (connection refused or reset, timeouts), or a
-// context deadline. Such a failure charges no attempt.
-func isTemporary(err error) bool {
-	var t interface{ Temporary() bool }
-	if errors.As(err, &t) && t.Temporary() {
-		return true
-	}
-	var ne net.Error
-	return errors.As(err, &ne) || errors.Is(err, context.DeadlineExceeded)
-}
-
-// errNotTried marks the events of a call that a publisher did not get to:
-// the one-at-a-time fallback stopped at a temporary failure.
-var errNotTried = errors.New("outbox: not tried: the publisher is unavailable")
-
 func (u *unclaimed) add(id int64, blocked, dead bool, nextAt *time.Time, err *string, charge bool) {
 	u.ids = append(u.ids, id)
 	u.blocked = append(u.blocked, blocked)
@@ -891,7 +820,7 @@ func (u *unclaimed) add(id int64, blocked, dead bool, nextAt *time.Time, err *st
 // every lane busy, and cost the drain a second walk of the pending set's
 // head per batch.
 //
-// A speculative batch (nothing announced work) first asks whether
+// An askFirst batch (nothing announced work) first asks whether
 // anything is claimable, outside the transaction, and returns
 // errNothingPending at once when nothing is, or nothing but events in
 // lanes its siblings hold (worthALook).
@@ -901,22 +830,22 @@ func (u *unclaimed) add(id int64, blocked, dead bool, nextAt *time.Time, err *st
 // it too (claimNoted), so a batch that finds work makes one round trip
 // where it made three. A window's claim takes its lanes as a parameter,
 // in a round trip of its own.
-func (r *Relay) takeBatch(ctx context.Context, tx *pgx.Conn, worker, offset int, backlog, speculative bool) ([]int16, []pendingRow, error) {
+func (r *Relay) takeBatch(ctx context.Context, tx *pgx.Conn, worker, offset int, how look) ([]int16, []pendingRow, error) {
 	hold := !r.cfg.SkipDeadLetteredKeys
-	if speculative && !backlog {
+	if how == askFirst {
 		var lanes []int16
-		if err := tx.QueryRow(ctx, r.claimableLanes, hold, questionLanes).Scan(&lanes); err != nil {
+		if err := tx.QueryRow(ctx, r.sql.claimableLanes, hold, questionLanes).Scan(&lanes); err != nil {
 			return nil, nil, fmt.Errorf("outbox: look for work: %w", err)
 		}
 		if !r.worthALook(worker, lanes) {
 			return nil, nil, errNothingPending
 		}
 	}
-	if !backlog {
+	if how != drainWindow {
 		// The look for work and the claim in the lanes it locked.
 		b := r.batch(true)
-		b.Queue(r.lockLanes, offset, r.cfg.LanesPerBatch, r.cfg.BatchSize, hold)
-		b.Queue(r.claimNoted, r.cfg.BatchSize, hold)
+		b.Queue(r.sql.lockLanes, offset, r.cfg.LanesPerBatch, r.cfg.BatchSize, hold)
+		b.Queue(r.sql.claimNoted, r.cfg.BatchSize, hold)
 		br := tx.SendBatch(ctx, b)
 		got, rows, err := r.readLockAndClaim(br, true, true)
 		if err != nil {
@@ -931,14 +860,15 @@ func (r *Relay) takeBatch(ctx context.Context, tx *pgx.Conn, worker, offset int,
 		// Work whose lanes other batches hold: the claim behind the look
 		// had no lane, and claimed nothing.
 	}
-	b := r.batch(backlog) // begun by the look above unless draining
-	b.Queue(r.lockWindow, offset, r.cfg.LanesPerBatch)
-	got, _, err := r.readLockAndClaim(tx.SendBatch(ctx, b), backlog, false)
+	draining := how == drainWindow
+	b := r.batch(draining) // begun by the look above unless draining
+	b.Queue(r.sql.lockWindow, offset, r.cfg.LanesPerBatch)
+	got, _, err := r.readLockAndClaim(tx.SendBatch(ctx, b), draining, false)
 	if err != nil {
 		return nil, nil, fmt.Errorf("outbox: %w", err)
 	}
 	lanes := lanesOf(got)
-	qrows, _ := tx.Query(ctx, r.claim, lanes, r.cfg.BatchSize, hold)
+	qrows, _ := tx.Query(ctx, r.sql.claim, lanes, r.cfg.BatchSize, hold)
 	rows, err := scanClaimed(qrows)
 	if err != nil {
 		return nil, nil, fmt.Errorf("outbox: claim: %w", err)
@@ -958,7 +888,7 @@ func (r *Relay) hold(worker int, lanes []int16) {
 func (r *Relay) batch(begin bool) *pgx.Batch {
 	b := &pgx.Batch{}
 	if begin {
-		for _, s := range r.beginStatements {
+		for _, s := range r.sql.beginStatements {
 			b.Queue(s)
 		}
 	}
@@ -971,7 +901,7 @@ func (r *Relay) batch(begin bool) *pgx.Batch {
 func (r *Relay) readLockAndClaim(br pgx.BatchResults, begun, withClaim bool) ([]*int16, []pendingRow, error) {
 	defer br.Close()
 	if begun {
-		for range r.beginStatements {
+		for range r.sql.beginStatements {
 			if _, err := br.Exec(); err != nil {
 				return nil, nil, fmt.Errorf("begin: %w", err)
 			}
@@ -1002,31 +932,9 @@ func lanesOf(got []*int16) []int16 {
 	return lanes
 }
 
-// A batch's lane lock notes the lanes it locked in a transaction-local
-// setting, for the claim sent behind it in the same round trip: noteLanes
-// is the lock's CTE that sets it (from its CTE got), notedLanes the claim's
-// expression that reads it (empty when nothing noted it).
-const (
-	noteLanes  = `noted AS MATERIALIZED (SELECT set_config('millrace.relay_lanes', coalesce(array_agg(lane)::text, '{}'), true) AS v FROM got)`
-	notedLanes = `(SELECT coalesce(nullif(current_setting('millrace.relay_lanes', true), ''), '{}')::smallint[])::smallint[]`
-)
-
 // errNothingPending says that no free lane has an event to claim: the
 // worker need not look at its other windows before it waits.
 var errNothingPending = errors.New("outbox: nothing to claim")
-
-// claimable is the condition on a row q of the pending set that the claim
-// can take it: not dead, not waiting out a retry, and not held behind a
-// failing (or, when holdDead, the SQL parameter that says so, is true, a
-// dead) event of its key. The claim and the look for work in lockLanes
-// share it: a look that counted held events as work could lock only their
-// lanes, and leave the rest of the outbox waiting behind a dead letter.
-func claimable(pending, holdDead string) string {
-	return fmt.Sprintf(`NOT q.dead AND (NOT q.blocked OR q.next_attempt_at <= now())
-       AND NOT EXISTS (SELECT 1 FROM %s b
-                        WHERE b.blocked AND b.partition_key = q.partition_key AND b.id < q.id
-                          AND (NOT b.dead OR %s))`, pending, holdDead)
-}
 
 // scanClaimed reads the claim's rows, in id order.
 func scanClaimed(rows pgx.Rows) ([]pendingRow, error) {
@@ -1142,38 +1050,55 @@ func (r *Relay) publish(rows []pendingRow) (failed map[int64]error, outage error
 
 // batchFailures records in failed what a publisher's *core.BatchError
 // err says of rows, the messages of its call, and reports whether err was
-// one. A BatchError that names a message the call did not hold, or none,
-// or one with no error, fails every row: its report cannot be trusted to
-// say what was delivered.
+// one. A message is a copy of an event on one topic: the same event id may
+// go to several topics (a fan-out), and a failure names its copy by UUID
+// and topic (core.MessageError.Topic); one without a topic, of an id the
+// call sent to several topics, fails every copy of it (a duplicate, never
+// a loss). A BatchError that names a message the call did not hold, or
+// none, or one with no error, fails every row: its report cannot be
+// trusted to say what was delivered.
 func (r *Relay) batchFailures(rows []pendingRow, err error, failed map[int64]error) bool {
 	var be *core.BatchError
 	if !errors.As(err, &be) {
 		return false
 	}
-	byUUID := make(map[string]int64, len(rows))
+	type copyOf struct{ eventID, topic string }
+	byCopy := make(map[copyOf]int64, len(rows))
+	copies := make(map[string][]int64, len(rows))
 	for i := range rows {
-		byUUID[rows[i].eventID] = rows[i].id
+		byCopy[copyOf{rows[i].eventID, rows[i].topic}] = rows[i].id
+		copies[rows[i].eventID] = append(copies[rows[i].eventID], rows[i].id)
 	}
-	for _, me := range be.Errors {
-		if _, ok := byUUID[me.UUID]; !ok || me.Err == nil {
-			whole := fmt.Errorf("outbox: the publisher's BatchError names message %q, which the call did not hold, or has no error for it; the whole call counts as failed: %w", me.UUID, err)
-			for i := range rows {
-				failed[rows[i].id] = whole
-			}
+	named := make([][]int64, len(be.Errors))
+	for i, me := range be.Errors {
+		named[i] = copies[me.UUID]
+		if id, ok := byCopy[copyOf{me.UUID, me.Topic}]; ok {
+			named[i] = []int64{id}
+		} else if me.Topic != "" {
+			named[i] = nil
+		}
+		if len(named[i]) == 0 || me.Err == nil {
+			whole := fmt.Errorf("outbox: the publisher's BatchError names message %q (topic %q), which the call did not hold, or has no error for it; the whole call counts as failed: %w", me.UUID, me.Topic, err)
+			failAll(rows, unavailable(whole), failed)
 			return true
 		}
 	}
 	if len(be.Errors) == 0 {
-		whole := fmt.Errorf("outbox: the publisher returned a BatchError naming no message; the whole call counts as failed: %w", err)
-		for i := range rows {
-			failed[rows[i].id] = whole
-		}
+		failAll(rows, unavailable(fmt.Errorf("outbox: the publisher returned a BatchError naming no message; the whole call counts as failed: %w", err)), failed)
 		return true
 	}
-	for _, me := range be.Errors {
-		failed[byUUID[me.UUID]] = me.Err
+	for i, me := range be.Errors {
+		for _, id := range named[i] {
+			failed[id] = me.Err
+		}
 	}
 	return true
+}
+
+func failAll(rows []pendingRow, err error, failed map[int64]error) {
+	for i := range rows {
+		failed[rows[i].id] = err
+	}
 }
 
 func sameTopic(rows []pendingRow) bool {
@@ -1186,7 +1111,8 @@ func sameTopic(rows []pendingRow) bool {
 }
 
 // publishRun publishes rows of one topic in one call and records the
-// failures in failed.
+// failures in failed. A publisher that fails the call whole has the
+// messages at fault found one at a time (findAtFault).
 func (r *Relay) publishRun(rows []pendingRow, failed map[int64]error) (outage error) {
 	msgs := make([]*message.Message, len(rows))
 	for i := range rows {
@@ -1197,15 +1123,40 @@ func (r *Relay) publishRun(rows []pendingRow, failed map[int64]error) (outage er
 		return nil
 	}
 	if len(rows) == 1 {
-		failed[rows[0].id] = err
+		// Alone in its call: an event found at fault before (charged,
+		// and back after its backoff) is taken to be at fault again;
+		// else nothing in the call tells.
+		if rows[0].attempts > 0 {
+			failed[rows[0].id] = failedAlone(err)
+		} else {
+			failed[rows[0].id] = untold(err)
+		}
 		return nil
 	}
-	// The publisher failed the call as a whole: find the messages at fault
-	// by sending one at a time, in order, holding back the rest of a key
-	// once one of its messages fails. The first failure that is not
-	// permanent ends the search: the publisher is unavailable, and trying
-	// every message would hold the batch for as many calls.
+	return r.findAtFault(rows, failed)
+}
+
+// findAtFault sends rows one at a time, in order, after the publisher
+// failed them in one call, holding back the rest of a key once one of its
+// messages fails (as a publisher that returns a BatchError does). A
+// failure is read by what follows it:
+//
+//   - permanent (isPermanent): the event is at fault for good;
+//   - in a pass in which other messages went out, fewer than faultsInARow
+//     failures in a row: the event failed alone and is at fault, for now
+//     (failedAlone: an attempt is charged, even if its error says
+//     temporary, as a transport that drops the connection on a message it
+//     refuses does);
+//   - faultsInARow failures in a row: the publisher is unavailable. The
+//     search stops there, those failures charge nothing, and the events
+//     not tried are failed with errNotTried.
+//
+// A pass in which nothing went out charges nothing (but permanent
+// failures), and is an outage.
+func (r *Relay) findAtFault(rows []pendingRow, failed map[int64]error) (outage error) {
 	held := map[string]error{}
+	var run []int64 // the ids of the failures since the last message that went out
+	wentOut := false
 	for i := range rows {
 		if err, ok := held[rows[i].key]; ok {
 			failed[rows[i].id] = err
@@ -1213,27 +1164,43 @@ func (r *Relay) publishRun(rows []pendingRow, failed map[int64]error) (outage er
 		}
 		err := r.cfg.Publisher.Publish(rows[i].topic, rows[i].message())
 		if err == nil {
+			wentOut = true
+			for _, id := range run {
+				failed[id] = failedAlone(failed[id])
+			}
+			run = run[:0]
 			continue
 		}
-		if !core.IsPermanent(err) {
-			for _, row := range rows[i:] {
+		failed[rows[i].id] = err
+		held[rows[i].key] = fmt.Errorf("held behind a failed event of its key: %w", err)
+		if isPermanent(err) {
+			continue
+		}
+		if run = append(run, rows[i].id); len(run) == faultsInARow {
+			for _, row := range rows[i+1:] {
 				if _, ok := failed[row.id]; !ok {
 					failed[row.id] = errNotTried
 				}
 			}
-			return err
+			outage = err
+			break
 		}
-		failed[rows[i].id] = err
-		held[rows[i].key] = fmt.Errorf("held behind a failed event of its key: %w", err)
 	}
-	return nil
+	// The failures at the end of the pass: at fault when messages went
+	// out before them and they were too few to say an outage began.
+	mark := unavailable
+	if wentOut && outage == nil {
+		mark = failedAlone
+	}
+	for _, id := range run {
+		failed[id] = mark(failed[id])
+	}
+	if !wentOut && outage == nil && len(run) > 0 {
+		outage = failed[run[0]]
+	}
+	return outage
 }
 
-func anyPermanent(failed map[int64]error) bool {
-	for _, err := range failed {
-		if core.IsPermanent(err) {
-			return true
-		}
-	}
-	return false
-}
+// faultsInARow is how many failures in a row, one message at a time, say
+// that a publisher is unavailable rather than its messages at fault.
+const faultsInARow = 3

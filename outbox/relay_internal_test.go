@@ -95,7 +95,7 @@ func TestEmptyClaimAllocatesLittle(t *testing.T) {
 		}
 		var before, after runtime.MemStats
 		runtime.ReadMemStats(&before)
-		_, rows, err := r.takeBatch(ctx, c.Conn(), 0, 0, true, false) // a window of lanes, and their claim
+		_, rows, err := r.takeBatch(ctx, c.Conn(), 0, 0, drainWindow) // a window of lanes, and their claim
 		runtime.ReadMemStats(&after)
 		c.Conn().Exec(ctx, "ROLLBACK") //nolint:errcheck
 		c.Release()
@@ -122,7 +122,7 @@ func TestBatchLocksOnlyTheLanesWithWork(t *testing.T) {
 	// takeBatch begins the batch's transaction on a connection out of
 	// one: its BEGIN goes out with the first lock.
 	take := func(tx *pgx.Conn, offset int) ([]int16, error) {
-		lanes, _, err := r.takeBatch(ctx, tx, 0, offset, false, false)
+		lanes, _, err := r.takeBatch(ctx, tx, 0, offset, lookForWork)
 		if st := tx.PgConn().TxStatus(); st != 'T' {
 			t.Fatalf("after takeBatch the connection is in transaction status %q; want in a transaction", st)
 		}
@@ -173,7 +173,7 @@ func TestBatchLocksOnlyTheLanesWithWork(t *testing.T) {
 		t.Fatal(err)
 	}
 	other = begin()
-	lanes, _, err = small.takeBatch(ctx, other, 0, int(lane), false, false)
+	lanes, _, err = small.takeBatch(ctx, other, 0, int(lane), lookForWork)
 	if err != nil || len(lanes) != 10 || slices.Contains(lanes, lane) {
 		t.Fatalf("the backlog's head held: lanes %v, %v; want a window of 10 others", lanes, err)
 	}
@@ -182,7 +182,7 @@ func TestBatchLocksOnlyTheLanesWithWork(t *testing.T) {
 	// A worker draining a backlog (its last batch was full) locks a window
 	// without looking for work first.
 	other = begin()
-	lanes, _, err = r.takeBatch(ctx, other, 0, int(lane), true, false)
+	lanes, _, err = r.takeBatch(ctx, other, 0, int(lane), drainWindow)
 	if err != nil || len(lanes) != 10 || slices.Contains(lanes, lane) {
 		t.Fatalf("draining: lanes %v, %v; want a window of 10 lanes not held", lanes, err)
 	}
@@ -205,7 +205,7 @@ func TestSpeculativeLookAsksFirst(t *testing.T) {
 		}
 		defer c.Release()
 		defer c.Conn().Exec(ctx, "ROLLBACK") //nolint:errcheck
-		lanes, rows, err := r.takeBatch(ctx, c.Conn(), 0, 0, false, true)
+		lanes, rows, err := r.takeBatch(ctx, c.Conn(), 0, 0, askFirst)
 		if st := c.Conn().PgConn().TxStatus(); st != wantTx {
 			t.Fatalf("after a speculative takeBatch the connection is in transaction status %q; want %q", st, wantTx)
 		}
@@ -270,7 +270,7 @@ func TestHeldEventsAtTheHeadDoNotHideOtherWork(t *testing.T) {
 	defer c.Release()
 	tx := c.Conn()
 	defer tx.Exec(ctx, "ROLLBACK") //nolint:errcheck
-	lanes, rows, err := r.takeBatch(ctx, tx, 0, 0, false, false)
+	lanes, rows, err := r.takeBatch(ctx, tx, 0, 0, lookForWork)
 	if err != nil || !slices.Contains(lanes, Lane(key)) {
 		t.Fatalf("lanes %v, %v; want the lane of %s (%d)", lanes, err, key, Lane(key))
 	}
@@ -346,7 +346,7 @@ func TestBatchAsksForMoreWithItsCommit(t *testing.T) {
 	batch := func(wantMore bool) {
 		t.Helper()
 		before := trips.N()
-		n, more, err := r.runBatch(ctx, 0, 0, false, false)
+		n, more, err := r.runBatch(ctx, 0, 0, lookForWork)
 		if got := trips.N() - before; err != nil || n != 1 || more != wantMore || got != 2 {
 			t.Fatalf("batch: %d events, more %v, %d round trips, %v; want 1 event, more %v, 2 round trips", n, more, got, err, wantMore)
 		}
@@ -399,12 +399,12 @@ func TestWorkersLeaveTheirSiblingsLanesToThem(t *testing.T) {
 		}
 		write("k") // behind the batch, in its lane
 		before := trips.N()
-		n, _, err := r.runBatch(ctx, 1, 0, false, true)
+		n, _, err := r.runBatch(ctx, 1, 0, askFirst)
 		if got := trips.N() - before; n != 0 || err != errNothingPending || got != 1 {
 			t.Errorf("worker 1's look with only worker 0's lane pending: %d events, %d round trips, %v; want none, 1 round trip (the question), errNothingPending", n, got, err)
 		}
 		write(other)
-		if n, _, err := r.runBatch(ctx, 1, 0, false, true); n != 1 || err != nil {
+		if n, _, err := r.runBatch(ctx, 1, 0, askFirst); n != 1 || err != nil {
 			t.Errorf("worker 1's look with an event in a free lane too: %d events, %v; want 1", n, err)
 		}
 	})
@@ -416,13 +416,13 @@ func TestWorkersLeaveTheirSiblingsLanesToThem(t *testing.T) {
 	write("k")
 	// Worker 0's question after its batch sees the event behind it in its
 	// own lane.
-	if n, more, err := r.runBatch(ctx, 0, 0, false, false); n != 1 || !more || err != nil {
+	if n, more, err := r.runBatch(ctx, 0, 0, lookForWork); n != 1 || !more || err != nil {
 		t.Fatalf("worker 0's batch: %d events, more %v, %v; want 1, more", n, more, err)
 	}
 	if got := held(0); len(got) != 0 {
 		t.Fatalf("after its batch worker 0 holds lanes %v; want none", got)
 	}
-	if n, more, err := r.runBatch(ctx, 0, 0, false, false); n != 1 || more || err != nil {
+	if n, more, err := r.runBatch(ctx, 0, 0, lookForWork); n != 1 || more || err != nil {
 		t.Fatalf("worker 0's second batch: %d events, more %v, %v; want 1, no more", n, more, err)
 	}
 	if len(published) != 3 {
@@ -484,11 +484,11 @@ INSERT INTO `+pending+` (id, lane, partition_key) SELECT id, lane, partition_key
 	defer conn.Release()
 	c := conn.Conn()
 	for _, st := range []struct{ name, sql, args, want, table string }{
-		{"claim", r.claim, `'{0,1,2,3,4,5,6,7}', 2000, true`, "using outbox_event_pkey on outbox_event", "outbox_event"},
-		{"claimNoted", r.claimNoted, `2000, true`, "using outbox_event_pkey on outbox_event", "outbox_event"},
-		{"claimableLanes", r.claimableLanes, `true, 16`, "using outbox_pending_pkey on outbox_pending q", "outbox_pending"},
+		{"claim", r.sql.claim, `'{0,1,2,3,4,5,6,7}', 2000, true`, "using outbox_event_pkey on outbox_event", "outbox_event"},
+		{"claimNoted", r.sql.claimNoted, `2000, true`, "using outbox_event_pkey on outbox_event", "outbox_event"},
+		{"claimableLanes", r.sql.claimableLanes, `true, 16`, "using outbox_pending_pkey on outbox_pending q", "outbox_pending"},
 	} {
-		for _, s := range append(slices.Clone(r.beginStatements), `SET LOCAL plan_cache_mode = force_generic_plan`) {
+		for _, s := range append(slices.Clone(r.sql.beginStatements), `SET LOCAL plan_cache_mode = force_generic_plan`) {
 			if _, err := c.Exec(ctx, s); err != nil {
 				t.Fatal(err)
 			}
@@ -522,8 +522,8 @@ func TestBatchSettingsAreOneStatementForItsTransaction(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n := len(r.beginStatements); n != 2 {
-			t.Errorf("SyncCommit %v: %d statements begin a batch (%q), want BEGIN and one SELECT of the settings", sync, n, r.beginStatements)
+		if n := len(r.sql.beginStatements); n != 2 {
+			t.Errorf("SyncCommit %v: %d statements begin a batch (%q), want BEGIN and one SELECT of the settings", sync, n, r.sql.beginStatements)
 		}
 		conn, err := db.Pool.Acquire(ctx)
 		if err != nil {
@@ -535,7 +535,7 @@ func TestBatchSettingsAreOneStatementForItsTransaction(t *testing.T) {
 			b.Queue("SELECT current_setting('" + s + "')")
 		}
 		br := c.SendBatch(ctx, b)
-		for range r.beginStatements {
+		for range r.sql.beginStatements {
 			if _, err := br.Exec(); err != nil {
 				t.Fatal(err)
 			}

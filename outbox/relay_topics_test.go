@@ -34,7 +34,10 @@ func (r *topicsRecorder) PublishTopics(byTopic map[string][]*message.Message) er
 		err := r.publish(topic, msgs)
 		var e *core.BatchError
 		if errors.As(err, &e) {
-			be.Errors = append(be.Errors, e.Errors...)
+			for _, me := range e.Errors {
+				me.Topic = topic // as kafka.Publisher names a failed copy
+				be.Errors = append(be.Errors, me)
+			}
 		} else if err != nil {
 			return err
 		}

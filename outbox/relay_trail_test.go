@@ -146,7 +146,7 @@ func runTracedRelay(ctx context.Context, t *testing.T) (tracer *looks, w *Writer
 	if err != nil {
 		t.Fatal(err)
 	}
-	tracer = &looks{lockLanes: probe.lockLanes, claimableLanes: probe.claimableLanes}
+	tracer = &looks{lockLanes: probe.sql.lockLanes, claimableLanes: probe.sql.claimableLanes}
 	pool, err := pgtest.ConnectTraced(ctx, pgtest.URL(), 6, tracer)
 	if err != nil {
 		t.Fatal(err)

@@ -35,7 +35,7 @@ type WriterConfig struct {
 	NotifyInterval time.Duration
 	// ValidateTopic, if set, checks each event's topic when it is written,
 	// against the rules of the transport the relay publishes to; an event
-	// it refuses is an *EventError wrapping ErrInvalidTopic, and nothing is
+	// it refuses is an *EventError wrapping ErrInvalidEvent, and nothing is
 	// sent. With the Kafka relay set it to kafka.ValidateTopic: a topic
 	// name Kafka refuses would otherwise only fail at publish time, where
 	// it stops its key. Defaults to nil: the outbox does not know the
@@ -61,8 +61,7 @@ type Writer struct {
 	notifyInterval int64
 	lastNotify     atomic.Int64
 	validateTopic  func(string) error
-	// The statements that write one event, and many.
-	insertOne, insertOneNotify, insert, insertNotify string
+	sql            writerSQL
 }
 
 // NewWriter returns a Writer. pool is used only by Write; it may be nil if
@@ -81,54 +80,14 @@ func NewWriter(pool *pgxpool.Pool, cfg WriterConfig) (*Writer, error) {
 		channel:        notifyChannel(schema),
 		notifyInterval: int64(cfg.NotifyInterval),
 		validateTopic:  cfg.ValidateTopic,
+		sql:            newWriterSQL(schema, cfg.CDC),
 	}
-	// One round trip writes the log rows and their pending rows, and when
-	// due the wake-up hint.
-	events, pending := sqlident.Table(schema, "outbox_event"), sqlident.Table(schema, "outbox_pending")
-	const cols = `event_id, aggregate_type, aggregate_id, event_type, topic, partition_key, lane, payload, payload_bytes, headers`
 	if cfg.CDC {
-		// The log row alone: the CDC relay streams the insert. No hint
-		// either; the stream wakes the relay.
+		// No hint: the stream wakes the relay.
 		w.notifyInterval = -1
-		w.insertOne = fmt.Sprintf(`INSERT INTO %s (%s) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`, events, cols)
-		w.insert = fmt.Sprintf(`INSERT INTO %s (%s)
-SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int2[], $8::text[]::json[], $9::bytea[], $10::text[]::jsonb[])`, events, cols)
-		return w, nil
 	}
-	w.insertOne = fmt.Sprintf(`WITH ev AS (
-    INSERT INTO %s (%s) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-    RETURNING id, lane, partition_key
-)
-INSERT INTO %s (id, lane, partition_key) SELECT id, lane, partition_key FROM ev`, events, cols, pending)
-	w.insertOneNotify = fmt.Sprintf(`WITH ev AS (
-    INSERT INTO %s (%s) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-    RETURNING id, lane, partition_key
-), p AS (
-    INSERT INTO %s (id, lane, partition_key) SELECT id, lane, partition_key FROM ev
-)
-SELECT pg_notify($11, '')`, events, cols, pending)
-	many := fmt.Sprintf(`WITH ev AS (
-    INSERT INTO %s (%s)
-    SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int2[], $8::text[]::json[], $9::bytea[], $10::text[]::jsonb[])
-    RETURNING id, lane, partition_key
-), p AS (
-    INSERT INTO %s (id, lane, partition_key) SELECT id, lane, partition_key FROM ev
-)`, events, cols, pending)
-	w.insert = many + `
-SELECT 1`
-	w.insertNotify = many + `
-SELECT pg_notify($11, '')`
 	return w, nil
 }
-
-// Errors of the Writer's calls.
-var (
-	// ErrNilTx is returned by WriteTx (and a TxPublisher) given a nil
-	// transaction.
-	ErrNilTx = errors.New("outbox: nil transaction")
-	// ErrNoPool is returned by Write on a Writer made without a pool.
-	ErrNoPool = errors.New("outbox: Write needs a Writer made with a pool; use WriteTx")
-)
 
 // configError returns a config error that wraps core.ErrConfig; the
 // message names the field.
@@ -143,7 +102,7 @@ func notifyChannel(schema string) string { return "millrace_outbox_" + sqlident.
 // Write writes events in a transaction of its own.
 func (w *Writer) Write(ctx context.Context, events ...Event) ([]string, error) {
 	if w.pool == nil {
-		return nil, ErrNoPool
+		return nil, configError("Write needs a Writer made with a pool; use WriteTx")
 	}
 	var ids []string
 	err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
@@ -162,16 +121,14 @@ func (w *Writer) Write(ctx context.Context, events ...Event) ([]string, error) {
 // is not a UUID, a payload that is not JSON, text with NUL or invalid UTF-8,
 // a topic or key over MaxKeyBytes, metadata that cannot travel unchanged, a
 // topic WriterConfig.ValidateTopic refuses, an id given twice for one topic
-// in the call) is reported as an *EventError wrapping ErrMissingTopic,
-// ErrEmptyPartitionKey, ErrInvalidEventID, ErrInvalidJSON, ErrInvalidText,
-// ErrTooLong, ErrInvalidMetadata, ErrInvalidTopic or ErrDuplicateEvent,
-// before anything is sent: tx is
-// untouched and can go on and commit. A database error aborts tx; roll it
+// in the call) is reported as an *EventError wrapping ErrInvalidEvent (or,
+// for the id given twice, ErrDuplicateEvent), before anything is sent: tx
+// is untouched and can go on and commit. A database error aborts tx; roll it
 // back. One of them is an event id written before on the same topic, which
 // wraps ErrDuplicateEvent.
 func (w *Writer) WriteTx(ctx context.Context, tx pgx.Tx, events ...Event) ([]string, error) {
 	if tx == nil {
-		return nil, ErrNilTx
+		return nil, fmt.Errorf("%w: WriteTx given a nil transaction", ErrNoTx)
 	}
 	if len(events) == 0 {
 		return nil, ErrNoEvents
@@ -190,16 +147,16 @@ func (w *Writer) WriteTx(ctx context.Context, tx pgx.Tx, events ...Event) ([]str
 		// parameters: cheaper to encode than ten one-element arrays.
 		r := &rows[0]
 		args := []any{[16]byte(r.id), r.aggType, r.aggID, r.eventType, r.topic, r.key, r.lane, r.payload, r.binary, r.headers}
-		sql := w.insertOne
+		sql := w.sql.insertOne
 		if w.notifyDue() {
-			sql, args = w.insertOneNotify, append(args, w.channel)
+			sql, args = w.sql.insertOneNotify, append(args, w.channel)
 		}
 		_, err = tx.Exec(ctx, sql, args...)
 	} else {
 		args := columns(rows)
-		sql := w.insert
+		sql := w.sql.insert
 		if w.notifyDue() {
-			sql, args = w.insertNotify, append(args, w.channel)
+			sql, args = w.sql.insertNotify, append(args, w.channel)
 		}
 		_, err = tx.Exec(ctx, sql, args...)
 	}

@@ -119,11 +119,11 @@ func TestWriteRefusesBadEvents(t *testing.T) {
 		e    outbox.Event
 		want error
 	}{
-		"no topic":    {outbox.Event{PartitionKey: "k", Payload: []byte(`{}`)}, outbox.ErrMissingTopic},
-		"empty key":   {outbox.Event{Topic: "t", Payload: []byte(`{}`)}, outbox.ErrEmptyPartitionKey},
+		"no topic":    {outbox.Event{PartitionKey: "k", Payload: []byte(`{}`)}, invalidEvent("no topic")},
+		"empty key":   {outbox.Event{Topic: "t", Payload: []byte(`{}`)}, invalidEvent("empty partition key")},
 		"bad id":      {outbox.Event{ID: "not-a-uuid", Topic: "t", PartitionKey: "k", Payload: []byte(`{}`)}, core.ErrInvalidEventID},
-		"bad json":    {outbox.Event{Topic: "t", PartitionKey: "k", Payload: []byte(`{"a":`)}, outbox.ErrInvalidJSON},
-		"nil payload": {outbox.Event{Topic: "t", PartitionKey: "k"}, outbox.ErrInvalidJSON},
+		"bad json":    {outbox.Event{Topic: "t", PartitionKey: "k", Payload: []byte(`{"a":`)}, invalidEvent("not valid JSON")},
+		"nil payload": {outbox.Event{Topic: "t", PartitionKey: "k"}, invalidEvent("not valid JSON")},
 	} {
 		tx, err := db.Pool.Begin(ctx)
 		if err != nil {
@@ -131,7 +131,7 @@ func TestWriteRefusesBadEvents(t *testing.T) {
 		}
 		_, err = w.WriteTx(ctx, tx, good, c.e)
 		var ee *outbox.EventError
-		if !errors.Is(err, c.want) || !errors.As(err, &ee) || ee.Index != 1 {
+		if !wraps(err, c.want) || !errors.As(err, &ee) || ee.Index != 1 {
 			t.Errorf("%s: err = %v, want %v at index 1", name, err, c.want)
 		}
 		// The caller's transaction is still usable: nothing was sent.

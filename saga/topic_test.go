@@ -65,7 +65,7 @@ func TestOutboxRefusedCommandParksTheSaga(t *testing.T) {
 	spec.Steps[0].Action.Topic = "credit topic"
 	def := mustDefine(t, spec)
 	var ee *outbox.EventError
-	if err := o.Register(def); !errors.Is(err, core.ErrConfig) || !errors.As(err, &ee) || !errors.Is(err, outbox.ErrInvalidTopic) {
+	if err := o.Register(def); !errors.Is(err, core.ErrConfig) || !errors.As(err, &ee) || !errors.Is(err, outbox.ErrInvalidEvent) {
 		t.Fatalf("register: %v", err)
 	}
 	in, err := saga.Start(context.Background(), o, def, "o-bad-topic", order{ID: "o-bad-topic", Amount: 1})

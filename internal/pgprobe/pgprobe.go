@@ -19,11 +19,22 @@ import (
 // Unusable reports whether err is PostgreSQL refusing a statement for a
 // missing object or privilege, which no retry mends: SQLSTATE class 42
 // (undefined table or column, insufficient privilege, ...) or 3F (invalid
-// schema name).
+// schema name), or an error of the probe's statements marked Refused.
 func Unusable(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "42") || strings.HasPrefix(pgErr.Code, "3F"))
+	var refused refusedError
+	return errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "42") || strings.HasPrefix(pgErr.Code, "3F")) ||
+		errors.As(err, &refused)
 }
+
+// Refused marks err, found by a probe's statements, as one no retry mends
+// (the database is set up for something else): Probe returns it.
+func Refused(err error) error { return refusedError{err} }
+
+type refusedError struct{ err error }
+
+func (e refusedError) Error() string { return e.err.Error() }
+func (e refusedError) Unwrap() error { return e.err }
 
 // NoPrivilege reports whether err is PostgreSQL's insufficient_privilege.
 func NoPrivilege(err error) bool {

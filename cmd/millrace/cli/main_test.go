@@ -306,7 +306,7 @@ func TestOutboxReplay(t *testing.T) {
 	opstest.Relay(t, db, pub, func(s outbox.Stats) bool { return s.Pending == 0 })
 
 	// Bad filters are refused before anything is queued.
-	fails(t, db, 2, "replay filter is empty", "outbox", "replay")
+	fails(t, db, 2, "invalid replay filter: it is empty", "outbox", "replay")
 	fails(t, db, 2, `invalid replay filter: ToID 1 is below FromID 5`, "outbox", "replay", "--operator", "ops", "--reason", "test", "--from-id", "5", "--to-id", "1")
 	fails(t, db, 2, `--from "yesterday": want a time like`, "outbox", "replay", "--operator", "ops", "--reason", "test", "--from", "yesterday")
 	fails(t, db, 2, `invalid replay filter: To .* is not after From`, "outbox", "replay", "--operator", "ops", "--reason", "test", "--from", "2026-11-30", "--to", "2026-11-29")

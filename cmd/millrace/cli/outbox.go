@@ -296,7 +296,7 @@ func (a *app) outboxReplayCmd() *cobra.Command {
 			}
 			// Without an Actor, Replay checks the filter and queues
 			// nothing: a bad filter is refused before the reason is asked.
-			if _, err := admin.Replay(cmd.Context(), f, core.Actor{}); errors.Is(err, outbox.ErrEmptyReplayFilter) || errors.Is(err, outbox.ErrInvalidReplayFilter) {
+			if _, err := admin.Replay(cmd.Context(), f, core.Actor{}); errors.Is(err, outbox.ErrInvalidReplayFilter) {
 				return usageError{err}
 			}
 			by, err := a.actor(w, "the replay")
@@ -307,7 +307,7 @@ func (a *app) outboxReplayCmd() *cobra.Command {
 				return err
 			}
 			n, err := admin.Replay(cmd.Context(), f, by)
-			if errors.Is(err, outbox.ErrEmptyReplayFilter) || errors.Is(err, outbox.ErrInvalidReplayFilter) {
+			if errors.Is(err, outbox.ErrInvalidReplayFilter) {
 				return usageError{err}
 			}
 			if err != nil {
