@@ -415,8 +415,18 @@ func TestCDCBrokerOutageSlotLagGrowsThenDrains(t *testing.T) {
 		}
 		return confirmed, current
 	}
-	time.Sleep(2 * time.Second) // let the relay's in-flight batch fail
+	// Let the relay's in-flight batch end (on a loaded machine its last
+	// acknowledged events may be confirmed after the broker went): the
+	// position stays where it is for a second.
 	confirmed0, _ := stuck()
+	for still, deadline := time.Now(), time.Now().Add(30*time.Second); time.Since(still) < time.Second; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the slot's position kept moving for 30 s after the broker went")
+		}
+		if c, _ := stuck(); c != confirmed0 {
+			confirmed0, still = c, time.Now()
+		}
+	}
 	lag0, err := b.admin.SlotStats(ctx, "")
 	if err != nil {
 		t.Fatal(err)

@@ -135,94 +135,22 @@ func (o *Orchestrator) HandleReplies(ctx context.Context, msgs []*message.Messag
 
 func (o *Orchestrator) handleRepliesTx(ctx context.Context, tx pgx.Tx, msgs []*message.Message) (*BatchResult, []func(), []string, error) {
 	res := &BatchResult{Poisoned: map[int]error{}}
+	replies := parseReplies(msgs, res)
+	locked, err := o.markAndLock(ctx, tx, msgs, replies, res)
+	if err != nil || locked == nil {
+		return res, nil, nil, err
+	}
 	now := o.clock.Now()
-	type item struct{ r reply }
-	items := make([]*item, len(msgs))
-	var marked []*message.Message // the messages with a usable event id, in order
-	var markedAt []int            // their index in msgs
-	for i, msg := range msgs {
-		r, err := parseReply(msg.Metadata, msg.Payload)
-		if err != nil {
-			res.Poisoned[i] = fmt.Errorf("message %s: %w", msg.UUID, err)
-			continue
-		}
-		id, err := inbox.DefaultEventID(msg)
-		if err == nil {
-			_, err = uuid.Parse(id) // MarkTx would refuse it: poison it alone
-		}
-		if err != nil {
-			res.Poisoned[i] = core.Permanent(fmt.Errorf("%w: message %q: event id %q", inbox.ErrNoEventID, msg.UUID, id))
-			continue
-		}
-		r.eventID = msg.UUID
-		items[i] = &item{r: r}
-		marked = append(marked, msg)
-		markedAt = append(markedAt, i)
-	}
-	if len(marked) == 0 {
-		return res, nil, nil, nil
-	}
-	// The batch's dedup marks, in one statement (the inbox's MarkTx). A mark
-	// that existed, or repeats within the batch, is not fresh: that reply is
-	// a duplicate.
-	// The marks' statement carries the lock of the batch's sagas behind it,
-	// in the same round trip: the sagas of duplicates are locked too, and
-	// left as they are.
-	var candidates []string
-	seen := map[string]bool{}
-	for _, it := range items {
-		if it != nil && !seen[it.r.sagaID] {
-			seen[it.r.sagaID] = true
-			candidates = append(candidates, it.r.sagaID)
-		}
-	}
-	mt := &markThenLock{Tx: tx, lock: o.sql.lockMany, ids: candidates}
-	fresh, err := o.dedup.MarkTx(ctx, mt, marked...)
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("saga: record dedup marks: %w", err)
-	}
-	isFresh := make(map[int]bool, len(fresh))
-	for k, ok := range fresh {
-		if ok {
-			isFresh[markedAt[k]] = true
-		}
-	}
-	var sagaIDs []string
-	seenSaga := map[string]bool{}
-	for i, it := range items {
-		if it == nil {
-			continue
-		}
-		if !isFresh[i] {
-			items[i] = nil
-			res.Duplicates++
-			continue
-		}
-		if !seenSaga[it.r.sagaID] {
-			seenSaga[it.r.sagaID] = true
-			sagaIDs = append(sagaIDs, it.r.sagaID)
-		}
-	}
-	// The batch's sagas, locked in id order: concurrent batches never
-	// deadlock.
-	locked, err := mt.locked, mt.err
-	if !mt.sent {
-		locked, err = queryInstances(ctx, tx, o.sql.lockMany, sagaIDs)
-	}
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("saga: lock sagas: %w", err)
-	}
 	machines := make(map[string]*machine, len(locked))
 	for _, in := range locked {
 		machines[in.ID] = &machine{o: o, in: in, ctx: ctx, tx: tx, now: now}
 	}
 	var unknown []historyRow
 	var order []*machine
-	for i, it := range items {
-		if it == nil {
+	for i, r := range replies {
+		if r == nil {
 			continue
 		}
-		r := it.r
 		m := machines[r.sagaID]
 		if m == nil {
 			o.logger.Error("saga: reply for an unknown saga", ErrNotFound, map[string]any{"saga_id": r.sagaID, "step": r.step})
@@ -231,28 +159,22 @@ func (o *Orchestrator) handleRepliesTx(ctx context.Context, tx pgx.Tx, msgs []*m
 			res.Fenced++
 			continue
 		}
-		if m.d == nil {
+		if m.d == nil { // the saga's first reply of the batch
 			if err := o.callHook(ctx, HookLoaded, m.in.ID); err != nil {
 				return nil, nil, nil, err
 			}
-			m.d = o.definition(m.in.Type, m.in.Version)
 			order = append(order, m)
-		}
-		if m.d == nil {
-			if err := m.parkUnregistered(&r); err != nil {
-				return nil, nil, nil, err
+			if m.d = o.definition(m.in.Type, m.in.Version); m.d == nil {
+				if err := m.parkUnregistered(r); err != nil {
+					return nil, nil, nil, err
+				}
+				if m.fenced {
+					res.Fenced++
+				}
+				continue
 			}
-			if m.fenced {
-				res.Fenced++
-			}
-			continue
 		}
-		m.fenced = false
-		var span *tracing.Span
-		m.ctx, span = startTransition(ctx, "reply", r.sagaID, r.step, msgs[i].Metadata) // tracing.go
-		err := m.onReply(r)
-		span.End(err)
-		if err != nil {
+		if err := m.applyReply(*r, msgs[i].Metadata); err != nil {
 			return nil, nil, nil, err
 		}
 		if m.fenced {
@@ -272,6 +194,93 @@ func (o *Orchestrator) handleRepliesTx(ctx context.Context, tx pgx.Tx, msgs []*m
 		return nil, nil, nil, err
 	}
 	return res, after, ids, nil
+}
+
+// applyReply applies one reply of a batch to m's saga, in a span of its
+// own.
+func (m *machine) applyReply(r reply, md message.Metadata) error {
+	m.fenced = false
+	var span *tracing.Span
+	m.ctx, span = startTransition(m.ctx, "reply", r.sagaID, r.step, md) // tracing.go
+	err := m.onReply(r)
+	span.End(err)
+	return err
+}
+
+// parseReplies parses msgs: a message that is not a saga reply, or has no
+// usable event id, is poisoned in res and has no reply (nil).
+func parseReplies(msgs []*message.Message, res *BatchResult) []*reply {
+	replies := make([]*reply, len(msgs))
+	for i, msg := range msgs {
+		r, err := parseReply(msg.Metadata, msg.Payload)
+		if err != nil {
+			res.Poisoned[i] = fmt.Errorf("message %s: %w", msg.UUID, err)
+			continue
+		}
+		id, err := inbox.DefaultEventID(msg)
+		if err == nil {
+			_, err = uuid.Parse(id) // MarkTx would refuse it: poison it alone
+		}
+		if err != nil {
+			res.Poisoned[i] = core.Permanent(fmt.Errorf("%w: message %q: event id %q", inbox.ErrNoEventID, msg.UUID, id))
+			continue
+		}
+		r.eventID = msg.UUID
+		replies[i] = &r
+	}
+	return replies
+}
+
+// markAndLock records the dedup marks of the replies in one statement (the
+// inbox's MarkTx), drops the duplicates from replies (a mark that existed,
+// or repeats within the batch), and locks the batch's sagas in id order,
+// so that concurrent batches never deadlock. The lock goes in the marks'
+// round trip: the sagas of duplicates are locked too, and left as they
+// are. It returns nil when no reply is left to apply.
+func (o *Orchestrator) markAndLock(ctx context.Context, tx pgx.Tx, msgs []*message.Message, replies []*reply, res *BatchResult) ([]*Instance, error) {
+	var marked []*message.Message // the replies' messages, in order
+	var markedAt []int            // their index in msgs
+	var candidates []string
+	seen := map[string]bool{}
+	for i, r := range replies {
+		if r == nil {
+			continue
+		}
+		marked, markedAt = append(marked, msgs[i]), append(markedAt, i)
+		if !seen[r.sagaID] {
+			seen[r.sagaID] = true
+			candidates = append(candidates, r.sagaID)
+		}
+	}
+	if len(marked) == 0 {
+		return nil, nil
+	}
+	mt := &markThenLock{Tx: tx, lock: o.sql.lockMany, ids: candidates}
+	fresh, err := o.dedup.MarkTx(ctx, mt, marked...)
+	if err != nil {
+		return nil, fmt.Errorf("saga: record dedup marks: %w", err)
+	}
+	var sagaIDs []string
+	seen = map[string]bool{}
+	for k, i := range markedAt {
+		if !fresh[k] {
+			replies[i] = nil
+			res.Duplicates++
+			continue
+		}
+		if id := replies[i].sagaID; !seen[id] {
+			seen[id] = true
+			sagaIDs = append(sagaIDs, id)
+		}
+	}
+	locked, err := mt.locked, mt.err
+	if !mt.sent {
+		locked, err = queryInstances(ctx, tx, o.sql.lockMany, sagaIDs)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("saga: lock sagas: %w", err)
+	}
+	return locked, nil
 }
 
 // markThenLock is a batch's transaction as the inbox's MarkTx sees it: its

@@ -350,154 +350,194 @@ func Fail(reason string) error {
 // saga" say) when ReplyTopic is not set. Register checks the topics
 // against the orchestrator's Writer (WriterConfig.ValidateTopic).
 func Define[D any](spec Spec[D]) (*Definition[D], error) {
-	fail := func(format string, args ...any) (*Definition[D], error) {
-		return nil, fmt.Errorf("%w: saga %q v%d: %s", core.ErrConfig, spec.Type, spec.Version, fmt.Sprintf(format, args...))
+	d, err := define(spec)
+	if err != nil {
+		return nil, fmt.Errorf("%w: saga %q v%d: %v", core.ErrConfig, spec.Type, spec.Version, err)
 	}
+	return &Definition[D]{def: d}, nil
+}
+
+// define checks spec and erases its types.
+func define[D any](spec Spec[D]) (*def, error) {
 	if err := checkName(spec.Type); err != nil {
-		return fail("type: %v", err)
+		return nil, fmt.Errorf("type: %v", err)
 	}
 	if spec.Version < 1 {
-		return fail("Version must be at least 1, got %d", spec.Version)
+		return nil, fmt.Errorf("Version must be at least 1, got %d", spec.Version)
 	}
 	if len(spec.Steps) == 0 {
-		return fail("no steps")
+		return nil, errors.New("no steps")
 	}
-	dflt := spec.Defaults
+	steps, err := withDefaults(spec.Steps, spec.Defaults)
+	if err != nil {
+		return nil, err
+	}
+	d := &def{typ: spec.Type, version: spec.Version, replyTopic: spec.ReplyTopic, deadline: spec.Deadline, pivot: -1}
+	if d.replyTopic == "" {
+		d.replyTopic = "saga." + spec.Type + ".replies"
+		if strings.IndexFunc(spec.Type, notPortable) >= 0 {
+			return nil, fmt.Errorf("Type makes the default reply topic %q, which brokers such as Kafka refuse (they take only a-z, A-Z, 0-9, '.', '_' and '-'): set ReplyTopic, or change the Type", d.replyTopic)
+		}
+	} else if err := checkTopic(d.replyTopic); err != nil {
+		return nil, fmt.Errorf("ReplyTopic: %v", err)
+	}
+	if d.deadline == 0 {
+		d.deadline = 24 * time.Hour
+	}
+	d.index = make(map[string]int, len(steps))
+	for i, s := range steps {
+		if err := checkName(s.Name); err != nil {
+			return nil, fmt.Errorf("step %d: name: %v", i, err)
+		}
+		if _, dup := d.index[s.Name]; dup {
+			return nil, fmt.Errorf("two steps are named %q", s.Name)
+		}
+		d.index[s.Name] = i
+		if err := checkShape(s); err != nil {
+			return nil, fmt.Errorf("step %q%v", s.Name, err)
+		}
+		if err := checkKind(s, i, &d.pivot, steps); err != nil {
+			return nil, err
+		}
+		d.steps = append(d.steps, eraseStep(s))
+	}
+	if err := setGroups(d, steps); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// withDefaults returns a copy of steps (the caller's stay as they are) with
+// dflt's timeout and retry policies where a step sets none.
+func withDefaults[D any](steps []Step[D], dflt StepDefaults) ([]Step[D], error) {
 	if dflt.Timeout < 0 || dflt.Retry.MaxAttempts < 0 || dflt.CompensationRetry.MaxAttempts < 0 ||
 		dflt.Retry.MinBackoff < 0 || dflt.Retry.MaxBackoff < 0 || dflt.CompensationRetry.MinBackoff < 0 || dflt.CompensationRetry.MaxBackoff < 0 {
-		return fail("Defaults: negative Timeout, MaxAttempts or backoff")
+		return nil, errors.New("Defaults: negative Timeout, MaxAttempts or backoff")
 	}
-	spec.Steps = append([]Step[D](nil), spec.Steps...) // the caller's steps stay as they are
-	for i := range spec.Steps {
-		s := &spec.Steps[i]
+	steps = append([]Step[D](nil), steps...)
+	for i := range steps {
+		s := &steps[i]
 		if s.Timeout == 0 {
 			s.Timeout = dflt.Timeout
 		}
 		s.Retry = s.Retry.inherit(dflt.Retry)
 		s.CompensationRetry = s.CompensationRetry.inherit(dflt.CompensationRetry)
 	}
-	d := &def{typ: spec.Type, version: spec.Version, replyTopic: spec.ReplyTopic, deadline: spec.Deadline}
-	if d.replyTopic == "" {
-		d.replyTopic = "saga." + spec.Type + ".replies"
-		if strings.IndexFunc(spec.Type, notPortable) >= 0 {
-			return fail("Type makes the default reply topic %q, which brokers such as Kafka refuse (they take only a-z, A-Z, 0-9, '.', '_' and '-'): set ReplyTopic, or change the Type", d.replyTopic)
+	return steps, nil
+}
+
+// checkShape checks what a step runs: a remote command, a local function
+// or a wait, with a compensation of its kind, and its timeout and retry
+// numbers. Its error follows the step's name.
+func checkShape[D any](s Step[D]) error {
+	remote, local, wait := s.Action != nil, s.Local != nil, s.Await != nil
+	switch {
+	case !remote && !local && !wait:
+		return errors.New(" has no command: set Action (remote), Local, or Await (a wait)")
+	case wait:
+		if err := checkAwait(s); err != nil { // await.go
+			return fmt.Errorf(": %v", err)
 		}
-	} else if err := checkTopic(d.replyTopic); err != nil {
-		return fail("ReplyTopic: %v", err)
+	case remote && local:
+		return errors.New(" has both Action and Local: a step is remote or local")
+	case remote && s.LocalCompensation != nil:
+		return errors.New(" is remote but has a LocalCompensation: use Compensation")
+	case local && s.Compensation != nil:
+		return errors.New(" is local but has a remote Compensation: use LocalCompensation")
+	case local && s.OnSuccess != nil:
+		return errors.New(" is local: OnSuccess applies to remote replies; change the data in Local")
 	}
-	if d.deadline == 0 {
-		d.deadline = 24 * time.Hour
+	if remote {
+		if s.Action.Topic == "" {
+			return errors.New(": Action.Topic is required")
+		}
+		if err := checkTopic(s.Action.Topic); err != nil {
+			return fmt.Errorf(": Action.Topic: %v", err)
+		}
+		if s.Compensation != nil && s.Compensation.Topic != "" {
+			if err := checkTopic(s.Compensation.Topic); err != nil {
+				return fmt.Errorf(": Compensation.Topic: %v", err)
+			}
+		}
 	}
-	d.index = make(map[string]int, len(spec.Steps))
-	pivot := -1
-	for i, s := range spec.Steps {
-		if err := checkName(s.Name); err != nil {
-			return fail("step %d: name: %v", i, err)
+	switch {
+	case s.OnTimeout < TimeoutRetry || s.OnTimeout > TimeoutStuck:
+		return fmt.Errorf(": unknown OnTimeout %d", s.OnTimeout)
+	case s.Timeout < 0:
+		return errors.New(": negative Timeout")
+	case s.Retry.MaxAttempts < 0 || s.CompensationRetry.MaxAttempts < 0:
+		return errors.New(": negative MaxAttempts")
+	case s.Retry.MinBackoff < 0 || s.Retry.MaxBackoff < 0 || s.CompensationRetry.MinBackoff < 0 || s.CompensationRetry.MaxBackoff < 0:
+		return errors.New(": negative backoff")
+	}
+	return nil
+}
+
+// checkKind checks the place of step i (s) among steps for its Kind:
+// compensatable steps first, at most one pivot (set in *pivot), retriable
+// steps after it.
+func checkKind[D any](s Step[D], i int, pivot *int, steps []Step[D]) error {
+	compensable := s.Compensation != nil || s.LocalCompensation != nil
+	switch s.Kind {
+	case Compensatable:
+		if *pivot >= 0 {
+			return fmt.Errorf("compensatable step %q comes after the pivot %q: a saga never compensates after its pivot", s.Name, steps[*pivot].Name)
 		}
-		if _, dup := d.index[s.Name]; dup {
-			return fail("two steps are named %q", s.Name)
+	case Pivot:
+		if *pivot >= 0 {
+			return fmt.Errorf("step %q is a second pivot (the first is %q)", s.Name, steps[*pivot].Name)
 		}
-		d.index[s.Name] = i
-		remote, local, wait := s.Action != nil, s.Local != nil, s.Await != nil
-		switch {
-		case !remote && !local && !wait:
-			return fail("step %q has no command: set Action (remote), Local, or Await (a wait)", s.Name)
-		case wait:
-			if err := checkAwait(s); err != nil { // await.go
-				return fail("step %q: %v", s.Name, err)
-			}
-		case remote && local:
-			return fail("step %q has both Action and Local: a step is remote or local", s.Name)
-		case remote && s.LocalCompensation != nil:
-			return fail("step %q is remote but has a LocalCompensation: use Compensation", s.Name)
-		case local && s.Compensation != nil:
-			return fail("step %q is local but has a remote Compensation: use LocalCompensation", s.Name)
-		case local && s.OnSuccess != nil:
-			return fail("step %q is local: OnSuccess applies to remote replies; change the data in Local", s.Name)
+		if compensable {
+			return fmt.Errorf("pivot step %q has a compensation: the pivot is the point of no return", s.Name)
 		}
-		if remote {
-			if s.Action.Topic == "" {
-				return fail("step %q: Action.Topic is required", s.Name)
-			}
-			if err := checkTopic(s.Action.Topic); err != nil {
-				return fail("step %q: Action.Topic: %v", s.Name, err)
-			}
-			if s.Compensation != nil && s.Compensation.Topic != "" {
-				if err := checkTopic(s.Compensation.Topic); err != nil {
-					return fail("step %q: Compensation.Topic: %v", s.Name, err)
-				}
-			}
-		}
-		compensable := s.Compensation != nil || s.LocalCompensation != nil
-		switch s.Kind {
-		case Compensatable:
-			if pivot >= 0 {
-				return fail("compensatable step %q comes after the pivot %q: a saga never compensates after its pivot", s.Name, spec.Steps[pivot].Name)
-			}
-		case Pivot:
-			if pivot >= 0 {
-				return fail("step %q is a second pivot (the first is %q)", s.Name, spec.Steps[pivot].Name)
-			}
-			if compensable {
-				return fail("pivot step %q has a compensation: the pivot is the point of no return", s.Name)
-			}
-			pivot = i
-		case Retriable:
-			if pivot < 0 {
-				return fail("retriable step %q comes before any pivot: retriable steps follow the pivot", s.Name)
-			}
-			if compensable {
-				return fail("retriable step %q has a compensation: steps after the pivot are never compensated", s.Name)
-			}
-			if s.Retry.MaxAttempts == 0 && !wait {
-				return fail("retriable step %q has no retry policy (set its Retry.MaxAttempts, or Spec.Defaults.Retry.MaxAttempts)", s.Name)
-			}
-			if s.OnTimeout == TimeoutCompensate {
-				return fail("retriable step %q: OnTimeout is TimeoutCompensate, but steps after the pivot never compensate", s.Name)
-			}
-		default:
-			return fail("step %q: Kind is required (Compensatable, Pivot or Retriable)", s.Name)
-		}
-		if s.OnTimeout < TimeoutRetry || s.OnTimeout > TimeoutStuck {
-			return fail("step %q: unknown OnTimeout %d", s.Name, s.OnTimeout)
-		}
-		if s.Kind == Pivot && s.OnTimeout == TimeoutCompensate {
+		if s.OnTimeout == TimeoutCompensate {
 			// A pivot that timed out may have taken effect; it cannot be
 			// undone, so only the steps before it would be.
-			return fail("pivot step %q: OnTimeout TimeoutCompensate would compensate around a pivot that may have taken effect; use TimeoutRetry or TimeoutStuck", s.Name)
+			return fmt.Errorf("pivot step %q: OnTimeout TimeoutCompensate would compensate around a pivot that may have taken effect; use TimeoutRetry or TimeoutStuck", s.Name)
 		}
-		if s.Timeout < 0 {
-			return fail("step %q: negative Timeout", s.Name)
+		*pivot = i
+	case Retriable:
+		if *pivot < 0 {
+			return fmt.Errorf("retriable step %q comes before any pivot: retriable steps follow the pivot", s.Name)
 		}
-		if s.Retry.MaxAttempts < 0 || s.CompensationRetry.MaxAttempts < 0 {
-			return fail("step %q: negative MaxAttempts", s.Name)
+		if compensable {
+			return fmt.Errorf("retriable step %q has a compensation: steps after the pivot are never compensated", s.Name)
 		}
-		if s.Retry.MinBackoff < 0 || s.Retry.MaxBackoff < 0 || s.CompensationRetry.MinBackoff < 0 || s.CompensationRetry.MaxBackoff < 0 {
-			return fail("step %q: negative backoff", s.Name)
+		if s.Retry.MaxAttempts == 0 && s.Await == nil {
+			return fmt.Errorf("retriable step %q has no retry policy (set its Retry.MaxAttempts, or Spec.Defaults.Retry.MaxAttempts)", s.Name)
 		}
-		d.steps = append(d.steps, eraseStep(s))
+		if s.OnTimeout == TimeoutCompensate {
+			return fmt.Errorf("retriable step %q: OnTimeout is TimeoutCompensate, but steps after the pivot never compensate", s.Name)
+		}
+	default:
+		return fmt.Errorf("step %q: Kind is required (Compensatable, Pivot or Retriable)", s.Name)
 	}
-	d.pivot = pivot
+	return nil
+}
+
+// setGroups checks the parallel groups of steps (adjacent steps with the
+// same Group, all compensatable or all retriable) and records them in d.
+func setGroups[D any](d *def, steps []Step[D]) error {
 	d.groups = map[string][2]int{}
-	for i := 0; i < len(spec.Steps); {
-		g := spec.Steps[i].Group
+	for i := 0; i < len(steps); {
+		g := steps[i].Group
 		if g == "" {
 			i++
 			continue
 		}
 		if err := checkName(g); err != nil {
-			return fail("group of step %q: %v", spec.Steps[i].Name, err)
+			return fmt.Errorf("group of step %q: %v", steps[i].Name, err)
 		}
 		if _, clash := d.index[g]; clash {
-			return fail("group %q has the name of a step", g)
+			return fmt.Errorf("group %q has the name of a step", g)
 		}
 		if _, seen := d.groups[g]; seen {
-			return fail("group %q is split: its steps must be adjacent", g)
+			return fmt.Errorf("group %q is split: its steps must be adjacent", g)
 		}
 		j := i
-		for j < len(spec.Steps) && spec.Steps[j].Group == g {
-			if k := spec.Steps[j].Kind; k == Pivot || k != spec.Steps[i].Kind {
-				return fail("group %q: step %q is %s; a group's steps are all compensatable or all retriable, never the pivot", g, spec.Steps[j].Name, k)
+		for j < len(steps) && steps[j].Group == g {
+			if k := steps[j].Kind; k == Pivot || k != steps[i].Kind {
+				return fmt.Errorf("group %q: step %q is %s; a group's steps are all compensatable or all retriable, never the pivot", g, steps[j].Name, k)
 			}
 			d.steps[j].group = g
 			j++
@@ -505,7 +545,7 @@ func Define[D any](spec Spec[D]) (*Definition[D], error) {
 		d.groups[g] = [2]int{i, j}
 		i = j
 	}
-	return &Definition[D]{def: d}, nil
+	return nil
 }
 
 func checkName(s string) error {

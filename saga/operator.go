@@ -345,6 +345,73 @@ func (o *Orchestrator) refused(ctx context.Context, tx pgx.Tx, in *Instance, cau
 		step: in.Step, actor: r.Operator, reason: r.Reason, status: string(in.Status), detail: detail}})
 }
 
+// applyPending applies the pending request of saga in, locked in tx,
+// under a savepoint: applied, or refused (recorded, audited), and either
+// way cleared and counted for its bulk operation (settled). A technical
+// failure rolls it back alone and leaves it pending (not settled), joined
+// into *failed, unless it failed too often in a row, when it is dropped as
+// refused. The returned error is the transaction's.
+func (o *Orchestrator) applyPending(ctx context.Context, tx pgx.Tx, in *Instance, failed *error) (after []func(), settled bool, _ error) {
+	r := in.Request
+	by := r.actor()
+	sp, err := tx.Begin(ctx) // a savepoint: a refused action leaves nothing behind
+	if err != nil {
+		return nil, false, err
+	}
+	// refused is the outcome for a bulk operation: nil when applied.
+	var refused error
+	err = checkAction(in, r.Action, by) // it has ended, say, before it is stale
+	if err == nil {
+		err = stale(in, r)
+	}
+	if err == nil {
+		after, err = o.applyRequest(ctx, sp, in.ID, by, r.Action)
+	}
+	switch {
+	case err == nil:
+		if err := sp.Commit(ctx); err != nil {
+			return nil, false, err
+		}
+	case refusal(err):
+		refused = err
+		if err := sp.Rollback(ctx); err != nil {
+			return nil, false, err
+		}
+		if err := o.refused(ctx, tx, in, refused); err != nil {
+			return nil, false, err
+		}
+		count, err := o.auditSaga(ctx, tx, by, string(r.Action), audit.Refused, in, state(in), nil, map[string]string{"error": refused.Error()})
+		if err != nil {
+			return nil, false, err
+		}
+		after = append(after, count)
+	default:
+		// A technical failure: this request alone is rolled back and stays
+		// pending for the next pass, and is dropped after
+		// Config.MaxTimerFailures in a row (timer.go).
+		err = fmt.Errorf("saga %s: apply operator request (%s by %s): %w", in.ID, r.Action, r.Operator, err)
+		if rerr := sp.Rollback(ctx); rerr != nil || ctx.Err() != nil {
+			return nil, false, errors.Join(err, rerr)
+		}
+		*failed = errors.Join(*failed, skipped{err}) // timer.go
+		dropped, ferr := o.requestFailed(ctx, tx, in, err)
+		if ferr != nil {
+			return nil, false, errors.Join(err, ferr)
+		}
+		if !dropped {
+			return nil, false, nil
+		}
+		refused = err
+	}
+	if err := o.bulkOutcome(ctx, tx, in, r, refused); err != nil { // bulk.go
+		return nil, false, err
+	}
+	if _, err := tx.Exec(ctx, o.sql.clearRequest, in.ID); err != nil {
+		return nil, false, fmt.Errorf("saga %s: clear operator request: %w", in.ID, err)
+	}
+	return after, true, nil
+}
+
 // applyRequests applies the pending operator requests of at most
 // ClaimBatch sagas of the registered types and versions (during a rolling
 // deploy, an orchestrator without a saga's version leaves its request to
@@ -378,63 +445,12 @@ func (o *Orchestrator) applyRequests(ctx context.Context) (int, error) {
 			return fmt.Errorf("saga: claim operator requests: %w", err)
 		}
 		for _, in := range pending {
-			r := in.Request
-			by := r.actor()
-			sp, err := tx.Begin(ctx) // a savepoint: a refused action leaves nothing behind
+			after, settled, err := o.applyPending(ctx, tx, in, &failed)
 			if err != nil {
 				return err
 			}
-			var after []func()
-			// refused is the outcome for a bulk operation: nil when applied.
-			var refused error
-			err = checkAction(in, r.Action, by) // it has ended, say, before it is stale
-			if err == nil {
-				err = stale(in, r)
-			}
-			if err == nil {
-				after, err = o.applyRequest(ctx, sp, in.ID, by, r.Action)
-			}
-			switch {
-			case err == nil:
-				if err := sp.Commit(ctx); err != nil {
-					return err
-				}
-			case refusal(err):
-				refused = err
-				if err := sp.Rollback(ctx); err != nil {
-					return err
-				}
-				if err := o.refused(ctx, tx, in, refused); err != nil {
-					return err
-				}
-				count, err := o.auditSaga(ctx, tx, by, string(r.Action), audit.Refused, in, state(in), nil, map[string]string{"error": refused.Error()})
-				if err != nil {
-					return err
-				}
-				after = append(after, count)
-			default:
-				// A technical failure: this request alone is rolled back
-				// and stays pending for the next pass, and is dropped
-				// after Config.MaxTimerFailures in a row (timer.go).
-				err = fmt.Errorf("saga %s: apply operator request (%s by %s): %w", in.ID, r.Action, r.Operator, err)
-				if rerr := sp.Rollback(ctx); rerr != nil || ctx.Err() != nil {
-					return errors.Join(err, rerr)
-				}
-				failed = errors.Join(failed, skipped{err}) // timer.go
-				dropped, ferr := o.requestFailed(ctx, tx, in, err)
-				if ferr != nil {
-					return errors.Join(err, ferr)
-				}
-				if !dropped {
-					continue
-				}
-				refused = err
-			}
-			if err := o.bulkOutcome(ctx, tx, in, r, refused); err != nil { // bulk.go
-				return err
-			}
-			if _, err := tx.Exec(ctx, o.sql.clearRequest, in.ID); err != nil {
-				return fmt.Errorf("saga %s: clear operator request: %w", in.ID, err)
+			if !settled {
+				continue
 			}
 			if err := o.callHook(ctx, HookBeforeCommit, in.ID); err != nil {
 				return err

@@ -94,34 +94,13 @@ type kit struct {
 // database, a broker or a participant that never answered), not that a
 // case failed.
 func RunKit(ctx context.Context, cfg KitConfig) (results []Result, err error) {
-	switch {
-	case len(cfg.Brokers) == 0, cfg.Topic == "", cfg.Pool == nil, cfg.Schema == "", cfg.Run == "":
-		return nil, fmt.Errorf("%w: conform: Brokers, Topic, Pool, Schema and Run are required", core.ErrConfig)
-	}
-	if cfg.ReplyTopic == "" {
-		cfg.ReplyTopic = cfg.Topic + ".replies"
-	}
-	if cfg.PoisonTopic == "" {
-		cfg.PoisonTopic = cfg.Topic + ".poison"
-	}
-	if cfg.Effects == "" {
-		cfg.Effects = EffectsQuery(cfg.Schema)
-	}
-	if cfg.Timeout == 0 {
-		cfg.Timeout = 2 * time.Minute
-	}
-	if cfg.Log == nil {
-		cfg.Log = io.Discard
-	}
-	cases, err := Cases()
+	cfg, err = cfg.withDefaults()
 	if err != nil {
 		return nil, err
 	}
-	if len(cfg.Cases) > 0 {
-		cases = slices.DeleteFunc(cases, func(c Case) bool { return !slices.Contains(cfg.Cases, c.Name) })
-		if len(cases) != len(cfg.Cases) {
-			return nil, fmt.Errorf("%w: conform: unknown case among %v", core.ErrConfig, cfg.Cases)
-		}
+	cases, err := cfg.cases()
+	if err != nil {
+		return nil, err
 	}
 	k := &kit{cfg: cfg, runID: "conform-" + uuid.NewString()[:8], replies: map[string][]ObservedReply{},
 		poisoned: map[string]map[int]bool{}, changed: make(chan struct{})}
@@ -183,7 +162,8 @@ func RunKit(ctx context.Context, cfg KitConfig) (results []Result, err error) {
 	}
 	k.log("participant answered in %s", time.Since(start).Round(time.Millisecond))
 
-	// The cases that do not crash it, all at once: one saga each.
+	// The cases that do not crash it, all at once: one saga each; then the
+	// crash cases, one at a time.
 	var calm, crashing []Case
 	for _, c := range cases {
 		if c.Crashes() {
@@ -192,12 +172,63 @@ func RunKit(ctx context.Context, cfg KitConfig) (results []Result, err error) {
 			calm = append(calm, c)
 		}
 	}
-	start = time.Now()
+	if results, err = k.calmCases(ctx, calm); err != nil {
+		return nil, err
+	}
+	for _, c := range crashing {
+		results = append(results, k.crashCase(ctx, c))
+	}
+	return results, nil
+}
+
+// withDefaults checks cfg and fills in its defaults.
+func (cfg KitConfig) withDefaults() (KitConfig, error) {
+	switch {
+	case len(cfg.Brokers) == 0, cfg.Topic == "", cfg.Pool == nil, cfg.Schema == "", cfg.Run == "":
+		return cfg, fmt.Errorf("%w: conform: Brokers, Topic, Pool, Schema and Run are required", core.ErrConfig)
+	}
+	if cfg.ReplyTopic == "" {
+		cfg.ReplyTopic = cfg.Topic + ".replies"
+	}
+	if cfg.PoisonTopic == "" {
+		cfg.PoisonTopic = cfg.Topic + ".poison"
+	}
+	if cfg.Effects == "" {
+		cfg.Effects = EffectsQuery(cfg.Schema)
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 2 * time.Minute
+	}
+	if cfg.Log == nil {
+		cfg.Log = io.Discard
+	}
+	return cfg, nil
+}
+
+// cases returns the cases cfg names, or every case.
+func (cfg KitConfig) cases() ([]Case, error) {
+	cases, err := Cases()
+	if err != nil {
+		return nil, err
+	}
+	if len(cfg.Cases) > 0 {
+		cases = slices.DeleteFunc(cases, func(c Case) bool { return !slices.Contains(cfg.Cases, c.Name) })
+		if len(cases) != len(cfg.Cases) {
+			return nil, fmt.Errorf("%w: conform: unknown case among %v", core.ErrConfig, cfg.Cases)
+		}
+	}
+	return cases, nil
+}
+
+// calmCases runs the cases that do not crash the participant, all at
+// once, one saga each, and checks each.
+func (k *kit) calmCases(ctx context.Context, calm []Case) ([]Result, error) {
+	start := time.Now()
 	var sagas []string
 	for _, c := range calm {
 		id := k.sagaID(c)
 		sagas = append(sagas, id)
-		if err := k.produce(ctx, append(c.Records(id, cfg.ReplyTopic), Probe(id, cfg.ReplyTopic))...); err != nil {
+		if err := k.produce(ctx, append(c.Records(id, k.cfg.ReplyTopic), Probe(id, k.cfg.ReplyTopic))...); err != nil {
 			return nil, err
 		}
 	}
@@ -208,6 +239,7 @@ func RunKit(ctx context.Context, cfg KitConfig) (results []Result, err error) {
 		return nil, err
 	}
 	took := time.Since(start)
+	var results []Result
 	for _, c := range calm {
 		r := Result{Case: c.Name, Took: took}
 		if probeErr != nil && !k.probed(k.sagaID(c)) {
@@ -215,11 +247,6 @@ func RunKit(ctx context.Context, cfg KitConfig) (results []Result, err error) {
 		}
 		r.Problems = append(r.Problems, c.Check(k.sagaID(c), k.observed(k.sagaID(c), effects))...)
 		results = append(results, r)
-	}
-
-	// The crash cases, one at a time.
-	for _, c := range crashing {
-		results = append(results, k.crashCase(ctx, c))
 	}
 	return results, nil
 }

@@ -164,6 +164,16 @@ func checkEffect(in *saga.Instance, undone map[string]bool, step string, n int) 
 
 // checkSaga checks one saga's final state against its history.
 func checkSaga(in *saga.Instance, hist []saga.HistoryEntry) []string {
+	out := checkEnd(in)
+	if len(hist) == 0 {
+		return append(out, "no history")
+	}
+	return append(out, checkHistory(in, hist)...)
+}
+
+// checkEnd checks that the saga ended, completed or compensated, or is
+// visibly stuck with its reason, and has no timer left.
+func checkEnd(in *saga.Instance) []string {
 	var out []string
 	add := func(format string, args ...any) { out = append(out, fmt.Sprintf(format, args...)) }
 	switch in.Status {
@@ -187,9 +197,15 @@ func checkSaga(in *saga.Instance, hist []saga.HistoryEntry) []string {
 	default:
 		add("did not end: %s at step %q (%s)", in.Status, in.Step, in.LastError)
 	}
-	if len(hist) == 0 {
-		return append(out, "no history")
-	}
+	return out
+}
+
+// checkHistory checks the saga's history against itself and the saga: its
+// start and end, each command's attempts growing, each reply applied once
+// and to a command sent, and each step's state matching its last event.
+func checkHistory(in *saga.Instance, hist []saga.HistoryEntry) []string {
+	var out []string
+	add := func(format string, args ...any) { out = append(out, fmt.Sprintf(format, args...)) }
 	if hist[0].Event != "started" {
 		add("history starts with %q, not started", hist[0].Event)
 	}

@@ -131,21 +131,7 @@ func Explore(t testing.TB, cfg ExploreConfig, scenario Scenario) {
 // when every run kept the invariants, and an error when a run could not be
 // set up (the scenario failed, PostgreSQL is away).
 func FindFailure(ctx context.Context, cfg ExploreConfig, scenario Scenario) (*Failure, error) {
-	if cfg.Runs == 0 {
-		cfg.Runs = 100
-	}
-	if cfg.MaxShrinkRuns == 0 {
-		cfg.MaxShrinkRuns = 200
-	}
-	if cfg.Seed == 0 {
-		cfg.Seed = envSeed()
-	}
-	if cfg.Log == nil {
-		cfg.Log = func(string, ...any) {}
-	}
-	if cfg.Workers == 0 {
-		cfg.Workers = 2
-	}
+	cfg = cfg.withDefaults()
 	xs := make([]*explorer, cfg.Workers)
 	defer func() {
 		for _, x := range xs {
@@ -161,43 +147,84 @@ func FindFailure(ctx context.Context, cfg ExploreConfig, scenario Scenario) (*Fa
 		}
 		xs[i] = &explorer{ctx: ctx, env: e, cfg: cfg, scenario: scenario}
 	}
-	type job struct {
-		seed uint64
-		plan Faults
-	}
-	var jobs []job
+	var jobs []exploreJob
 	if cfg.Enumerate {
-		x := xs[0]
-		base, err := x.run(noFaults{})
-		if err != nil {
-			return nil, err
+		enumerated, f, err := xs[0].enumerate()
+		if err != nil || f != nil {
+			return f, err
 		}
-		if len(base.Violations) > 0 {
-			return x.fail(0, nil, base), nil
-		}
-		kinds := cfg.Random.Kinds
-		if len(kinds) == 0 {
-			kinds = AllFaults
-		}
-		for _, ev := range x.events {
-			for _, kind := range applies(ev.Kind) {
-				if !slices.Contains(kinds, kind) {
-					continue
-				}
-				if kind == Crash {
-					for p := saga.HookLoaded; p <= saga.HookAfterCommit; p++ {
-						jobs = append(jobs, job{plan: Script(CrashAt(p, ev))})
-					}
-					continue
-				}
-				jobs = append(jobs, job{plan: Script(Fault{Kind: kind, At: ev})})
-			}
-		}
+		jobs = enumerated
 	}
 	for i := range max(cfg.Runs, 0) {
 		seed := cfg.Seed + uint64(i)
-		jobs = append(jobs, job{seed: seed, plan: Random(seed, cfg.Random)})
+		jobs = append(jobs, exploreJob{seed: seed, plan: Random(seed, cfg.Random)})
 	}
+	return runJobs(xs, jobs, cfg.Log)
+}
+
+func (cfg ExploreConfig) withDefaults() ExploreConfig {
+	if cfg.Runs == 0 {
+		cfg.Runs = 100
+	}
+	if cfg.MaxShrinkRuns == 0 {
+		cfg.MaxShrinkRuns = 200
+	}
+	if cfg.Seed == 0 {
+		cfg.Seed = envSeed()
+	}
+	if cfg.Log == nil {
+		cfg.Log = func(string, ...any) {}
+	}
+	if cfg.Workers == 0 {
+		cfg.Workers = 2
+	}
+	return cfg
+}
+
+// exploreJob is one run of an exploration: a fault plan, and the seed of a
+// random one.
+type exploreJob struct {
+	seed uint64
+	plan Faults
+}
+
+// enumerate runs the scenario without faults and returns a job for each
+// fault of the configured kinds at each event of that run (each crash
+// point for a crash), or the failure of the run without faults.
+func (x *explorer) enumerate() ([]exploreJob, *Failure, error) {
+	base, err := x.run(noFaults{})
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(base.Violations) > 0 {
+		return nil, x.fail(0, nil, base), nil
+	}
+	kinds := x.cfg.Random.Kinds
+	if len(kinds) == 0 {
+		kinds = AllFaults
+	}
+	var jobs []exploreJob
+	for _, ev := range x.events {
+		for _, kind := range applies(ev.Kind) {
+			if !slices.Contains(kinds, kind) {
+				continue
+			}
+			if kind == Crash {
+				for p := saga.HookLoaded; p <= saga.HookAfterCommit; p++ {
+					jobs = append(jobs, exploreJob{plan: Script(CrashAt(p, ev))})
+				}
+				continue
+			}
+			jobs = append(jobs, exploreJob{plan: Script(Fault{Kind: kind, At: ev})})
+		}
+	}
+	return jobs, nil, nil
+}
+
+// runJobs runs jobs on the explorers, each taking the next, and returns
+// the failure of the first job (in order) that fails, shrunk, or nil; a
+// job after a failing one is not started.
+func runJobs(xs []*explorer, jobs []exploreJob, log func(string, ...any)) (*Failure, error) {
 	var (
 		next   atomic.Int64
 		mu     sync.Mutex
@@ -210,9 +237,7 @@ func FindFailure(ctx context.Context, cfg ExploreConfig, scenario Scenario) (*Fa
 		wg       sync.WaitGroup
 	)
 	for _, x := range xs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for {
 				i := int(next.Add(1) - 1)
 				mu.Lock()
@@ -231,10 +256,10 @@ func FindFailure(ctx context.Context, cfg ExploreConfig, scenario Scenario) (*Fa
 				}
 				mu.Unlock()
 				if err == nil {
-					cfg.Log("sagatest: run %d (seed %d): %d events, %d faults, %d violations", i, jobs[i].seed, r.Events, len(r.Faults), len(r.Violations))
+					log("sagatest: run %d (seed %d): %d events, %d faults, %d violations", i, jobs[i].seed, r.Events, len(r.Faults), len(r.Violations))
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	if setupErr != nil {
