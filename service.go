@@ -165,8 +165,7 @@ func New(pool *pgxpool.Pool, cfg Config) (_ *Service, err error) {
 		return nil, fmt.Errorf("service %s: %w", cfg.Name, err)
 	}
 	s.poison = newPoisonPublisher(pool, s.writer)
-	var relayMetrics *outbox.Metrics
-	if s.metrics, relayMetrics, err = s.registerMetrics(cfg); err != nil {
+	if s.metrics, err = s.registerMetrics(cfg); err != nil {
 		return nil, err
 	}
 
@@ -183,7 +182,7 @@ func New(pool *pgxpool.Pool, cfg Config) (_ *Service, err error) {
 		rc.Publisher = cfg.Publisher
 		rc.Logger = cmpLogger(rc.Logger, cfg.Logger)
 		if rc.Metrics == nil {
-			rc.Metrics = relayMetrics
+			rc.Metrics = s.metrics
 		}
 		if s.relay, err = outbox.NewRelay(pool, rc); err != nil {
 			return nil, fmt.Errorf("service %s: relay: %w", cfg.Name, err)
@@ -236,36 +235,30 @@ func cmpLogger(l, def watermill.LoggerAdapter) watermill.LoggerAdapter {
 	return l
 }
 
-// registerMetrics registers what the Service's parts do not register themselves
-// with cfg.Metrics: the relay's collector, its consumer group's lag and the
-// audit trail's counter. It
-// returns the Registerer the parts register with (labelled with the
-// service's name) and the relay's collector; nil without cfg.Metrics.
-func (s *Service) registerMetrics(cfg Config) (prometheus.Registerer, *outbox.Metrics, error) {
+// registerMetrics returns the Registerer the Service's parts register
+// their collectors with (cfg.Metrics, labelled with the service's name),
+// and registers there what no part registers itself: its consumer group's
+// lag and the audit trail's counter. It returns nil without cfg.Metrics.
+func (s *Service) registerMetrics(cfg Config) (prometheus.Registerer, error) {
 	if cfg.Metrics == nil {
-		return nil, nil, nil
+		return nil, nil
 	}
 	reg := prometheus.WrapRegistererWith(prometheus.Labels{"service": cfg.Name}, cfg.Metrics)
-	relay := outbox.NewMetrics(nil, nil)
-	collectors := []prometheus.Collector{relay}
 	if len(cfg.Brokers) > 0 {
 		lag, err := kafkalag.New(kafkalag.Config{Brokers: cfg.Brokers, Groups: []string{cfg.Name}})
 		if err != nil {
-			return nil, nil, fmt.Errorf("service %s: lag reader: %w", cfg.Name, err)
+			return nil, fmt.Errorf("service %s: lag reader: %w", cfg.Name, err)
 		}
 		s.owned = append(s.owned, closer(lag.Close))
-		collectors = append(collectors, lag.Collector())
-	}
-	for _, c := range collectors {
-		if err := reg.Register(c); err != nil {
-			return nil, nil, fmt.Errorf("%w: service %s: register metrics: %v", core.ErrConfig, cfg.Name, err)
+		if err := reg.Register(lag.Collector()); err != nil {
+			return nil, fmt.Errorf("%w: service %s: register metrics: %v", core.ErrConfig, cfg.Name, err)
 		}
 	}
 	// The operator actions this process records (internal/audit).
 	if err := audit.Register(reg); err != nil {
-		return nil, nil, fmt.Errorf("%w: service %s: register metrics: %v", core.ErrConfig, cfg.Name, err)
+		return nil, fmt.Errorf("%w: service %s: register metrics: %v", core.ErrConfig, cfg.Name, err)
 	}
-	return reg, relay, nil
+	return reg, nil
 }
 
 // Orchestrator returns the service's saga orchestrator: register the saga

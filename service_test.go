@@ -150,8 +150,8 @@ func TestRunCompletesASagaAndStopsOnCancel(t *testing.T) {
 		}
 		return in.Status == saga.StatusCompleted
 	})
-	// The service's metrics: its parts' counters and its consumer group's
-	// lag, labelled with its name.
+	// The service's metrics: its parts' counters, its outbox's backlog and
+	// its consumer group's lag, labelled with its name.
 	mfs, err := b.cfg.Metrics.(*prometheus.Registry).Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -166,7 +166,7 @@ func TestRunCompletesASagaAndStopsOnCancel(t *testing.T) {
 			}
 		}
 	}
-	for _, name := range []string{"millrace_saga_started_total", "millrace_compensation_actions_total", "millrace_outbox_published_total", "millrace_kafka_consumer_lag"} {
+	for _, name := range []string{"millrace_saga_started_total", "millrace_compensation_actions_total", "millrace_outbox_published_total", "millrace_outbox_pending", "millrace_outbox_oldest_pending_age_seconds", "millrace_kafka_consumer_lag"} {
 		if !families[name] {
 			t.Errorf("no %s of the service among %v", name, families)
 		}

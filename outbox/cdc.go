@@ -97,6 +97,9 @@ func NewCDCRelay(pool *pgxpool.Pool, cfg CDCRelayConfig) (*CDCRelay, error) {
 	if !slotName.MatchString(cfg.Slot) {
 		return nil, configError("CDCRelayConfig.Slot %q: use 1-61 lower-case letters, digits or underscores", cfg.Slot)
 	}
+	if m := sweeper.metrics; m != nil && m.admin != nil && m.admin.cdcSlot == "" {
+		m.admin.cdcSlot = cfg.Slot // the slot gauges read this relay's slot
+	}
 	repl := pool.Config().ConnConfig.Config.Copy()
 	params := map[string]string{}
 	for k, v := range repl.RuntimeParams {
@@ -212,7 +215,7 @@ func (c *CDCRelay) recoverSlot(ctx context.Context, lost, healthy []string) (str
 	c.log.Error("CDC REPLICATION SLOT INVALIDATED: the server dropped the WAL it held (it kept more than max_slot_wal_keep_size); "+
 		"creating a new slot and queuing every unpublished event from the log by state (nothing is lost; expect a scan of outbox_event and duplicates)",
 		nil, watermill.LogFields{"lost": strings.Join(lost, ",")})
-	c.cfg.Metrics.slotInvalidated()
+	c.sweeper.metrics.slotInvalidated()
 	target := ""
 	if len(healthy) > 0 {
 		target = healthy[0]
@@ -425,7 +428,7 @@ func (c *CDCRelay) handle(s *cdcStream, data []byte) error {
 // has ended, a batch the broker cannot take is not tried again.
 func (c *CDCRelay) flush(ctx context.Context, s *cdcStream, stop context.Context) error {
 	if len(s.rows) > 0 {
-		c.cfg.Metrics.slotAge(s.oldest)
+		c.sweeper.metrics.slotAge(s.oldest)
 		if err := c.publishRows(ctx, s, stop); err != nil {
 			return err
 		}
@@ -437,7 +440,7 @@ func (c *CDCRelay) flush(ctx context.Context, s *cdcStream, stop context.Context
 	} else {
 		s.oldest = time.Time{}
 	}
-	c.cfg.Metrics.slotAge(s.oldest)
+	c.sweeper.metrics.slotAge(s.oldest)
 	return c.sendStatus(s)
 }
 
@@ -463,7 +466,7 @@ func (c *CDCRelay) publishRows(ctx context.Context, s *cdcStream, stop context.C
 		if err != nil || outage == nil {
 			return err
 		}
-		c.cfg.Metrics.outage()
+		c.sweeper.metrics.outage()
 		if stop.Err() != nil {
 			return fmt.Errorf("outbox: CDC: stopped while the broker was unavailable (the batch is not confirmed and is streamed again): %w", outage)
 		}
@@ -660,7 +663,7 @@ func (c *CDCRelay) record(ctx context.Context, tx *pgx.Conn, out []pendingRow, f
 	if err := tx.SendBatch(bctx, b).Close(); err != nil {
 		return fmt.Errorf("outbox: CDC: record %d published, %d failed and %d held events: %w", len(published), len(back.ids), len(diverted), err)
 	}
-	c.cfg.Metrics.batch(len(published), back)
+	c.sweeper.metrics.batch(len(published), back)
 	if len(back.ids) > 0 || len(diverted) > 0 {
 		c.sweeper.signal()
 	}

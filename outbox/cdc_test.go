@@ -84,6 +84,12 @@ func startCDCRelay(t *testing.T, pool *pgxpool.Pool, cfg outbox.CDCRelayConfig) 
 	if err != nil {
 		t.Fatal(err)
 	}
+	runCDCRelay(t, r)
+}
+
+// runCDCRelay runs r until the test ends.
+func runCDCRelay(t *testing.T, r *outbox.CDCRelay) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
@@ -122,9 +128,7 @@ func TestCDCRelayDelivers(t *testing.T) {
 		t.Fatalf("the CDC writer wrote %d pending rows", n)
 	}
 	reg := prometheus.NewPedanticRegistry()
-	metrics := outbox.NewMetrics(b.admin, nil)
-	reg.MustRegister(metrics)
-	startCDCRelay(t, b.db.Pool, outbox.CDCRelayConfig{RelayConfig: outbox.RelayConfig{Schema: b.db.Schema, Publisher: newKafkaPublisher(t, brokers), Metrics: metrics, Logger: testLogger(t)}})
+	startCDCRelay(t, b.db.Pool, outbox.CDCRelayConfig{RelayConfig: outbox.RelayConfig{Schema: b.db.Schema, Publisher: newKafkaPublisher(t, brokers), Metrics: reg, Logger: testLogger(t)}})
 	more := writeSeqs(t, b.w, b.topic, 3000, 500, 50) // while it runs
 	c := consume(t, brokers, b.topic)
 	all := append(ids, more...)
@@ -476,8 +480,6 @@ func TestCDCInvalidatedSlotRecoveredWithoutLoss(t *testing.T) {
 		"max_slot_wal_keep_size=2MB", "min_wal_size=2MB", "max_wal_size=4MB")
 	b := cdcSetup(t, srv.DB(t, 8))
 	reg := prometheus.NewPedanticRegistry()
-	metrics := outbox.NewMetrics(b.admin, nil)
-	reg.MustRegister(metrics)
 
 	held := writeN(t, b.w, b.topic, 2000, 40) // no relay runs: the slot holds them
 	if _, err := b.db.Pool.Exec(ctx, `CREATE TABLE filler (pad text)`); err != nil {
@@ -490,11 +492,15 @@ func TestCDCInvalidatedSlotRecoveredWithoutLoss(t *testing.T) {
 		st, err := b.admin.SlotStats(ctx, "")
 		return err == nil && st.WALStatus == "lost"
 	})
+	after := writeSeqs(t, b.w, b.topic, 2000, 500, 40) // written to the lost slot
+	relay, err := outbox.NewCDCRelay(b.db.Pool, outbox.CDCRelayConfig{RelayConfig: outbox.RelayConfig{Schema: b.db.Schema, Publisher: newKafkaPublisher(t, brokers), Metrics: reg, PollInterval: 50 * time.Millisecond, Logger: testLogger(t)}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if !strings.Contains(gather(t, reg), "millrace_outbox_cdc_slot_invalidated 1") {
 		t.Fatalf("the invalidated slot is not reported:\n%s", gather(t, reg))
 	}
-	after := writeSeqs(t, b.w, b.topic, 2000, 500, 40) // written to the lost slot
-	startCDCRelay(t, b.db.Pool, outbox.CDCRelayConfig{RelayConfig: outbox.RelayConfig{Schema: b.db.Schema, Publisher: newKafkaPublisher(t, brokers), Metrics: metrics, PollInterval: 50 * time.Millisecond, Logger: testLogger(t)}})
+	runCDCRelay(t, relay)
 	c := consume(t, brokers, b.topic)
 	eventually(t, time.Minute, "the held events consumed", func() bool { return c.unique() == len(held)+len(after) })
 	streamed := writeSeqs(t, b.w, b.topic, 2500, 500, 40) // the new slot streams these

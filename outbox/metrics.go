@@ -2,15 +2,15 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Metrics counts what relays do and reads the size of the backlog, as a
-// Prometheus collector. Register it with a prometheus.Registerer and pass it
-// to RelayConfig.Metrics; one Metrics can serve several relays. A nil
-// *Metrics counts nothing.
+// metrics counts what relays do and reads the size of the backlog, as a
+// Prometheus collector registered with RelayConfig.metrics; relays that
+// share a Registerer share it. A nil *metrics counts nothing.
 //
 // The series, all prefixed millrace_outbox_:
 //
@@ -34,7 +34,7 @@ import (
 // The gauges are read at scrape time with Admin.Stats and Admin.SlotStats
 // (the slot of AdminConfig.CDCSlot; the three slot gauges are left out
 // while it does not exist): cheap queries, no count(*) over the log.
-type Metrics struct {
+type metrics struct {
 	published, failures, deadLettered, outages prometheus.Counter
 	slotInvalidations                          prometheus.Counter
 	slotAgeSeconds                             prometheus.Gauge
@@ -45,10 +45,27 @@ type Metrics struct {
 	lagDesc, activeDesc, lostDesc *prometheus.Desc
 }
 
-// NewMetrics returns the outbox's collector. admin, when not nil, feeds the
-// backlog gauges. constLabels (may be nil) are added to every series, for
-// example {"service": "orders"}.
-func NewMetrics(admin *Admin, constLabels prometheus.Labels) *Metrics {
+// registerMetrics registers the outbox's collector, whose backlog gauges
+// admin feeds, with reg, or returns the one another relay registered
+// there before.
+func registerMetrics(reg prometheus.Registerer, admin *Admin) (*metrics, error) {
+	m := newMetrics(admin)
+	if err := reg.Register(m); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(*metrics); ok {
+				return existing, nil
+			}
+		}
+		return nil, err
+	}
+	return m, nil
+}
+
+// newMetrics returns the outbox's collector; admin, when not nil, feeds the
+// backlog gauges.
+func newMetrics(admin *Admin) *metrics {
+	var constLabels prometheus.Labels
 	counter := func(name, help string) prometheus.Counter {
 		return prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "millrace", Subsystem: "outbox", Name: name, Help: help, ConstLabels: constLabels,
@@ -57,7 +74,7 @@ func NewMetrics(admin *Admin, constLabels prometheus.Labels) *Metrics {
 	gauge := func(name, help string) *prometheus.Desc {
 		return prometheus.NewDesc(prometheus.BuildFQName("millrace", "outbox", name), help, nil, constLabels)
 	}
-	return &Metrics{
+	return &metrics{
 		published:         counter("published_total", "Outbox events published."),
 		failures:          counter("failures_total", "Failed publish attempts of single outbox events."),
 		deadLettered:      counter("dead_lettered_total", "Outbox events moved to the dead-letter state."),
@@ -84,7 +101,7 @@ func NewMetrics(admin *Admin, constLabels prometheus.Labels) *Metrics {
 }
 
 // Describe implements prometheus.Collector.
-func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, c := range m.collectors() {
 		c.Describe(ch)
 	}
@@ -100,7 +117,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector. It reads the backlog gauges from
 // the database, waiting at most five seconds.
-func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
+func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	for _, c := range m.collectors() {
 		c.Collect(ch)
 	}
@@ -141,14 +158,14 @@ func boolGauge(b bool) float64 {
 	return 0
 }
 
-func (m *Metrics) collectors() []prometheus.Collector {
+func (m *metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.published, m.failures, m.deadLettered, m.outages, m.slotInvalidations, m.slotAgeSeconds, m.batchSize}
 }
 
 // batch counts a committed batch: published events reached the broker,
 // back went back to the pending set (failed, some dead-lettered); the
 // batch sent both.
-func (m *Metrics) batch(published int, back unclaimed) {
+func (m *metrics) batch(published int, back unclaimed) {
 	if m == nil {
 		return
 	}
@@ -160,14 +177,14 @@ func (m *Metrics) batch(published int, back unclaimed) {
 	m.deadLettered.Add(float64(back.died))
 }
 
-func (m *Metrics) outage() {
+func (m *metrics) outage() {
 	if m == nil {
 		return
 	}
 	m.outages.Inc()
 }
 
-func (m *Metrics) slotInvalidated() {
+func (m *metrics) slotInvalidated() {
 	if m == nil {
 		return
 	}
@@ -175,7 +192,7 @@ func (m *Metrics) slotInvalidated() {
 }
 
 // slotAge sets the age gauge to the time since oldest, 0 for the zero time.
-func (m *Metrics) slotAge(oldest time.Time) {
+func (m *metrics) slotAge(oldest time.Time) {
 	if m == nil {
 		return
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/backoff"
@@ -121,8 +122,13 @@ type RelayConfig struct {
 	// second, and those events are published again: a duplicate, never a
 	// loss, which consumers deduplicate anyway.
 	SyncCommit bool
-	// Metrics, if set, counts what the relay does.
-	Metrics *Metrics
+	// Metrics, when set, registers the relay's Prometheus collector with it:
+	// what it publishes, fails and dead-letters, its batch sizes, and the
+	// backlog (pending events and the age of the oldest, read at scrape
+	// time) and, for a CDCRelay, its slot; the package documentation lists
+	// the series. Relays sharing a Registerer share the collector. Defaults
+	// to nil: nothing counted.
+	Metrics prometheus.Registerer
 	// Logger receives the relay's logs. Defaults to DefaultLogger(): errors
 	// (a failed batch, a lost LISTEN connection, a dead-lettered event) go
 	// to slog.Default(), Info lines are logged at slog's Debug level. Set
@@ -200,9 +206,10 @@ func (c *RelayConfig) validate() error {
 // Delivery is at least once: a relay that dies after publishing and before
 // its mark commits leaves the batch pending, and it is published again.
 type Relay struct {
-	cfg  RelayConfig
-	pool *pgxpool.Pool
-	log  watermill.LoggerAdapter
+	cfg     RelayConfig
+	pool    *pgxpool.Pool
+	log     watermill.LoggerAdapter
+	metrics *metrics // nil: none
 
 	schema string
 
@@ -249,6 +256,15 @@ func NewRelay(pool *pgxpool.Pool, cfg RelayConfig) (*Relay, error) {
 		trail:   make(chan struct{}, 1),
 		held:    make([][]int16, cfg.Workers),
 		sql:     newRelaySQL(schema, cfg.SyncCommit, false),
+	}
+	if cfg.Metrics != nil {
+		admin, err := NewAdmin(pool, AdminConfig{Schema: schema})
+		if err == nil {
+			r.metrics, err = registerMetrics(cfg.Metrics, admin)
+		}
+		if err != nil {
+			return nil, configError("RelayConfig.Metrics: %w", err)
+		}
 	}
 	return r, nil
 }
@@ -440,7 +456,7 @@ func (r *Relay) backOff(ctx context.Context, w *worker, err error) {
 	w.empty = 0
 	wait := backoff.Exponential(w.outages, 50*time.Millisecond, r.cfg.OutageBackoffMax)
 	r.log.Error("Relay batch failed; retrying", err, watermill.LogFields{"worker": w.id, "retry_in": wait.String()})
-	r.cfg.Metrics.outage()
+	r.metrics.outage()
 	backoff.Sleep(ctx, wait)
 }
 
@@ -613,7 +629,7 @@ func (r *Relay) runBatch(ctx context.Context, worker, offset int, how look) (n i
 	if err != nil {
 		return 0, false, fmt.Errorf("outbox: commit batch of %d: %w", len(rows), err)
 	}
-	r.cfg.Metrics.batch(len(rows)-len(back.ids), back)
+	r.metrics.batch(len(rows)-len(back.ids), back)
 	if outage != nil {
 		// What went out is marked; the rest waits, uncharged, while the
 		// worker backs off.
