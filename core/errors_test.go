@@ -26,18 +26,3 @@ func TestPermanent(t *testing.T) {
 		t.Fatal("empty message")
 	}
 }
-
-func TestListParamsNormalize(t *testing.T) {
-	t.Parallel()
-	if p, err := (ListParams{}).Normalize(); err != nil || p.Limit != DefaultListLimit {
-		t.Fatalf("zero ListParams: %+v, %v", p, err)
-	}
-	if p, err := (ListParams{Limit: 3, AfterID: 7, Topic: "t"}).Normalize(); err != nil || p != (ListParams{Limit: 3, AfterID: 7, Topic: "t"}) {
-		t.Fatalf("set ListParams changed: %+v, %v", p, err)
-	}
-	for _, p := range []ListParams{{Limit: -1}, {AfterID: -1}} {
-		if _, err := p.Normalize(); !errors.Is(err, ErrInvalidListParams) {
-			t.Fatalf("%+v: %v, want ErrInvalidListParams", p, err)
-		}
-	}
-}

@@ -2,7 +2,6 @@ package core
 
 import (
 	"errors"
-	"fmt"
 	"time"
 )
 
@@ -33,18 +32,6 @@ type ListParams struct {
 	Topic string
 	// PartitionKey keeps only dead letters of this key. Defaults to any.
 	PartitionKey string
-}
-
-// Normalize returns p with its defaults applied, or an error wrapping
-// ErrInvalidListParams when Limit or AfterID is negative.
-func (p ListParams) Normalize() (ListParams, error) {
-	if p.Limit < 0 || p.AfterID < 0 {
-		return p, fmt.Errorf("%w: Limit %d and AfterID %d must not be negative", ErrInvalidListParams, p.Limit, p.AfterID)
-	}
-	if p.Limit == 0 {
-		p.Limit = DefaultListLimit
-	}
-	return p, nil
 }
 
 // DeadLetterQuery selects dead letters for a bulk requeue or discard, in

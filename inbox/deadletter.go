@@ -12,6 +12,7 @@ import (
 
 	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/audit"
+	"github.com/millrace/millrace/internal/bulk"
 	"github.com/millrace/millrace/internal/sqlident"
 )
 
@@ -105,7 +106,7 @@ type querier interface {
 }
 
 func (d *DeadLetters) listQ(ctx context.Context, tx querier, p core.ListParams) ([]DeadLetter, error) {
-	p, err := p.Normalize()
+	p, err := bulk.List(p)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: list dead letters of %s: %w", d.consumer, err)
 	}

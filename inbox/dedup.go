@@ -247,8 +247,8 @@ func init() {
 	}
 }
 
-// Consumer returns the consumer name.
-func (d *Deduplicator) Consumer() string { return d.consumer }
+// consumerName returns the consumer name.
+func (d *Deduplicator) consumerName() string { return d.consumer }
 
 // rollback rolls tx back even when ctx has ended, so the connection goes
 // back to the pool clean.

@@ -18,9 +18,9 @@ import (
 // Processor's OrderByKey is set.
 type PartitionKeyFunc func(msg *message.Message) string
 
-// DefaultPartitionKey returns metadata core.MetadataPartitionKey, else
+// defaultPartitionKey returns metadata core.MetadataPartitionKey, else
 // core.MetadataAggregateID, else "" (no order).
-func DefaultPartitionKey(msg *message.Message) string {
+func defaultPartitionKey(msg *message.Message) string {
 	if k := msg.Metadata.Get(core.MetadataPartitionKey); k != "" {
 		return k
 	}
@@ -38,7 +38,7 @@ type ReceiverConfig struct {
 	// Defaults to DefaultEventID: metadata "event_id", else the message UUID.
 	EventID EventIDFunc
 	// PartitionKey picks the key for per-key order. Defaults to
-	// DefaultPartitionKey.
+	// the metadata partition_key, else aggregate_id, else "" (no order).
 	PartitionKey PartitionKeyFunc
 }
 
@@ -68,7 +68,7 @@ func NewReceiver(pool *pgxpool.Pool, cfg ReceiverConfig) (*Receiver, error) {
 		cfg.EventID = DefaultEventID
 	}
 	if cfg.PartitionKey == nil {
-		cfg.PartitionKey = DefaultPartitionKey
+		cfg.PartitionKey = defaultPartitionKey
 	}
 	return &Receiver{
 		pool:         pool,

@@ -13,6 +13,7 @@ import (
 
 	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/audit"
+	"github.com/millrace/millrace/internal/bulk"
 	"github.com/millrace/millrace/internal/sqlident"
 )
 
@@ -118,12 +119,11 @@ type DeadLetter struct {
 }
 
 // List returns dead letters in row id order.
+// Negative Limit or AfterID is an error wrapping core.ErrInvalidListParams.
 func (a *Admin) List(ctx context.Context, p core.ListParams) ([]DeadLetter, error) {
-	if p.Limit < 0 || p.AfterID < 0 {
-		return nil, fmt.Errorf("outbox: list dead letters: Limit and AfterID must not be negative")
-	}
-	if p.Limit == 0 {
-		p.Limit = 100
+	p, err := bulk.List(p)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: list dead letters: %w", err)
 	}
 	rows, err := a.pool.Query(ctx, a.sql.listDead, p.AfterID, p.Topic, p.PartitionKey, p.Limit)
 	if err != nil {

@@ -237,8 +237,10 @@ func TestList(t *testing.T) {
 	if err != nil || len(none) != 0 {
 		t.Errorf("topic+key filter = %v, %v", none, err)
 	}
-	if _, err := b.admin.List(b.ctx, core.ListParams{Limit: -1}); err == nil {
-		t.Error("negative limit accepted")
+	for _, bad := range []core.ListParams{{Limit: -1}, {AfterID: -1}} {
+		if _, err := b.admin.List(b.ctx, bad); !errors.Is(err, core.ErrInvalidListParams) {
+			t.Errorf("List(%+v) = %v, want ErrInvalidListParams", bad, err)
+		}
 	}
 }
 

@@ -410,7 +410,7 @@ func TestConfigErrorsWrapErrConfig(t *testing.T) {
 	for field, cfg := range map[string]outbox.RelayConfig{
 		"Publisher":     {},
 		"Schema":        {Publisher: rec, Schema: "Bad-Schema"},
-		"BatchSize":     {Publisher: rec, BatchSize: outbox.MaxBatchSize + 1},
+		"BatchSize":     {Publisher: rec, BatchSize: 10_001},
 		"Workers":       {Publisher: rec, Workers: -1},
 		"RetryMax":      {Publisher: rec, RetryMin: time.Minute, RetryMax: time.Second},
 		"MaxAttempts":   {Publisher: rec, MaxAttempts: -1},
@@ -425,8 +425,8 @@ func TestConfigErrorsWrapErrConfig(t *testing.T) {
 	check("NewAdmin", "ReplayChunk", err)
 	_, err = outbox.NewAdmin(db.Pool, outbox.AdminConfig{Schema: "Bad-Schema"})
 	check("NewAdmin", "Schema", err)
-	if _, err := outbox.NewRelay(db.Pool, outbox.RelayConfig{Publisher: rec, BatchSize: outbox.MaxBatchSize}); err != nil {
-		t.Errorf("BatchSize = MaxBatchSize refused: %v", err)
+	if _, err := outbox.NewRelay(db.Pool, outbox.RelayConfig{Publisher: rec, BatchSize: 10_000}); err != nil {
+		t.Errorf("BatchSize = 10,000 refused: %v", err)
 	}
 }
 

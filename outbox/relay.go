@@ -24,10 +24,10 @@ import (
 	"github.com/millrace/millrace/internal/sqlident"
 )
 
-// MaxBatchSize is the largest RelayConfig.BatchSize: a batch is held in
+// maxBatchSize is the largest RelayConfig.BatchSize: a batch is held in
 // memory whole, and larger batches gain nothing (make bench: the drain rate
 // is flat from 1,000 up).
-const MaxBatchSize = 10_000
+const maxBatchSize = 10_000
 
 // TopicsPublisher is a publisher that also sends the messages of several
 // topics in one call (kafka.Publisher is one): the relay sends a batch
@@ -75,7 +75,7 @@ type RelayConfig struct {
 	// BatchSize is the most events claimed and published at once; with
 	// Workers it bounds the relay's memory (make bench: ~33 MiB peak RSS at
 	// 1000, ~44 MiB at 2000, 64 MiB at 4000, draining a 200k backlog). At
-	// most MaxBatchSize. Defaults to 2000.
+	// most 10,000. Defaults to 2000.
 	BatchSize int
 	// Workers is the number of batches in flight at once in this relay,
 	// each on its own lanes and its own pool connection, so that one batch
@@ -178,8 +178,8 @@ func (c *RelayConfig) validate() error {
 	switch {
 	case c.Publisher == nil:
 		return configError("RelayConfig.Publisher is required")
-	case c.BatchSize < 1 || c.BatchSize > MaxBatchSize:
-		return configError("RelayConfig.BatchSize must be in 1..%d, got %d", MaxBatchSize, c.BatchSize)
+	case c.BatchSize < 1 || c.BatchSize > maxBatchSize:
+		return configError("RelayConfig.BatchSize must be in 1..%d, got %d", maxBatchSize, c.BatchSize)
 	case c.Workers < 1:
 		return configError("RelayConfig.Workers must be positive, got %d", c.Workers)
 	case c.PollInterval < 0 || c.RetryMin < 0 || c.RetryMax < c.RetryMin || c.OutageBackoffMax < 0:

@@ -82,7 +82,7 @@ func TestListenBackoffResetsAfterAConnection(t *testing.T) {
 // it reads the process's allocation counter.
 func TestEmptyClaimAllocatesLittle(t *testing.T) {
 	db := pgtest.New(t)
-	r, err := NewRelay(db.Pool, RelayConfig{Schema: db.Schema, Publisher: discard{}, BatchSize: MaxBatchSize})
+	r, err := NewRelay(db.Pool, RelayConfig{Schema: db.Schema, Publisher: discard{}, BatchSize: maxBatchSize})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +105,7 @@ func TestEmptyClaimAllocatesLittle(t *testing.T) {
 		least = min(least, after.TotalAlloc-before.TotalAlloc)
 	}
 	if least > 256<<10 {
-		t.Fatalf("an empty claim with BatchSize %d allocated %d bytes", MaxBatchSize, least)
+		t.Fatalf("an empty claim with BatchSize %d allocated %d bytes", maxBatchSize, least)
 	}
 }
 

@@ -17,6 +17,19 @@ import (
 // a time (one transaction per page).
 const PageSize = 500
 
+// List returns p with its defaults applied (DefaultListLimit), or an error
+// wrapping core.ErrInvalidListParams when Limit or AfterID is negative:
+// the outbox's and the inboxes' listings read their params with it.
+func List(p core.ListParams) (core.ListParams, error) {
+	if p.Limit < 0 || p.AfterID < 0 {
+		return p, fmt.Errorf("%w: Limit %d and AfterID %d must not be negative", core.ErrInvalidListParams, p.Limit, p.AfterID)
+	}
+	if p.Limit == 0 {
+		p.Limit = core.DefaultListLimit
+	}
+	return p, nil
+}
+
 // Match returns whether a dead letter's text (its last error, a poison
 // reason) and time (when it died, was poisoned) satisfy a selection:
 // text matches the SQL LIKE pattern (any text when pattern is empty) and

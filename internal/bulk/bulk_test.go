@@ -92,3 +92,21 @@ func TestWalkPages(t *testing.T) {
 		}
 	}
 }
+
+// List fills in the default limit, keeps params that are set, and refuses
+// negative ones with core.ErrInvalidListParams.
+func TestListAppliesDefaultsAndRefusesNegatives(t *testing.T) {
+	t.Parallel()
+	if p, err := List(core.ListParams{}); err != nil || p.Limit != core.DefaultListLimit {
+		t.Fatalf("zero ListParams: %+v, %v", p, err)
+	}
+	set := core.ListParams{Limit: 3, AfterID: 7, Topic: "t", PartitionKey: "k"}
+	if p, err := List(set); err != nil || p != set {
+		t.Fatalf("set ListParams changed: %+v, %v", p, err)
+	}
+	for _, p := range []core.ListParams{{Limit: -1}, {AfterID: -1}} {
+		if _, err := List(p); !errors.Is(err, core.ErrInvalidListParams) {
+			t.Fatalf("%+v: %v, want ErrInvalidListParams", p, err)
+		}
+	}
+}
