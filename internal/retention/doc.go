@@ -31,10 +31,13 @@
 //     second time, a late action runs after its compensation (its effect
 //     is then never undone), and a compensation of an action that ran is
 //     taken for an empty one (the effect stays).
-//   - Completed, Compensated: an ended saga is removed with its history and
-//     stored events once it ended Completed (completed sagas) or
-//     Compensated (compensated sagas) ago; a saga that was ever stuck stays
-//     until both its outcome's window and Compensated have passed. A saga
+//   - Completed, Compensated: an ended saga is removed with its history,
+//     stored events, keys and attributes once it ended Completed (completed
+//     sagas) or Compensated (compensated sagas) ago; a saga that was ever
+//     stuck stays until both its outcome's window and Compensated have
+//     passed, and a child saga stays while its parent is there (the parent
+//     may still compensate it). An event sent by key that no saga held
+//     stays Compensated after it came. A saga
 //     in any other status (running, compensating, stuck, paused,
 //     scheduled, or one a later version adds) is never removed. A reply
 //     for a removed saga is recorded as fenced for an unknown saga and

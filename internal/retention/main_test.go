@@ -104,7 +104,7 @@ func exec(t testing.TB, db *pgtest.DB, sql string, args ...any) {
 func tables(db *pgtest.DB, sql string) string {
 	var r []string
 	for _, name := range []string{"outbox_event", "outbox_pending", "processed_event", "inbox_event", "compensation_barrier",
-		"saga_instance", "saga_history", "saga_event", "saga_bulk_item", "saga_bulk_operation", "audit_log"} {
+		"saga_instance", "saga_history", "saga_event", "saga_bulk_item", "saga_bulk_operation", "audit_log", "saga_attr"} {
 		r = append(r, "{"+name+"}", sqlident.Table(db.Schema, name))
 	}
 	return strings.NewReplacer(r...).Replace(sql)

@@ -325,6 +325,11 @@ func (c *Cleaner) cleanSagas(ctx context.Context, now time.Time) (int, error) {
 			from, fromID = last, lastID
 		}
 	}
+	// The events sent by key that no saga held: kept as long as a
+	// compensated saga's.
+	if _, err := c.deleteAll(ctx, c.sql.orphanEvents, stuckCutoff, c.batch.sagas); err != nil {
+		return total, fmt.Errorf("events no saga held: %w", err)
+	}
 	return total, nil
 }
 
@@ -368,6 +373,7 @@ func (c *Cleaner) probe(ctx context.Context) error {
 			{c.sql.inbox, []any{never, 0}},
 			{c.sql.barrier, []any{never, 0}},
 			{c.sql.sagas, []any{endedStatuses[0].status, neverTZ, "", never, never, 0}},
+			{c.sql.orphanEvents, []any{never, 0}},
 			{c.sql.bulkItems, []any{never, 0}},
 			{c.sql.bulk, []any{never}},
 			{c.sql.audit, []any{never, 0}},

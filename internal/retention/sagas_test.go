@@ -303,3 +303,47 @@ SELECT id, 'payment.confirmed', 'psp', '{"ref":"r"}', 'consumed', 'paid', now() 
 		t.Fatalf("the kept saga has %d events, want 1", n)
 	}
 }
+
+// A pass removes an ended saga's keys and attributes with it; keeps a
+// child saga, ended and past its window, while its parent is there (the
+// parent may still compensate it), and removes it once the parent is
+// gone; and removes the events sent by key that no saga held once they
+// are Compensated old.
+func TestPassRemovesAttributesAndKeepsChildrenOfLiveParents(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewWith(t, pgtest.Options{MaxConns: 2})
+	old := 40 * 24 * time.Hour
+	insertSagas(t, db, []testSaga{
+		{id: "old", status: saga.StatusCompleted, endedAge: old, history: 2},
+		{id: "parent", status: saga.StatusRunning, history: 2},
+		{id: "child", status: saga.StatusCompleted, endedAge: old, history: 2},
+		{id: "old-parent", status: saga.StatusCompleted, endedAge: time.Hour, history: 2},
+		{id: "old-child", status: saga.StatusCompleted, endedAge: old, history: 2},
+	})
+	exec(t, db, `UPDATE {saga_instance} SET parent = 'parent' WHERE id = 'child'`)
+	exec(t, db, `UPDATE {saga_instance} SET parent = 'old-parent' WHERE id = 'old-child'`)
+	exec(t, db, `INSERT INTO {saga_attr} (saga_id, name, type, kind, value, live, created_at)
+SELECT id, 'customer', 'order', 'text', 'ada', false, now() FROM unnest(ARRAY['old', 'child', 'parent']) id`)
+	exec(t, db, `INSERT INTO {saga_event} (saga_id, name, event_id, state, at, key_type, key_name, key_value)
+VALUES ('', 'paid', 'e-old', 'refused', now() - interval '40 days', 'order', 'payment_id', 'pi_1'),
+       ('', 'paid', 'e-new', 'refused', now() - interval '1 day', 'order', 'payment_id', 'pi_2')`)
+	if r := pass(t, newCleaner(t, db, Config{}, batchSizes{})); r != (Removed{Sagas: 1}) {
+		t.Fatalf("Pass removed %+v, want 1 saga (old)", r)
+	}
+	attrs := func(id string) int { return count(t, db, `SELECT count(*) FROM {saga_attr} WHERE saga_id = $1`, id) }
+	if n, m := attrs("old"), attrs("child"); n != 0 || m != 1 {
+		t.Fatalf("attributes left: %d of the removed saga (want 0), %d of the kept child (want 1)", n, m)
+	}
+	for _, id := range []string{"child", "old-child"} {
+		if count(t, db, `SELECT count(*) FROM {saga_instance} WHERE id = $1`, id) != 1 {
+			t.Fatalf("child %s removed while its parent is there", id)
+		}
+	}
+	if n := count(t, db, `SELECT count(*) FROM {saga_event} WHERE saga_id = ''`); n != 1 {
+		t.Fatalf("%d events no saga held left, want 1 (the recent one)", n)
+	}
+	exec(t, db, `DELETE FROM {saga_instance} WHERE id = 'old-parent'`)
+	if r := pass(t, newCleaner(t, db, Config{}, batchSizes{})); r != (Removed{Sagas: 1}) {
+		t.Fatalf("second Pass removed %+v, want 1 saga (old-child, its parent gone)", r)
+	}
+}

@@ -48,9 +48,15 @@ type statements struct {
 	// rows. A saga with a stuck line in its history (found on
 	// saga_history_stuck_idx, which holds only those lines) stays unless it
 	// also ended before $5. FOR UPDATE checks the status again on a row
-	// changed meanwhile. It returns the sagas removed and the last one's
-	// (ended_at, id).
+	// changed meanwhile. A child saga (parent set) stays while its parent
+	// is there: the parent may still compensate it (on the primary key).
+	// Their keys and attributes go with them (saga_attr's primary key).
+	// It returns the sagas removed and the last one's (ended_at, id).
 	sagas string
+
+	// orphanEvents removes up to $2 events sent by key that no saga held
+	// (saga_id '', on saga_event_once's prefix), stored before $1.
+	orphanEvents string
 
 	// bulkItems removes up to $2 records of bulk operations created before
 	// $1, found on the records' primary key (operation_id, saga_id); bulk
@@ -104,6 +110,7 @@ SELECT (SELECT count(*) FROM old), (SELECT count(*) FROM del)`, t("compensation_
        AND s.ended_at < $4
        AND (s.ended_at < $5
             OR NOT EXISTS (SELECT 1 FROM %[2]s h WHERE h.saga_id = s.id AND (h.event = 'stuck' OR h.status = 'stuck')))
+       AND (s.parent = '' OR NOT EXISTS (SELECT 1 FROM %[1]s p WHERE p.id = s.parent))
      ORDER BY s.ended_at, s.id
      LIMIT $6
        FOR UPDATE SKIP LOCKED
@@ -111,13 +118,18 @@ SELECT (SELECT count(*) FROM old), (SELECT count(*) FROM del)`, t("compensation_
     DELETE FROM %[2]s WHERE saga_id IN (SELECT id FROM old)
 ), e AS (
     DELETE FROM %[3]s WHERE saga_id IN (SELECT id FROM old)
+), a AS (
+    DELETE FROM %[4]s WHERE saga_id IN (SELECT id FROM old)
 ), s AS (
     DELETE FROM %[1]s WHERE id IN (SELECT id FROM old) RETURNING id
 ), last AS (
     SELECT ended_at, id FROM old ORDER BY ended_at DESC, id DESC LIMIT 1
 )
 SELECT (SELECT count(*) FROM s), (SELECT ended_at FROM last), coalesce((SELECT id FROM last), '')`,
-			t("saga_instance"), t("saga_history"), t("saga_event")),
+			t("saga_instance"), t("saga_history"), t("saga_event"), t("saga_attr")),
+
+		orphanEvents: fmt.Sprintf(`DELETE FROM %[1]s WHERE arrived = ANY(ARRAY(
+    SELECT arrived FROM %[1]s WHERE saga_id = '' AND at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED))`, t("saga_event")),
 
 		bulkItems: fmt.Sprintf(`DELETE FROM %[1]s WHERE (operation_id, saga_id) IN (
     SELECT i.operation_id, i.saga_id FROM %[1]s i JOIN %[2]s o ON o.id = i.operation_id
