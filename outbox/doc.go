@@ -130,7 +130,9 @@
 // holds, unless RelayConfig.SkipDeadLetteredKeys is set. A publisher's
 // failure names its message by UUID and topic (core.MessageError.Topic):
 // an event written to several topics (a fan-out) is one message per topic,
-// and only the copy that failed is retried or dead-lettered.
+// and only the copy that failed is retried or dead-lettered; the event's
+// copies on other topics do not wait behind it (later events of the key,
+// in every topic, do).
 //
 // How a failure is told apart from an outage: a batch in which every event
 // failed, each failure temporary, counts as an outage. A publisher that

@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/kafkatest"
 	"github.com/millrace/millrace/internal/pgtest"
 	"github.com/millrace/millrace/outbox"
@@ -136,5 +138,44 @@ func TestFanOutCopyRefusedByItsTopicIsTheOneDeadLettered(t *testing.T) {
 				t.Fatalf("the large topic got the event %d times, want once", n)
 			}
 		})
+	}
+}
+
+// A copy dead-lettered in a batch of its own (a stream batch or a claim
+// that split the event's copies) does not hold back its event's copy on
+// another topic, claimed after it: that copy is published. A later event
+// of the key still waits behind the dead letter, in every topic. (The copy
+// once waited behind its sibling's dead letter for good: a CDC batch that
+// split the copies left it pending.)
+func TestFanOutCopyIsNotHeldBehindItsSiblingsDeadLetter(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	w := newWriter(t, db)
+	id := fanOut(t, w, `{}`, "small", "large")
+	later := fanOut(t, w, `{}`, "large")
+	var first atomic.Bool
+	rec := &recorder{batchErrors: true}
+	rec.setFail(func(m *message.Message) error {
+		// BatchSize 1 claims in id order: the first call is the copy on
+		// "small", refused for good.
+		if m.UUID == id && first.CompareAndSwap(false, true) {
+			return core.Permanent(errors.New("message too large"))
+		}
+		return nil
+	})
+	startRelay(t, db, outbox.RelayConfig{Publisher: rec, BatchSize: 1, RetryMin: time.Millisecond, RetryMax: 5 * time.Millisecond, PollInterval: 10 * time.Millisecond})
+	eventually(t, 30*time.Second, "the copy on large published", func() bool {
+		published, _, _ := copyState(t, db, id, "large")
+		return published
+	})
+	if published, dead, _ := copyState(t, db, id, "small"); published || !dead {
+		t.Fatalf("the copy on small: published %v, dead %v; want dead", published, dead)
+	}
+	time.Sleep(300 * time.Millisecond) // thirty polls
+	if published, _, _ := copyState(t, db, later, "large"); published {
+		t.Fatal("a later event of the key went out past the dead letter")
+	}
+	if got := rec.ids(); got[id] != 1 || got[later] != 0 {
+		t.Fatalf("deliveries %v; want the event once (on large) and the later event not at all", got)
 	}
 }

@@ -30,7 +30,7 @@ type relaySQL struct {
 // stream (claimable).
 func newRelaySQL(schema string, syncCommit, handedOverOnly bool) relaySQL {
 	pending, events, lanes := sqlident.Table(schema, "outbox_pending"), sqlident.Table(schema, "outbox_event"), sqlident.Table(schema, "outbox_lane")
-	claimable := func(holdDead string) string { return claimable(pending, holdDead, handedOverOnly) }
+	claimable := func(holdDead string) string { return claimable(pending, events, holdDead, handedOverOnly) }
 	s := relaySQL{
 		lockLanes:      lockLanesSQL(pending, lanes, claimable),
 		claimNoted:     claimSQL(pending, events, notedLanes, "$1", "$2", claimable),
@@ -210,17 +210,23 @@ const (
 // dead) event of its key. The claim and the look for work in lockLanes
 // share it: a look that counted held events as work could lock only their
 // lanes, and leave the rest of the outbox waiting behind a dead letter.
+// Copies of one event on other topics (a fan-out) are not held behind the
+// copy that failed: they are not later events of its key, and a copy its
+// topic refuses for good would else keep the others from their topics
+// forever. The event ids are looked up only for a failing row of the key.
 //
 // With handedOverOnly (a CDC relay's polling half), only rows handed to
 // the pending set (next_attempt_at set: diverted or failed stream events,
 // requeued dead letters, replays, what a backfill queued) are claimable:
 // a row a polling Writer wrote (next_attempt_at null) is in the stream
 // too, and the stream publishes it in commit order with the others.
-func claimable(pending, holdDead string, handedOverOnly bool) string {
+func claimable(pending, events, holdDead string, handedOverOnly bool) string {
 	cond := fmt.Sprintf(`NOT q.dead AND (NOT q.blocked OR q.next_attempt_at <= now())
-       AND NOT EXISTS (SELECT 1 FROM %s b
+       AND NOT EXISTS (SELECT 1 FROM %[1]s b
                         WHERE b.blocked AND b.partition_key = q.partition_key AND b.id < q.id
-                          AND (NOT b.dead OR %s))`, pending, holdDead)
+                          AND (NOT b.dead OR %[3]s)
+                          AND (SELECT be.event_id FROM %[2]s be WHERE be.id = b.id)
+                              IS DISTINCT FROM (SELECT qe.event_id FROM %[2]s qe WHERE qe.id = q.id))`, pending, events, holdDead)
 	if handedOverOnly {
 		cond += " AND q.next_attempt_at IS NOT NULL"
 	}
