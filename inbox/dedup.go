@@ -26,7 +26,7 @@ type DedupConfig struct {
 	Consumer string
 	// EventID returns a message's event id, which must be a UUID.
 	// Defaults to DefaultEventID: metadata "event_id", else the message UUID.
-	EventID EventIDFunc
+	EventID func(msg *message.Message) (string, error)
 }
 
 // Deduplicator gives Watermill handlers exactly-once effects. Its
@@ -37,7 +37,7 @@ type DedupConfig struct {
 type Deduplicator struct {
 	pool     *pgxpool.Pool
 	consumer string
-	eventID  EventIDFunc
+	eventID  func(*message.Message) (string, error)
 	// beginAndMark is the BEGIN query; %s is the event id. It executes
 	// markSQL, prepared on each connection as markName.
 	beginAndMark, markSQL, markName string

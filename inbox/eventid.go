@@ -29,9 +29,6 @@ func configSchema(name string) (string, error) {
 	return s, nil
 }
 
-// EventIDFunc returns the event id of a message, which must be a UUID.
-type EventIDFunc func(msg *message.Message) (string, error)
-
 // DefaultEventID takes the id from metadata core.MetadataEventID
 // ("event_id", set by the outbox relay), falling back to the Watermill
 // message UUID when that metadata is absent.
@@ -44,7 +41,7 @@ func DefaultEventID(msg *message.Message) (string, error) {
 
 // eventID applies fn and checks the result is a UUID. The error wraps
 // ErrNoEventID and is permanent.
-func eventID(fn EventIDFunc, msg *message.Message) (uuid.UUID, error) {
+func eventID(fn func(*message.Message) (string, error), msg *message.Message) (uuid.UUID, error) {
 	s, err := fn(msg)
 	if err != nil {
 		return uuid.UUID{}, core.Permanent(fmt.Errorf("%w: message %q: %v", ErrNoEventID, msg.UUID, err))

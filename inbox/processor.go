@@ -18,21 +18,18 @@ import (
 	"github.com/millrace/millrace/internal/logging"
 )
 
-// HandlerFunc applies one inbox message. It runs inside tx, which also
-// marks the message processed: write the effects with tx (it is also in
-// msg.Context(), for the outbox's ContextPublisher). An error rolls back
-// what the handler wrote and schedules a retry; an error wrapped with
-// core.Permanent dead-letters the message at once.
-type HandlerFunc func(ctx context.Context, tx pgx.Tx, msg *message.Message) error
-
 // ProcessorConfig configures a Processor.
 type ProcessorConfig struct {
 	// Schema holds millrace's tables. Defaults to "millrace".
 	Schema string
 	// Consumer names the inbox, as given to the Receiver. Required.
 	Consumer string
-	// Handler applies one message. Required.
-	Handler HandlerFunc
+	// Handler applies one message. Required. It runs inside tx, which
+	// also marks the message processed: write the effects with tx (it is
+	// also in msg.Context(), for the outbox's ContextPublisher). An error
+	// rolls back what the handler wrote and schedules a retry; an error
+	// wrapped with core.Permanent dead-letters the message at once.
+	Handler func(ctx context.Context, tx pgx.Tx, msg *message.Message) error
 	// BatchSize is the number of rows claimed per transaction.
 	// Defaults to 100.
 	BatchSize int

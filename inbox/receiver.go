@@ -13,11 +13,6 @@ import (
 	"github.com/millrace/millrace/internal/sqlident"
 )
 
-// PartitionKeyFunc picks the partition key of a received message. Rows with
-// the same non-empty key are processed in arrival order when the
-// Processor's OrderByKey is set.
-type PartitionKeyFunc func(msg *message.Message) string
-
 // defaultPartitionKey returns metadata core.MetadataPartitionKey, else
 // core.MetadataAggregateID, else "" (no order).
 func defaultPartitionKey(msg *message.Message) string {
@@ -36,10 +31,12 @@ type ReceiverConfig struct {
 	Consumer string
 	// EventID returns a message's event id, which must be a UUID.
 	// Defaults to DefaultEventID: metadata "event_id", else the message UUID.
-	EventID EventIDFunc
-	// PartitionKey picks the key for per-key order. Defaults to
-	// the metadata partition_key, else aggregate_id, else "" (no order).
-	PartitionKey PartitionKeyFunc
+	EventID func(msg *message.Message) (string, error)
+	// PartitionKey picks the partition key of a received message: rows
+	// with the same non-empty key are processed in arrival order when the
+	// Processor's OrderByKey is set. Defaults to the metadata
+	// partition_key, else aggregate_id, else "" (no order).
+	PartitionKey func(msg *message.Message) string
 }
 
 // Receiver stores messages in the inbox (inbox_event) for a Processor to
@@ -49,8 +46,8 @@ type ReceiverConfig struct {
 type Receiver struct {
 	pool         *pgxpool.Pool
 	consumer     string
-	eventID      EventIDFunc
-	partitionKey PartitionKeyFunc
+	eventID      func(*message.Message) (string, error)
+	partitionKey func(*message.Message) string
 	insert       string
 }
 

@@ -199,8 +199,9 @@
 // missing topic's messages then fail at once, without waiting for the
 // cluster, until it is looked for again a second later.
 //
-// Errors that sending again later will fix say so: IsTemporary reports true
-// (they have a Temporary() bool method, which the outbox relay reads): the
+// Errors that sending again later will fix say so: they (or an error they
+// wrap) have a Temporary() bool method returning true, which the outbox
+// relay reads and charges no attempt for: the
 // brokers down or unreachable, timeouts, Kafka errors marked retriable
 // (NOT_LEADER_FOR_PARTITION, ...), ErrHeldBack, ErrClosed, and every error
 // not known to be a message's or its topic's fault (cluster-wide

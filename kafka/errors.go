@@ -59,15 +59,6 @@ func (e temporaryError) Temporary() bool { return true }
 
 func temporary(err error) error { return temporaryError{err} }
 
-// IsTemporary reports whether err, or an error it wraps, says it is
-// temporary (has a Temporary() bool method returning true), as the
-// Publisher's errors for outages, timeouts, leader elections and held-back
-// messages do. The outbox relay charges no attempt for such a failure.
-func IsTemporary(err error) bool {
-	var t interface{ Temporary() bool }
-	return errors.As(err, &t) && t.Temporary()
-}
-
 // classify turns the error of one record into what the Publisher reports:
 // permanent when sending the same record again cannot succeed (and, for
 // size, matching ErrMessageTooLarge), temporary when it can, a suspect when

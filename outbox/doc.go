@@ -27,7 +27,7 @@
 // sent: the transaction is untouched and can still commit; Writer.Validate
 // reports the same without writing; its error wraps ErrInvalidEvent, and
 // names the field. WriteTx with a nil transaction returns an error wrapping
-// ErrNoTx, with no events ErrNoEvents.
+// ErrNoTx, with no events one wrapping ErrInvalidEvent.
 //
 // What is written is what is delivered: the payload byte for byte (JSON is
 // stored as PostgreSQL json, which keeps the text as written: key order,
@@ -52,7 +52,7 @@
 // JSON and as bytes when it is not (content_type metadata
 // application/octet-stream or application/json decides explicitly). Both
 // publishers write with the message's context, and publishing no messages
-// returns ErrNoEvents, as WriteTx does. Watermill's conformance suite
+// returns an error wrapping ErrInvalidEvent, as WriteTx does. Watermill's conformance suite
 // (pubsub/tests) runs against this path: publish in a transaction, relay to
 // Kafka, read with watermill-kafka's subscriber.
 //

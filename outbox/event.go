@@ -94,8 +94,10 @@ var (
 	// one call (reported before anything is sent) or in an earlier write
 	// (reported by the database: the transaction is then aborted).
 	ErrDuplicateEvent = errors.New("outbox: event id already used on this topic")
-	ErrNoEvents       = errors.New("outbox: no events to write")
 )
+
+// errNoEvents is the error of a write of no events.
+var errNoEvents = fmt.Errorf("%w: no events to write", ErrInvalidEvent)
 
 // EventError is a problem with one event of a Write call. Nothing of the
 // call was written.

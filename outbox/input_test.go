@@ -366,7 +366,7 @@ func TestPublisherAcceptsPlainWatermillMessages(t *testing.T) {
 }
 
 // Both publishers write with the message's context, and both refuse an
-// empty Publish with ErrNoEvents, as WriteTx does.
+// empty Publish with an error wrapping ErrInvalidEvent, as WriteTx does.
 func TestPublishersAgreeOnContextAndEmptyCalls(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -385,12 +385,12 @@ func TestPublishersAgreeOnContextAndEmptyCalls(t *testing.T) {
 		if err := p.Publish("t", msg); !errors.Is(err, context.Canceled) {
 			t.Errorf("%s: Publish with a cancelled message context = %v, want context.Canceled", name, err)
 		}
-		if err := p.Publish("t"); !errors.Is(err, outbox.ErrNoEvents) {
-			t.Errorf("%s: Publish() = %v, want ErrNoEvents", name, err)
+		if err := p.Publish("t"); !errors.Is(err, outbox.ErrInvalidEvent) {
+			t.Errorf("%s: Publish() = %v, want ErrInvalidEvent", name, err)
 		}
 	}
-	if _, err := w.WriteTx(ctx, tx); !errors.Is(err, outbox.ErrNoEvents) {
-		t.Errorf("WriteTx() = %v, want ErrNoEvents", err)
+	if _, err := w.WriteTx(ctx, tx); !errors.Is(err, outbox.ErrInvalidEvent) {
+		t.Errorf("WriteTx() = %v, want ErrInvalidEvent", err)
 	}
 }
 

@@ -18,10 +18,6 @@ import (
 // context carries none (use core.ContextWithTx, or the inbox middleware).
 var ErrNoTx = errors.New("outbox: no transaction")
 
-// PartitionKeyFunc picks the partition key of a message published through
-// the outbox's Watermill publisher.
-type PartitionKeyFunc func(topic string, msg *message.Message) (string, error)
-
 // DefaultPartitionKey takes the partition key from the message metadata:
 // core.MetadataPartitionKey, else core.MetadataAggregateID, else
 // the message UUID. A message keyed by its UUID (a plain Watermill message,
@@ -49,7 +45,7 @@ func DefaultPartitionKey(_ string, msg *message.Message) (string, error) {
 // be a UUID; the same UUID may go to several topics, once per topic), the
 // topic is the event's topic, and the metadata travels as headers,
 // unchanged (metadata that cannot, such as text with NUL bytes, is refused
-// with an *EventError). The partition key comes from the PartitionKeyFunc
+// with an *EventError). The partition key comes from WithPartitionKey's function
 // (DefaultPartitionKey: partition_key or aggregate_id metadata, else the
 // UUID, with no ordering promise). The event type is metadata event_type,
 // else "name" (what Watermill's CQRS marshalers set); aggregate_type and
@@ -61,13 +57,13 @@ func DefaultPartitionKey(_ string, msg *message.Message) (string, error) {
 //
 // Publish writes with the message's context (Message.Context; the first
 // message's, for the messages of one transaction), as Watermill's
-// publishers do. Publish with no messages returns ErrNoEvents, like
+// publishers do. Publish with no messages returns an error wrapping ErrInvalidEvent, like
 // WriteTx: publishing nothing is more likely a bug than an intent.
 type Publisher struct {
 	w            *Writer
 	tx           pgx.Tx
 	bound        bool // TxPublisher: write into tx, whatever the message context says
-	partitionKey PartitionKeyFunc
+	partitionKey func(topic string, msg *message.Message) (string, error)
 }
 
 // TxPublisher returns a Publisher that writes into tx. Use it for the
@@ -86,7 +82,7 @@ func (w *Writer) ContextPublisher() *Publisher {
 // WithPartitionKey returns a copy of p that picks partition keys with fn.
 // A message's partition_key metadata, when set, must agree with the key fn
 // picks (it travels to the consumer as it is).
-func (p *Publisher) WithPartitionKey(fn PartitionKeyFunc) *Publisher {
+func (p *Publisher) WithPartitionKey(fn func(topic string, msg *message.Message) (string, error)) *Publisher {
 	c := *p
 	c.partitionKey = fn
 	return &c
@@ -98,7 +94,7 @@ func (p *Publisher) WithPartitionKey(fn PartitionKeyFunc) *Publisher {
 // anything is sent, so the transaction stays usable.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if len(msgs) == 0 {
-		return ErrNoEvents
+		return errNoEvents
 	}
 	events := make([]Event, len(msgs))
 	for i, msg := range msgs {

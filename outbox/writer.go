@@ -131,7 +131,7 @@ func (w *Writer) WriteTx(ctx context.Context, tx pgx.Tx, events ...Event) ([]str
 		return nil, fmt.Errorf("%w: WriteTx given a nil transaction", ErrNoTx)
 	}
 	if len(events) == 0 {
-		return nil, ErrNoEvents
+		return nil, errNoEvents
 	}
 	events = withTrace(ctx, events) // tracing.go: the caller's trace context, when tracing is on
 	rows, err := w.rows(events)

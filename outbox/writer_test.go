@@ -140,8 +140,8 @@ func TestWriteRefusesBadEvents(t *testing.T) {
 		}
 		tx.Rollback(ctx) //nolint:errcheck
 	}
-	if _, err := w.Write(ctx); !errors.Is(err, outbox.ErrNoEvents) {
-		t.Errorf("Write() = %v, want ErrNoEvents", err)
+	if _, err := w.Write(ctx); !errors.Is(err, outbox.ErrInvalidEvent) {
+		t.Errorf("Write() = %v, want ErrInvalidEvent", err)
 	}
 	// A duplicate event id is a database error: reported, nothing written.
 	id := "0190f1f0-0000-7000-8000-000000000001"
