@@ -197,7 +197,8 @@ func New(pool *pgxpool.Pool, cfg Config) (*Orchestrator, error) {
 	return o, nil
 }
 
-// Register adds definitions. Several versions of one type may be
+// Register adds definitions, and the definitions of their child steps
+// (Step.Child). Several versions of one type may be
 // registered at once: each instance runs on the version it started with.
 // Registering a type and version twice is an error wrapping
 // core.ErrConfig, unless it is the very same *Definition; so is a
@@ -206,7 +207,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Orchestrator, error) {
 func (o *Orchestrator) Register(defs ...Registrable) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	for _, r := range defs {
+	for _, r := range withChildren(defs) { // child.go
 		if r == nil {
 			return fmt.Errorf("%w: saga.Register: nil definition", core.ErrConfig)
 		}

@@ -211,7 +211,7 @@ func (o *Orchestrator) wake(ctx context.Context, tx pgx.Tx, in *Instance, now ti
 		mctx, span := startTransition(ctx, "timer", in.ID, in.Step, nil) // tracing.go
 		m := &machine{o: o, d: d, in: in, ctx: mctx, tx: tx, now: now}
 		var err error
-		if d.hasWaits() && in.Status != StatusScheduled {
+		if (d.hasWaits() || m.hasFamily()) && in.Status != StatusScheduled { // child.go
 			// Events no pass has applied yet come first (a saga that
 			// failed is left to this pass: see applyEvents); a wait that
 			// is overdue by then is timed out before they are filed.
