@@ -79,8 +79,8 @@ func checkChild[D any](s Step[D]) error {
 		return errors.New("a child step has no compensation of its own: compensating it compensates the child saga")
 	case s.Group != "":
 		return errors.New("a child step cannot be in a parallel group")
-	case s.OnTimeout != TimeoutRetry || s.Timeout != 0:
-		return errors.New("a child step has no Timeout or OnTimeout: the child saga has its own Deadline")
+	case s.OnTimeout != TimeoutRetry:
+		return errors.New("a child step has no OnTimeout: the child saga has its own Deadline")
 	}
 	if d := c.Definition.erased(); s.Kind == Compensatable && d.pivot >= 0 {
 		return fmt.Errorf("a compensatable child step compensates its child saga, but %s v%d has a pivot (%q) past which it never compensates", d.typ, d.version, d.steps[d.pivot].name)

@@ -183,8 +183,8 @@ type Step[D any] struct {
 	// Child makes the step start a child saga and complete when it ends
 	// (see Child). A child step has no Action, Local, Await, OnSuccess or
 	// compensation of its own (compensating it compensates the child),
-	// is in no parallel group, and Timeout and OnTimeout do not apply to
-	// it (the child has its own Spec.Deadline).
+	// is in no parallel group, and Timeout does not apply to it, nor may
+	// OnTimeout be set (the child has its own Spec.Deadline).
 	Child *Child[D]
 
 	// When, if set, is the step's condition: it is called with the data
