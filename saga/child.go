@@ -89,23 +89,7 @@ func checkChild[D any](s Step[D]) error {
 }
 
 func eraseChild[D any](c *Child[D]) *childDef {
-	cd := &childDef{def: c.Definition.erased()}
-	data := c.Data
-	cd.data = func(raw []byte) (_ []byte, err error) {
-		if data == nil {
-			return raw, nil
-		}
-		defer recoverInto(&err)
-		var d D
-		if err := json.Unmarshal(raw, &d); err != nil {
-			return nil, fmt.Errorf("saga: decode data: %w", err)
-		}
-		v, err := data(d)
-		if err != nil {
-			return nil, err
-		}
-		return json.Marshal(v)
-	}
+	cd := &childDef{def: c.Definition.erased(), data: erasePayload(c.Data)} // definition.go
 	if fn := c.OnDone; fn != nil {
 		cd.onDone = func(data, child []byte) ([]byte, error) {
 			return withData(data, func(d *D) error { return fn(d, child) })

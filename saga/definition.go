@@ -752,9 +752,14 @@ func eraseCommand[D any](step string, c *Command[D]) *command {
 	if name == "" {
 		name = step
 	}
-	payload := c.Payload
-	return &command{topic: c.Topic, name: name, payload: func(data []byte) (_ []byte, err error) {
-		if payload == nil {
+	return &command{topic: c.Topic, name: name, payload: erasePayload(c.Payload)}
+}
+
+// erasePayload erases fn, which builds a JSON value from the data: a nil
+// fn leaves the data as it is.
+func erasePayload[D any](fn func(data D) (any, error)) func(data []byte) ([]byte, error) {
+	return func(data []byte) (_ []byte, err error) {
+		if fn == nil {
 			return data, nil
 		}
 		defer recoverInto(&err)
@@ -762,12 +767,12 @@ func eraseCommand[D any](step string, c *Command[D]) *command {
 		if err := json.Unmarshal(data, &d); err != nil {
 			return nil, fmt.Errorf("saga: decode data: %w", err)
 		}
-		v, err := payload(d)
+		v, err := fn(d)
 		if err != nil {
 			return nil, err
 		}
 		return json.Marshal(v)
-	}}
+	}
 }
 
 // withData decodes data, runs fn on it and encodes the result.
