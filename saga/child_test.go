@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -77,7 +78,8 @@ func tripSpec(t testing.TB, child *saga.Definition[parcel]) saga.Spec[trip] {
 // crash's point for a saga while crash is armed.
 type childDriver struct {
 	*driver
-	def *saga.Definition[trip]
+	def   *saga.Definition[trip]
+	child *saga.Definition[parcel]
 
 	mu    sync.Mutex
 	crash func(p saga.HookPoint, id string) bool
@@ -96,8 +98,8 @@ func setupChildDriver(t *testing.T, tweak func(*saga.Step[parcel])) *childDriver
 		return nil
 	}
 	b := setup(t, bundleOptions{clock: clock, hook: hook})
-	child := mustDefine(t, shippingSpec(tweak))
-	cd.def = mustDefine(t, tripSpec(t, child))
+	cd.child = mustDefine(t, shippingSpec(tweak))
+	cd.def = mustDefine(t, tripSpec(t, cd.child))
 	if err := b.o.Register(cd.def); err != nil { // registers the child's definition too
 		t.Fatal(err)
 	}
@@ -373,3 +375,75 @@ func containsStr(xs []string, x string) bool {
 }
 
 var _ = message.NewMessage
+
+// An operator's Abort of the parent while its child runs: the child is
+// asked to compensate (its running step's action may have run), then the
+// parent compensates on.
+func TestAbortingTheParentCompensatesItsRunningChild(t *testing.T) {
+	t.Parallel()
+	d := setupChildDriver(t, nil)
+	if _, err := saga.Start(context.Background(), d.o, d.def, "p", trip{ID: "p"}); err != nil {
+		t.Fatal(err)
+	}
+	d.ok("p")
+	d.want(child1, saga.StatusRunning, "pack")
+	if _, err := d.o.Abort(context.Background(), "p", saga.Actor{Operator: "alice", Reason: "customer cancelled"}); err != nil {
+		t.Fatal(err)
+	}
+	d.want("p", saga.StatusCompensating, "shipping")
+	d.tick(0)
+	d.want(child1, saga.StatusCompensating, "pack")
+	if c := d.last(child1); c.Step != "pack" || c.Op != core.OperationCompensation {
+		t.Fatalf("child's last command %+v, want pack's compensation", c)
+	}
+	d.ok(child1)
+	d.want(child1, saga.StatusCompensated, "")
+	d.tick(0)
+	d.want("p", saga.StatusCompensating, "credit")
+	d.ok("p")
+	if in := d.want("p", saga.StatusCompensated, ""); in.LastError != "aborted by an operator" {
+		t.Fatalf("parent ends with %q", in.LastError)
+	}
+}
+
+// A child saga whose start fails (its data cannot be built) parks the
+// parent; the operator's Retry starts it at the next attempt.
+func TestRetryStartsAChildThatNeverStarted(t *testing.T) {
+	t.Parallel()
+	var broken atomic.Bool
+	broken.Store(true)
+	d := setupChildDriver(t, nil)
+	spec := tripSpec(t, d.child)
+	spec.Type = "trip2"
+	spec.Steps[1].Child.Data = func(tr trip) (any, error) {
+		if broken.Load() {
+			return nil, errors.New("no address")
+		}
+		return parcel{Order: tr.ID}, nil
+	}
+	def := mustDefine(t, spec)
+	if err := d.o.Register(def); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := saga.Start(context.Background(), d.o, def, "q", trip{ID: "q"}); err != nil {
+		t.Fatal(err)
+	}
+	credit := replyMsg("q", d.last("q"), core.OutcomeSuccess, "", "")
+	credit.Metadata[core.MetadataSagaType] = "trip2"
+	d.deliver(credit)
+	if in := d.want("q", saga.StatusStuck, "shipping"); !strings.Contains(in.LastError, "no address") {
+		t.Fatalf("parent's reason %q", in.LastError)
+	}
+	if kids := d.children("q"); len(kids) != 0 {
+		t.Fatalf("children %v", kids)
+	}
+	broken.Store(false)
+	if _, err := d.o.Retry(context.Background(), "q", saga.Actor{Operator: "alice", Reason: "address fixed"}); err != nil {
+		t.Fatal(err)
+	}
+	d.want("q/shipping/2", saga.StatusRunning, "pack")
+	d.ok("q/shipping/2")
+	d.ok("q/shipping/2")
+	d.tick(0)
+	d.want("q", saga.StatusRunning, "invoice")
+}
