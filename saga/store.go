@@ -145,7 +145,14 @@ type HistoryEntry struct {
 	// and arrival time, "arrived_at", which At is not when the event
 	// waited to be filed).
 	// With pause and scheduled start: paused, resumed, held (a reply
-	// stored while paused), scheduled, cancelled.
+	// stored while paused), scheduled, cancelled. skipped: an operator
+	// skipped the step (Actor set), or its condition was false (Outcome
+	// "condition", Step.When). With child steps (Step.Child): child (the
+	// step started a child saga: Detail {"child": "<id>", "type":
+	// "<type>"}), child_completed, child_compensated and child_stuck (the
+	// child's end, or stuck, applied; Detail {"child": "<id>"}); a child
+	// step's compensation is a "command" line with Operation compensation
+	// and the child in Detail.
 	Event     string
 	Step      string
 	Operation string
