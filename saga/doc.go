@@ -173,11 +173,16 @@
 // also stuck going forward when a wait says TimeoutStuck or its OnEvent
 // failed with an error that is not a business failure.
 //
-// A step is pending, running (waiting for a reply), waiting (a wait step,
-// for its events), backoff (waiting to
-// retry), done, failed (a failure reply: no effect), uncertain (given up
-// after timeouts: it may have taken effect, so it is compensated),
-// compensating, comp_backoff, compensated or skipped (StepState).
+// A child step adds no saga status either: the parent is running (step
+// status running) while its child runs, and stuck while its child is
+// stuck (see "Child sagas and conditional steps").
+//
+// A step is pending, running (waiting for a reply, or for its child saga),
+// waiting (a wait step, for its events), backoff (waiting to
+// retry), done, failed (a failure reply, or a child saga compensated: no
+// effect), uncertain (given up after timeouts: it may have taken effect,
+// so it is compensated), compensating, comp_backoff, compensated or
+// skipped (by an operator, or by its condition) (StepState).
 //
 // # Guarantees
 //
