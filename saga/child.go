@@ -22,8 +22,9 @@ import (
 // start of that id is the same saga), and Instance.Parent set to the
 // parent's id. Its end is told to the parent as an event (table
 // saga_event, column child), which the parent applies as it applies a
-// wait step's events, on the timer pass (Run, RunDue) within a
-// PollInterval:
+// wait step's events, on the timer pass (Run, RunDue): at once when the
+// transaction that told it commits in a process whose Run is running,
+// else within a PollInterval:
 //
 //   - the child completed: OnDone applies its data to the parent's, and
 //     the parent moves on;
@@ -204,7 +205,9 @@ func (m *machine) tellParent() error {
 }
 
 // sendEvent stores an event between a parent and its child for saga to,
-// as new: the timer pass applies it. child is always the child's id.
+// as new: the timer pass applies it, this process's Run at once once the
+// transaction committed, any orchestrator's within its PollInterval.
+// child is always the child's id.
 func (m *machine) sendEvent(to, name, eventID string, payload []byte) error {
 	child := m.in.ID
 	if name == compensateChild {
@@ -213,7 +216,16 @@ func (m *machine) sendEvent(to, name, eventID string, payload []byte) error {
 	if _, err := m.tx.Exec(m.ctx, m.o.sql.events.insertChild, to, name, eventID, payload, m.now, child); err != nil {
 		return technicalError{fmt.Errorf("saga %s: event %s for saga %s: %w", m.in.ID, name, to, err)}
 	}
+	m.after = append(m.after, m.o.nudge) // once committed: this process's Run applies it at once
 	return nil
+}
+
+// nudge wakes Run for a timer pass now, if it waits.
+func (o *Orchestrator) nudge() {
+	select {
+	case o.woken <- struct{}{}:
+	default:
+	}
 }
 
 // compensateChildStep asks the child saga of child step s (the one its

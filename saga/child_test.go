@@ -447,3 +447,39 @@ func TestRetryStartsAChildThatNeverStarted(t *testing.T) {
 	d.tick(0)
 	d.want("q", saga.StatusRunning, "invoice")
 }
+
+// Run applies a child's end at once, not a PollInterval later: the
+// transaction that told the parent wakes it.
+func TestRunAppliesAChildsEndAtOnce(t *testing.T) {
+	t.Parallel()
+	clock := newManualClock()
+	b := setup(t, bundleOptions{clock: clock, poll: time.Hour})
+	child := mustDefine(t, shippingSpec(nil))
+	def := mustDefine(t, tripSpec(t, child))
+	if err := b.o.Register(def); err != nil {
+		t.Fatal(err)
+	}
+	d := &childDriver{driver: &driver{testBundle: b, clock: clock, handler: b.o.Handler()}, def: def, child: child}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- b.o.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	if _, err := saga.Start(context.Background(), b.o, def, "p", trip{ID: "p"}); err != nil {
+		t.Fatal(err)
+	}
+	d.ok("p")
+	d.ok(child1)
+	d.ok(child1)
+	deadline := time.Now().Add(10 * time.Second)
+	for d.get("p").Step != "invoice" {
+		if time.Now().After(deadline) {
+			t.Fatalf("the parent did not take its child's end within 10s (PollInterval 1h): %+v", d.get("p"))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -327,7 +327,8 @@
 // before that commit starts no child, and a redelivered reply starts the
 // same one, once. The child's end is told to the parent as an event
 // (saga_event, with child set), which the parent applies as it applies a
-// wait step's late events, on the timer pass, within a PollInterval:
+// wait step's late events, on the timer pass (the committing process's Run
+// at once; any other's within a PollInterval):
 // completed moves the parent on (OnDone takes the child's data), compensated
 // fails the step (the parent compensates, or retries with a new child
 // under its RetryPolicy), stuck parks the parent as stuck with a reason

@@ -61,10 +61,24 @@ func (o *Orchestrator) Run(ctx context.Context) error {
 		default:
 			failures = 0
 		}
-		if !backoff.Sleep(ctx, wait) {
+		if !o.sleep(ctx, wait) {
 			return nil
 		}
 	}
+}
+
+// sleep waits d, or until o is woken (child.go), and reports whether ctx
+// is still alive.
+func (o *Orchestrator) sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+	case <-o.woken:
+	}
+	return true
 }
 
 // RunDue fires the timers due now (by Clock) of at most ClaimBatch sagas
