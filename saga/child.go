@@ -322,8 +322,9 @@ func (m *machine) retryChild(s *stepDef, st *StepState, i int) error {
 	child, err := scanInstance(m.tx.QueryRow(m.ctx, m.o.sql.get, id))
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		st.Status = StepPending // its condition, if any, was true
-		return m.advance(i)
+		m.in.Status, m.in.LastError = StatusRunning, "" // the past trouble is in the history
+		_, err := m.try(s)                              // its condition, if any, is not asked again
+		return err
 	case err != nil:
 		return technicalError{fmt.Errorf("saga %s: read child saga %s: %w", m.in.ID, id, err)}
 	case child.Status == StatusCompleted || child.Status == StatusCompensated:
