@@ -483,3 +483,28 @@ func TestRunAppliesAChildsEndAtOnce(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// A child parked as stuck by its failing timer (no machine ran) tells its
+// parent too.
+func TestChildParkedByItsTimerParksTheParent(t *testing.T) {
+	t.Parallel()
+	d := setupChildDriver(t, nil)
+	if _, err := saga.Start(context.Background(), d.o, d.def, "p", trip{ID: "p"}); err != nil {
+		t.Fatal(err)
+	}
+	d.ok("p")
+	d.arm(func(p saga.HookPoint, id string) bool { return p == saga.HookLoaded && id == child1 })
+	for range 10 { // pack's timeout, then the failing timer's backoffs
+		d.clock.Advance(time.Minute)
+		_, _ = d.o.RunDue(context.Background())
+	}
+	d.arm(nil)
+	d.tick(0)
+	c := d.want(child1, saga.StatusStuck, "pack")
+	if !strings.Contains(c.LastError, "its timer failed") {
+		t.Fatalf("child's reason %q", c.LastError)
+	}
+	if in := d.want("p", saga.StatusStuck, "shipping"); !strings.Contains(in.LastError, "child saga "+child1+" is stuck: its timer failed") {
+		t.Fatalf("parent's reason %q", in.LastError)
+	}
+}

@@ -304,6 +304,12 @@ func (o *Orchestrator) timerFailed(ctx context.Context, tx pgx.Tx, in *Instance,
 		return false, nil, err
 	}
 	o.logger.Error("saga: parked as stuck after repeated timer failures", cause, map[string]any{"saga_id": in.ID, "failures": n})
+	in.Status, in.LastError = StatusStuck, reason
+	told := &machine{o: o, in: in, ctx: ctx, tx: tx, now: now}
+	if err := told.tellParent(); err != nil { // child.go: a child saga's parent is stuck with it
+		return false, nil, err
+	}
+	after = told.after
 	if mt := o.metrics; mt != nil {
 		typ := in.Type
 		after = append(after, func() { mt.stuck.WithLabelValues(typ).Inc() })
