@@ -26,7 +26,10 @@
 // compensating, compensated, skipped) with its action and compensation
 // attempts and the time it took (from its start to its latest history
 // line, or to now while it runs). Each box is a <g class="step"> with
-// data-step and data-state attributes. The layout comes from the
+// data-step and data-state attributes; a child step's box (saga.Step.Child)
+// links to the child saga its latest attempt started (data-child). The
+// page lists a saga's child sagas and links a child to its parent. The
+// layout comes from the
 // definition registered with Config.Sagas (saga.Orchestrator.DefinitionSteps);
 // without it the page draws the steps that started, one column each, in
 // the order they started. The overview charts the sagas started,

@@ -1,6 +1,7 @@
 package console
 
 import (
+	"encoding/json"
 	"fmt"
 	"time"
 
@@ -25,6 +26,9 @@ type pictureBox struct {
 	Attempts           string // "attempt 2", "attempt 1 · comp 1"
 	Took               string // time taken, "-" when not started
 	Current            bool
+	// Child is the child saga the step's latest attempt started
+	// (saga.Step.Child), "" for any other step: the box links to it.
+	Child string
 }
 
 type pictureLink struct{ X1, Y1, X2, Y2 int }
@@ -65,11 +69,16 @@ func buildPicture(o *saga.Orchestrator, in *saga.Instance, names []string, hist 
 	if len(cols) == 0 {
 		return nil
 	}
-	// The last history line of each step: when its latest operation ended.
-	lastAt := map[string]time.Time{}
+	// The last history line of each step: when its latest operation ended;
+	// and the child saga a child step started last.
+	lastAt, child := map[string]time.Time{}, map[string]string{}
 	for _, h := range hist {
 		if h.Step != "" {
 			lastAt[h.Step] = h.At
+		}
+		var d struct{ Child string }
+		if h.Event == "child" && json.Unmarshal(h.Detail, &d) == nil {
+			child[h.Step] = d.Child
 		}
 	}
 	group := map[string]string{}
@@ -96,7 +105,7 @@ func buildPicture(o *saga.Orchestrator, in *saga.Instance, names []string, hist 
 			}
 			b := pictureBox{Name: name, Group: group[name], State: st.Status,
 				X: x, Y: top + ri*(boxH+rowGap), W: boxW, H: boxH,
-				Current: name == in.Step, Took: "-"}
+				Current: name == in.Step, Took: "-", Child: child[name]}
 			if b.State == saga.StepPending {
 				b.State = "pending"
 			}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"regexp"
 	"strconv"
 	"strings"
@@ -183,4 +184,30 @@ func barsOf(t *testing.T, body, series string) []int {
 		out = append(out, n)
 	}
 	return out
+}
+
+// A child step's box links to its child saga, the page lists the
+// children, and a child's page links to its parent.
+func TestSagaPageLinksParentAndChildren(t *testing.T) {
+	t.Parallel()
+	b, s := setupSagas(t, console.Config{})
+	s.ShippingParent(t, "trip-1")
+
+	r := b.get("/saga?id=trip-1")
+	if r.status != http.StatusOK {
+		t.Fatalf("GET saga page: %d\n%s", r.status, r.body)
+	}
+	if steps := pictureSteps(t, r.body); len(steps) != 1 || steps[0].Name != "shipping" || steps[0].State != "running" {
+		t.Fatalf("picture %+v", steps)
+	}
+	contains(t, "parent page", r.body, `data-child="trip-1/shipping/1"`, `class="child-link"`, `child saga ↗`,
+		`<h2>Child sagas</h2>`, `<tr data-child="trip-1/shipping/1">`)
+	r = b.get("/saga?id=" + url.QueryEscape("trip-1/shipping/1"))
+	if r.status != http.StatusOK {
+		t.Fatalf("GET child page: %d\n%s", r.status, r.body)
+	}
+	contains(t, "child page", r.body, `<a id="saga-parent" href="`, `>trip-1</a>`)
+	if strings.Contains(r.body, "<h2>Child sagas</h2>") {
+		t.Error("the child lists children")
+	}
 }

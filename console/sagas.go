@@ -142,6 +142,8 @@ type sagaPageData struct {
 	// Stalled is set when the command the saga waits on sits on a
 	// partition nobody consumes (see lagPage); nil otherwise.
 	Stalled *stalledCommand
+	// Children are the sagas its child steps started, newest first.
+	Children []*saga.Instance
 }
 
 func (c *Console) sagaPage(w http.ResponseWriter, r *http.Request) {
@@ -194,6 +196,12 @@ func (c *Console) sagaPage(w http.ResponseWriter, r *http.Request) {
 	for _, name := range names {
 		d.Steps = append(d.Steps, stepRow{Name: name, State: in.Steps[name], Current: name == in.Step})
 	}
+	kids, err := c.sagas.List(ctx, saga.ListParams{Parent: in.ID, Limit: 100})
+	if err != nil {
+		c.dbFail(w, r, err)
+		return
+	}
+	d.Children = kids.Sagas
 	d.Picture = buildPicture(c.sagas, in, names, hist, time.Now())
 	d.Stalled = c.stalledCommand(r, in, hist)
 	d.Actions = slices.DeleteFunc(allowedActions(in), func(a string) bool {

@@ -64,6 +64,9 @@ type ListParams struct {
 	// Error, if set, keeps only sagas whose last error matches this SQL
 	// LIKE pattern (as Query.Error).
 	Error string
+	// Parent, if set, keeps only the child sagas of this saga (started
+	// by its child steps, Step.Child).
+	Parent string
 	// Cursor continues a listing: pass the Next of the previous page.
 	Cursor string
 	// Limit is the page size. Defaults to 100; at most 1000.
@@ -110,6 +113,9 @@ func (o *Orchestrator) List(ctx context.Context, p ListParams) (*ListResult, err
 	}
 	if p.Error != "" {
 		conds = append(conds, "last_error LIKE "+arg(p.Error))
+	}
+	if p.Parent != "" {
+		conds = append(conds, "parent = "+arg(p.Parent)) // saga_instance_parent_idx
 	}
 	if p.Cursor != "" {
 		at, id, err := decodeCursor(p.Cursor)
@@ -317,7 +323,7 @@ func (m *machine) groupOp(action string) (handled bool, err error) {
 				continue
 			}
 			st.Tries, st.Due = 0, nil
-			if _, err := m.try(s); err != nil {
+			if _, err := m.tryIf(s); err != nil { // when.go
 				return true, err
 			}
 			if m.in.Status != StatusRunning {
@@ -377,7 +383,9 @@ func (m *machine) opRetry() error {
 		}
 		return m.compensateFrom(i)
 	}
-	_ = s
+	if s.child != nil && st.Status == StepRunning {
+		return m.retryChild(s, st, i) // child.go
+	}
 	m.in.LastError = "" // the past trouble is in the history
 	return m.advance(i)
 }

@@ -220,12 +220,15 @@ type storedEvent struct {
 	payload  []byte
 	state    string
 	at       time.Time // when it arrived
+	// child is set on an event between a parent and its child saga: the
+	// child's id (child.go).
+	child string
 }
 
 func scanEvents(rows pgx.Rows) ([]storedEvent, error) {
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (storedEvent, error) {
 		var e storedEvent
-		err := row.Scan(&e.arrived, &e.name, &e.id, &e.payload, &e.state, &e.at)
+		err := row.Scan(&e.arrived, &e.name, &e.id, &e.payload, &e.state, &e.at, &e.child)
 		return e, err
 	})
 }
@@ -355,6 +358,9 @@ func (m *machine) onNewEvents() error {
 
 // onEvent applies (or files) one new event to the locked saga.
 func (m *machine) onEvent(ev storedEvent) error {
+	if ev.child != "" {
+		return m.onChildEvent(ev) // child.go
+	}
 	if m.in.Status == StatusCompleted || m.in.Status == StatusCompensated {
 		return m.eventOutcome(ev, eventRefused, "", "the saga is "+string(m.in.Status))
 	}

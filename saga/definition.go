@@ -135,8 +135,9 @@ type Command[D any] struct {
 
 // Step is one step of a saga. A step is remote (Action set: a command to a
 // participant, which replies), local (Local set: a function the
-// orchestrator runs in its own transaction) or a wait (Await set: it waits
-// for events delivered with Signal or SignalTx), exactly one of them.
+// orchestrator runs in its own transaction), a wait (Await set: it waits
+// for events delivered with Signal or SignalTx) or a child step (Child
+// set: it starts another saga and waits for its end), exactly one of them.
 type Step[D any] struct {
 	// Name identifies the step in the stored state and on the wire; steps
 	// are never identified by position. Required, unique in the
@@ -178,6 +179,21 @@ type Step[D any] struct {
 	// way. It must succeed eventually: a failing one is retried by
 	// CompensationRetry and then the saga is stuck.
 	LocalCompensation func(ctx context.Context, tx pgx.Tx, data *D) error
+
+	// Child makes the step start a child saga and complete when it ends
+	// (see Child). A child step has no Action, Local, Await, OnSuccess or
+	// compensation of its own (compensating it compensates the child),
+	// is in no parallel group, and Timeout does not apply to it, nor may
+	// OnTimeout be set (the child has its own Spec.Deadline).
+	Child *Child[D]
+
+	// When, if set, is the step's condition: it is called with the data
+	// when the saga reaches the step (once: not again for a retry), and
+	// when it returns false the step
+	// is skipped (StepSkipped, a "skipped" history line with outcome
+	// "condition"), never runs, and is never compensated. A pivot cannot
+	// be conditional. Defaults to nil: the step always runs.
+	When func(data D) bool
 
 	// Await makes the step a wait for external events (see Await). A
 	// wait has no Action or Local, and Timeout, OnTimeout and Retry do
@@ -432,8 +448,13 @@ func withDefaults[D any](steps []Step[D], dflt StepDefaults) ([]Step[D], error) 
 func checkShape[D any](s Step[D]) error {
 	remote, local, wait := s.Action != nil, s.Local != nil, s.Await != nil
 	switch {
+	case s.Child != nil:
+		if err := checkChild(s); err != nil { // child.go
+			return fmt.Errorf(": %v", err)
+		}
+		return nil
 	case !remote && !local && !wait:
-		return errors.New(" has no command: set Action (remote), Local, or Await (a wait)")
+		return errors.New(" has no command: set Action (remote), Local, Await (a wait) or Child")
 	case wait:
 		if err := checkAwait(s); err != nil { // await.go
 			return fmt.Errorf(": %v", err)
@@ -489,6 +510,12 @@ func checkKind[D any](s Step[D], i int, pivot *int, steps []Step[D]) error {
 		}
 		if compensable {
 			return fmt.Errorf("pivot step %q has a compensation: the pivot is the point of no return", s.Name)
+		}
+		if s.When != nil {
+			// Skipped, it would let the steps after it (retriable, never
+			// compensated) run although the point of no return was never
+			// passed.
+			return fmt.Errorf("pivot step %q has a condition (When): the point of no return cannot be skipped", s.Name)
 		}
 		if s.OnTimeout == TimeoutCompensate {
 			// A pivot that timed out may have taken effect; it cannot be
@@ -600,15 +627,16 @@ type def struct {
 }
 
 // startsRemote reports whether a start runs no local step: the first step
-// (or every member of the first group) is remote.
+// (or every member of the first group) is remote and unconditional (a
+// skipped one would run the next step at once).
 func (d *def) startsRemote() bool {
 	first := d.steps[0]
 	if first.group == "" {
-		return first.remote
+		return first.remote && first.when == nil && first.child == nil
 	}
 	r := d.groups[first.group]
 	for _, s := range d.steps[r[0]:r[1]] {
-		if !s.remote {
+		if !s.remote || s.when != nil {
 			return false
 		}
 	}
@@ -643,9 +671,13 @@ type stepDef struct {
 	retry     RetryPolicy
 	compRetry RetryPolicy
 	wait      *waitDef // a wait step's events (await.go)
+	when      func(data []byte) (bool, error)
+	// child is a child step's saga (child.go); such a step is remote too:
+	// what it starts runs out of the saga's transaction.
+	child *childDef
 }
 
-func (s *stepDef) compensable() bool { return s.comp != nil || s.localComp != nil }
+func (s *stepDef) compensable() bool { return s.comp != nil || s.localComp != nil || s.child != nil }
 
 // retryable reports whether err (a failure of the action) is worth another
 // try under the step's policy.
@@ -661,7 +693,7 @@ func (s *stepDef) retryable(err error) bool {
 
 func eraseStep[D any](s Step[D]) *stepDef {
 	sd := &stepDef{
-		name: s.Name, kind: s.Kind, remote: s.Action != nil,
+		name: s.Name, kind: s.Kind, remote: s.Action != nil || s.Child != nil,
 		timeout: s.Timeout, onTimeout: s.OnTimeout,
 		retry:     s.Retry.withDefaults(3),
 		compRetry: s.CompensationRetry.withDefaults(8),
@@ -700,6 +732,12 @@ func eraseStep[D any](s Step[D]) *stepDef {
 	if s.Await != nil {
 		sd.wait = eraseAwait(s.Await) // await.go
 	}
+	if s.When != nil {
+		sd.when = eraseWhen(s.When) // when.go
+	}
+	if s.Child != nil {
+		sd.child = eraseChild(s.Child) // child.go
+	}
 	if s.LocalCompensation != nil {
 		fn := s.LocalCompensation
 		sd.localComp = func(ctx context.Context, tx pgx.Tx, data []byte) ([]byte, error) {
@@ -714,9 +752,14 @@ func eraseCommand[D any](step string, c *Command[D]) *command {
 	if name == "" {
 		name = step
 	}
-	payload := c.Payload
-	return &command{topic: c.Topic, name: name, payload: func(data []byte) (_ []byte, err error) {
-		if payload == nil {
+	return &command{topic: c.Topic, name: name, payload: erasePayload(c.Payload)}
+}
+
+// erasePayload erases fn, which builds a JSON value from the data: a nil
+// fn leaves the data as it is.
+func erasePayload[D any](fn func(data D) (any, error)) func(data []byte) ([]byte, error) {
+	return func(data []byte) (_ []byte, err error) {
+		if fn == nil {
 			return data, nil
 		}
 		defer recoverInto(&err)
@@ -724,12 +767,12 @@ func eraseCommand[D any](step string, c *Command[D]) *command {
 		if err := json.Unmarshal(data, &d); err != nil {
 			return nil, fmt.Errorf("saga: decode data: %w", err)
 		}
-		v, err := payload(d)
+		v, err := fn(d)
 		if err != nil {
 			return nil, err
 		}
 		return json.Marshal(v)
-	}}
+	}
 }
 
 // withData decodes data, runs fn on it and encodes the result.

@@ -21,7 +21,13 @@
 //   - a wait (Await): it waits for one external event, the first of
 //     several, or all of a set, delivered with Signal, SignalTx or
 //     EventHandler (a payment provider's webhook, a person's approval);
-//     see "Waiting for events".
+//     see "Waiting for events"; or
+//   - a child step (Child): it starts another saga of this service and
+//     completes when that saga ends; see "Child sagas and conditional
+//     steps".
+//
+// Any step but the pivot may have a condition (When): it runs only when
+// the data says so, and is skipped otherwise.
 //
 // Each step has a Kind. Compensatable steps come first: when the saga
 // fails, those that took effect (or may have: an action sent and never
@@ -167,11 +173,16 @@
 // also stuck going forward when a wait says TimeoutStuck or its OnEvent
 // failed with an error that is not a business failure.
 //
-// A step is pending, running (waiting for a reply), waiting (a wait step,
-// for its events), backoff (waiting to
-// retry), done, failed (a failure reply: no effect), uncertain (given up
-// after timeouts: it may have taken effect, so it is compensated),
-// compensating, comp_backoff, compensated or skipped (StepState).
+// A child step adds no saga status either: the parent is running (step
+// status running) while its child runs, and stuck while its child is
+// stuck (see "Child sagas and conditional steps").
+//
+// A step is pending, running (waiting for a reply, or for its child saga),
+// waiting (a wait step, for its events), backoff (waiting to
+// retry), done, failed (a failure reply, or a child saga compensated: no
+// effect), uncertain (given up after timeouts: it may have taken effect,
+// so it is compensated), compensating, comp_backoff, compensated or
+// skipped (by an operator, or by its condition) (StepState).
 //
 // # Guarantees
 //
@@ -298,6 +309,51 @@
 // meanwhile) and the orchestrator's timer pass applies it, within a
 // PollInterval. The history lines are "waiting" (a wait began) and
 // "event", whose Outcome is consumed, pending, ignored or refused.
+//
+// # Child sagas and conditional steps
+//
+// A child step starts a saga of another definition, registered with the
+// same orchestrator (Register registers it with its parent), and waits
+// for its end:
+//
+//	{Name: "shipping", Kind: saga.Compensatable, Child: &saga.Child[Order]{
+//		Definition: shippingDef,
+//		Data:       func(o Order) (any, error) { return Parcel{Order: o.ID, Address: o.Address}, nil },
+//		OnDone:     func(o *Order, child json.RawMessage) error { return json.Unmarshal(child, &o.Shipment) },
+//	}}
+//
+// The child starts in the transaction that moves the parent to the step,
+// with the id <parent>/<step>/<attempt> and Instance.Parent set: a crash
+// before that commit starts no child, and a redelivered reply starts the
+// same one, once. The child's end is told to the parent as an event
+// (saga_event, with child set), which the parent applies as it applies a
+// wait step's late events, on the timer pass (the committing process's Run
+// at once; any other's within a PollInterval):
+// completed moves the parent on (OnDone takes the child's data), compensated
+// fails the step (the parent compensates, or retries with a new child
+// under its RetryPolicy), stuck parks the parent as stuck with a reason
+// naming the child; once an operator has the child end, its end moves the
+// parent on. Compensating the parent compensates its child, the same way:
+// an event asks the child (completed, or still running) to compensate its
+// steps, and the child step is compensated when the child is. So the child
+// of a compensatable step has no pivot (Define refuses one). A Retry of a
+// parent whose child still runs or is stuck is refused: act on the child.
+// ListParams.Parent lists a saga's children; the history lines are
+// "child" (a child started, its id in Detail), child_completed,
+// child_compensated and child_stuck. A child of another service is not
+// started this way: a remote step's participant starts it.
+//
+// A step with When runs only if When(data) is true when the saga reaches
+// it (it is not asked again for a retry):
+//
+//	{Name: "fraud_check", Kind: saga.Compensatable, When: func(o Order) bool { return o.Amount > 1000 }, Action: ...}
+//
+// Otherwise the step is skipped (StepSkipped), with a "skipped" history
+// line whose Outcome is "condition" (an operator's skip has none), and,
+// as it never ran, compensation passes over it. A condition that panics
+// parks the saga as stuck at the step; Retry asks it again. The pivot
+// cannot be conditional: skipped, it would let the steps after it, which
+// never compensate, run past a point of no return never passed.
 //
 // # Versions
 //
@@ -436,7 +492,9 @@
 // replies (saga_held_reply); 011_saga_bulk adds the bulk operations
 // (saga_bulk_operation, saga_bulk_item) and an index selecting sagas by
 // status and step; 012_saga_history_stuck indexes the history's stuck
-// lines for retention. docs/tables.md lists every column a user can
+// lines for retention; 014_saga_attr adds saga_instance.parent (a child
+// saga's parent, indexed) and saga_event.child (an event between a parent
+// and its child). docs/tables.md lists every column a user can
 // query.
 // Config.Clock replaces the real time (for tests that skip time) and
 // Config.Hook is called at each persistence boundary (HookLoaded,

@@ -146,7 +146,7 @@ func (m *machine) advance(i int) error {
 			return m.startGroup(s.group)
 		}
 		m.in.Step = s.name
-		done, err := m.try(s)
+		done, err := m.tryIf(s) // when.go
 		if err != nil || !done {
 			return err
 		}
@@ -168,6 +168,11 @@ func (m *machine) try(s *stepDef) (done bool, err error) {
 	}
 	st.Tries++
 	st.Attempt++
+	if s.child != nil {
+		st.Status, st.Due = StepRunning, nil
+		m.in.Attempts = st.Attempt
+		return false, m.startChild(s, st) // child.go
+	}
 	if s.remote {
 		if st.AwaitFrom == 0 {
 			st.AwaitFrom = st.Attempt // else earlier attempts are still unanswered
@@ -205,7 +210,7 @@ func (m *machine) startGroup(g string) error {
 	r := m.d.groups[g]
 	m.in.Step = g
 	for i := r[0]; i < r[1]; i++ {
-		if _, err := m.try(m.d.steps[i]); err != nil {
+		if _, err := m.tryIf(m.d.steps[i]); err != nil { // when.go
 			return err
 		}
 		if m.in.Step != g || m.in.Status != StatusRunning || m.groupFailing(g) {
@@ -394,6 +399,17 @@ func (m *machine) compensateFrom(i int) error {
 		}
 		st.Tries++
 		st.CompensationAttempt++
+		if s.child != nil {
+			m.in.Attempts = st.CompensationAttempt
+			gone, err := m.childGone(s, st) // child.go
+			if err != nil {
+				return err
+			}
+			if gone {
+				continue
+			}
+			return m.compensateChildStep(s, st)
+		}
 		if s.comp != nil {
 			st.Status, st.Due = StepCompensating, m.due(s.timeout)
 			return m.command(s, s.comp, core.OperationCompensation, st.CompensationAttempt)
@@ -439,7 +455,7 @@ func (m *machine) stuck(reason string) error {
 		typ := m.d.typ
 		m.after = append(m.after, func() { mt.stuck.WithLabelValues(typ).Inc() })
 	}
-	return nil
+	return m.tellParent() // child.go
 }
 
 func (m *machine) end(status Status, reason string) error {
@@ -454,7 +470,7 @@ func (m *machine) end(status Status, reason string) error {
 		}
 		m.after = append(m.after, func() { c.WithLabelValues(typ).Inc() })
 	}
-	return nil
+	return m.tellParent() // child.go
 }
 
 // reply is a participant's reply as the orchestrator reads it.
@@ -599,7 +615,7 @@ func (m *machine) onReply(r reply) error {
 func awaits(s *stepDef, st *StepState, r reply) bool {
 	switch r.op {
 	case core.OperationAction:
-		if !s.remote || r.attempt > st.Attempt {
+		if !s.remote || s.child != nil || r.attempt > st.Attempt {
 			return false
 		}
 		earlier := st.AwaitFrom > 0 && r.attempt >= st.AwaitFrom && (r.attempt == st.Attempt || r.outcome != core.OutcomeFailure)

@@ -253,6 +253,8 @@ func shape(s *stepDef) string {
 	switch {
 	case s.wait != nil:
 		return "wait step"
+	case s.child != nil:
+		return "child step"
 	case s.remote:
 		return "remote step"
 	}

@@ -136,6 +136,9 @@ type Orchestrator struct {
 
 	mu   sync.RWMutex
 	defs map[string]map[int]*def
+	// woken cuts Run's wait short: an event between a parent and its child
+	// saga was committed for the timer pass (child.go).
+	woken chan struct{}
 }
 
 // New returns an Orchestrator on pool. It does not touch the database.
@@ -184,7 +187,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Orchestrator, error) {
 		pool: pool, schema: schema, writer: cfg.Writer, dedup: dedup, clock: cfg.Clock,
 		poll: cfg.PollInterval, batch: cfg.ClaimBatch, maxFailures: cfg.MaxTimerFailures, hook: cfg.Hook,
 		logger: cfg.Logger, sql: newStatements(schema), consumer: cfg.Consumer, trail: audit.New(schema),
-		defs: map[string]map[int]*def{},
+		defs: map[string]map[int]*def{}, woken: make(chan struct{}, 1),
 	}
 	if cfg.Metrics != nil {
 		if o.metrics, err = registerMetrics(cfg.Metrics, o, cfg.NoProgressAfter); err != nil {
@@ -197,7 +200,8 @@ func New(pool *pgxpool.Pool, cfg Config) (*Orchestrator, error) {
 	return o, nil
 }
 
-// Register adds definitions. Several versions of one type may be
+// Register adds definitions, and the definitions of their child steps
+// (Step.Child). Several versions of one type may be
 // registered at once: each instance runs on the version it started with.
 // Registering a type and version twice is an error wrapping
 // core.ErrConfig, unless it is the very same *Definition; so is a
@@ -206,7 +210,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Orchestrator, error) {
 func (o *Orchestrator) Register(defs ...Registrable) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	for _, r := range defs {
+	for _, r := range withChildren(defs) { // child.go
 		if r == nil {
 			return fmt.Errorf("%w: saga.Register: nil definition", core.ErrConfig)
 		}

@@ -14,6 +14,9 @@ type StartOption func(*startOptions)
 
 type startOptions struct {
 	at time.Time
+	// parent is the id of the saga whose child step starts this one
+	// (child.go); never set with at.
+	parent string
 }
 
 // StartAt schedules the saga's start at t. If t is after the

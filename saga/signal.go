@@ -303,10 +303,16 @@ func (o *Orchestrator) applyEvents(ctx context.Context) (int, error) {
 // returned as a panicked error (timer.go).
 func (m *machine) applyNewEvents() (err error) {
 	defer recoverPanic(&err)
+	if err := m.o.callHook(m.ctx, HookLoaded, m.in.ID); err != nil {
+		return err
+	}
 	if err := m.onNewEvents(); err != nil {
 		return err
 	}
-	return m.save()
+	if err := m.save(); err != nil {
+		return err
+	}
+	return m.o.callHook(m.ctx, HookBeforeCommit, m.in.ID)
 }
 
 // EventTarget is where a message delivers its event: the saga, the event's

@@ -22,13 +22,14 @@ type statements struct {
 	instance, historyTable                          string
 	events                                          eventStatements // await.go
 	bulk                                            bulkStatements  // bulk.go
+	setParent, statusOf                             string          // child.go
 }
 
 // Every lock the orchestrator takes on a saga's row is FOR NO KEY UPDATE
 // (it never changes the id): orchestrators exclude each other, and a
 // signaller's FOR KEY SHARE (events.peek) never waits for one.
 const instanceCols = `id, type, def_version, status, phase, step, steps, data, input, version,
-       next_wakeup_at, deadline_at, attempts, last_error, created_at, updated_at, ended_at, operator_request`
+       next_wakeup_at, deadline_at, attempts, last_error, created_at, updated_at, ended_at, operator_request, parent`
 
 func newStatements(schema string) statements {
 	s := baseStatements(schema)
@@ -37,6 +38,8 @@ func newStatements(schema string) statements {
 	pauseStatements(schema, &s)
 	scheduleStatements(schema, &s)
 	s.events = newEventStatements(schema)
+	s.setParent = fmt.Sprintf(`UPDATE %s SET parent = $2 WHERE id = $1`, s.instance)
+	s.statusOf = fmt.Sprintf(`SELECT status FROM %s WHERE id = $1`, s.instance)
 	s.bulk = newBulkStatements(schema)
 	return s
 }
@@ -200,6 +203,7 @@ ON CONFLICT (id) DO NOTHING`, sqlident.Table(schema, "saga_instance"))
 
 type eventStatements struct {
 	insert, stateOf, tryLock, peek, open, nextNew, setState, closePending, claimNew string
+	insertChild                                                                     string // child.go
 }
 
 func newEventStatements(schema string) eventStatements {
@@ -220,11 +224,16 @@ RETURNING arrived`, ev),
 		// UPDATE), and then finds no row; while it holds it, retention
 		// passes over the saga. So no event is stored without its saga.
 		peek: fmt.Sprintf(`SELECT type, def_version, status FROM %s WHERE id = $1 FOR KEY SHARE`, inst),
-		// On saga_event_open_idx (saga_id, arrived).
-		open: fmt.Sprintf(`SELECT arrived, name, event_id, payload, state, at FROM %s
- WHERE saga_id = $1 AND state IN ('new', 'pending') AND name = ANY($2::text[])
+		// An event between a parent and its child saga (child.go): stored
+		// as new, whatever the saga's lock, for the timer pass.
+		insertChild: fmt.Sprintf(`INSERT INTO %s (saga_id, name, event_id, payload, state, at, child) VALUES ($1, $2, $3, $4, 'new', $5, $6)
+ON CONFLICT (saga_id, event_id) DO NOTHING`, ev),
+		// On saga_event_open_idx (saga_id, arrived). A wait takes no
+		// event between a parent and its child.
+		open: fmt.Sprintf(`SELECT arrived, name, event_id, payload, state, at, child FROM %s
+ WHERE saga_id = $1 AND state IN ('new', 'pending') AND name = ANY($2::text[]) AND child = ''
  ORDER BY arrived`, ev),
-		nextNew: fmt.Sprintf(`SELECT arrived, name, event_id, payload, state, at FROM %s
+		nextNew: fmt.Sprintf(`SELECT arrived, name, event_id, payload, state, at, child FROM %s
  WHERE saga_id = $1 AND state = 'new'
  ORDER BY arrived LIMIT 1`, ev),
 		setState:     fmt.Sprintf(`UPDATE %s SET state = $2, step = $3 WHERE arrived = $1`, ev),

@@ -89,14 +89,20 @@ func StartTx[D any](ctx context.Context, tx pgx.Tx, o *Orchestrator, def *Defini
 	if err != nil {
 		return nil, fmt.Errorf("saga %s: encode data: %w", id, err)
 	}
+	return o.start(ctx, tx, d, id, raw, startOpts(opts))
+}
+
+// start starts a saga of d with its data, encoded: StartTx past its
+// checks, and a child step's start of its child saga (child.go).
+func (o *Orchestrator) start(ctx context.Context, tx pgx.Tx, d *def, id string, raw []byte, so startOptions) (*Instance, error) {
 	ctx, span := startTransition(ctx, "start", id, "", nil) // tracing.go
 	defer span.End(nil)
 	now := o.clock.Now()
-	if at := startOpts(opts).at; at.After(now) {
+	if at := so.at; at.After(now) {
 		return o.schedule(ctx, tx, d, id, raw, at, now) // schedule.go
 	}
 	in := &Instance{ID: id, Type: d.typ, Version: d.version, Status: StatusRunning, Phase: PhaseForward,
-		Steps: map[string]*StepState{}, Data: raw, Input: raw, Revision: 1, CreatedAt: now, UpdatedAt: now}
+		Steps: map[string]*StepState{}, Data: raw, Input: raw, Revision: 1, CreatedAt: now, UpdatedAt: now, Parent: so.parent}
 	if d.deadline > 0 {
 		dl := now.Add(d.deadline)
 		in.DeadlineAt = &dl
@@ -121,6 +127,9 @@ func StartTx[D any](ctx context.Context, tx pgx.Tx, o *Orchestrator, def *Defini
 			return nil, fmt.Errorf("saga %s: insert: %w", id, o.tablesError(err))
 		}
 		if inserted == 1 {
+			if err := o.setParent(ctx, tx, in); err != nil { // child.go
+				return nil, err
+			}
 			if len(m.events) > 0 {
 				// In Start's transaction, the write goes with the COMMIT.
 				err := pipeline.WriteLast(ctx, tx, nil, fmt.Sprintf("saga %s: write commands", id), func(wtx pgx.Tx) error {
@@ -142,6 +151,9 @@ func StartTx[D any](ctx context.Context, tx pgx.Tx, o *Orchestrator, def *Defini
 	}
 	if tag.RowsAffected() == 0 {
 		return o.existing(ctx, tx, d, id, raw)
+	}
+	if err := o.setParent(ctx, tx, in); err != nil { // child.go
+		return nil, err
 	}
 	in.Revision = 0 // as inserted; saving its first state makes it 1
 	m := &machine{o: o, d: d, in: in, ctx: ctx, tx: tx, now: now, applied: true}

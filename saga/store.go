@@ -49,7 +49,7 @@ const (
 	StepCompensating = "compensating" // compensation sent, waiting for the reply
 	StepCompBackoff  = "comp_backoff" // the compensation waits for its next try (Due)
 	StepCompensated  = "compensated"  // the compensation succeeded (or an operator marked it so)
-	StepSkipped      = "skipped"      // an operator skipped the step
+	StepSkipped      = "skipped"      // an operator skipped the step, or its condition (Step.When) was false
 )
 
 // StepState is one step's state in an Instance, stored as jsonb.
@@ -111,6 +111,9 @@ type Instance struct {
 	// orchestrator (Operator), nil when none. Saving the saga never
 	// changes it: only applying, refusing or withdrawing it clears it.
 	Request *Request
+	// Parent is the id of the saga whose child step (Step.Child) started
+	// this one, "" for a saga of its own.
+	Parent string
 	// Existing is set by Start and StartTx when the saga existed already
 	// (a repeated start); it is not stored.
 	Existing bool
@@ -142,7 +145,14 @@ type HistoryEntry struct {
 	// and arrival time, "arrived_at", which At is not when the event
 	// waited to be filed).
 	// With pause and scheduled start: paused, resumed, held (a reply
-	// stored while paused), scheduled, cancelled.
+	// stored while paused), scheduled, cancelled. skipped: an operator
+	// skipped the step (Actor set), or its condition was false (Outcome
+	// "condition", Step.When). With child steps (Step.Child): child (the
+	// step started a child saga: Detail {"child": "<id>", "type":
+	// "<type>"}), child_completed, child_compensated and child_stuck (the
+	// child's end, or stuck, applied; Detail {"child": "<id>"}); a child
+	// step's compensation is a "command" line with Operation compensation
+	// and the child in Detail.
 	Event     string
 	Step      string
 	Operation string
@@ -164,7 +174,7 @@ func scanInstance(row pgx.Row) (*Instance, error) {
 	in := &Instance{}
 	var steps []byte
 	err := row.Scan(&in.ID, &in.Type, &in.Version, &in.Status, &in.Phase, &in.Step, &steps, &in.Data, &in.Input,
-		&in.Revision, &in.NextWakeupAt, &in.DeadlineAt, &in.Attempts, &in.LastError, &in.CreatedAt, &in.UpdatedAt, &in.EndedAt, &in.Request)
+		&in.Revision, &in.NextWakeupAt, &in.DeadlineAt, &in.Attempts, &in.LastError, &in.CreatedAt, &in.UpdatedAt, &in.EndedAt, &in.Request, &in.Parent)
 	if err != nil {
 		return nil, err
 	}

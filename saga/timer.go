@@ -61,10 +61,24 @@ func (o *Orchestrator) Run(ctx context.Context) error {
 		default:
 			failures = 0
 		}
-		if !backoff.Sleep(ctx, wait) {
+		if !o.sleep(ctx, wait) {
 			return nil
 		}
 	}
+}
+
+// sleep waits d, or until o is woken (child.go), and reports whether ctx
+// is still alive.
+func (o *Orchestrator) sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+	case <-o.woken:
+	}
+	return true
 }
 
 // RunDue fires the timers due now (by Clock) of at most ClaimBatch sagas
@@ -211,7 +225,7 @@ func (o *Orchestrator) wake(ctx context.Context, tx pgx.Tx, in *Instance, now ti
 		mctx, span := startTransition(ctx, "timer", in.ID, in.Step, nil) // tracing.go
 		m := &machine{o: o, d: d, in: in, ctx: mctx, tx: tx, now: now}
 		var err error
-		if d.hasWaits() && in.Status != StatusScheduled {
+		if (d.hasWaits() || m.hasFamily()) && in.Status != StatusScheduled { // child.go
 			// Events no pass has applied yet come first (a saga that
 			// failed is left to this pass: see applyEvents); a wait that
 			// is overdue by then is timed out before they are filed.
@@ -290,6 +304,12 @@ func (o *Orchestrator) timerFailed(ctx context.Context, tx pgx.Tx, in *Instance,
 		return false, nil, err
 	}
 	o.logger.Error("saga: parked as stuck after repeated timer failures", cause, map[string]any{"saga_id": in.ID, "failures": n})
+	in.Status, in.LastError = StatusStuck, reason
+	told := &machine{o: o, in: in, ctx: ctx, tx: tx, now: now}
+	if err := told.tellParent(); err != nil { // child.go: a child saga's parent is stuck with it
+		return false, nil, err
+	}
+	after = told.after
 	if mt := o.metrics; mt != nil {
 		typ := in.Type
 		after = append(after, func() { mt.stuck.WithLabelValues(typ).Inc() })

@@ -13,7 +13,9 @@
 //     applies once).
 //   - payment reserves a customer's credit and releases it as compensation;
 //     inventory reserves stock and returns it; shipping books the shipment
-//     after the pivot (a retriable step, never compensated). Each is a
+//     after the pivot, for a shipping saga of two steps (book the shipment,
+//     record its tracking number) that the order saga starts as its child
+//     (saga.Step.Child) and waits for (never compensated). Each is a
 //     compensation.Participant: a barrier in front of the action and its
 //     compensation, the reply through its outbox.
 //
@@ -49,8 +51,9 @@
 // At the end it counts from the databases: sagas by status (saga_instance),
 // lost events (outbox rows of every service with no inbox mark at their
 // consumer), and double effects (ledger rows of payment and inventory,
-// shipments and order statuses that do not match their saga's outcome one
-// to one, and balances that do not match their ledgers). It prints a
+// shipments, order statuses and child sagas that do not match their order
+// saga's outcome one to one, and balances that do not match their
+// ledgers). It prints a
 // summary and, last, the line
 //
 //	demo: sagas=N completed=X compensated=Y stuck=0 lost_events=0 double_effects=0

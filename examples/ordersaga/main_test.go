@@ -111,8 +111,9 @@ func TestOrderSaga(t *testing.T) {
 	}
 	// Compensations undid both kinds of effect: credit released, stock
 	// returned (the fraud check fails sagas after their stock is taken).
-	if e := res.effects; e.released == 0 || e.returned == 0 || e.reserved == 0 || e.taken == 0 || e.shipments != res.sagas.completed {
-		t.Errorf("effects %+v: want credit released and stock returned, one shipment per completed saga", e)
+	if e := res.effects; e.released == 0 || e.returned == 0 || e.reserved == 0 || e.taken == 0 || e.shipments != res.sagas.completed ||
+		e.children != res.sagas.completed {
+		t.Errorf("effects %+v: want credit released and stock returned, one shipment and one shipping child saga per completed saga", e)
 	}
 
 	// Each fault happened and is told in the progress output.
@@ -165,7 +166,7 @@ func TestOrderSaga(t *testing.T) {
 		t.Fatalf("recounting the intact databases fails: %+v", r.checks)
 	}
 	var completed string
-	if err := admin.QueryRow(ctx, `SELECT id FROM `+c.mtable("orders", "saga_instance")+` WHERE status = 'completed' LIMIT 1`).Scan(&completed); err != nil {
+	if err := admin.QueryRow(ctx, `SELECT id FROM `+c.mtable("orders", "saga_instance")+` WHERE status = 'completed' AND parent = '' LIMIT 1`).Scan(&completed); err != nil {
 		t.Fatal(err)
 	}
 	// Stock taken twice for a completed saga.
@@ -175,9 +176,13 @@ func TestOrderSaga(t *testing.T) {
 	exec(`DELETE FROM ` + c.mtable("payment", "processed_event") + ` WHERE event_id = (SELECT event_id FROM ` + c.mtable("payment", "processed_event") + ` LIMIT 1)`)
 	// A saga left stuck.
 	exec(`UPDATE `+c.mtable("orders", "saga_instance")+` SET status = 'stuck' WHERE id = $1`, completed)
+	// Another completed order whose shipping child saga says compensated
+	// (the stuck one's child, completed, does not match it either: 2).
+	exec(`UPDATE `+c.mtable("orders", "saga_instance")+` SET status = 'compensated' WHERE parent =
+ (SELECT id FROM `+c.mtable("orders", "saga_instance")+` WHERE status = 'completed' AND parent = '' AND id <> $1 LIMIT 1)`, completed)
 	r := count()
-	if r.lost.total() != 1 || r.sagas.stuck != 1 || r.effects.stock < 1 || r.effects.balances < 1 || r.ok() {
-		t.Errorf("after planting damage: lost %d, stuck %d, effects %+v, ok %t; want 1 lost, 1 stuck, stock and balance mismatches, not ok",
+	if r.lost.total() != 1 || r.sagas.stuck != 1 || r.effects.stock < 1 || r.effects.balances < 1 || r.effects.orphans != 2 || r.ok() {
+		t.Errorf("after planting damage: lost %d, stuck %d, effects %+v, ok %t; want 1 lost, 1 stuck, stock, balance and child saga mismatches, not ok",
 			r.lost.total(), r.sagas.stuck, r.effects, r.ok())
 	}
 	var buf bytes.Buffer

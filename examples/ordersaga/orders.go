@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -29,6 +30,16 @@ type Order struct {
 	PaymentRef string `json:"payment_ref,omitempty"`
 }
 
+// Shipment is the shipping child saga's data.
+type Shipment struct {
+	Order    string `json:"order"`
+	Customer string `json:"customer"`
+	SKU      string `json:"sku"`
+	Qty      int    `json:"qty"`
+	// From the shipping service's reply.
+	Tracking string `json:"tracking,omitempty"`
+}
+
 // PaymentConfirmed is the payment provider's webhook: the charge of an
 // order went through.
 type PaymentConfirmed struct {
@@ -48,14 +59,48 @@ CREATE TABLE orders (
     placed_at timestamptz NOT NULL DEFAULT now()
 );`
 
+// shippingSaga defines the shipping saga, a child of the order saga: book
+// the shipment with the shipping service (its pivot, retried until it
+// succeeds) and record its tracking number on the order (local).
+func shippingSaga(n names) (*saga.Definition[Shipment], error) {
+	return saga.Define(saga.Spec[Shipment]{
+		Type: "shipping", Version: 1, ReplyTopic: n.replies(),
+		Steps: []saga.Step[Shipment]{
+			{
+				Name: "book_shipment", Kind: saga.Pivot, Timeout: stepTimeout,
+				Retry: saga.RetryPolicy{MaxAttempts: 10, MinBackoff: 200 * time.Millisecond, MaxBackoff: 2 * time.Second},
+				Action: &saga.Command[Shipment]{Topic: n.commands("shipping"), Payload: func(s Shipment) (any, error) {
+					return BookShipment{Order: s.Order, Customer: s.Customer, SKU: s.SKU, Qty: s.Qty}, nil
+				}},
+				OnSuccess: saga.Reply(func(s *Shipment, r ShipmentBooked) error {
+					s.Tracking = r.Tracking
+					return nil
+				}),
+			},
+			{
+				Name: "record_tracking", Kind: saga.Retriable,
+				Retry: saga.RetryPolicy{MaxAttempts: 5, MinBackoff: 100 * time.Millisecond, MaxBackoff: time.Second},
+				Local: func(ctx context.Context, tx pgx.Tx, s *Shipment) error {
+					_, err := tx.Exec(ctx, `UPDATE orders SET tracking = $2 WHERE id = $1`, s.Order, s.Tracking)
+					return err
+				},
+			},
+		},
+	})
+}
+
 // orderSaga defines the order saga: accept the order (local), reserve
 // credit (payment), wait for the payment provider's confirmation (a wait
 // step: its webhook, delivered with saga.SignalTx, sometimes before the
 // saga waits for it), reserve stock (inventory), approve the order (local: the
-// pivot; the fraud check refuses a few), book the shipment (shipping: retried until it succeeds) and mark
+// pivot; the fraud check refuses a few), ship it (a child saga: shippingSaga) and mark
 // the order shipped (local). A failure before the pivot compensates in
 // reverse: stock returned, credit released, order cancelled.
 func orderSaga(n names, p *plan) (*saga.Definition[Order], error) {
+	shipping, err := shippingSaga(n)
+	if err != nil {
+		return nil, err
+	}
 	setStatus := func(status string) func(ctx context.Context, tx pgx.Tx, o *Order) error {
 		return func(ctx context.Context, tx pgx.Tx, o *Order) error {
 			_, err := tx.Exec(ctx, `UPDATE orders SET status = $2 WHERE id = $1`, o.ID, status)
@@ -113,15 +158,22 @@ func orderSaga(n names, p *plan) (*saga.Definition[Order], error) {
 				},
 			},
 			{
-				Name: "book_shipment", Kind: saga.Retriable, Timeout: stepTimeout,
-				Retry: saga.RetryPolicy{MaxAttempts: 10, MinBackoff: 200 * time.Millisecond, MaxBackoff: 2 * time.Second},
-				Action: &saga.Command[Order]{Topic: n.commands("shipping"), Payload: func(o Order) (any, error) {
-					return BookShipment{Order: o.ID, Customer: o.Customer, SKU: o.SKU, Qty: o.Qty}, nil
-				}},
-				OnSuccess: saga.Reply(func(o *Order, r ShipmentBooked) error {
-					o.Tracking = r.Tracking
-					return nil
-				}),
+				// A saga of its own, started by this step (id
+				// <order>/shipping/1) and waited for; registered with
+				// this one.
+				Name: "shipping", Kind: saga.Retriable, Retry: saga.RetryPolicy{MaxAttempts: 3},
+				Child: &saga.Child[Order]{
+					Definition: shipping,
+					Data: func(o Order) (any, error) {
+						return Shipment{Order: o.ID, Customer: o.Customer, SKU: o.SKU, Qty: o.Qty}, nil
+					},
+					OnDone: func(o *Order, child json.RawMessage) error {
+						var s Shipment
+						err := json.Unmarshal(child, &s)
+						o.Tracking = s.Tracking
+						return err
+					},
+				},
 			},
 			{
 				Name: "complete", Kind: saga.Retriable, Retry: forward,

@@ -82,7 +82,8 @@ CREATE TABLE stock_ledger (
 	shippingDDL = `
 CREATE TABLE shipment (
     id        bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    saga_id   text        NOT NULL,
+    saga_id   text        NOT NULL, -- the shipping saga, a child of the order's
+    order_id  text        NOT NULL,
     tracking  text        NOT NULL,
     booked_at timestamptz NOT NULL DEFAULT now()
 );`
@@ -273,15 +274,16 @@ type shippingStats struct {
 }
 
 // startShipping starts the shipping service: book_shipment books a
-// shipment with the carrier. It runs after the pivot, so it has no
-// compensation; the carrier's API fails now and then.
+// shipment with the carrier, for the order saga's shipping child saga. It
+// is that saga's pivot, after the order's, so it has no compensation; the
+// carrier's API fails now and then.
 func startShipping(ctx context.Context, cfg config, lg *logger, plan *plan) (*participant, *shippingStats, error) {
 	st := &shippingStats{tries: map[string]int{}}
 	seed := func(context.Context, *service) error { return nil }
 	register := func(p *compensation.Participant) error {
 		return compensation.Register(p, "book_shipment",
 			func(ctx context.Context, tx pgx.Tx, call compensation.Call, cmd BookShipment) (ShipmentBooked, error) {
-				if cfg.Faults && plan.flakyCarrier(call.SagaID) {
+				if cfg.Faults && plan.flakyCarrier(cmd.Order) {
 					st.mu.Lock()
 					st.tries[call.SagaID]++
 					n := st.tries[call.SagaID]
@@ -306,7 +308,7 @@ func startShipping(ctx context.Context, cfg config, lg *logger, plan *plan) (*pa
 					}
 				}
 				tracking := "TRK-" + cmd.Order
-				_, err := tx.Exec(ctx, `INSERT INTO shipment (saga_id, tracking) VALUES ($1, $2)`, call.SagaID, tracking)
+				_, err := tx.Exec(ctx, `INSERT INTO shipment (saga_id, order_id, tracking) VALUES ($1, $2, $3)`, call.SagaID, cmd.Order, tracking)
 				return ShipmentBooked{Tracking: tracking}, err
 			},
 			nil) // after the pivot: never compensated

@@ -45,7 +45,7 @@ func (c *counter) sagas(ctx context.Context) (sagaCounts, error) {
        count(*) FILTER (WHERE status = 'completed'),
        count(*) FILTER (WHERE status = 'compensated'),
        count(*) FILTER (WHERE status = 'stuck')
-  FROM `+c.mtable("orders", "saga_instance")).Scan(&s.total, &s.running, &s.compensating, &s.completed, &s.compensated, &s.stuck)
+  FROM `+c.mtable("orders", "saga_instance")+` WHERE parent = ''`).Scan(&s.total, &s.running, &s.compensating, &s.completed, &s.compensated, &s.stuck)
 	return s, err
 }
 
@@ -126,17 +126,27 @@ func (c *counter) lost(ctx context.Context) (lostCounts, error) {
 // saga's outcome one to one.
 type effects struct {
 	reserved, released, taken, returned, shipments int64
-	// Mismatches, by kind: per saga (credit, stock, shipment, order row)
-	// and per balance (an account or a SKU whose balance is not its
-	// starting value minus its ledger).
-	credit, stock, shipping, orders, balances int64
+	// children is the shipping child sagas completed.
+	children int64
+	// Mismatches, by kind: per saga (credit, stock, shipment, order row,
+	// a child saga that did not end as its order saga did) and per balance
+	// (an account or a SKU whose balance is not its starting value minus
+	// its ledger).
+	credit, stock, shipping, orders, orphans, balances int64
 }
 
-func (e effects) double() int64 { return e.credit + e.stock + e.shipping + e.orders + e.balances }
+func (e effects) double() int64 {
+	return e.credit + e.stock + e.shipping + e.orders + e.orphans + e.balances
+}
 
 func (c *counter) effects(ctx context.Context) (effects, error) {
 	var e effects
-	sagas := c.mtable("orders", "saga_instance")
+	// The order sagas, not their shipping child sagas.
+	sagas := "(SELECT * FROM " + c.mtable("orders", "saga_instance") + " WHERE parent = '')"
+	if err := c.admin.QueryRow(ctx, `SELECT count(*) FILTER (WHERE c.status = 'completed'), count(*) FILTER (WHERE p.status <> c.status)
+  FROM `+c.mtable("orders", "saga_instance")+` c JOIN `+sagas+` p ON p.id = c.parent`).Scan(&e.children, &e.orphans); err != nil {
+		return e, err
+	}
 	// A ledger of reserve/release (take/return) rows per saga must read:
 	// completed, one reserve and no release; compensated, as many releases
 	// as reserves, at most one; otherwise at most one of each. A ledger row
@@ -165,7 +175,7 @@ SELECT count(*) FILTER (WHERE s.id IS NULL
 	}
 	// One shipment per completed saga, none for a compensated one.
 	err = c.admin.QueryRow(ctx, `
-WITH sh AS (SELECT saga_id, count(*) AS n FROM `+c.table("shipping", "shipment")+` GROUP BY saga_id)
+WITH sh AS (SELECT order_id AS saga_id, count(*) AS n FROM `+c.table("shipping", "shipment")+` GROUP BY order_id)
 SELECT count(*) FILTER (WHERE s.id IS NULL OR coalesce(sh.n, 0) > 1
                            OR (s.status = 'completed' AND coalesce(sh.n, 0) <> 1)
                            OR (s.status = 'compensated' AND coalesce(sh.n, 0) <> 0)),
@@ -346,7 +356,7 @@ func (r *result) evaluate() {
 	add("no event lost", r.lost.total() == 0, "%d of %d outbox events have no inbox mark at their consumer", r.lost.total(), r.lost.eventsTotal())
 	e := r.effects
 	add("effects match outcomes one to one", e.double() == 0,
-		"mismatches: credit %d, stock %d, shipments %d, orders %d, balances %d", e.credit, e.stock, e.shipping, e.orders, e.balances)
+		"mismatches: credit %d, stock %d, shipments %d, orders %d, child sagas %d, balances %d", e.credit, e.stock, e.shipping, e.orders, e.orphans, e.balances)
 	add("both outcomes seen", s.completed > 0 && s.compensated > 0, "%d completed, %d compensated", s.completed, s.compensated)
 	if r.waitErr != nil {
 		add("finished in time", false, "%v", r.waitErr)
@@ -395,7 +405,7 @@ func (r *result) print(w io.Writer) {
 	row("sagas", fmt.Sprintf("completed %d, compensated %d, stuck %d, running %d, compensating %d", s.completed, s.compensated, s.stuck, s.running, s.compensating))
 	row("payment", fmt.Sprintf("credit reserved %d times, released %d times", e.reserved, e.released))
 	row("inventory", fmt.Sprintf("stock taken %d times, returned %d times", e.taken, e.returned))
-	row("shipping", fmt.Sprintf("%d shipments booked (carrier failures retried: %d)", e.shipments, r.carrierFailures))
+	row("shipping", fmt.Sprintf("%d shipments booked by %d shipping child sagas (carrier failures retried: %d)", e.shipments, e.children, r.carrierFailures))
 	row("webhooks", fmt.Sprintf("%d payment confirmations taken (%d before their saga waited for them, at payment_confirmed), %d refused: the saga had ended",
 		r.confirmations, r.earlyConfirmations, r.lateConfirmations))
 	row("messages", fmt.Sprintf("%d outbox events, %d deliveries (%d duplicates injected), %d inbox marks, %d lost",

@@ -157,6 +157,27 @@ func (s *Sagas) CompensatedBook(t testing.TB, id string) *saga.Instance {
 	return in
 }
 
+// ShippingParent starts a saga with id whose first step (its pivot) is a
+// child step starting a ship saga: the child, id + "/shipping/1", waits
+// for the reply to its step reserve. It returns the parent.
+func (s *Sagas) ShippingParent(t testing.TB, id string) *saga.Instance {
+	t.Helper()
+	def, err := saga.Define(saga.Spec[Order]{Type: "ship-parent", Version: 1, Steps: []saga.Step[Order]{
+		{Name: "shipping", Kind: saga.Pivot, Child: &saga.Child[Order]{Definition: s.Ship}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := saga.Start(context.Background(), s.O, def, id, Order{ID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if child := s.Get(t, id+"/shipping/1"); in.Step != "shipping" || child.Parent != id || child.Step != "reserve" {
+		t.Fatalf("saga %s at %q with child %+v", id, in.Step, child)
+	}
+	return in
+}
+
 // Get returns the saga with id as stored.
 func (s *Sagas) Get(t testing.TB, id string) *saga.Instance {
 	t.Helper()

@@ -17,8 +17,9 @@ import (
 //   - no reply was applied twice, and none without its command;
 //   - every participant effect matches its step's final state, as the
 //     compensation barrier records it and as Config.Effects reports it: a
-//     step done has its effect once, a step failed, compensated or never
-//     started has none, and no step has it more than once;
+//     step done has its effect once, a step failed, compensated, never
+//     started or skipped by its condition has none, and no step has it
+//     more than once;
 //   - the history agrees with the final state: it starts with "started",
 //     ends in the saga's status, records the step states;
 //   - no message was poisoned, and nothing is left in the transport or
@@ -59,9 +60,9 @@ func (h *H) check() []string {
 		for _, v := range append(checkSaga(in, hist), h.checkEvents(id)...) {
 			add("saga %s: %s", id, v)
 		}
-		undone := compensationsSent(hist)
+		undone, sent := compensationsSent(hist), actionsSent(hist)
 		for _, step := range sortedKeys(barrier[id]) {
-			if v := checkEffect(in, undone, step, barrier[id][step]); v != "" {
+			if v := checkEffect(in, undone, sent, step, barrier[id][step]); v != "" {
 				add("saga %s: step %s: barrier: %s", id, step, v)
 			}
 		}
@@ -71,7 +72,7 @@ func (h *H) check() []string {
 				add("saga %s: Effects: %v", id, err)
 			}
 			for _, step := range sortedKeys(eff) {
-				if v := checkEffect(in, undone, step, eff[step]); v != "" {
+				if v := checkEffect(in, undone, sent, step, eff[step]); v != "" {
 					add("saga %s: step %s: effect: %s", id, step, v)
 				}
 			}
@@ -133,10 +134,23 @@ func compensationsSent(hist []saga.HistoryEntry) map[string]bool {
 	return out
 }
 
+// actionsSent returns the steps an action command was sent for.
+func actionsSent(hist []saga.HistoryEntry) map[string]bool {
+	out := map[string]bool{}
+	for _, e := range hist {
+		if e.Event == "command" && e.Operation == core.OperationAction {
+			out[e.Step] = true
+		}
+	}
+	return out
+}
+
 // checkEffect checks that n, the times a step's effect is applied, agrees
 // with the step's state. A step compensated with no compensation sent has
 // nothing to undo (the definition gives it no compensation): not checked.
-func checkEffect(in *saga.Instance, undone map[string]bool, step string, n int) string {
+// A step skipped with no action sent (its condition was false, Step.When)
+// has no effect.
+func checkEffect(in *saga.Instance, undone, sent map[string]bool, step string, n int) string {
 	st := in.Steps[step]
 	status := saga.StepPending
 	if st != nil {
@@ -157,6 +171,10 @@ func checkEffect(in *saga.Instance, undone map[string]bool, step string, n int) 
 	case saga.StepPending, saga.StepFailed:
 		if n != 0 {
 			return fmt.Sprintf("step is %q but its effect is applied (saga %s)", status, in.Status)
+		}
+	case saga.StepSkipped:
+		if n != 0 && !sent[step] {
+			return fmt.Sprintf("step was skipped before its action was sent but its effect is applied (saga %s)", in.Status)
 		}
 	}
 	return ""

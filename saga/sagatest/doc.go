@@ -127,13 +127,17 @@
 //   - no reply was applied twice, none without the command it answers, and
 //     no operation's success was applied twice;
 //   - every participant effect matches its step's end state: a step done
-//     has its effect exactly once; a step pending, failed or compensated
-//     has none; no step has it twice. The effects are read from the
+//     has its effect exactly once; a step pending, failed, compensated or
+//     skipped by its condition (Step.When) has none; no step has it twice.
+//     The effects are read from the
 //     compensation barrier (for participants of package compensation) and
 //     from Config.Effects, which reads the participants' own tables;
 //   - the history agrees with the state: it starts with "started", its
 //     last status and its last end event are the saga's, every step done
 //     or compensated has its step event, command attempts only grow;
+//   - no stored event was left unapplied, no wait step consumed two
+//     events of one name, and no child step took two ends of its child
+//     (Step.Child) with the same status;
 //   - no message was poisoned, none is left undelivered;
 //   - Config.Check, the user's own, holds.
 //
@@ -160,7 +164,9 @@
 // a time: it explores the orders of deliveries, timers and crashes, not the
 // races between two orchestrator processes on one row (the row lock
 // decides those; package saga tests them with real concurrency). Time
-// moves only between waves, to the next due timer. Its connections commit
+// moves only between waves, to the next due timer (a timer pass also
+// runs, without moving time, when stored events wait for one: a child
+// saga's end told to its parent). Its connections commit
 // without waiting for the disk (synchronous_commit off): a test does not
 // survive the machine's crash anyway. Participants' tables belong in
 // h.Schema(); Explore empties them between runs.

@@ -67,10 +67,16 @@ func (h *H) Signal(sagaID, event, eventID string, payload any) error {
 }
 
 // checkEvents checks a saga's stored events: none was left unapplied
-// (state new), and no wait step consumed two events of one name.
+// (state new), no wait step consumed two events of one name, no child
+// step took two ends of one child with the same status (but stuck: a
+// child may be stuck again after a retry), and no child took two
+// compensation requests.
 func (h *H) checkEvents(id string) []string {
 	rows, err := h.Pool().Query(h.ctx, fmt.Sprintf(`SELECT state, step, name, count(*) FROM %s
- WHERE saga_id = $1 AND (state = 'new' OR state = 'consumed') GROUP BY 1, 2, 3 ORDER BY 1, 2, 3`, h.Table("saga_event")), id)
+ WHERE saga_id = $1 AND (state = 'new' OR state = 'consumed')
+ GROUP BY 1, 2, 3, CASE WHEN child = '' OR name <> 'child_ended' THEN '' WHEN payload->>'status' = 'stuck' THEN event_id
+                        ELSE child || ' ' || (payload->>'status') END
+ ORDER BY 1, 2, 3`, h.Table("saga_event")), id)
 	if err != nil {
 		return []string{err.Error()}
 	}

@@ -694,10 +694,21 @@ func (h *H) stepBatch() error {
 	}
 }
 
-// nextWakeup returns the earliest timer of any saga.
+// eventsDue is the condition on a saga s that a timer pass applies its new
+// events now (as saga's claim of them does): a child saga's end told to
+// its parent, or a parent's request to its child, waits for one.
+func (h *H) eventsDue() string {
+	return fmt.Sprintf(`(s.id IN (SELECT saga_id FROM %s WHERE state = 'new') AND s.status NOT IN ('paused', 'scheduled')
+   AND (SELECT e.event FROM %s e WHERE e.saga_id = s.id AND e.event <> 'fenced' ORDER BY e.id DESC LIMIT 1) IS DISTINCT FROM 'timer_failed')`,
+		h.Table("saga_event"), h.Table("saga_history"))
+}
+
+// nextWakeup returns the earliest timer of any saga: now, if a saga's
+// new events are due (eventsDue).
 func (h *H) nextWakeup() (*time.Time, error) {
 	var next *time.Time
-	err := h.Pool().QueryRow(h.ctx, fmt.Sprintf(`SELECT min(next_wakeup_at) FROM %s`, h.Table("saga_instance"))).Scan(&next)
+	err := h.Pool().QueryRow(h.ctx, fmt.Sprintf(`SELECT least(min(next_wakeup_at), (SELECT $1::timestamptz FROM %s s WHERE %s LIMIT 1)) FROM %s`,
+		h.Table("saga_instance"), h.eventsDue(), h.Table("saga_instance")), h.clock.Now()).Scan(&next)
 	if err != nil {
 		return nil, fmt.Errorf("sagatest: next timer: %w", err)
 	}
@@ -708,7 +719,8 @@ func (h *H) nextWakeup() (*time.Time, error) {
 // Timer event (where a Crash fault may hit).
 func (h *H) fireTimers() error {
 	for range 1000 {
-		rows, err := h.Pool().Query(h.ctx, fmt.Sprintf(`SELECT id FROM %s WHERE next_wakeup_at <= $1 ORDER BY id`, h.Table("saga_instance")), h.clock.Now())
+		rows, err := h.Pool().Query(h.ctx, fmt.Sprintf(`SELECT id FROM %s s WHERE next_wakeup_at <= $1 OR %s ORDER BY id`,
+			h.Table("saga_instance"), h.eventsDue()), h.clock.Now())
 		if err != nil {
 			return fmt.Errorf("sagatest: due timers: %w", err)
 		}

@@ -146,6 +146,8 @@ type sagaJSON struct {
 	DeadlineAt   *time.Time                 `json:"deadline_at"`
 	// Request is the operator request waiting for the orchestrator.
 	Request *saga.Request `json:"request"`
+	// Parent is the saga whose child step started this one, "" if none.
+	Parent string `json:"parent,omitempty"`
 }
 
 // toJSON is in as --json prints it, its data and input as show lets them
@@ -160,7 +162,7 @@ func (a *app) toJSON(in *saga.Instance) sagaJSON {
 		ID: in.ID, Type: in.Type, Version: in.Version, Status: in.Status, Phase: in.Phase, Step: in.Step,
 		Steps: steps, Data: orNull(a.showJSON(res, in.Data)), Input: orNull(a.showJSON(res, in.Input)), Revision: in.Revision, Attempts: in.Attempts,
 		LastError: in.LastError, CreatedAt: in.CreatedAt, UpdatedAt: in.UpdatedAt, EndedAt: in.EndedAt,
-		NextWakeupAt: in.NextWakeupAt, DeadlineAt: in.DeadlineAt, Request: in.Request,
+		NextWakeupAt: in.NextWakeupAt, DeadlineAt: in.DeadlineAt, Request: in.Request, Parent: in.Parent,
 	}
 }
 
@@ -276,6 +278,17 @@ func (a *app) sagaListCmd() *cobra.Command {
 type sagaShow struct {
 	Saga    sagaJSON      `json:"saga"`
 	History []historyJSON `json:"history"`
+	// Children are the sagas its child steps started (saga.Step.Child),
+	// newest first.
+	Children []childJSON `json:"children"`
+}
+
+// childJSON is a child saga as show lists it.
+type childJSON struct {
+	ID     string      `json:"id"`
+	Type   string      `json:"type"`
+	Status saga.Status `json:"status"`
+	Step   string      `json:"step"`
 }
 
 func (a *app) sagaShowCmd() *cobra.Command {
@@ -296,19 +309,26 @@ func (a *app) sagaShowCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			out := sagaShow{Saga: a.toJSON(in), History: make([]historyJSON, 0, len(hist))}
+			kids, err := o.List(cmd.Context(), saga.ListParams{Parent: in.ID, Limit: 1000})
+			if err != nil {
+				return err
+			}
+			out := sagaShow{Saga: a.toJSON(in), History: make([]historyJSON, 0, len(hist)), Children: make([]childJSON, 0, len(kids.Sagas))}
 			for _, h := range hist {
 				out.History = append(out.History, historyJSON{ID: h.ID, At: h.At, Event: h.Event, Step: h.Step,
 					Operation: h.Operation, Attempt: h.Attempt, Outcome: h.Outcome, Status: h.Status, Actor: h.Actor,
 					Reason: h.Reason, Detail: orNull(h.Detail)})
 			}
-			return a.emit(out, func(w io.Writer) { printSaga(w, in, out.Saga.Data, hist) })
+			for _, k := range kids.Sagas {
+				out.Children = append(out.Children, childJSON{ID: k.ID, Type: k.Type, Status: k.Status, Step: k.Step})
+			}
+			return a.emit(out, func(w io.Writer) { printSaga(w, in, out.Saga.Data, hist, out.Children) })
 		},
 	}
 }
 
 // printSaga prints in for people, with its data as shown (redacted).
-func printSaga(w io.Writer, in *saga.Instance, data json.RawMessage, hist []saga.HistoryEntry) {
+func printSaga(w io.Writer, in *saga.Instance, data json.RawMessage, hist []saga.HistoryEntry, kids []childJSON) {
 	when := func(t *time.Time) string {
 		if t == nil {
 			return "-"
@@ -326,6 +346,9 @@ func printSaga(w io.Writer, in *saga.Instance, data json.RawMessage, hist []saga
 		{"updated", in.UpdatedAt.UTC().Format(time.RFC3339)}, {"next wake-up", when(in.NextWakeupAt)},
 		{"deadline", when(in.DeadlineAt)}, {"ended", when(in.EndedAt)},
 	})
+	if in.Parent != "" {
+		fmt.Fprintf(w, "\nparent: %s (millrace saga show %s)\n", in.Parent, in.Parent)
+	}
 	if in.LastError != "" {
 		fmt.Fprintf(w, "\nlast error: %s\n", oneLine(in.LastError))
 	}
@@ -362,6 +385,14 @@ func printSaga(w io.Writer, in *saga.Instance, data json.RawMessage, hist []saga
 	}
 	table(w, []string{"STEP", "STATE", "ATTEMPT", "COMP ATTEMPT", "TRIES", "DUE", "REASON"}, rows)
 	fmt.Fprintln(w)
+	if len(kids) > 0 {
+		rows = rows[:0]
+		for _, k := range kids {
+			rows = append(rows, []string{k.ID, k.Type, string(k.Status), k.Step})
+		}
+		table(w, []string{"CHILD SAGA", "TYPE", "STATUS", "STEP"}, rows)
+		fmt.Fprintln(w)
+	}
 	rows = rows[:0]
 	for _, h := range hist {
 		rows = append(rows, []string{h.At.UTC().Format("2006-01-02 15:04:05.000"), h.Event, h.Step, h.Operation,

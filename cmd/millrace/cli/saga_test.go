@@ -195,6 +195,31 @@ func TestSagaShow(t *testing.T) {
 	}
 }
 
+// A parent lists its child sagas, and a child names its parent.
+func TestSagaShowChildren(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	s := opstest.NewSagas(t, db)
+	s.ShippingParent(t, "trip-1")
+
+	var got sagaShow
+	okJSON(t, db, &got, "saga", "show", "trip-1")
+	if len(got.Children) != 1 || got.Children[0].ID != "trip-1/shipping/1" || got.Children[0].Type != "ship" || got.Children[0].Status != saga.StatusRunning {
+		t.Fatalf("children %+v", got.Children)
+	}
+	human := ok(t, db, "saga", "show", "trip-1")
+	if !regexp.MustCompile(`(?m)^trip-1/shipping/1 +ship +running +reserve`).MatchString(human) {
+		t.Errorf("human show lacks the child:\n%s", human)
+	}
+	okJSON(t, db, &got, "saga", "show", "trip-1/shipping/1")
+	if got.Saga.Parent != "trip-1" || len(got.Children) != 0 {
+		t.Fatalf("child: parent %q, children %+v", got.Saga.Parent, got.Children)
+	}
+	if human := ok(t, db, "saga", "show", "trip-1/shipping/1"); !strings.Contains(human, "parent: trip-1 (millrace saga show trip-1)") {
+		t.Errorf("human show of the child lacks its parent:\n%s", human)
+	}
+}
+
 // An event line says when its event arrived when that is not when the
 // line was written.
 func TestSagaShowArrival(t *testing.T) {
