@@ -107,7 +107,7 @@ func SignalTx(ctx context.Context, tx pgx.Tx, o *Orchestrator, sagaID, event, ev
 		return fmt.Errorf("%w: saga %s event %s: payload: %v", ErrInvalidEvent, sagaID, event, err)
 	}
 	ctx, span := startTransition(ctx, "event", sagaID, "", nil) // tracing.go
-	after, err := o.signal(ctx, tx, sagaID, event, eventID, raw)
+	after, err := o.signal(ctx, tx, sagaID, event, eventID, raw, eventKey{})
 	span.End(err)
 	for _, f := range after {
 		f()
@@ -140,7 +140,9 @@ func eventPayload(payload any) ([]byte, error) {
 	return raw, nil
 }
 
-func (o *Orchestrator) signal(ctx context.Context, tx pgx.Tx, sagaID, event, eventID string, raw []byte) ([]func(), error) {
+// signal stores and applies one event for saga sagaID (SignalTx), sent by
+// key when key is set (SignalByKeyTx).
+func (o *Orchestrator) signal(ctx context.Context, tx pgx.Tx, sagaID, event, eventID string, raw []byte, key eventKey) ([]func(), error) {
 	now := o.clock.Now()
 	in, err := scanInstance(tx.QueryRow(ctx, o.sql.events.tryLock, sagaID))
 	locked := err == nil
@@ -171,7 +173,7 @@ func (o *Orchestrator) signal(ctx context.Context, tx pgx.Tx, sagaID, event, eve
 	refuse := func(cause error, reason string) ([]func(), error) {
 		refusal := fmt.Errorf("%w: saga %s, event %s (id %s): %s", cause, sagaID, event, eventID, reason)
 		ev := storedEvent{name: event, id: eventID, payload: raw, at: now}
-		err := tx.QueryRow(ctx, o.sql.events.insert, sagaID, event, eventID, raw, eventRefused, now).Scan(&ev.arrived)
+		err := tx.QueryRow(ctx, o.sql.events.insert, sagaID, event, eventID, raw, eventRefused, now, key.typ, key.name, key.value).Scan(&ev.arrived)
 		if errors.Is(err, pgx.ErrNoRows) {
 			// A repeated delivery: nil if the first was taken (the saga
 			// ended since), the refusal again, unrecorded, if it was not.
@@ -199,7 +201,7 @@ func (o *Orchestrator) signal(ctx context.Context, tx pgx.Tx, sagaID, event, eve
 		return refuse(ErrSagaEnded, "the saga is "+string(status))
 	}
 	var arrived int64
-	err = tx.QueryRow(ctx, o.sql.events.insert, sagaID, event, eventID, raw, eventNew, now).Scan(&arrived)
+	err = tx.QueryRow(ctx, o.sql.events.insert, sagaID, event, eventID, raw, eventNew, now, key.typ, key.name, key.value).Scan(&arrived)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil // a duplicate delivery: applied (or filed) once already
 	}
@@ -311,23 +313,30 @@ func (m *machine) applyNewEvents() (err error) {
 
 // EventTarget is where a message delivers its event: the saga, the event's
 // name and its id (deduplicated per saga; defaults to the message's UUID).
+// With Key set, the event goes by correlation key instead of SagaID: to
+// the running sagas of type Type holding Key = Value (SignalByKeyTx).
 type EventTarget struct {
 	SagaID, Event, EventID string
+	// Type, Key and Value address the event by key (all three, and no
+	// SagaID).
+	Type, Key, Value string
 }
 
 // EventHandler returns a Watermill handler that delivers each message of
 // a topic as an event, as SignalTx does, with the message's payload (JSON)
 // as the event's. route maps a message to its saga and event name (from
 // its metadata or payload); an error it returns is the handler's (wrap it
-// with core.Permanent for a message that will never map). Each message is
-// applied in one transaction: the one in its context (core.TxFromContext,
+// with core.Permanent for a message that will never map); it may address
+// the event by a correlation key instead of a saga id (EventTarget.Key,
+// as SignalByKeyTx; no saga holding it is a refusal, ErrKeyNotHeld).
+// Each message is applied in one transaction: the one in its context (core.TxFromContext,
 // as the inbox's middleware puts it there), or one of its own. It is
 // deduplicated by its event, not by the message: a redelivery (the same
 // saga and event id) applies once, and a message copied to several topics
 // applies once per saga it is routed to, whichever handlers read those
 // topics (it records no inbox mark of its own, so it shares none with the
 // reply handler). An event the saga refuses (ErrSagaEnded,
-// ErrEventNotAwaited) is recorded in its history, logged and acknowledged;
+// ErrEventNotAwaited, ErrKeyNotHeld) is recorded, logged and acknowledged;
 // an unknown saga, an invalid event or a payload jsonb cannot hold is a
 // core.Permanent error (ErrNotFound, ErrInvalidEvent). Put it behind
 // Watermill's PoisonQueue and Retry (with inbox.ShouldRetry) middleware,
@@ -346,10 +355,15 @@ func (o *Orchestrator) EventHandler(route func(msg *message.Message) (EventTarge
 		}
 		ctx := msg.Context()
 		signal := func(tx pgx.Tx) error {
-			err := SignalTx(ctx, tx, o, t.SagaID, t.Event, t.EventID, json.RawMessage(msg.Payload))
+			var err error
+			if t.Key != "" {
+				err = SignalByKeyTx(ctx, tx, o, t.Type, t.Key, t.Value, t.Event, t.EventID, json.RawMessage(msg.Payload)) // keysignal.go
+			} else {
+				err = SignalTx(ctx, tx, o, t.SagaID, t.Event, t.EventID, json.RawMessage(msg.Payload))
+			}
 			switch {
-			case errors.Is(err, ErrSagaEnded) || errors.Is(err, ErrEventNotAwaited):
-				o.logger.Info("saga: event refused", map[string]any{"saga_id": t.SagaID, "event": t.Event, "event_id": t.EventID, "error": err.Error()})
+			case isRefusal(err):
+				o.logger.Info("saga: event refused", map[string]any{"saga_id": t.SagaID, "key": t.Key, "value": t.Value, "event": t.Event, "event_id": t.EventID, "error": err.Error()})
 				return nil // its record commits
 			case errors.Is(err, ErrNotFound) || errors.Is(err, ErrInvalidEvent) || errors.Is(err, ErrInvalidID) || errors.Is(err, ErrNotRegistered):
 				return core.Permanent(err)

@@ -91,9 +91,13 @@ func StartTx[D any](ctx context.Context, tx pgx.Tx, o *Orchestrator, def *Defini
 	}
 	ctx, span := startTransition(ctx, "start", id, "", nil) // tracing.go
 	defer span.End(nil)
+	attrs, err := o.startAttrs(ctx, tx, d, id, raw) // attr.go: ErrKeyTaken before any write
+	if err != nil {
+		return nil, err
+	}
 	now := o.clock.Now()
 	if at := startOpts(opts).at; at.After(now) {
-		return o.schedule(ctx, tx, d, id, raw, at, now) // schedule.go
+		return o.schedule(ctx, tx, d, id, raw, at, now, attrs) // schedule.go
 	}
 	in := &Instance{ID: id, Type: d.typ, Version: d.version, Status: StatusRunning, Phase: PhaseForward,
 		Steps: map[string]*StepState{}, Data: raw, Input: raw, Revision: 1, CreatedAt: now, UpdatedAt: now}
@@ -121,6 +125,9 @@ func StartTx[D any](ctx context.Context, tx pgx.Tx, o *Orchestrator, def *Defini
 			return nil, fmt.Errorf("saga %s: insert: %w", id, o.tablesError(err))
 		}
 		if inserted == 1 {
+			if err := o.writeStartAttrs(ctx, tx, in, attrs); err != nil {
+				return nil, err
+			}
 			if len(m.events) > 0 {
 				// In Start's transaction, the write goes with the COMMIT.
 				err := pipeline.WriteLast(ctx, tx, nil, fmt.Sprintf("saga %s: write commands", id), func(wtx pgx.Tx) error {
@@ -144,6 +151,9 @@ func StartTx[D any](ctx context.Context, tx pgx.Tx, o *Orchestrator, def *Defini
 		return o.existing(ctx, tx, d, id, raw)
 	}
 	in.Revision = 0 // as inserted; saving its first state makes it 1
+	if err := o.writeStartAttrs(ctx, tx, in, attrs); err != nil {
+		return nil, err
+	}
 	m := &machine{o: o, d: d, in: in, ctx: ctx, tx: tx, now: now, applied: true}
 	m.record("started", "", "", 0, "", "")
 	if err := m.advance(0); err != nil {

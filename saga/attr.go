@@ -1,0 +1,331 @@
+package saga
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/millrace/millrace/internal/pipeline"
+	"github.com/millrace/millrace/internal/sqlident"
+)
+
+// Key is a correlation key of a saga type (Spec.Keys): a business value
+// computed from a saga's data (an order number, a payment provider's id)
+// by which SignalByKey finds the saga, and by which List and bulk
+// queries filter (Attrs, "name=value"). It is written to table saga_attr
+// with the saga's state, at the start and whenever the data changes; a
+// saga holds its keys until it ends (completed or compensated).
+type Key[D any] struct {
+	// Name identifies the key. Required, unique among the definition's
+	// keys and attributes, at most 200 bytes of UTF-8 without NUL.
+	Name string
+	// Unique makes the key held by one running saga of the type at a
+	// time: StartTx refuses a saga whose value another running saga of
+	// the type holds, with ErrKeyTaken, before it writes anything. A
+	// value that changes later (a step's OnSuccess, say) to one another
+	// running saga holds is not taken: the saga keeps the value it held.
+	// Defaults to false: a shared key, which several running sagas may
+	// hold, and SignalByKey delivers to each of them.
+	Unique bool
+	// Value computes the key's value from the data. Required. An empty
+	// value holds no key.
+	Value func(data D) string
+}
+
+// Attr is a search attribute of a saga type (Spec.Attributes): a typed
+// value computed from a saga's data (a customer, an amount, a due date),
+// written to table saga_attr with the saga's state, at the start and
+// whenever the data changes, by which List and bulk queries filter
+// (ListParams.Attrs, Query.Attrs). Set exactly one of Text, Number and
+// Time.
+type Attr[D any] struct {
+	// Name identifies the attribute. Required, unique among the
+	// definition's keys and attributes, at most 200 bytes of UTF-8
+	// without NUL.
+	Name string
+	// Text computes a text attribute; an empty string is no value.
+	Text func(data D) string
+	// Number computes a number attribute; NaN is no value.
+	Number func(data D) float64
+	// Time computes a time attribute; the zero time is no value.
+	Time func(data D) time.Time
+}
+
+// Errors of keyed starts and signals.
+var (
+	// ErrKeyTaken: StartTx was given data whose unique key (Key.Unique)
+	// another running saga of the type holds. The error names the key,
+	// the value and the saga holding it.
+	ErrKeyTaken = errors.New("saga: unique key held by another running saga")
+	// ErrKeyNotHeld: SignalByKey found no running saga of the type
+	// holding the key's value. The event is stored as refused (table
+	// saga_event, saga_id ''), with the key it was sent by.
+	ErrKeyNotHeld = errors.New("saga: no running saga holds the key")
+)
+
+// The kinds of saga_attr rows.
+const (
+	attrKey       = "key"
+	attrUniqueKey = "unique_key"
+	attrText      = "text"
+	attrNumber    = "number"
+	attrTime      = "time"
+)
+
+// attrValue is one row of saga_attr as computed from a saga's data: value,
+// num or at (by kind) is nil for no value.
+type attrValue struct {
+	name, kind string
+	value      *string
+	num        *float64
+	at         *time.Time
+}
+
+// attrsDef is a definition's keys and attributes, its data type erased.
+type attrsDef struct {
+	kinds   map[string]string // name -> kind
+	unique  bool              // some key is unique
+	compute func(data []byte) ([]attrValue, error)
+}
+
+// eraseAttrs checks spec's keys and attributes and erases their types;
+// nil when it declares none.
+func eraseAttrs[D any](keys []Key[D], attrs []Attr[D]) (*attrsDef, error) {
+	if len(keys) == 0 && len(attrs) == 0 {
+		return nil, nil
+	}
+	a := &attrsDef{kinds: map[string]string{}}
+	add := func(what, name, kind string) error {
+		if err := checkName(name); err != nil {
+			return fmt.Errorf("%s name %q: %v", what, name, err)
+		}
+		if _, dup := a.kinds[name]; dup {
+			return fmt.Errorf("two keys or attributes are named %q", name)
+		}
+		a.kinds[name] = kind
+		return nil
+	}
+	for _, k := range keys {
+		kind := attrKey
+		if k.Unique {
+			kind, a.unique = attrUniqueKey, true
+		}
+		if err := add("key", k.Name, kind); err != nil {
+			return nil, err
+		}
+		if k.Value == nil {
+			return nil, fmt.Errorf("key %q has no Value", k.Name)
+		}
+	}
+	for _, at := range attrs {
+		kind, set := "", 0
+		for _, c := range []struct {
+			ok   bool
+			kind string
+		}{{at.Text != nil, attrText}, {at.Number != nil, attrNumber}, {at.Time != nil, attrTime}} {
+			if c.ok {
+				kind, set = c.kind, set+1
+			}
+		}
+		if set != 1 {
+			return nil, fmt.Errorf("attribute %q: set exactly one of Text, Number and Time", at.Name)
+		}
+		if err := add("attribute", at.Name, kind); err != nil {
+			return nil, err
+		}
+	}
+	keys, attrs = append([]Key[D](nil), keys...), append([]Attr[D](nil), attrs...)
+	a.compute = func(data []byte) (vals []attrValue, err error) {
+		defer recoverInto(&err)
+		var d D
+		if err := json.Unmarshal(data, &d); err != nil {
+			return nil, fmt.Errorf("saga: decode data: %w", err)
+		}
+		for _, k := range keys {
+			vals = append(vals, attrValue{name: k.Name, kind: a.kinds[k.Name], value: nonEmpty(k.Value(d))})
+		}
+		for _, at := range attrs {
+			v := attrValue{name: at.Name, kind: a.kinds[at.Name]}
+			switch {
+			case at.Text != nil:
+				v.value = nonEmpty(at.Text(d))
+			case at.Number != nil:
+				if n := at.Number(d); !math.IsNaN(n) {
+					v.num = &n
+				}
+			default:
+				if t := at.Time(d); !t.IsZero() {
+					v.at = &t
+				}
+			}
+			vals = append(vals, v)
+		}
+		return vals, nil
+	}
+	return a, nil
+}
+
+func nonEmpty(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+type attrStatements struct {
+	// save writes a batch of sagas' attributes (upsert); start does the
+	// same for a saga being started, without save's skipping of a unique
+	// key another saga holds (the start checked it: a race fails it).
+	save, start string
+	// taken finds a unique key value another running saga holds, on
+	// saga_attr_unique_key_idx (type, name, value).
+	taken string
+	// holders finds the running sagas of a type holding a key's value,
+	// on saga_attr_value_idx (name, value, ...).
+	holders string
+	// heldBefore finds the state of an event id delivered to a saga that
+	// held a key's value (and has ended since): on saga_attr_value_idx,
+	// then saga_event_once (saga_id, event_id).
+	heldBefore string
+}
+
+func newAttrStatements(schema string) attrStatements {
+	attr, ev := sqlident.Table(schema, "saga_attr"), sqlident.Table(schema, "saga_event")
+	upsert := func(skipTaken string) string {
+		return fmt.Sprintf(`INSERT INTO %[1]s AS a (saga_id, name, type, kind, value, num, at, live, created_at)
+SELECT u.* FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::float8[], $7::timestamptz[], $8::bool[], $9::timestamptz[])
+       AS u(saga_id, name, type, kind, value, num, at, live, created_at)%[2]s
+ON CONFLICT (saga_id, name) DO UPDATE SET kind = excluded.kind, value = excluded.value, num = excluded.num, at = excluded.at, live = excluded.live
+ WHERE (a.kind, a.value, a.num, a.at, a.live) IS DISTINCT FROM (excluded.kind, excluded.value, excluded.num, excluded.at, excluded.live)`, attr, skipTaken)
+	}
+	return attrStatements{
+		// A row left as it is changes nothing (no new row version, no
+		// index churn): a saga whose data changed no attribute costs one
+		// lookup per attribute on the primary key.
+		save: upsert(fmt.Sprintf(`
+ WHERE u.kind <> 'unique_key' OR u.value IS NULL OR NOT u.live
+    OR NOT EXISTS (SELECT 1 FROM %s h WHERE h.type = u.type AND h.name = u.name AND h.value = u.value
+                      AND h.kind = 'unique_key' AND h.live AND h.saga_id <> u.saga_id)`, attr)),
+		start: upsert(""),
+		taken: fmt.Sprintf(`SELECT h.name, h.value, h.saga_id FROM %s h
+  JOIN unnest($3::text[], $4::text[]) AS k(name, value) ON h.name = k.name AND h.value = k.value
+ WHERE h.type = $1 AND h.kind = 'unique_key' AND h.live AND h.saga_id <> $2
+ LIMIT 1`, attr),
+		holders: fmt.Sprintf(`SELECT saga_id FROM %s
+ WHERE name = $2 AND value = $3 AND type = $1 AND kind IN ('key', 'unique_key') AND live
+ ORDER BY saga_id`, attr),
+		heldBefore: fmt.Sprintf(`SELECT e.state FROM %s a JOIN %s e ON e.saga_id = a.saga_id AND e.event_id = $4
+ WHERE a.name = $2 AND a.value = $3 AND a.type = $1 AND a.kind IN ('key', 'unique_key')
+ ORDER BY e.state = 'refused' LIMIT 1`, attr, ev),
+	}
+}
+
+// attrRows are the saga_attr rows of a statement, column by column.
+type attrRows struct {
+	ids, names, types, kinds, values []string
+	valueSet                         []*string
+	nums                             []*float64
+	ats                              []*time.Time
+	live                             []bool
+	created                          []time.Time
+}
+
+func (r *attrRows) add(in *Instance, vals []attrValue) {
+	for _, v := range vals {
+		r.ids, r.names, r.types, r.kinds = append(r.ids, in.ID), append(r.names, v.name), append(r.types, in.Type), append(r.kinds, v.kind)
+		r.valueSet, r.nums, r.ats = append(r.valueSet, v.value), append(r.nums, v.num), append(r.ats, v.at)
+		r.live, r.created = append(r.live, in.EndedAt == nil), append(r.created, in.CreatedAt)
+	}
+}
+
+func (r *attrRows) args() []any {
+	return []any{r.ids, r.names, r.types, r.kinds, r.valueSet, r.nums, r.ats, r.live, r.created}
+}
+
+// appendAttrStatement appends to before the statement that writes the
+// keys and attributes of the sagas of ms that are saved and declare some
+// (saveMany), if any does. A definition's function that fails (a panic)
+// leaves that saga's attributes as they were, and is logged.
+func (o *Orchestrator) appendAttrStatement(before []pipeline.Statement, ms []*machine, saveErr *error) []pipeline.Statement {
+	var rows attrRows
+	for _, m := range ms {
+		if !m.changed() || m.d == nil || m.d.attrs == nil {
+			continue
+		}
+		vals, err := m.d.attrs.compute(m.in.Data)
+		if err != nil {
+			o.logger.Error("saga: compute keys and attributes; they stay as they were", err, map[string]any{"saga_id": m.in.ID, "type": m.in.Type})
+			continue
+		}
+		rows.add(m.in, vals)
+	}
+	if len(rows.ids) == 0 {
+		return before
+	}
+	return append(before, pipeline.Statement{SQL: o.sql.attr.save, Args: rows.args(), Read: func(br pgx.BatchResults) error {
+		if _, err := br.Exec(); err != nil {
+			*saveErr = fmt.Errorf("saga: write keys and attributes: %w", err)
+		}
+		return *saveErr
+	}})
+}
+
+// startAttrs computes the keys and attributes of a saga d is starting with
+// data raw and checks its unique keys (none another running saga of the
+// type holds, else ErrKeyTaken), before anything is written in tx. It
+// returns the values to write once the saga's row is in (writeStartAttrs).
+func (o *Orchestrator) startAttrs(ctx context.Context, tx pgx.Tx, d *def, id string, raw []byte) ([]attrValue, error) {
+	if d.attrs == nil {
+		return nil, nil
+	}
+	vals, err := d.attrs.compute(raw)
+	if err != nil {
+		return nil, fmt.Errorf("saga %s: compute keys and attributes: %w", id, err)
+	}
+	if !d.attrs.unique {
+		return vals, nil
+	}
+	var names, values []string
+	for _, v := range vals {
+		if v.kind == attrUniqueKey && v.value != nil {
+			names, values = append(names, v.name), append(values, *v.value)
+		}
+	}
+	if len(names) == 0 {
+		return vals, nil
+	}
+	var name, value, holder string
+	err = tx.QueryRow(ctx, o.sql.attr.taken, d.typ, id, names, values).Scan(&name, &value, &holder)
+	switch {
+	case err == nil:
+		return nil, fmt.Errorf("%w: starting saga %q of type %s: key %s = %q is held by saga %q", ErrKeyTaken, id, d.typ, name, value, holder)
+	case !errors.Is(err, pgx.ErrNoRows):
+		return nil, fmt.Errorf("saga %s: check unique keys: %w", id, o.tablesError(err))
+	}
+	return vals, nil
+}
+
+// writeStartAttrs writes the keys and attributes of saga in, just
+// inserted. A unique key a concurrent start took meanwhile fails it with
+// ErrKeyTaken (tx is then aborted).
+func (o *Orchestrator) writeStartAttrs(ctx context.Context, tx pgx.Tx, in *Instance, vals []attrValue) error {
+	if len(vals) == 0 {
+		return nil
+	}
+	var rows attrRows
+	rows.add(in, vals)
+	if _, err := tx.Exec(ctx, o.sql.attr.start, rows.args()...); err != nil {
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == "23505" {
+			return fmt.Errorf("%w: starting saga %q of type %s: %s", ErrKeyTaken, in.ID, in.Type, pe.Detail)
+		}
+		return fmt.Errorf("saga %s: write keys and attributes: %w", in.ID, o.tablesError(err))
+	}
+	return nil
+}

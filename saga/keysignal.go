@@ -1,0 +1,136 @@
+package saga
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/millrace/millrace/core"
+)
+
+// eventKey is the key an event was sent by (SignalByKeyTx), as saga_event
+// records it (key_type, key_name, key_value); zero for an event sent to a
+// saga by id.
+type eventKey struct{ typ, name, value string }
+
+// SignalByKey delivers an event to the running sagas of type sagaType
+// that hold key keyName = value, in a transaction of its own; see
+// SignalByKeyTx. A refused event (ErrKeyNotHeld, ErrSagaEnded,
+// ErrEventNotAwaited) is still committed as a record before the error is
+// returned.
+func SignalByKey(ctx context.Context, o *Orchestrator, sagaType, keyName, value, event, eventID string, payload any) error {
+	var refused error
+	err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
+		refused = nil
+		err := SignalByKeyTx(ctx, tx, o, sagaType, keyName, value, event, eventID, payload)
+		if isRefusal(err) {
+			refused = err
+			return nil
+		}
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	return refused
+}
+
+// isRefusal reports whether err is an event's refusal, which is recorded
+// (and committed by Signal and SignalByKey).
+func isRefusal(err error) bool {
+	return errors.Is(err, ErrSagaEnded) || errors.Is(err, ErrEventNotAwaited) || errors.Is(err, ErrKeyNotHeld)
+}
+
+// SignalByKeyTx delivers event with payload, in the caller's transaction,
+// to every running saga of type sagaType that holds correlation key
+// keyName (Spec.Keys) with value: for a unique key at most one, for a
+// shared key each of them, in saga id order. Each delivery is SignalTx's,
+// with its guarantees: it never waits for the orchestrator, an event that
+// comes before its wait is stored and applied when the saga gets there,
+// and a repeated delivery (the same eventID) applies once per saga. The
+// stored event (table saga_event) records the key it came by. A saga
+// holds its keys from its start (in the start's transaction) until it ends
+// (completed or compensated; a stuck, paused or scheduled saga holds
+// them).
+//
+// When no running saga of the type holds the value, the event is stored as
+// refused with an empty saga_id and the key (retention removes it after the
+// Compensated window), and the error wraps ErrKeyNotHeld; a repeated
+// delivery of an event a saga took before it ended returns nil, as
+// SignalTx does. When every saga holding it refuses it, the error joins
+// their refusals (ErrSagaEnded, ErrEventNotAwaited, each recorded in its
+// saga's history); when one took it, nil. sagaType, keyName and value
+// must be non-empty, at most 200 bytes of UTF-8 without NUL
+// (ErrInvalidEvent); the other arguments are SignalTx's.
+func SignalByKeyTx(ctx context.Context, tx pgx.Tx, o *Orchestrator, sagaType, keyName, value, event, eventID string, payload any) error {
+	if o == nil || tx == nil {
+		return fmt.Errorf("%w: saga.SignalByKeyTx: nil Orchestrator or transaction", core.ErrConfig)
+	}
+	key := eventKey{typ: sagaType, name: keyName, value: value}
+	for _, f := range []struct{ what, v string }{{"saga type", sagaType}, {"key name", keyName}, {"key value", value}, {"name", event}} {
+		if err := checkName(f.v); err != nil {
+			return fmt.Errorf("%w: %s %q: %v", ErrInvalidEvent, f.what, f.v, err)
+		}
+	}
+	if eventID == "" {
+		eventID = uuid.NewString()
+	} else if err := checkName(eventID); err != nil {
+		return fmt.Errorf("%w: id %q: %v", ErrInvalidEvent, eventID, err)
+	}
+	raw, err := eventPayload(payload)
+	if err != nil {
+		return fmt.Errorf("%w: %s %s = %q, event %s: payload: %v", ErrInvalidEvent, sagaType, keyName, value, event, err)
+	}
+	rows, err := tx.Query(ctx, o.sql.attr.holders, sagaType, keyName, value)
+	if err != nil {
+		return fmt.Errorf("saga: find the sagas holding %s %s = %q: %w", sagaType, keyName, value, o.tablesError(err))
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("saga: find the sagas holding %s %s = %q: %w", sagaType, keyName, value, err)
+	}
+	if len(ids) == 0 {
+		return o.keyNotHeld(ctx, tx, key, event, eventID, raw)
+	}
+	var refusals []error
+	for _, id := range ids {
+		sctx, span := startTransition(ctx, "event", id, "", nil) // tracing.go
+		after, err := o.signal(sctx, tx, id, event, eventID, raw, key)
+		span.End(err)
+		for _, f := range after {
+			f()
+		}
+		switch {
+		case isRefusal(err) || errors.Is(err, ErrNotFound): // ended, or removed, since it was found
+			refusals = append(refusals, err)
+		case err != nil:
+			return err
+		}
+	}
+	if len(refusals) == len(ids) {
+		return errors.Join(refusals...)
+	}
+	return nil
+}
+
+// keyNotHeld stores an event sent by key that no running saga holds as
+// refused, with saga_id ”, and returns its refusal; or nil for a repeated
+// delivery of an event a saga holding the key took before it ended.
+func (o *Orchestrator) keyNotHeld(ctx context.Context, tx pgx.Tx, key eventKey, event, eventID string, raw []byte) error {
+	var state string
+	err := tx.QueryRow(ctx, o.sql.attr.heldBefore, key.typ, key.name, key.value, eventID).Scan(&state)
+	switch {
+	case err == nil && state != eventRefused:
+		return nil
+	case err != nil && !errors.Is(err, pgx.ErrNoRows):
+		return fmt.Errorf("saga: read event %s sent by key: %w", eventID, err)
+	}
+	// A repeated refused delivery is one row (saga_event_once).
+	if _, err := tx.Exec(ctx, o.sql.events.insert, "", event, eventID, raw, eventRefused, o.clock.Now(), key.typ, key.name, key.value); err != nil {
+		return fmt.Errorf("saga: store event %s sent by key: %w", eventID, o.tablesError(err))
+	}
+	return fmt.Errorf("%w: no running saga of type %s holds %s = %q (event %s, id %s)", ErrKeyNotHeld, key.typ, key.name, key.value, event, eventID)
+}
