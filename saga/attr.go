@@ -6,7 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -179,6 +182,7 @@ func nonEmpty(s string) *string {
 }
 
 type attrStatements struct {
+	table string // saga_attr, for the filters (attrConds)
 	// save writes a batch of sagas' attributes (upsert); start does the
 	// same for a saga being started, without save's skipping of a unique
 	// key another saga holds (the start checked it: a race fails it).
@@ -205,6 +209,7 @@ ON CONFLICT (saga_id, name) DO UPDATE SET kind = excluded.kind, value = excluded
  WHERE (a.kind, a.value, a.num, a.at, a.live) IS DISTINCT FROM (excluded.kind, excluded.value, excluded.num, excluded.at, excluded.live)`, attr, skipTaken)
 	}
 	return attrStatements{
+		table: attr,
 		// A row left as it is changes nothing (no new row version, no
 		// index churn): a saga whose data changed no attribute costs one
 		// lookup per attribute on the primary key.
@@ -328,4 +333,59 @@ func (o *Orchestrator) writeStartAttrs(ctx context.Context, tx pgx.Tx, in *Insta
 		return fmt.Errorf("saga %s: write keys and attributes: %w", in.ID, o.tablesError(err))
 	}
 	return nil
+}
+
+// errInvalidFilter is wrapped by the error for an attribute filter
+// (ListParams.Attrs, Query.Attrs) that cannot be read, with
+// core.ErrInvalidListParams (List) or ErrInvalidQuery (bulk).
+var errInvalidFilter = errors.New("saga: invalid attribute filter")
+
+// attrConds turns attribute filters into conditions on saga_instance's id
+// (a subquery of saga_attr), their arguments added through arg. A filter
+// is name=value (a key's or a text attribute's value, or a number's or a
+// time's when value reads as one), or name>value, >=, <, <= (a number, or
+// a time in RFC 3339 or as a date, 2006-01-02, UTC). Equality is answered
+// from saga_attr_value_idx (name, value, ...), comparisons from
+// saga_attr_num_idx and saga_attr_at_idx (name, num|at).
+func attrConds(table string, filters []string, arg func(any) string) ([]string, error) {
+	var conds []string
+	for _, f := range filters {
+		i := strings.IndexAny(f, "=<>")
+		if i < 0 {
+			return nil, fmt.Errorf("%w: %q: want name=value, or name>value, >=, <, <= for a number or a time", errInvalidFilter, f)
+		}
+		name, op, value := strings.TrimSpace(f[:i]), f[i:i+1], strings.TrimSpace(f[i+1:])
+		if op != "=" && strings.HasPrefix(value, "=") {
+			op, value = op+"=", strings.TrimSpace(value[1:])
+		}
+		if err := checkName(name); err != nil {
+			return nil, fmt.Errorf("%w: %q: name: %v", errInvalidFilter, f, err)
+		}
+		if value == "" || !utf8.ValidString(value) || strings.IndexByte(value, 0) >= 0 {
+			return nil, fmt.Errorf("%w: %q: the value is empty, not valid UTF-8 or holds NUL", errInvalidFilter, f)
+		}
+		num, numErr := strconv.ParseFloat(value, 64)
+		at, atErr := parseFilterTime(value)
+		var match []string
+		if op == "=" {
+			match = append(match, "a.value = "+arg(value))
+		}
+		if numErr == nil && !math.IsNaN(num) && !math.IsInf(num, 0) {
+			match = append(match, "a.num "+op+" "+arg(num))
+		} else if atErr == nil {
+			match = append(match, "a.at "+op+" "+arg(at))
+		}
+		if len(match) == 0 {
+			return nil, fmt.Errorf("%w: %q: %s compares numbers and times (RFC 3339, or a date 2006-01-02): %q is neither", errInvalidFilter, f, op, value)
+		}
+		conds = append(conds, fmt.Sprintf("id IN (SELECT a.saga_id FROM %s a WHERE a.name = %s AND (%s))", table, arg(name), strings.Join(match, " OR ")))
+	}
+	return conds, nil
+}
+
+func parseFilterTime(s string) (time.Time, error) {
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t, nil
+	}
+	return time.Parse(time.DateOnly, s)
 }

@@ -269,3 +269,81 @@ func TestDefineRefusesBadKeysAndAttributes(t *testing.T) {
 		}
 	}
 }
+
+// listIDs returns the ids List gives for the attribute filters.
+func listIDs(t *testing.T, o *saga.Orchestrator, attrs ...string) []string {
+	t.Helper()
+	res, err := o.List(context.Background(), saga.ListParams{Attrs: attrs})
+	if err != nil {
+		t.Fatalf("List %q: %v", attrs, err)
+	}
+	var ids []string
+	for _, in := range res.Sagas {
+		ids = append(ids, in.ID)
+	}
+	return ids
+}
+
+// List filters by keys and attributes: equality on a key or a text,
+// comparisons on a number and a time, several filters together; a filter
+// it cannot read is refused with core.ErrInvalidListParams. A bulk retry
+// by the same filters acts on Ada's stuck orders only.
+func TestListAndBulkFilterByAttributes(t *testing.T) {
+	t.Parallel()
+	spec := checkoutSpec()
+	spec.Steps[0].OnTimeout = saga.TimeoutStuck
+	def := mustDefine(t, spec)
+	d := setupDriver(t, func(*testBundle) []saga.Registrable { return []saga.Registrable{def} })
+	ctx := context.Background()
+	for _, c := range []checkout{
+		{ID: "ada-1", PaymentID: "pi-1", Customer: "ada", Amount: 120, Due: time.Date(2026, 2, 1, 0, 0, 0, 0, time.UTC)},
+		{ID: "ada-2", PaymentID: "pi-2", Customer: "ada", Amount: 50, Due: time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)},
+		{ID: "bob-1", PaymentID: "pi-3", Customer: "bob", Amount: 300},
+	} {
+		startCheckout(t, d, def, c)
+	}
+	for filters, want := range map[string][]string{
+		"customer=ada":              {"ada-2", "ada-1"},
+		"customer = bob":            {"bob-1"},
+		"payment_id=pi-1":           {"ada-1"},
+		"amount>100":                {"bob-1", "ada-1"},
+		"amount>=50,customer=ada":   {"ada-2", "ada-1"},
+		"amount<=50":                {"ada-2"},
+		"amount=300":                {"bob-1"},
+		"due<2026-02-15":            {"ada-1"},
+		"due>=2026-03-01T00:00:00Z": {"ada-2"},
+		"customer=carol":            nil,
+	} {
+		if got := listIDs(t, d.o, strings.Split(filters, ",")...); !slices.Equal(got, want) {
+			t.Errorf("List %s: %v, want %v", filters, got, want)
+		}
+	}
+	for _, bad := range []string{"amount>abc", "customer", "=ada", "customer=", "customer<ada"} {
+		if _, err := d.o.List(ctx, saga.ListParams{Attrs: []string{bad}}); !errors.Is(err, core.ErrInvalidListParams) {
+			t.Errorf("List %q: %v, want ErrInvalidListParams", bad, err)
+		}
+	}
+	if _, err := d.o.DryRun(ctx, saga.Query{Attrs: []string{"amount>abc"}}, 5); !errors.Is(err, saga.ErrInvalidQuery) {
+		t.Errorf("DryRun with a bad filter: %v, want ErrInvalidQuery", err)
+	}
+
+	// Every step times out: all three are stuck; retry Ada's.
+	d.tick(2 * time.Hour)
+	q := saga.Query{Status: saga.StatusStuck, Attrs: []string{"customer=ada"}}
+	dry, err := d.o.DryRun(ctx, q, 10)
+	if err != nil || dry.Count != 2 {
+		t.Fatalf("dry run of Ada's stuck orders: %+v, %v", dry, err)
+	}
+	b, err := d.o.Bulk(ctx, saga.ActionRetry, q, saga.Actor{Operator: "alice", Reason: "stock fixed"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b = drain(t, d.o, d.o, b.ID); b.Counts.Applied != 2 {
+		t.Fatalf("bulk retry: %+v", b.Counts)
+	}
+	for id, want := range map[string]saga.Status{"ada-1": saga.StatusRunning, "ada-2": saga.StatusRunning, "bob-1": saga.StatusStuck} {
+		if in := d.get(id); in.Status != want {
+			t.Errorf("%s is %s, want %s", id, in.Status, want)
+		}
+	}
+}
