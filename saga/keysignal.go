@@ -5,16 +5,20 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/millrace/core"
 )
 
-// eventKey is the key an event was sent by (SignalByKeyTx), as saga_event
-// records it (key_type, key_name, key_value); zero for an event sent to a
-// saga by id.
-type eventKey struct{ typ, name, value string }
+// via is how an event is sent: by key (typ, name and value, as saga_event
+// records them in key_type, key_name and key_value; empty for an event sent
+// by saga id), and whether it is filed for the orchestrator that has the
+// saga's definition when this one lacks it (an operator's tool:
+// Orchestrator.Signal).
+type via struct {
+	typ, name, value string
+	file             bool
+}
 
 // SignalByKey delivers an event to the running sagas of type sagaType
 // that hold key keyName = value, in a transaction of its own; see
@@ -69,57 +73,53 @@ func SignalByKeyTx(ctx context.Context, tx pgx.Tx, o *Orchestrator, sagaType, ke
 	if o == nil || tx == nil {
 		return fmt.Errorf("%w: saga.SignalByKeyTx: nil Orchestrator or transaction", core.ErrConfig)
 	}
-	key := eventKey{typ: sagaType, name: keyName, value: value}
-	for _, f := range []struct{ what, v string }{{"saga type", sagaType}, {"key name", keyName}, {"key value", value}, {"name", event}} {
+	for _, f := range []struct{ what, v string }{{"saga type", sagaType}, {"key name", keyName}, {"key value", value}} {
 		if err := checkName(f.v); err != nil {
 			return fmt.Errorf("%w: %s %q: %v", ErrInvalidEvent, f.what, f.v, err)
 		}
 	}
-	if eventID == "" {
-		eventID = uuid.NewString()
-	} else if err := checkName(eventID); err != nil {
-		return fmt.Errorf("%w: id %q: %v", ErrInvalidEvent, eventID, err)
-	}
-	raw, err := eventPayload(payload)
+	eventID, raw, err := checkEvent(event, eventID, payload)
 	if err != nil {
-		return fmt.Errorf("%w: %s %s = %q, event %s: payload: %v", ErrInvalidEvent, sagaType, keyName, value, event, err)
+		return fmt.Errorf("saga %s %s = %q: %w", sagaType, keyName, value, err)
 	}
-	rows, err := tx.Query(ctx, o.sql.attr.holders, sagaType, keyName, value)
+	_, err = o.signalByKey(ctx, tx, via{typ: sagaType, name: keyName, value: value}, event, eventID, raw)
+	return err
+}
+
+// signalByKey is SignalByKeyTx after its checks. It returns the sagas
+// that held the key.
+func (o *Orchestrator) signalByKey(ctx context.Context, tx pgx.Tx, v via, event, eventID string, raw []byte) ([]string, error) {
+	rows, err := tx.Query(ctx, o.sql.attr.holders, v.typ, v.name, v.value)
 	if err != nil {
-		return fmt.Errorf("saga: find the sagas holding %s %s = %q: %w", sagaType, keyName, value, o.tablesError(err))
+		return nil, fmt.Errorf("saga: find the sagas holding %s %s = %q: %w", v.typ, v.name, v.value, o.tablesError(err))
 	}
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return fmt.Errorf("saga: find the sagas holding %s %s = %q: %w", sagaType, keyName, value, err)
+		return nil, fmt.Errorf("saga: find the sagas holding %s %s = %q: %w", v.typ, v.name, v.value, err)
 	}
 	if len(ids) == 0 {
-		return o.keyNotHeld(ctx, tx, key, event, eventID, raw)
+		return nil, o.keyNotHeld(ctx, tx, v, event, eventID, raw)
 	}
 	var refusals []error
 	for _, id := range ids {
-		sctx, span := startTransition(ctx, "event", id, "", nil) // tracing.go
-		after, err := o.signal(sctx, tx, id, event, eventID, raw, key)
-		span.End(err)
-		for _, f := range after {
-			f()
-		}
+		err := o.signalOne(ctx, tx, id, event, eventID, raw, v) // signal.go
 		switch {
 		case isRefusal(err) || errors.Is(err, ErrNotFound): // ended, or removed, since it was found
 			refusals = append(refusals, err)
 		case err != nil:
-			return err
+			return ids, err
 		}
 	}
 	if len(refusals) == len(ids) {
-		return errors.Join(refusals...)
+		return ids, errors.Join(refusals...)
 	}
-	return nil
+	return ids, nil
 }
 
 // keyNotHeld stores an event sent by key that no running saga holds as
 // refused, with saga_id ”, and returns its refusal; or nil for a repeated
 // delivery of an event a saga holding the key took before it ended.
-func (o *Orchestrator) keyNotHeld(ctx context.Context, tx pgx.Tx, key eventKey, event, eventID string, raw []byte) error {
+func (o *Orchestrator) keyNotHeld(ctx context.Context, tx pgx.Tx, key via, event, eventID string, raw []byte) error {
 	var state string
 	err := tx.QueryRow(ctx, o.sql.attr.heldBefore, key.typ, key.name, key.value, eventID).Scan(&state)
 	switch {

@@ -94,25 +94,41 @@ func SignalTx(ctx context.Context, tx pgx.Tx, o *Orchestrator, sagaID, event, ev
 	if err := checkName(sagaID); err != nil {
 		return fmt.Errorf("%w %q: %v", ErrInvalidID, sagaID, err)
 	}
-	if err := checkName(event); err != nil {
-		return fmt.Errorf("%w: name %q: %v", ErrInvalidEvent, event, err)
-	}
-	if eventID == "" {
-		eventID = uuid.NewString()
-	} else if err := checkName(eventID); err != nil {
-		return fmt.Errorf("%w: id %q: %v", ErrInvalidEvent, eventID, err)
-	}
-	raw, err := eventPayload(payload)
+	eventID, raw, err := checkEvent(event, eventID, payload)
 	if err != nil {
-		return fmt.Errorf("%w: saga %s event %s: payload: %v", ErrInvalidEvent, sagaID, event, err)
+		return fmt.Errorf("saga %s: %w", sagaID, err)
 	}
+	return o.signalOne(ctx, tx, sagaID, event, eventID, raw, via{})
+}
+
+// signalOne is SignalTx after its checks, in a span of its own.
+func (o *Orchestrator) signalOne(ctx context.Context, tx pgx.Tx, sagaID, event, eventID string, raw []byte, v via) error {
 	ctx, span := startTransition(ctx, "event", sagaID, "", nil) // tracing.go
-	after, err := o.signal(ctx, tx, sagaID, event, eventID, raw, eventKey{})
+	after, err := o.signal(ctx, tx, sagaID, event, eventID, raw, v)
 	span.End(err)
 	for _, f := range after {
 		f()
 	}
 	return err
+}
+
+// checkEvent checks an event's name and id (a new UUID when empty) and
+// encodes its payload (eventPayload), or returns an error wrapping
+// ErrInvalidEvent.
+func checkEvent(event, eventID string, payload any) (string, []byte, error) {
+	if err := checkName(event); err != nil {
+		return "", nil, fmt.Errorf("%w: name %q: %v", ErrInvalidEvent, event, err)
+	}
+	if eventID == "" {
+		eventID = uuid.NewString()
+	} else if err := checkName(eventID); err != nil {
+		return "", nil, fmt.Errorf("%w: id %q: %v", ErrInvalidEvent, eventID, err)
+	}
+	raw, err := eventPayload(payload)
+	if err != nil {
+		return "", nil, fmt.Errorf("%w: event %s: payload: %v", ErrInvalidEvent, event, err)
+	}
+	return eventID, raw, nil
 }
 
 // eventPayload encodes an event's payload as JSON that jsonb can store.
@@ -141,8 +157,9 @@ func eventPayload(payload any) ([]byte, error) {
 }
 
 // signal stores and applies one event for saga sagaID (SignalTx), sent by
-// key when key is set (SignalByKeyTx).
-func (o *Orchestrator) signal(ctx context.Context, tx pgx.Tx, sagaID, event, eventID string, raw []byte, key eventKey) ([]func(), error) {
+// a key when v has one (SignalByKeyTx). With v.file, a saga whose
+// definition o lacks has the event stored for the orchestrator that has it.
+func (o *Orchestrator) signal(ctx context.Context, tx pgx.Tx, sagaID, event, eventID string, raw []byte, v via) ([]func(), error) {
 	now := o.clock.Now()
 	in, err := scanInstance(tx.QueryRow(ctx, o.sql.events.tryLock, sagaID))
 	locked := err == nil
@@ -167,13 +184,13 @@ func (o *Orchestrator) signal(ctx context.Context, tx pgx.Tx, sagaID, event, eve
 		return nil, fmt.Errorf("saga %s: lock: %w", sagaID, o.tablesError(err))
 	}
 	d := o.definition(typ, version)
-	if d == nil {
+	if d == nil && !v.file {
 		return nil, fmt.Errorf("%w: saga %s is %s v%d", ErrNotRegistered, sagaID, typ, version)
 	}
 	refuse := func(cause error, reason string) ([]func(), error) {
 		refusal := fmt.Errorf("%w: saga %s, event %s (id %s): %s", cause, sagaID, event, eventID, reason)
 		ev := storedEvent{name: event, id: eventID, payload: raw, at: now}
-		err := tx.QueryRow(ctx, o.sql.events.insert, sagaID, event, eventID, raw, eventRefused, now, key.typ, key.name, key.value).Scan(&ev.arrived)
+		err := tx.QueryRow(ctx, o.sql.events.insert, sagaID, event, eventID, raw, eventRefused, now, v.typ, v.name, v.value).Scan(&ev.arrived)
 		if errors.Is(err, pgx.ErrNoRows) {
 			// A repeated delivery: nil if the first was taken (the saga
 			// ended since), the refusal again, unrecorded, if it was not.
@@ -194,21 +211,21 @@ func (o *Orchestrator) signal(ctx context.Context, tx pgx.Tx, sagaID, event, eve
 		}
 		return nil, refusal
 	}
-	if !d.waitsFor(0, event) {
+	if d != nil && !d.waitsFor(0, event) {
 		return refuse(ErrEventNotAwaited, fmt.Sprintf("no step of %s v%d waits for it", typ, version))
 	}
 	if status == StatusCompleted || status == StatusCompensated {
 		return refuse(ErrSagaEnded, "the saga is "+string(status))
 	}
 	var arrived int64
-	err = tx.QueryRow(ctx, o.sql.events.insert, sagaID, event, eventID, raw, eventNew, now, key.typ, key.name, key.value).Scan(&arrived)
+	err = tx.QueryRow(ctx, o.sql.events.insert, sagaID, event, eventID, raw, eventNew, now, v.typ, v.name, v.value).Scan(&arrived)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil // a duplicate delivery: applied (or filed) once already
 	}
 	if err != nil {
 		return nil, fmt.Errorf("saga %s: store event %s: %w", sagaID, eventID, o.tablesError(err))
 	}
-	if !locked {
+	if !locked || d == nil {
 		return nil, nil // the orchestrator's timer pass applies it
 	}
 	if status == StatusPaused || status == StatusScheduled {

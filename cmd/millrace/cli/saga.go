@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/millrace/millrace/console"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/saga"
 )
 
@@ -211,13 +212,17 @@ func parseStatus(s string) (saga.Status, error) {
 
 func (a *app) sagaListCmd() *cobra.Command {
 	var typ, status, cursor, step, errMatch string
+	var attrs []string
 	var older time.Duration
 	var limit int
 	cmd := &cobra.Command{
 		Use:   "list",
-		Short: "List sagas newest first, by type, status, step, last error and age, a page at a time",
-		Long: "List sagas newest first, filtered by --type, --status, --step, --error and --older-than, a page at a time:\n" +
-			"the next page's --cursor is printed after the table (\"next\" with --json).",
+		Short: "List sagas newest first, by type, status, step, last error, age and attributes, a page at a time",
+		Long: "List sagas newest first, filtered by --type, --status, --step, --error, --older-than and --attr, a page at a time:\n" +
+			"the next page's --cursor is printed after the table (\"next\" with --json). --attr filters by the keys and\n" +
+			"search attributes the saga's definition declares (Spec.Keys, Spec.Attributes), repeatable, all must match:\n" +
+			"name=value (a key, a text, or a number or time equal to it), or name>value, >=, <, <= on a number or a time\n" +
+			"(RFC 3339 or 2006-01-02): --attr customer=ada --attr 'amount>100'.",
 		Args: args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			st, err := parseStatus(status)
@@ -234,13 +239,16 @@ func (a *app) sagaListCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			p := saga.ListParams{Type: typ, Status: st, Step: step, Error: errMatch, Cursor: cursor, Limit: limit}
+			p := saga.ListParams{Type: typ, Status: st, Step: step, Error: errMatch, Attrs: attrs, Cursor: cursor, Limit: limit}
 			if older > 0 {
 				p.CreatedBefore = time.Now().Add(-older)
 			}
 			res, err := o.List(cmd.Context(), p)
 			if errors.Is(err, saga.ErrInvalidCursor) {
 				return usageError{fmt.Errorf("--cursor: %w", err)}
+			}
+			if errors.Is(err, core.ErrInvalidListParams) {
+				return usageError{fmt.Errorf("--attr: %w", err)}
 			}
 			if err != nil {
 				return err
@@ -266,6 +274,7 @@ func (a *app) sagaListCmd() *cobra.Command {
 	f.StringVar(&typ, "type", "", "only sagas of this type")
 	f.StringVar(&step, "step", "", "only sagas whose current step is this one")
 	f.StringVar(&errMatch, "error", "", "only sagas whose last error matches this SQL LIKE pattern (e.g. '%refund hold%')")
+	f.StringArrayVar(&attrs, "attr", nil, "only sagas whose key or search attribute matches (repeatable): name=value, or name>value, >=, <, <= on a number or time (e.g. customer=ada, 'amount>100')")
 	f.StringVar(&status, "status", "", "only sagas in this status: running, compensating, stuck, completed, compensated, paused, scheduled")
 	f.DurationVar(&older, "older-than", 0, "only sagas started longer ago than this (e.g. 1h)")
 	f.StringVar(&cursor, "cursor", "", "continue a listing where the previous page ended")
