@@ -27,7 +27,8 @@ func (a *app) sagaCmd() *cobra.Command {
 			"definition (its Go code). The stock binary has none: it records an operator request, checked against\n" +
 			"the saga's state, that the service's running orchestrator applies on its next timer pass. A millrace\n" +
 			"built with the definitions (package cmd/millrace/cli, Config.Sagas) acts at once (docs/operating.md).\n" +
-			"Listing, showing and withdrawing a pending request (saga withdraw) need no definition.",
+			"Listing, showing and withdrawing a pending request (saga withdraw) need no definition; saga signal sends an\n" +
+			"event to a waiting saga (by id or by correlation key), stored for the orchestrator when this binary has no definition.",
 	})
 	cmd.AddCommand(a.sagaListCmd(), a.sagaShowCmd(),
 		a.sagaActionCmd(saga.ActionRetry, "Retry the current step's action (or compensation) now, with a fresh retry budget",
@@ -42,7 +43,7 @@ func (a *app) sagaCmd() *cobra.Command {
 			(*saga.Orchestrator).Pause),
 		a.sagaActionCmd(saga.ActionResume, "Resume a paused saga: its timeout and deadline pushed by the paused time, held replies applied in order",
 			(*saga.Orchestrator).Resume),
-		a.sagaWithdrawCmd(), a.sagaBulkCmd())
+		a.sagaWithdrawCmd(), a.sagaBulkCmd(), a.sagaSignalCmd())
 	return cmd
 }
 
