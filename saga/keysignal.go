@@ -26,20 +26,9 @@ type via struct {
 // ErrEventNotAwaited) is still committed as a record before the error is
 // returned.
 func SignalByKey(ctx context.Context, o *Orchestrator, sagaType, keyName, value, event, eventID string, payload any) error {
-	var refused error
-	err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
-		refused = nil
-		err := SignalByKeyTx(ctx, tx, o, sagaType, keyName, value, event, eventID, payload)
-		if isRefusal(err) {
-			refused = err
-			return nil
-		}
-		return err
+	return o.refusalCommits(ctx, func(tx pgx.Tx) error { // signal.go
+		return SignalByKeyTx(ctx, tx, o, sagaType, keyName, value, event, eventID, payload)
 	})
-	if err != nil {
-		return err
-	}
-	return refused
 }
 
 // isRefusal reports whether err is an event's refusal, which is recorded

@@ -46,25 +46,18 @@ func (o *Orchestrator) Signal(ctx context.Context, t EventTarget, payload any, b
 	if (t.SagaID == "") == (t.Key == "") {
 		return fmt.Errorf("%w: signal: set the saga id, or the saga type, key and value, not both", ErrInvalidEvent)
 	}
-	var refused error
 	var after []func()
-	err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
+	err := o.refusalCommits(ctx, func(tx pgx.Tx) error { // signal.go
 		var err error
-		refused = nil
 		after, err = o.signalAs(ctx, tx, t, payload, by)
-		if isRefusal(err) {
-			refused = err
-			return nil
-		}
 		return err
 	})
-	if err != nil {
-		return err
+	if err == nil || isRefusal(err) { // committed
+		for _, f := range after {
+			f()
+		}
 	}
-	for _, f := range after {
-		f()
-	}
-	return refused
+	return err
 }
 
 // signalAs is Signal in tx. It returns the refusal (recorded) or the

@@ -32,11 +32,18 @@ var (
 // SignalTx. A refused event (ErrSagaEnded, ErrEventNotAwaited) is still
 // committed as a record before the error is returned.
 func Signal(ctx context.Context, o *Orchestrator, sagaID, event, eventID string, payload any) error {
+	return o.refusalCommits(ctx, func(tx pgx.Tx) error { return SignalTx(ctx, tx, o, sagaID, event, eventID, payload) })
+}
+
+// refusalCommits runs fn in a transaction of its own, which commits when
+// fn succeeds or an event is refused (isRefusal: the refusal's record
+// commits), and returns fn's error.
+func (o *Orchestrator) refusalCommits(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	var refused error
 	err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
 		refused = nil
-		err := SignalTx(ctx, tx, o, sagaID, event, eventID, payload)
-		if errors.Is(err, ErrSagaEnded) || errors.Is(err, ErrEventNotAwaited) {
+		err := fn(tx)
+		if isRefusal(err) {
 			refused = err
 			return nil
 		}
