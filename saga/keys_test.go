@@ -347,3 +347,87 @@ func TestListAndBulkFilterByAttributes(t *testing.T) {
 		}
 	}
 }
+
+// Two starts racing for one unique key (the second's check runs before
+// the first commits): the second waits on the unique index and is refused
+// with ErrKeyTaken when the first commits.
+func TestConcurrentStartsOfAUniqueKeyOneWins(t *testing.T) {
+	t.Parallel()
+	d, def := setupKeyed(t)
+	ctx := context.Background()
+	first, err := d.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Rollback(ctx)
+	if _, err := saga.StartTx(ctx, first, d.o, def, "race-1", checkout{ID: "race-1", PaymentID: "pi_race"}); err != nil {
+		t.Fatal(err)
+	}
+	second := make(chan error, 1)
+	go func() {
+		_, err := saga.Start(ctx, d.o, def, "race-2", checkout{ID: "race-2", PaymentID: "pi_race"})
+		second <- err
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var waiting int
+		if err := d.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%saga_attr%'`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the second start never waited for the first")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := first.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-second; !errors.Is(err, saga.ErrKeyTaken) {
+		t.Fatalf("second start: %v, want ErrKeyTaken", err)
+	}
+	if _, err := d.o.Get(ctx, "race-2"); !errors.Is(err, saga.ErrNotFound) {
+		t.Fatalf("the refused start left its saga: %v", err)
+	}
+}
+
+// A unique key's value that changes while the saga runs to one another
+// running saga holds is not taken (the saga keeps its own), and the saga
+// goes on: the save never fails on it. A scheduled saga holds its keys.
+func TestUniqueKeyChangedToATakenValueIsNotTaken(t *testing.T) {
+	t.Parallel()
+	spec := checkoutSpec()
+	spec.Steps[1].Await.OnEvent = saga.EventFunc(func(c *checkout, e confirmation) error {
+		c.PaymentID, c.Ref = e.Ref, e.Ref // the provider moved the charge
+		return nil
+	})
+	spec.Steps[2] = saga.Step[checkout]{Name: "ship", Kind: saga.Pivot, Action: &saga.Command[checkout]{Topic: "shipping"}, Timeout: time.Hour}
+	def := mustDefine(t, spec)
+	d := setupDriver(t, func(*testBundle) []saga.Registrable { return []saga.Registrable{def} })
+	ctx := context.Background()
+	startCheckout(t, d, def, checkout{ID: "u-1", PaymentID: "pi_a"})
+	startCheckout(t, d, def, checkout{ID: "u-2", PaymentID: "pi_b"})
+	d.reply("u-2", d.last("u-2"), core.OutcomeSuccess)
+	if err := saga.SignalByKey(ctx, d.o, "order", "payment_id", "pi_b", "payment.confirmed", "e-1", confirmation{Ref: "pi_a"}); err != nil {
+		t.Fatal(err)
+	}
+	if in := d.get("u-2"); in.Status != saga.StatusRunning || in.Step != "ship" {
+		t.Fatalf("u-2 is %s at %s (%s)", in.Status, in.Step, in.LastError)
+	}
+	if got := d.attrs("u-2"); !slices.Contains(got, "payment_id=pi_b unique_key true") {
+		t.Fatalf("u-2's attributes %q: want its own payment id kept", got)
+	}
+	if got := d.attrs("u-1"); !slices.Contains(got, "payment_id=pi_a unique_key true") {
+		t.Fatalf("u-1's attributes %q", got)
+	}
+
+	later := d.clock.Now().Add(time.Hour)
+	if _, err := saga.Start(ctx, d.o, def, "u-3", checkout{ID: "u-3", PaymentID: "pi_c"}, saga.StartAt(later)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := saga.Start(ctx, d.o, def, "u-4", checkout{ID: "u-4", PaymentID: "pi_c"}); !errors.Is(err, saga.ErrKeyTaken) {
+		t.Fatalf("a key a scheduled saga holds: %v, want ErrKeyTaken", err)
+	}
+}
