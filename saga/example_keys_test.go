@@ -30,7 +30,8 @@ type Charge struct {
 // handler delivers the event by it (SignalByKeyTx). A second saga with
 // the same payment id is refused at its start; once the saga ended, the
 // key is no longer held. Customer and amount are search attributes: List
-// filters by them.
+// filters by them. An operator sends an event a sender lost with
+// Orchestrator.Signal.
 func Example_correlationKey() {
 	ctx := context.Background()
 	url := os.Getenv("DATABASE_URL")
@@ -116,10 +117,26 @@ func Example_correlationKey() {
 	fmt.Println(in.Status)
 	err = saga.SignalByKey(ctx, o, "charge", "payment_id", "pi_1", "payment.confirmed", "evt_2", nil)
 	fmt.Println("after the end:", errors.Is(err, saga.ErrKeyNotHeld))
+
+	// The provider never called for pi_2, but confirmed it by phone: an
+	// operator sends the event (recorded in the history and the audit
+	// trail), here by the key as well.
+	err = o.Signal(ctx, saga.EventTarget{Type: "charge", Key: "payment_id", Value: "pi_2", Event: "payment.confirmed"},
+		Confirmation{Ref: "ch_2"}, saga.Actor{Operator: "ada", Reason: "confirmed by phone"})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	if in, err = o.Get(ctx, "o-2"); err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("o-2:", in.Status)
 	// Output:
 	// same payment id: true
 	// ada's orders over 100: 1 o-1
 	// webhook: <nil>
 	// completed
 	// after the end: true
+	// o-2: completed
 }
