@@ -382,6 +382,10 @@ func (c *Console) sagaConfirm(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	if d.Action == "signal" { // its form is on the saga's page
+		http.Redirect(w, r, c.cfg.Prefix+"/saga?id="+url.QueryEscape(d.ID)+"#signal-form", http.StatusSeeOther)
+		return
+	}
 	ctx, cancel := reqCtx(r)
 	defer cancel()
 	if d.Saga = c.sagaFor(w, r, ctx, d); d.Saga == nil {
