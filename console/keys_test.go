@@ -32,6 +32,7 @@ func TestSagaListFiltersByAttributes(t *testing.T) {
 	if strings.Contains(r.body, "bob-1") || strings.Contains(r.body, `id="next"`) {
 		t.Errorf("page 2 of Ada's sagas:\n%s", r.body)
 	}
+	contains(t, "saga page", b.get("/saga?id=ada-1").body, `id="saga-attributes"`, `customer=ada</span>`, `amount=120</span>`)
 	if r := b.get("/sagas?attr=amount%3Eabc"); r.status != http.StatusBadRequest || !strings.Contains(r.body, "Bad attribute filter") {
 		t.Errorf("bad filter: %d\n%s", r.status, r.body)
 	}

@@ -25,6 +25,9 @@ func (o *Orchestrator) Get(ctx context.Context, id string) (*Instance, error) {
 	if err != nil {
 		return nil, fmt.Errorf("saga %s: get: %w", id, err)
 	}
+	if in.Attributes, err = o.attributes(ctx, id); err != nil { // attr.go
+		return nil, fmt.Errorf("saga %s: get: %w", id, err)
+	}
 	return in, nil
 }
 

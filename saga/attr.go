@@ -193,6 +193,8 @@ type attrStatements struct {
 	// holders finds the running sagas of a type holding a key's value,
 	// on saga_attr_value_idx (name, value, ...).
 	holders string
+	// of reads a saga's keys and attributes, on the primary key.
+	of string
 	// heldBefore finds the state of an event id delivered to a saga that
 	// held a key's value (and has ended since): on saga_attr_value_idx,
 	// then saga_event_once (saga_id, event_id).
@@ -225,6 +227,7 @@ ON CONFLICT (saga_id, name) DO UPDATE SET kind = excluded.kind, value = excluded
 		holders: fmt.Sprintf(`SELECT saga_id FROM %s
  WHERE name = $2 AND value = $3 AND type = $1 AND kind IN ('key', 'unique_key') AND live
  ORDER BY saga_id`, attr),
+		of: fmt.Sprintf(`SELECT name, value, num, at FROM %s WHERE saga_id = $1 ORDER BY name`, attr),
 		heldBefore: fmt.Sprintf(`SELECT e.state FROM %s a JOIN %s e ON e.saga_id = a.saga_id AND e.event_id = $4
  WHERE a.name = $2 AND a.value = $3 AND a.type = $1 AND a.kind IN ('key', 'unique_key')
  ORDER BY e.state = 'refused' LIMIT 1`, attr, ev),
@@ -388,4 +391,40 @@ func parseFilterTime(s string) (time.Time, error) {
 		return t, nil
 	}
 	return time.Parse(time.DateOnly, s)
+}
+
+// attributes reads saga id's keys and attributes as Instance.Attributes
+// has them; nil when it has none.
+func (o *Orchestrator) attributes(ctx context.Context, id string) (map[string]string, error) {
+	rows, err := o.pool.Query(ctx, o.sql.attr.of, id)
+	if err != nil {
+		return nil, fmt.Errorf("read keys and attributes: %w", err)
+	}
+	var out map[string]string
+	var name string
+	var value *string
+	var num *float64
+	var at *time.Time
+	_, err = pgx.ForEachRow(rows, []any{&name, &value, &num, &at}, func() error {
+		var v string
+		switch {
+		case value != nil:
+			v = *value
+		case num != nil:
+			v = strconv.FormatFloat(*num, 'g', -1, 64)
+		case at != nil:
+			v = at.UTC().Format(time.RFC3339Nano)
+		default:
+			return nil
+		}
+		if out == nil {
+			out = map[string]string{}
+		}
+		out[name] = v
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read keys and attributes: %w", err)
+	}
+	return out, nil
 }

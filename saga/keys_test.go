@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -118,6 +119,10 @@ func TestSignalByKeyEarlyDuplicatedAndAfterTheEnd(t *testing.T) {
 		"payment_id=pi_1 unique_key true", "ref= text true"}
 	if got := d.attrs("k-1"); !slices.Equal(got, want) {
 		t.Fatalf("attributes at start %q, want %q", got, want)
+	}
+	wantGet := map[string]string{"amount": "120.5", "customer": "ada", "due": "2026-02-01T00:00:00Z", "payment_id": "pi_1"}
+	if got := d.get("k-1").Attributes; !maps.Equal(got, wantGet) {
+		t.Fatalf("Get's Attributes %v, want %v", got, wantGet)
 	}
 	for range 2 {
 		if err := saga.SignalByKey(ctx, d.o, "order", "payment_id", "pi_1", "payment.confirmed", "psp-1", confirmation{Ref: "r1"}); err != nil {

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -148,6 +150,8 @@ type sagaJSON struct {
 	DeadlineAt   *time.Time                 `json:"deadline_at"`
 	// Request is the operator request waiting for the orchestrator.
 	Request *saga.Request `json:"request"`
+	// Attributes are its keys and search attributes (show only).
+	Attributes map[string]string `json:"attributes,omitempty"`
 }
 
 // toJSON is in as --json prints it, its data and input as show lets them
@@ -162,7 +166,7 @@ func (a *app) toJSON(in *saga.Instance) sagaJSON {
 		ID: in.ID, Type: in.Type, Version: in.Version, Status: in.Status, Phase: in.Phase, Step: in.Step,
 		Steps: steps, Data: orNull(a.showJSON(res, in.Data)), Input: orNull(a.showJSON(res, in.Input)), Revision: in.Revision, Attempts: in.Attempts,
 		LastError: in.LastError, CreatedAt: in.CreatedAt, UpdatedAt: in.UpdatedAt, EndedAt: in.EndedAt,
-		NextWakeupAt: in.NextWakeupAt, DeadlineAt: in.DeadlineAt, Request: in.Request,
+		NextWakeupAt: in.NextWakeupAt, DeadlineAt: in.DeadlineAt, Request: in.Request, Attributes: in.Attributes,
 	}
 }
 
@@ -346,6 +350,13 @@ func printSaga(w io.Writer, in *saga.Instance, data json.RawMessage, hist []saga
 		}
 		fmt.Fprintf(w, "\npending operator request: %s by %s at %s (%s), waiting for the orchestrator\n",
 			r.Action, by, r.RequestedAt.UTC().Format(time.RFC3339), oneLine(r.Reason))
+	}
+	if len(in.Attributes) > 0 {
+		names := slices.Sorted(maps.Keys(in.Attributes))
+		for i, n := range names {
+			names[i] = n + "=" + in.Attributes[n]
+		}
+		fmt.Fprintf(w, "\nkeys and attributes: %s\n", strings.Join(names, " "))
 	}
 	fmt.Fprintf(w, "\ndata: %s\n\n", data)
 	// Steps in the order they were first sent (the state is keyed by name;

@@ -575,6 +575,14 @@ func TestSagaListByAttributes(t *testing.T) {
 		t.Fatalf("saga list --attr customer=ada --attr amount>100: %+v", l.Sagas)
 	}
 	fails(t, db, exitUsage, `--attr: .*"amount>abc"`, "saga", "list", "--attr", "amount>abc")
+	var show sagaShow
+	okJSON(t, db, &show, "saga", "show", "ada-1")
+	if a := show.Saga.Attributes; a["customer"] != "ada" || a["amount"] != "120" {
+		t.Fatalf("saga show's attributes %v", a)
+	}
+	if out := ok(t, db, "saga", "show", "ada-1"); !strings.Contains(out, "keys and attributes: amount=120 customer=ada") {
+		t.Fatalf("saga show lacks the attributes:\n%s", out)
+	}
 	var dry bulkDryRunJSON
 	okJSON(t, db, &dry, "saga", "retry", "--status", "stuck", "--attr", "customer=ada", "--dry-run")
 	if dry.Count != 2 {
