@@ -236,24 +236,24 @@ ON CONFLICT (saga_id, name) DO UPDATE SET kind = excluded.kind, value = excluded
 
 // attrRows are the saga_attr rows of a statement, column by column.
 type attrRows struct {
-	ids, names, types, kinds, values []string
-	valueSet                         []*string
-	nums                             []*float64
-	ats                              []*time.Time
-	live                             []bool
-	created                          []time.Time
+	ids, names, types, kinds []string
+	values                   []*string
+	nums                     []*float64
+	ats                      []*time.Time
+	live                     []bool
+	created                  []time.Time
 }
 
 func (r *attrRows) add(in *Instance, vals []attrValue) {
 	for _, v := range vals {
 		r.ids, r.names, r.types, r.kinds = append(r.ids, in.ID), append(r.names, v.name), append(r.types, in.Type), append(r.kinds, v.kind)
-		r.valueSet, r.nums, r.ats = append(r.valueSet, v.value), append(r.nums, v.num), append(r.ats, v.at)
+		r.values, r.nums, r.ats = append(r.values, v.value), append(r.nums, v.num), append(r.ats, v.at)
 		r.live, r.created = append(r.live, in.EndedAt == nil), append(r.created, in.CreatedAt)
 	}
 }
 
 func (r *attrRows) args() []any {
-	return []any{r.ids, r.names, r.types, r.kinds, r.valueSet, r.nums, r.ats, r.live, r.created}
+	return []any{r.ids, r.names, r.types, r.kinds, r.values, r.nums, r.ats, r.live, r.created}
 }
 
 // appendAttrStatement appends to before the statement that writes the
