@@ -328,14 +328,36 @@ func (o *Orchestrator) writeStartAttrs(ctx context.Context, tx pgx.Tx, in *Insta
 	}
 	var rows attrRows
 	rows.add(in, vals)
-	if _, err := tx.Exec(ctx, o.sql.attr.start, rows.args()...); err != nil {
-		var pe *pgconn.PgError
-		if errors.As(err, &pe) && pe.Code == "23505" {
-			return fmt.Errorf("%w: starting saga %q of type %s: %s", ErrKeyTaken, in.ID, in.Type, pe.Detail)
-		}
-		return fmt.Errorf("saga %s: write keys and attributes: %w", in.ID, o.tablesError(err))
+	_, err := tx.Exec(ctx, o.sql.attr.start, rows.args()...)
+	return o.startAttrsError(in, err)
+}
+
+// startAttrStatement is writeStartAttrs as a statement to send ahead of
+// the start's commands (pipeline.WriteLast), or nil when in has no keys or
+// attributes.
+func (o *Orchestrator) startAttrStatement(in *Instance, vals []attrValue) []pipeline.Statement {
+	if len(vals) == 0 {
+		return nil
 	}
-	return nil
+	var rows attrRows
+	rows.add(in, vals)
+	return []pipeline.Statement{{SQL: o.sql.attr.start, Args: rows.args(), Read: func(br pgx.BatchResults) error {
+		_, err := br.Exec()
+		return o.startAttrsError(in, err)
+	}}}
+}
+
+// startAttrsError is the error of writing a starting saga's keys and
+// attributes: ErrKeyTaken for a unique key a concurrent start took.
+func (o *Orchestrator) startAttrsError(in *Instance, err error) error {
+	var pe *pgconn.PgError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &pe) && pe.Code == "23505":
+		return fmt.Errorf("%w: starting saga %q of type %s: %s", ErrKeyTaken, in.ID, in.Type, pe.Detail)
+	}
+	return fmt.Errorf("saga %s: write keys and attributes: %w", in.ID, o.tablesError(err))
 }
 
 // errInvalidFilter is wrapped by the error for an attribute filter

@@ -125,12 +125,12 @@ func StartTx[D any](ctx context.Context, tx pgx.Tx, o *Orchestrator, def *Defini
 			return nil, fmt.Errorf("saga %s: insert: %w", id, o.tablesError(err))
 		}
 		if inserted == 1 {
-			if err := o.writeStartAttrs(ctx, tx, in, attrs); err != nil {
-				return nil, err
-			}
-			if len(m.events) > 0 {
-				// In Start's transaction, the write goes with the COMMIT.
-				err := pipeline.WriteLast(ctx, tx, nil, fmt.Sprintf("saga %s: write commands", id), func(wtx pgx.Tx) error {
+			if before := o.startAttrStatement(in, attrs); len(m.events) > 0 || before != nil { // attr.go
+				// In Start's transaction, the writes go with the COMMIT.
+				err := pipeline.WriteLast(ctx, tx, before, fmt.Sprintf("saga %s: write commands", id), func(wtx pgx.Tx) error {
+					if len(m.events) == 0 {
+						return nil
+					}
 					_, err := o.writer.WriteTx(ctx, wtx, m.events...)
 					return err
 				})
