@@ -19,9 +19,10 @@
 //     under a savepoint (approve the order in the service that owns the
 //     saga), with an optional local compensation; or
 //   - a wait (Await): it waits for one external event, the first of
-//     several, or all of a set, delivered with Signal, SignalTx or
-//     EventHandler (a payment provider's webhook, a person's approval);
-//     see "Waiting for events".
+//     several, or all of a set, delivered with Signal, SignalTx,
+//     SignalByKey (by a business key the saga holds) or EventHandler (a
+//     payment provider's webhook, a person's approval); see "Waiting for
+//     events" and "Correlation keys and search attributes".
 //
 // Each step has a Kind. Compensatable steps come first: when the saga
 // fails, those that took effect (or may have: an action sent and never
