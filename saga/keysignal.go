@@ -106,7 +106,7 @@ func (o *Orchestrator) signalByKey(ctx context.Context, tx pgx.Tx, v via, event,
 }
 
 // keyNotHeld stores an event sent by key that no running saga holds as
-// refused, with saga_id ”, and returns its refusal; or nil for a repeated
+// refused, with an empty saga_id, and returns its refusal; or nil for a repeated
 // delivery of an event a saga holding the key took before it ended.
 func (o *Orchestrator) keyNotHeld(ctx context.Context, tx pgx.Tx, key via, event, eventID string, raw []byte) error {
 	var state string
