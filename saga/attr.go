@@ -195,6 +195,9 @@ type attrStatements struct {
 	holders string
 	// of reads a saga's keys and attributes, on the primary key.
 	of string
+	// drop removes a saga's keys and attributes but the names given, on
+	// the primary key.
+	drop string
 	// heldBefore finds the state of an event id delivered to a saga that
 	// held a key's value (and has ended since): on saga_attr_value_idx,
 	// then saga_event_once (saga_id, event_id).
@@ -227,7 +230,8 @@ ON CONFLICT (saga_id, name) DO UPDATE SET kind = excluded.kind, value = excluded
 		holders: fmt.Sprintf(`SELECT saga_id FROM %s
  WHERE name = $2 AND value = $3 AND type = $1 AND kind IN ('key', 'unique_key') AND live
  ORDER BY saga_id`, attr),
-		of: fmt.Sprintf(`SELECT name, value, num, at FROM %s WHERE saga_id = $1 ORDER BY name`, attr),
+		of:   fmt.Sprintf(`SELECT name, value, num, at FROM %s WHERE saga_id = $1 ORDER BY name`, attr),
+		drop: fmt.Sprintf(`DELETE FROM %s WHERE saga_id = $1 AND name <> ALL($2::text[])`, attr),
 		heldBefore: fmt.Sprintf(`SELECT e.state FROM %s a JOIN %s e ON e.saga_id = a.saga_id AND e.event_id = $4
  WHERE a.name = $2 AND a.value = $3 AND a.type = $1 AND a.kind IN ('key', 'unique_key')
  ORDER BY e.state = 'refused' LIMIT 1`, attr, ev),
@@ -449,4 +453,20 @@ func (o *Orchestrator) attributes(ctx context.Context, id string) (map[string]st
 		return nil, fmt.Errorf("read keys and attributes: %w", err)
 	}
 	return out, nil
+}
+
+// dropUndeclaredAttrs removes saga id's keys and attributes that d does
+// not declare (Migrate, to a version that dropped some): a key the
+// definition no longer declares is not held.
+func (o *Orchestrator) dropUndeclaredAttrs(ctx context.Context, tx pgx.Tx, id string, d *def) error {
+	names := []string{}
+	if d.attrs != nil {
+		for n := range d.attrs.kinds {
+			names = append(names, n)
+		}
+	}
+	if _, err := tx.Exec(ctx, o.sql.attr.drop, id, names); err != nil {
+		return fmt.Errorf("saga %s: drop keys and attributes v%d does not declare: %w", id, d.version, err)
+	}
+	return nil
 }

@@ -436,3 +436,32 @@ func TestUniqueKeyChangedToATakenValueIsNotTaken(t *testing.T) {
 		t.Fatalf("a key a scheduled saga holds: %v, want ErrKeyTaken", err)
 	}
 }
+
+// Migrate to a version that declares other keys and attributes: the
+// saga's are recomputed, and those v2 no longer declares are dropped (a
+// dropped key is not held).
+func TestMigrateRecomputesKeysAndAttributes(t *testing.T) {
+	t.Parallel()
+	d, v1 := setupKeyed(t)
+	ctx := context.Background()
+	startCheckout(t, d, v1, checkout{ID: "m-1", PaymentID: "pi_m", Batch: "b-m", Customer: "ada"})
+	spec := checkoutSpec()
+	spec.Version = 2
+	spec.Keys = spec.Keys[:1] // batch dropped
+	spec.Attributes = []saga.Attr[checkout]{{Name: "customer", Text: func(c checkout) string { return c.Customer }},
+		{Name: "tier", Text: func(c checkout) string { return "gold" }}}
+	v2 := mustDefine(t, spec)
+	if err := d.o.Register(v2); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := saga.Migrate(ctx, d.o, saga.Migration[checkout, checkout]{From: v1, To: v2, Operator: "alice", Reason: "v2"}); n != 1 || err != nil {
+		t.Fatalf("migrated %d: %v", n, err)
+	}
+	want := []string{"customer=ada text true", "payment_id=pi_m unique_key true", "tier=gold text true"}
+	if got := d.attrs("m-1"); !slices.Equal(got, want) {
+		t.Fatalf("attributes after the migration %q, want %q", got, want)
+	}
+	if err := saga.SignalByKey(ctx, d.o, "order", "batch", "b-m", "payment.confirmed", "e-1", nil); !errors.Is(err, saga.ErrKeyNotHeld) {
+		t.Fatalf("by the dropped key: %v", err)
+	}
+}
