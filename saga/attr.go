@@ -37,7 +37,10 @@ type Key[D any] struct {
 	// hold, and SignalByKey delivers to each of them.
 	Unique bool
 	// Value computes the key's value from the data. Required. An empty
-	// value holds no key.
+	// value holds no key. One that panics refuses the start (ErrPanic);
+	// on a later change of the data it leaves the saga's keys and
+	// attributes as they were (logged), released when the saga ends. The
+	// same goes for Attr's functions.
 	Value func(data D) string
 }
 
@@ -198,6 +201,9 @@ type attrStatements struct {
 	// drop removes a saga's keys and attributes but the names given, on
 	// the primary key.
 	drop string
+	// release marks the keys and attributes of sagas that ended as not
+	// live, on the primary key.
+	release string
 	// heldBefore finds the state of an event id delivered to a saga that
 	// held a key's value (and has ended since): on saga_attr_value_idx,
 	// then saga_event_once (saga_id, event_id).
@@ -230,8 +236,9 @@ ON CONFLICT (saga_id, name) DO UPDATE SET kind = excluded.kind, value = excluded
 		holders: fmt.Sprintf(`SELECT saga_id FROM %s
  WHERE name = $2 AND value = $3 AND type = $1 AND kind IN ('key', 'unique_key') AND live
  ORDER BY saga_id`, attr),
-		of:   fmt.Sprintf(`SELECT name, value, num, at FROM %s WHERE saga_id = $1 ORDER BY name`, attr),
-		drop: fmt.Sprintf(`DELETE FROM %s WHERE saga_id = $1 AND name <> ALL($2::text[])`, attr),
+		of:      fmt.Sprintf(`SELECT name, value, num, at FROM %s WHERE saga_id = $1 ORDER BY name`, attr),
+		drop:    fmt.Sprintf(`DELETE FROM %s WHERE saga_id = $1 AND name <> ALL($2::text[])`, attr),
+		release: fmt.Sprintf(`UPDATE %s SET live = false WHERE saga_id = %s AND live`, attr, sqlident.AnyParam("$1", "text")),
 		heldBefore: fmt.Sprintf(`SELECT e.state FROM %s a JOIN %s e ON e.saga_id = a.saga_id AND e.event_id = $4
  WHERE a.name = $2 AND a.value = $3 AND a.type = $1 AND a.kind IN ('key', 'unique_key')
  ORDER BY e.state = 'refused' LIMIT 1`, attr, ev),
@@ -263,9 +270,11 @@ func (r *attrRows) args() []any {
 // appendAttrStatement appends to before the statement that writes the
 // keys and attributes of the sagas of ms that are saved and declare some
 // (saveMany), if any does. A definition's function that fails (a panic)
-// leaves that saga's attributes as they were, and is logged.
+// leaves that saga's attributes as they were, and is logged; if the saga
+// ended, its keys are released all the same (release).
 func (o *Orchestrator) appendAttrStatement(before []pipeline.Statement, ms []*machine, saveErr *error) []pipeline.Statement {
 	var rows attrRows
+	var ended []string
 	for _, m := range ms {
 		if !m.changed() || m.d == nil || m.d.attrs == nil {
 			continue
@@ -273,19 +282,26 @@ func (o *Orchestrator) appendAttrStatement(before []pipeline.Statement, ms []*ma
 		vals, err := m.d.attrs.compute(m.in.Data)
 		if err != nil {
 			o.logger.Error("saga: compute keys and attributes; they stay as they were", err, map[string]any{"saga_id": m.in.ID, "type": m.in.Type})
+			if m.in.EndedAt != nil {
+				ended = append(ended, m.in.ID)
+			}
 			continue
 		}
 		rows.add(m.in, vals)
 	}
-	if len(rows.ids) == 0 {
-		return before
-	}
-	return append(before, pipeline.Statement{SQL: o.sql.attr.save, Args: rows.args(), Read: func(br pgx.BatchResults) error {
+	read := func(br pgx.BatchResults) error {
 		if _, err := br.Exec(); err != nil {
 			*saveErr = fmt.Errorf("saga: write keys and attributes: %w", err)
 		}
 		return *saveErr
-	}})
+	}
+	if len(ended) > 0 {
+		before = append(before, pipeline.Statement{SQL: o.sql.attr.release, Args: []any{ended}, Read: read})
+	}
+	if len(rows.ids) == 0 {
+		return before
+	}
+	return append(before, pipeline.Statement{SQL: o.sql.attr.save, Args: rows.args(), Read: read})
 }
 
 // startAttrs computes the keys and attributes of a saga d is starting with

@@ -465,3 +465,35 @@ func TestMigrateRecomputesKeysAndAttributes(t *testing.T) {
 		t.Fatalf("by the dropped key: %v", err)
 	}
 }
+
+// An attribute function that panics on the data a step left: the saga
+// goes on, its attributes as they were (the failure is logged) and its
+// keys released when it ends; at the start it refuses the start.
+func TestAttributeFunctionPanics(t *testing.T) {
+	t.Parallel()
+	spec := checkoutSpec()
+	spec.Attributes = append(spec.Attributes, saga.Attr[checkout]{Name: "fragile", Text: func(c checkout) string {
+		if c.Ref == "boom" || c.Customer == "boom" {
+			panic("boom")
+		}
+		return c.Ref
+	}})
+	def := mustDefine(t, spec)
+	d := setupDriver(t, func(*testBundle) []saga.Registrable { return []saga.Registrable{def} })
+	ctx := context.Background()
+	if _, err := saga.Start(ctx, d.o, def, "f-0", checkout{ID: "f-0", Customer: "boom"}); !errors.Is(err, saga.ErrPanic) {
+		t.Fatalf("start with data the function panics on: %v, want ErrPanic", err)
+	}
+	startCheckout(t, d, def, checkout{ID: "f-1", PaymentID: "pi_f", Customer: "ada"})
+	d.reply("f-1", d.last("f-1"), core.OutcomeSuccess)
+	if err := saga.SignalByKey(ctx, d.o, "order", "payment_id", "pi_f", "payment.confirmed", "e-1", confirmation{Ref: "boom"}); err != nil {
+		t.Fatal(err)
+	}
+	if in := d.get("f-1"); in.Status != saga.StatusCompleted {
+		t.Fatalf("f-1 is %s (%s)", in.Status, in.LastError)
+	}
+	if got := d.attrs("f-1"); !slices.Contains(got, "payment_id=pi_f unique_key false") || !slices.Contains(got, "fragile= text false") {
+		t.Fatalf("attributes %q: want them as they were at the start, released at the end", got)
+	}
+	startCheckout(t, d, def, checkout{ID: "f-2", PaymentID: "pi_f"}) // the unique key is free
+}
