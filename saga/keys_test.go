@@ -75,24 +75,22 @@ func startCheckout(t *testing.T, d *driver, def *saga.Definition[checkout], c ch
 // num or at, whichever is set).
 func (d *driver) attrs(id string) []string {
 	d.t.Helper()
-	rows, err := d.db.Pool.Query(context.Background(), `SELECT name || '=' || coalesce(value, num::text, to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD'), '') || ' ' || kind || ' ' || live
+	return d.texts(`SELECT name || '=' || coalesce(value, num::text, to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD'), '') || ' ' || kind || ' ' || live
   FROM `+d.tbl("saga_attr")+` WHERE saga_id = $1 ORDER BY name`, id)
-	if err != nil {
-		d.t.Fatal(err)
-	}
-	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		d.t.Fatal(err)
-	}
-	return out
 }
 
 // keyedEvents returns the stored events sent by key, as
 // "saga_id:name/state key_name=key_value", in order of arrival.
 func (d *driver) keyedEvents() []string {
 	d.t.Helper()
-	rows, err := d.db.Pool.Query(context.Background(), `SELECT saga_id || ':' || name || '/' || state || ' ' || key_type || '.' || key_name || '=' || key_value
-  FROM `+d.tbl("saga_event")+` WHERE key_name <> '' ORDER BY arrived`)
+	return d.texts(`SELECT saga_id || ':' || name || '/' || state || ' ' || key_type || '.' || key_name || '=' || key_value
+  FROM ` + d.tbl("saga_event") + ` WHERE key_name <> '' ORDER BY arrived`)
+}
+
+// texts returns the one text column of a query's rows.
+func (d *driver) texts(sql string, args ...any) []string {
+	d.t.Helper()
+	rows, err := d.db.Pool.Query(context.Background(), sql, args...)
 	if err != nil {
 		d.t.Fatal(err)
 	}
