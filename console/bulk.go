@@ -4,20 +4,24 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"html/template"
 	"net/http"
 	"net/url"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/millrace/millrace/saga"
 )
 
 // sagaQuery reads the sagas list's filter (type, status, step, error,
-// older) from form values into a bulk query; it writes the error page and
-// returns false when one is bad.
-func (c *Console) sagaQuery(w http.ResponseWriter, r *http.Request, get func(string) string) (saga.Query, bool) {
-	q := saga.Query{Type: get("type"), Step: get("step"), Error: get("error")}
+// older, attr) from form values into a bulk query; it writes the error page
+// and returns false when one is bad (an attribute filter is checked by the
+// query's use).
+func (c *Console) sagaQuery(w http.ResponseWriter, r *http.Request, v url.Values) (saga.Query, bool) {
+	get := v.Get
+	q := saga.Query{Type: get("type"), Step: get("step"), Error: get("error"), Attrs: attrFilters(v)}
 	if s := get("status"); s != "" {
 		if !slices.Contains(sagaStatuses, saga.Status(s)) {
 			c.fail(w, r, http.StatusBadRequest, fmt.Sprintf("Unknown status %q.", s))
@@ -41,7 +45,7 @@ func (c *Console) sagaQuery(w http.ResponseWriter, r *http.Request, get func(str
 // particular (no type, status, step or error) or the console is
 // read-only.
 func (c *Console) bulkCount(ctx context.Context, q saga.Query) (int64, error) {
-	if c.cfg.ReadOnly || (q.Type == "" && q.Status == "" && q.Step == "" && q.Error == "") {
+	if c.cfg.ReadOnly || (q.Type == "" && q.Status == "" && q.Step == "" && q.Error == "" && len(q.Attrs) == 0) {
 		return -1, nil
 	}
 	d, err := c.operator.DryRun(ctx, q, 1)
@@ -60,7 +64,7 @@ func (c *Console) sagaBulkPlan(w http.ResponseWriter, r *http.Request) (string, 
 		c.fail(w, r, http.StatusBadRequest, fmt.Sprintf("Unknown action %q: nothing was changed.", action))
 		return "", false
 	}
-	q, ok := c.sagaQuery(w, r, r.PostFormValue)
+	q, ok := c.sagaQuery(w, r, r.PostForm)
 	if !ok || !c.allow(w, r, "act-bulk", Resource{Kind: "saga", Type: q.Type, Op: action}) {
 		return "", false
 	}
@@ -73,8 +77,12 @@ func (c *Console) sagaBulkPlan(w http.ResponseWriter, r *http.Request) (string, 
 	by := actor(r, reason)
 	operator := by.Operator
 	b, err := c.operator.Plan(ctx, saga.Action(action), q, by)
+	if errors.Is(err, saga.ErrInvalidQuery) && len(q.Attrs) > 0 {
+		c.fail(w, r, http.StatusBadRequest, "Bad filter, nothing was changed: "+err.Error()+".")
+		return "", false
+	}
 	if errors.Is(err, saga.ErrInvalidQuery) {
-		c.fail(w, r, http.StatusBadRequest, "Filter by type, status, step or last error first: nothing was changed.")
+		c.fail(w, r, http.StatusBadRequest, "Filter by type, status, step, last error or attribute first: nothing was changed.")
 		return "", false
 	}
 	if err != nil {
@@ -101,7 +109,7 @@ type sagaBulkData struct {
 	Refused []refusedRow
 	// RefusedTotal is the sum of Refused.
 	RefusedTotal int64
-	Query        string // the filter, for a link back to the list
+	Query        template.URL // the filter, for a link back to the list (encoded)
 	// Filing: the confirmation started filing in the background.
 	Filing bool
 	// CanConfirm: this identity may confirm the operation (file what is
@@ -132,13 +140,13 @@ func (c *Console) sagaBulkPage(w http.ResponseWriter, r *http.Request) {
 		d.Refused = append(d.Refused, refusedRow{reason, n})
 	}
 	sort.Slice(d.Refused, func(i, j int) bool { return d.Refused[i].Reason < d.Refused[j].Reason })
-	v := url.Values{}
+	v := url.Values{"attr": b.Query.Attrs}
 	for k, s := range map[string]string{"type": b.Query.Type, "status": string(b.Query.Status), "step": b.Query.Step, "error": b.Query.Error} {
 		if s != "" {
 			v.Set(k, s)
 		}
 	}
-	d.Query = v.Encode()
+	d.Query = template.URL(v.Encode()) // encoded: only its own escapes
 	if d.Confirm {
 		if d.Sagas, err = c.operator.BulkSagas(ctx, id, 20); err != nil {
 			c.dbFail(w, r, err)
@@ -223,4 +231,16 @@ func (c *Console) sagaBulkApply(w http.ResponseWriter, r *http.Request) (string,
 	c.log.Info("console: saga bulk "+string(b.Action)+" filed", "operator", operator, "planned_by", b.Operator, "operation", id,
 		"filed", b.Counts.Filed, "refused", b.Counts.RefusedTotal())
 	return "/sagas/bulk?id=" + url.QueryEscape(id) + "&filed=1", true
+}
+
+// attrFilters are the attribute filters of form values v ("attr",
+// repeated; the empty ones left out): saga.ListParams.Attrs.
+func attrFilters(v url.Values) []string {
+	var out []string
+	for _, f := range v["attr"] {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
 }

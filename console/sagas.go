@@ -14,6 +14,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
+
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/saga"
 )
 
@@ -29,6 +32,7 @@ var sagaEffects = map[string]string{
 	"pause":            "The saga takes no next step and fires no timer until it is resumed. Replies that arrive meanwhile are kept and applied, in order, on resume.",
 	"resume":           "The saga goes on where it stood. Its current step's timeout and its deadline move later by the time it was paused, and the replies kept meanwhile are applied in order.",
 	"withdraw":         "The saga's pending operator request is withdrawn: the service's orchestrator will not apply it. Nothing else changes.",
+	"signal":           "The event is delivered to the saga as its sender would have: applied once per event id, kept until the saga reaches the step waiting for it, refused (and recorded) if the saga has ended or no step waits for it.",
 }
 
 var sagaActionOrder = []string{"retry", "skip", "mark-compensated", "abort", "pause", "resume"}
@@ -36,6 +40,8 @@ var sagaActionOrder = []string{"retry", "skip", "mark-compensated", "abort", "pa
 type sagaListData struct {
 	Type, Status, Older string
 	Step, Error         string
+	// Attrs are the attribute filters (saga.ListParams.Attrs).
+	Attrs []string
 	// Matching is how many sagas the filter selects, for "apply to all N
 	// matching" (bulk.go); -1 when it offers none.
 	Matching     int64
@@ -52,15 +58,15 @@ type sagaListData struct {
 func (c *Console) sagaList(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	d := sagaListData{Type: q.Get("type"), Status: q.Get("status"), Older: q.Get("older"), Cursor: q.Get("cursor"), Statuses: sagaStatuses,
-		Step: q.Get("step"), Error: q.Get("error"), Actions: sagaActionOrder}
+		Step: q.Get("step"), Error: q.Get("error"), Attrs: attrFilters(q), Actions: sagaActionOrder}
 	if !c.allow(w, r, "read", Resource{Kind: "saga", Type: d.Type}) {
 		return
 	}
 	d.Actions = slices.DeleteFunc(slices.Clone(sagaActionOrder), func(a string) bool {
 		return !c.can(r, "act-bulk", Resource{Kind: "saga", Type: d.Type, Op: a})
 	})
-	d.Filtered = d.Type != "" || d.Status != "" || d.Older != "" || d.Step != "" || d.Error != ""
-	p := saga.ListParams{Type: d.Type, Cursor: d.Cursor, Limit: c.cfg.PageSize, Step: d.Step, Error: d.Error}
+	d.Filtered = d.Type != "" || d.Status != "" || d.Older != "" || d.Step != "" || d.Error != "" || len(d.Attrs) > 0
+	p := saga.ListParams{Type: d.Type, Cursor: d.Cursor, Limit: c.cfg.PageSize, Step: d.Step, Error: d.Error, Attrs: d.Attrs}
 	if d.Status != "" {
 		ok := false
 		for _, s := range sagaStatuses {
@@ -87,12 +93,16 @@ func (c *Console) sagaList(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusBadRequest, "Bad page cursor: start from the first page.")
 		return
 	}
+	if errors.Is(err, core.ErrInvalidListParams) {
+		c.fail(w, r, http.StatusBadRequest, "Bad attribute filter: "+err.Error()+". Write it like customer=ada, amount>100 or due<2026-01-31.")
+		return
+	}
 	if err != nil {
 		c.dbFail(w, r, err)
 		return
 	}
 	d.List, d.Next = res.Sagas, res.Next
-	bq, _ := c.sagaQuery(w, r, q.Get) // checked above
+	bq, _ := c.sagaQuery(w, r, q) // checked above
 	if d.Matching, err = c.bulkCount(ctx, bq); err != nil {
 		c.dbFail(w, r, err)
 		return
@@ -105,8 +115,17 @@ func (c *Console) sagaList(w http.ResponseWriter, r *http.Request) {
 
 // NextQuery is the query string of the next page, filters kept.
 func (d sagaListData) NextQuery() template.URL {
-	v := url.Values{}
-	for k, s := range map[string]string{"type": d.Type, "status": d.Status, "older": d.Older, "step": d.Step, "error": d.Error, "cursor": d.Next} {
+	return d.query(d.Next)
+}
+
+// FirstQuery is the query string of the first page, filters kept.
+func (d sagaListData) FirstQuery() template.URL {
+	return d.query("")
+}
+
+func (d sagaListData) query(cursor string) template.URL {
+	v := url.Values{"attr": d.Attrs}
+	for k, s := range map[string]string{"type": d.Type, "status": d.Status, "older": d.Older, "step": d.Step, "error": d.Error, "cursor": cursor} {
 		if s != "" {
 			v.Set(k, s)
 		}
@@ -137,6 +156,13 @@ type sagaPageData struct {
 	Requests bool
 	// CanWithdraw: this identity may withdraw the pending request.
 	CanWithdraw bool
+	// CanSignal: the saga has not ended and this identity may send it an
+	// event (saga.Orchestrator.Signal); Waiting: its current step waits
+	// for one.
+	CanSignal, Waiting bool
+	// EventID is a new event id for the form: sending it twice (a
+	// double click, a reload) applies it once.
+	EventID string
 	// Picture draws the steps (nil when there are none to draw).
 	Picture *sagaPicture
 	// Stalled is set when the command the saga waits on sits on a
@@ -202,6 +228,9 @@ func (c *Console) sagaPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d.Children = kids.Sagas
+	d.CanSignal = !d.Ended && c.can(r, "act", Resource{Kind: "saga", Type: in.Type, ID: in.ID, Op: "signal"})
+	d.Waiting = in.Steps[in.Step] != nil && in.Steps[in.Step].Status == saga.StepWaiting
+	d.EventID = uuid.NewString()
 	d.Picture = buildPicture(c.sagas, in, names, hist, time.Now())
 	d.Stalled = c.stalledCommand(r, in, hist)
 	d.Actions = slices.DeleteFunc(allowedActions(in), func(a string) bool {
@@ -248,7 +277,7 @@ func allowedActions(in *saga.Instance) []string {
 // actionLabel is an action's name as the console's buttons say it.
 func actionLabel(action string) string {
 	return map[string]string{"retry": "Retry", "skip": "Skip", "mark-compensated": "Mark compensated", "abort": "Abort",
-		"pause": "Pause", "resume": "Resume"}[action]
+		"pause": "Pause", "resume": "Resume", "signal": "Send event"}[action]
 }
 
 // refusal words why the saga's state refuses action, in the console's
@@ -361,6 +390,10 @@ func (c *Console) sagaConfirm(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	if d.Action == "signal" { // its form is on the saga's page
+		http.Redirect(w, r, c.cfg.Prefix+"/saga?id="+url.QueryEscape(d.ID)+"#signal-form", http.StatusSeeOther)
+		return
+	}
 	ctx, cancel := reqCtx(r)
 	defer cancel()
 	if d.Saga = c.sagaFor(w, r, ctx, d); d.Saga == nil {
@@ -410,6 +443,9 @@ func (c *Console) sagaAct(w http.ResponseWriter, r *http.Request) (string, bool)
 	}[d.Action]
 	by := actor(r, reason)
 	by.Revision = rev
+	if d.Action == "signal" {
+		return c.sagaSignal(w, r, ctx, d, by)
+	}
 	var in *saga.Instance
 	var withdrawn *saga.Request
 	switch {
@@ -446,6 +482,11 @@ func (c *Console) sagaRefused(w http.ResponseWriter, r *http.Request, ctx contex
 		c.fail(w, r, http.StatusConflict, "Refused, nothing was changed: "+err.Error()+".")
 	case errors.Is(err, saga.ErrNotFound):
 		c.fail(w, r, http.StatusNotFound, fmt.Sprintf("No saga %q: nothing was changed.", d.ID))
+	case errors.Is(err, saga.ErrSagaEnded), errors.Is(err, saga.ErrEventNotAwaited), errors.Is(err, saga.ErrKeyNotHeld):
+		c.log.Warn("console: saga event refused", append(attrs, "err", err)...)
+		c.fail(w, r, http.StatusConflict, "Refused (recorded in the saga's history and the audit trail): "+err.Error()+".")
+	case errors.Is(err, saga.ErrInvalidEvent):
+		c.fail(w, r, http.StatusBadRequest, "Nothing was sent: "+err.Error()+".")
 	case errors.Is(err, saga.ErrNotRegistered):
 		c.log.Warn("console: saga action refused", append(attrs, "err", err)...)
 		msg := "this console does not have the saga's definition, so it cannot run the saga's next step. Serve the console from the service that registers the saga's type and version."
@@ -473,8 +514,38 @@ func sagaFlash(q url.Values) string {
 	if _, ok := sagaEffects[q.Get("done")]; !ok || q.Get("id") == "" {
 		return ""
 	}
+	if q.Get("done") == "signal" {
+		return "Done: the event was sent. Without the saga's definition here, the service's running orchestrator applies it on its next pass; the saga's state below is as it is now."
+	}
 	if q.Get("done") == "withdraw" {
 		return "Done: the pending operator request was withdrawn. The saga's state below is as it is now."
 	}
 	return fmt.Sprintf("Done: %s. The saga's state below is as it is now.", strings.ReplaceAll(q.Get("done"), "-", " "))
+}
+
+// sagaSignal sends the event of the saga page's form to the saga
+// (saga.Orchestrator.Signal: applied at once with the saga's definition,
+// else stored for the service's orchestrator), as by, who saw the saga at
+// by.Revision, and goes back to the saga's page.
+func (c *Console) sagaSignal(w http.ResponseWriter, r *http.Request, ctx context.Context, d sagaConfirmData, by saga.Actor) (string, bool) {
+	t := saga.EventTarget{SagaID: d.ID, Event: strings.TrimSpace(r.PostFormValue("event")), EventID: strings.TrimSpace(r.PostFormValue("event_id"))}
+	payload := json.RawMessage(strings.TrimSpace(r.PostFormValue("payload")))
+	if t.Event == "" {
+		c.fail(w, r, http.StatusBadRequest, "Name the event to send: nothing was sent.")
+		return "", false
+	}
+	if len(payload) > 0 && !json.Valid(payload) {
+		c.fail(w, r, http.StatusBadRequest, "The payload is not JSON: nothing was sent.")
+		return "", false
+	}
+	if t.EventID == "" {
+		t.EventID = uuid.NewString()
+	}
+	attrs := []any{"operator", by.Operator, "action", "signal", "saga_id", d.ID, "event", t.Event, "event_id", t.EventID, "reason", by.Reason, "revision", by.Revision}
+	if err := c.sagas.Signal(ctx, t, payload, by); err != nil {
+		c.sagaRefused(w, r, ctx, d, err, attrs)
+		return "", false
+	}
+	c.log.Info("console: saga event sent", attrs...)
+	return "/saga?id=" + url.QueryEscape(d.ID) + "&done=signal", true
 }

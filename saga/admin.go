@@ -25,6 +25,9 @@ func (o *Orchestrator) Get(ctx context.Context, id string) (*Instance, error) {
 	if err != nil {
 		return nil, fmt.Errorf("saga %s: get: %w", id, err)
 	}
+	if in.Attributes, err = o.attributes(ctx, id); err != nil { // attr.go
+		return nil, fmt.Errorf("saga %s: get: %w", id, err)
+	}
 	return in, nil
 }
 
@@ -67,6 +70,14 @@ type ListParams struct {
 	// Parent, if set, keeps only the child sagas of this saga (started
 	// by its child steps, Step.Child).
 	Parent string
+	// Attrs, if set, keeps only sagas whose keys and search attributes
+	// (Spec.Keys, Spec.Attributes) match every filter: name=value (a key,
+	// a text attribute, or a number or time equal to it), or name>value,
+	// >=, <, <= on a number or a time (RFC 3339, or a date 2006-01-02,
+	// UTC): "customer=ada", "amount>100", "due<2026-01-01". A saga ended
+	// keeps its attributes (not its keys' hold). A filter that cannot be
+	// read is an error wrapping core.ErrInvalidListParams.
+	Attrs []string
 	// Cursor continues a listing: pass the Next of the previous page.
 	Cursor string
 	// Limit is the page size. Defaults to 100; at most 1000.
@@ -83,9 +94,10 @@ type ListResult struct {
 // ErrInvalidCursor is returned by List for a cursor it did not make.
 var ErrInvalidCursor = errors.New("saga: invalid list cursor")
 
-// List lists sagas newest first, filtered by type, status and age,
-// page by page (a keyset on created_at and id, served by the indexes of
-// migration 005: cheap at any depth).
+// List lists sagas newest first, filtered by type, status, age, step,
+// last error and attributes, page by page (a keyset on created_at and id,
+// served by the indexes of migration 005: cheap at any depth; an attribute
+// filter by saga_attr's of migration 014).
 func (o *Orchestrator) List(ctx context.Context, p ListParams) (*ListResult, error) {
 	if p.Limit <= 0 {
 		p.Limit = 100
@@ -117,6 +129,11 @@ func (o *Orchestrator) List(ctx context.Context, p ListParams) (*ListResult, err
 	if p.Parent != "" {
 		conds = append(conds, "parent = "+arg(p.Parent)) // saga_instance_parent_idx
 	}
+	ac, err := attrConds(o.sql.attr.table, p.Attrs, arg) // attr.go
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", core.ErrInvalidListParams, err)
+	}
+	conds = append(conds, ac...)
 	if p.Cursor != "" {
 		at, id, err := decodeCursor(p.Cursor)
 		if err != nil {

@@ -343,8 +343,9 @@ func (r *markRows) Close() {
 	}
 }
 
-// saveMany writes the new state of many sagas, their history and their
-// commands: three statements, whatever the number of sagas.
+// saveMany writes the new state of many sagas, their keys and attributes,
+// their history and their commands: four statements, whatever the number
+// of sagas.
 func (o *Orchestrator) saveMany(ctx context.Context, tx pgx.Tx, ms []*machine, extra []historyRow) error {
 	n := 0
 	// The sagas that have just ended with wait steps: their events still
@@ -404,6 +405,7 @@ func (o *Orchestrator) saveMany(ctx context.Context, tx pgx.Tx, ms []*machine, e
 				return saveErr
 			}})
 	}
+	before = o.appendAttrStatement(before, ms, &saveErr) // attr.go
 	if len(hist) > 0 {
 		sql, args := o.historyStatement(hist)
 		before = append(before, pipeline.Statement{SQL: sql, Args: args, Read: func(br pgx.BatchResults) error {

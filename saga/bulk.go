@@ -17,8 +17,8 @@ import (
 )
 
 // Query selects sagas for a bulk action (Operator.DryRun, Plan and Bulk).
-// Every condition set must hold; at least one of Type, Status, Step and
-// Error must be set.
+// Every condition set must hold; at least one of Type, Status, Step, Error
+// and Attrs must be set.
 type Query struct {
 	// Type, if set, keeps only sagas of this type.
 	Type string `json:"type,omitempty"`
@@ -36,22 +36,27 @@ type Query struct {
 	// LIKE pattern ("%refund hold%": % is any run of characters, _ any one
 	// character, \ escapes them).
 	Error string `json:"error,omitempty"`
+	// Attrs, if set, keeps only sagas whose keys and search attributes
+	// (Spec.Keys, Spec.Attributes) match every filter, as ListParams.Attrs
+	// ("customer=ada", "amount>100").
+	Attrs []string `json:"attrs,omitempty"`
 	// Limit, if positive, selects at most this many sagas, the newest.
 	// Defaults to 0: every matching saga.
 	Limit int `json:"limit,omitempty"`
 }
 
 // ErrInvalidQuery is returned for a Query that selects nothing in
-// particular (no Type, Status, Step or Error) or has a negative Limit.
+// particular (no Type, Status, Step, Error or Attrs), has a negative Limit
+// or an attribute filter it cannot read.
 var ErrInvalidQuery = errors.New("saga: invalid bulk query")
 
 // where is the query's WHERE clause on saga_instance, its arguments added
-// through arg. The selection relies on saga_instance_status_step_idx
-// (status, step, ...) of migration 011, or the indexes of migration 005 on
-// type and status.
-func (q Query) where(arg func(any) string) (string, error) {
-	if q.Type == "" && q.Status == "" && q.Step == "" && q.Error == "" {
-		return "", fmt.Errorf("%w: set at least one of type, status, step and error", ErrInvalidQuery)
+// through arg; attrs is the saga_attr table. The selection relies on
+// saga_instance_status_step_idx (status, step, ...) of migration 011, the
+// indexes of migration 005 on type and status, or saga_attr's (attrConds).
+func (q Query) where(attrs string, arg func(any) string) (string, error) {
+	if q.Type == "" && q.Status == "" && q.Step == "" && q.Error == "" && len(q.Attrs) == 0 {
+		return "", fmt.Errorf("%w: set at least one of type, status, step, error and attrs", ErrInvalidQuery)
 	}
 	if q.Limit < 0 {
 		return "", fmt.Errorf("%w: negative limit %d", ErrInvalidQuery, q.Limit)
@@ -75,13 +80,17 @@ func (q Query) where(arg func(any) string) (string, error) {
 	if q.Error != "" {
 		conds = append(conds, "last_error LIKE "+arg(q.Error))
 	}
-	return "WHERE " + strings.Join(conds, " AND "), nil
+	ac, err := attrConds(attrs, q.Attrs, arg) // attr.go
+	if err != nil {
+		return "", fmt.Errorf("%w: %w", ErrInvalidQuery, err)
+	}
+	return "WHERE " + strings.Join(append(conds, ac...), " AND "), nil
 }
 
 // selectIDs is the query's selection: ids and revisions, the newest
 // first when limited.
-func (q Query) selectIDs(table string, arg func(any) string) (string, error) {
-	where, err := q.where(arg)
+func (q Query) selectIDs(table, attrs string, arg func(any) string) (string, error) {
+	where, err := q.where(attrs, arg)
 	if err != nil {
 		return "", err
 	}
@@ -109,7 +118,7 @@ func (o *Orchestrator) DryRun(ctx context.Context, q Query, page int) (*core.Dry
 	}
 	page = min(page, 1000)
 	list, arg := args()
-	sel, err := q.selectIDs(o.sql.instance, arg)
+	sel, err := q.selectIDs(o.sql.instance, o.sql.attr.table, arg)
 	if err != nil {
 		return nil, err
 	}
@@ -130,7 +139,7 @@ func (o *Orchestrator) DryRun(ctx context.Context, q Query, page int) (*core.Dry
 // sample returns the newest n sagas q selects.
 func (o *Orchestrator) sample(ctx context.Context, tx pgx.Tx, q Query, n int) ([]*Instance, error) {
 	list, arg := args()
-	where, err := q.where(arg)
+	where, err := q.where(o.sql.attr.table, arg)
 	if err != nil {
 		return nil, err
 	}
@@ -245,7 +254,7 @@ func (o *Orchestrator) Plan(ctx context.Context, action Action, q Query, by Acto
 	}
 	list, arg := args()
 	arg(nil) // $1: the operation id
-	sel, err := q.selectIDs(o.sql.instance, arg)
+	sel, err := q.selectIDs(o.sql.instance, o.sql.attr.table, arg)
 	if err != nil {
 		return nil, err
 	}

@@ -242,6 +242,12 @@ type Spec[D any] struct {
 	// small saga sets its timeout and retries once. Defaults to the
 	// built-in step defaults (see StepDefaults).
 	Defaults StepDefaults
+	// Keys are the saga's correlation keys (see Key): SignalByKey finds
+	// the running sagas holding a value. Defaults to none.
+	Keys []Key[D]
+	// Attributes are the saga's search attributes (see Attr), for List
+	// and bulk queries. Defaults to none.
+	Attributes []Attr[D]
 }
 
 // StepDefaults is a definition's default step policy (Spec.Defaults).
@@ -418,6 +424,9 @@ func define[D any](spec Spec[D]) (*def, error) {
 		d.steps = append(d.steps, eraseStep(s))
 	}
 	if err := setGroups(d, steps); err != nil {
+		return nil, err
+	}
+	if d.attrs, err = eraseAttrs(spec.Keys, spec.Attributes); err != nil { // attr.go
 		return nil, err
 	}
 	return d, nil
@@ -624,6 +633,7 @@ type def struct {
 	pivot      int // index of the pivot step, -1 if none
 	// groups maps a parallel group's name to its steps' index range [from, to).
 	groups map[string][2]int
+	attrs  *attrsDef // keys and search attributes, nil if none (attr.go)
 }
 
 // startsRemote reports whether a start runs no local step: the first step

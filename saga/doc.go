@@ -19,9 +19,10 @@
 //     under a savepoint (approve the order in the service that owns the
 //     saga), with an optional local compensation; or
 //   - a wait (Await): it waits for one external event, the first of
-//     several, or all of a set, delivered with Signal, SignalTx or
-//     EventHandler (a payment provider's webhook, a person's approval);
-//     see "Waiting for events"; or
+//     several, or all of a set, delivered with Signal, SignalTx,
+//     SignalByKey (by a business key the saga holds) or EventHandler (a
+//     payment provider's webhook, a person's approval); see "Waiting for
+//     events" and "Correlation keys and search attributes"; or
 //   - a child step (Child): it starts another saga of this service and
 //     completes when that saga ends; see "Child sagas and conditional
 //     steps".
@@ -355,6 +356,45 @@
 // cannot be conditional: skipped, it would let the steps after it, which
 // never compensate, run past a point of no return never passed.
 //
+// # Correlation keys and search attributes
+//
+// The world rarely knows a saga's id: a payment provider's webhook knows
+// its own payment id, a support engineer a customer. A definition declares
+// correlation keys (Spec.Keys) and search attributes (Spec.Attributes),
+// computed from the data:
+//
+//	Keys: []saga.Key[Order]{{Name: "payment_id", Unique: true, Value: func(o Order) string { return o.PaymentID }}},
+//	Attributes: []saga.Attr[Order]{
+//		{Name: "customer", Text: func(o Order) string { return o.Customer }},
+//		{Name: "amount", Number: func(o Order) float64 { return o.Amount }},
+//	},
+//
+// They are written to table saga_attr with the saga's state, in the same
+// transaction: at the start (a scheduled start too) and whenever the data
+// changes (a row whose value did not change is left as it is). A saga
+// holds its keys while it has not ended (running, compensating, stuck,
+// paused or scheduled). A unique key (Key.Unique) is held by one such
+// saga of the type at a time: StartTx refuses a second with an error
+// wrapping ErrKeyTaken, naming the holder, before it writes anything; a
+// shared key may be held by many.
+//
+// SignalByKey and SignalByKeyTx deliver an event to the sagas of a type
+// holding a key's value, each as SignalTx would (stored if early, applied
+// once per event id, never waiting for the orchestrator; the stored event
+// records the key it came by): to the one holder of a unique key, to every
+// holder of a shared one. When none holds it, the event is stored as
+// refused with an empty saga id and its key, and the error wraps
+// ErrKeyNotHeld. EventHandler's route may address a message's event by key
+// (EventTarget.Type, Key and Value).
+//
+// Keys and attributes filter List (ListParams.Attrs) and bulk queries
+// (Query.Attrs): "customer=ada" (a key, a text, or a number or a time
+// equal to it), "amount>100", "due<2026-01-31" (>, >=, <, <= on numbers and
+// times), every filter holding; the millrace command (saga list --attr,
+// the bulk selection's --attr) and the console's sagas filter take the
+// same, so a bulk retry of "Ada's stuck orders" is one query. The filters
+// are answered from saga_attr's indexes.
+//
 // # Versions
 //
 // A definition's Version is explicit, never a hash of the code. Each
@@ -438,11 +478,18 @@
 // (Operator.Withdraw, with an "operator_withdrawn" history line). Only an
 // orchestrator with the saga's type and version registered applies it.
 //
+// An operator can also send a saga the event its sender failed to send
+// (a lost webhook): Orchestrator.Signal, by saga id or by key, applies it
+// as SignalTx does and records the operator in the history and the audit
+// trail; it is refused with Signal's errors (and as stale, with
+// Actor.Revision). Without the saga's definition it stores the event for
+// the service's orchestrator, whose next pass applies it.
+//
 // # Bulk actions
 //
 // After an incident, many sagas need the same action. A Query selects
-// them by type, status, current step, age and a LIKE match on the last
-// error; Orchestrator.DryRun counts them and lists the newest, changing
+// them by type, status, current step, age, a LIKE match on the last
+// error and attributes (Query.Attrs); Orchestrator.DryRun counts them and lists the newest, changing
 // nothing. Orchestrator.Plan records a bulk operation (who planned it,
 // why, the action, the query, and each selected saga with its revision)
 // and Orchestrator.Apply confirms it: it files an ordinary operator
@@ -492,9 +539,11 @@
 // replies (saga_held_reply); 011_saga_bulk adds the bulk operations
 // (saga_bulk_operation, saga_bulk_item) and an index selecting sagas by
 // status and step; 012_saga_history_stuck indexes the history's stuck
-// lines for retention; 014_saga_attr adds saga_instance.parent (a child
-// saga's parent, indexed) and saga_event.child (an event between a parent
-// and its child). docs/tables.md lists every column a user can
+// lines for retention; 014_saga_attr adds the keys and attributes
+// (saga_attr), the key an event came by (saga_event.key_*),
+// saga_instance.parent (a child saga's parent, indexed) and
+// saga_event.child (an event between a parent and its child).
+// docs/tables.md lists every column a user can
 // query.
 // Config.Clock replaces the real time (for tests that skip time) and
 // Config.Hook is called at each persistence boundary (HookLoaded,

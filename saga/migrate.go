@@ -130,6 +130,9 @@ func Migrate[From, To any](ctx context.Context, o *Orchestrator, m Migration[Fro
 				if err := mc.save(); err != nil {
 					return err
 				}
+				if err := o.dropUndeclaredAttrs(ctx, tx, in.ID, to); err != nil { // attr.go
+					return err
+				}
 				if _, err := tx.Exec(ctx, fmt.Sprintf(`UPDATE %s SET def_version = $2 WHERE id = $1`, o.sql.instance), in.ID, to.version); err != nil {
 					return err
 				}

@@ -44,6 +44,7 @@ func (o *Orchestrator) probe(ctx context.Context) error {
 			{o.sql.failuresInARow, []any{"", eventTimerFailed}},
 			{o.sql.history, historyArgs(nil)},
 			{o.sql.events.claimNew, []any{[]string{}, []int32{}, 0}},
+			{o.sql.attr.holders, []any{"", "", ""}}, // migration 014
 		} {
 			rows, err := tx.Query(ctx, q.sql, q.args...)
 			if err != nil {

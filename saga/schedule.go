@@ -48,9 +48,10 @@ func startOpts(opts []StartOption) startOptions {
 	return so
 }
 
-// schedule writes a scheduled saga's row and its "scheduled" history line,
-// or returns the saga that has its id already.
-func (o *Orchestrator) schedule(ctx context.Context, tx pgx.Tx, d *def, id string, raw []byte, at, now time.Time) (*Instance, error) {
+// schedule writes a scheduled saga's row, its keys and attributes (attrs)
+// and its "scheduled" history line, or returns the saga that has its id
+// already.
+func (o *Orchestrator) schedule(ctx context.Context, tx pgx.Tx, d *def, id string, raw []byte, at, now time.Time, attrs []attrValue) (*Instance, error) {
 	tag, err := tx.Exec(ctx, o.sql.insertScheduled, id, d.typ, d.version, raw, at, now)
 	if err != nil {
 		return nil, fmt.Errorf("saga %s: insert: %w", id, o.tablesError(err))
@@ -58,13 +59,17 @@ func (o *Orchestrator) schedule(ctx context.Context, tx pgx.Tx, d *def, id strin
 	if tag.RowsAffected() == 0 {
 		return o.existing(ctx, tx, d, id, raw)
 	}
+	in := &Instance{ID: id, Type: d.typ, Version: d.version, Status: StatusScheduled, Phase: PhaseForward,
+		Steps: map[string]*StepState{}, Data: raw, Input: raw, Revision: 1, NextWakeupAt: &at, CreatedAt: now, UpdatedAt: now}
+	if err := o.writeStartAttrs(ctx, tx, in, attrs); err != nil { // attr.go
+		return nil, err
+	}
 	detail, _ := json.Marshal(map[string]any{"start_at": at})
 	err = o.writeHistory(ctx, tx, []historyRow{{sagaID: id, at: now, event: "scheduled", status: string(StatusScheduled), detail: detail}})
 	if err != nil {
 		return nil, err
 	}
-	return &Instance{ID: id, Type: d.typ, Version: d.version, Status: StatusScheduled, Phase: PhaseForward,
-		Steps: map[string]*StepState{}, Data: raw, Input: raw, Revision: 1, NextWakeupAt: &at, CreatedAt: now, UpdatedAt: now}, nil
+	return in, nil
 }
 
 // startScheduled starts a scheduled saga whose start time is due.

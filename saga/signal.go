@@ -32,11 +32,18 @@ var (
 // SignalTx. A refused event (ErrSagaEnded, ErrEventNotAwaited) is still
 // committed as a record before the error is returned.
 func Signal(ctx context.Context, o *Orchestrator, sagaID, event, eventID string, payload any) error {
+	return o.refusalCommits(ctx, func(tx pgx.Tx) error { return SignalTx(ctx, tx, o, sagaID, event, eventID, payload) })
+}
+
+// refusalCommits runs fn in a transaction of its own, which commits when
+// fn succeeds or an event is refused (isRefusal: the refusal's record
+// commits), and returns fn's error.
+func (o *Orchestrator) refusalCommits(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	var refused error
 	err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
 		refused = nil
-		err := SignalTx(ctx, tx, o, sagaID, event, eventID, payload)
-		if errors.Is(err, ErrSagaEnded) || errors.Is(err, ErrEventNotAwaited) {
+		err := fn(tx)
+		if isRefusal(err) {
 			refused = err
 			return nil
 		}
@@ -94,25 +101,41 @@ func SignalTx(ctx context.Context, tx pgx.Tx, o *Orchestrator, sagaID, event, ev
 	if err := checkName(sagaID); err != nil {
 		return fmt.Errorf("%w %q: %v", ErrInvalidID, sagaID, err)
 	}
-	if err := checkName(event); err != nil {
-		return fmt.Errorf("%w: name %q: %v", ErrInvalidEvent, event, err)
-	}
-	if eventID == "" {
-		eventID = uuid.NewString()
-	} else if err := checkName(eventID); err != nil {
-		return fmt.Errorf("%w: id %q: %v", ErrInvalidEvent, eventID, err)
-	}
-	raw, err := eventPayload(payload)
+	eventID, raw, err := checkEvent(event, eventID, payload)
 	if err != nil {
-		return fmt.Errorf("%w: saga %s event %s: payload: %v", ErrInvalidEvent, sagaID, event, err)
+		return fmt.Errorf("saga %s: %w", sagaID, err)
 	}
+	return o.signalOne(ctx, tx, sagaID, event, eventID, raw, via{})
+}
+
+// signalOne is SignalTx after its checks, in a span of its own.
+func (o *Orchestrator) signalOne(ctx context.Context, tx pgx.Tx, sagaID, event, eventID string, raw []byte, v via) error {
 	ctx, span := startTransition(ctx, "event", sagaID, "", nil) // tracing.go
-	after, err := o.signal(ctx, tx, sagaID, event, eventID, raw)
+	after, err := o.signal(ctx, tx, sagaID, event, eventID, raw, v)
 	span.End(err)
 	for _, f := range after {
 		f()
 	}
 	return err
+}
+
+// checkEvent checks an event's name and id (a new UUID when empty) and
+// encodes its payload (eventPayload), or returns an error wrapping
+// ErrInvalidEvent.
+func checkEvent(event, eventID string, payload any) (string, []byte, error) {
+	if err := checkName(event); err != nil {
+		return "", nil, fmt.Errorf("%w: name %q: %v", ErrInvalidEvent, event, err)
+	}
+	if eventID == "" {
+		eventID = uuid.NewString()
+	} else if err := checkName(eventID); err != nil {
+		return "", nil, fmt.Errorf("%w: id %q: %v", ErrInvalidEvent, eventID, err)
+	}
+	raw, err := eventPayload(payload)
+	if err != nil {
+		return "", nil, fmt.Errorf("%w: event %s: payload: %v", ErrInvalidEvent, event, err)
+	}
+	return eventID, raw, nil
 }
 
 // eventPayload encodes an event's payload as JSON that jsonb can store.
@@ -140,7 +163,10 @@ func eventPayload(payload any) ([]byte, error) {
 	return raw, nil
 }
 
-func (o *Orchestrator) signal(ctx context.Context, tx pgx.Tx, sagaID, event, eventID string, raw []byte) ([]func(), error) {
+// signal stores and applies one event for saga sagaID (SignalTx), sent by
+// a key when v has one (SignalByKeyTx). With v.file, a saga whose
+// definition o lacks has the event stored for the orchestrator that has it.
+func (o *Orchestrator) signal(ctx context.Context, tx pgx.Tx, sagaID, event, eventID string, raw []byte, v via) ([]func(), error) {
 	now := o.clock.Now()
 	in, err := scanInstance(tx.QueryRow(ctx, o.sql.events.tryLock, sagaID))
 	locked := err == nil
@@ -165,13 +191,13 @@ func (o *Orchestrator) signal(ctx context.Context, tx pgx.Tx, sagaID, event, eve
 		return nil, fmt.Errorf("saga %s: lock: %w", sagaID, o.tablesError(err))
 	}
 	d := o.definition(typ, version)
-	if d == nil {
+	if d == nil && !v.file {
 		return nil, fmt.Errorf("%w: saga %s is %s v%d", ErrNotRegistered, sagaID, typ, version)
 	}
 	refuse := func(cause error, reason string) ([]func(), error) {
 		refusal := fmt.Errorf("%w: saga %s, event %s (id %s): %s", cause, sagaID, event, eventID, reason)
 		ev := storedEvent{name: event, id: eventID, payload: raw, at: now}
-		err := tx.QueryRow(ctx, o.sql.events.insert, sagaID, event, eventID, raw, eventRefused, now).Scan(&ev.arrived)
+		err := tx.QueryRow(ctx, o.sql.events.insert, sagaID, event, eventID, raw, eventRefused, now, v.typ, v.name, v.value).Scan(&ev.arrived)
 		if errors.Is(err, pgx.ErrNoRows) {
 			// A repeated delivery: nil if the first was taken (the saga
 			// ended since), the refusal again, unrecorded, if it was not.
@@ -192,21 +218,21 @@ func (o *Orchestrator) signal(ctx context.Context, tx pgx.Tx, sagaID, event, eve
 		}
 		return nil, refusal
 	}
-	if !d.waitsFor(0, event) {
+	if d != nil && !d.waitsFor(0, event) {
 		return refuse(ErrEventNotAwaited, fmt.Sprintf("no step of %s v%d waits for it", typ, version))
 	}
 	if status == StatusCompleted || status == StatusCompensated {
 		return refuse(ErrSagaEnded, "the saga is "+string(status))
 	}
 	var arrived int64
-	err = tx.QueryRow(ctx, o.sql.events.insert, sagaID, event, eventID, raw, eventNew, now).Scan(&arrived)
+	err = tx.QueryRow(ctx, o.sql.events.insert, sagaID, event, eventID, raw, eventNew, now, v.typ, v.name, v.value).Scan(&arrived)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil // a duplicate delivery: applied (or filed) once already
 	}
 	if err != nil {
 		return nil, fmt.Errorf("saga %s: store event %s: %w", sagaID, eventID, o.tablesError(err))
 	}
-	if !locked {
+	if !locked || d == nil {
 		return nil, nil // the orchestrator's timer pass applies it
 	}
 	if status == StatusPaused || status == StatusScheduled {
@@ -317,23 +343,30 @@ func (m *machine) applyNewEvents() (err error) {
 
 // EventTarget is where a message delivers its event: the saga, the event's
 // name and its id (deduplicated per saga; defaults to the message's UUID).
+// With Key set, the event goes by correlation key instead of SagaID: to
+// the running sagas of type Type holding Key = Value (SignalByKeyTx).
 type EventTarget struct {
 	SagaID, Event, EventID string
+	// Type, Key and Value address the event by key (all three, and no
+	// SagaID).
+	Type, Key, Value string
 }
 
 // EventHandler returns a Watermill handler that delivers each message of
 // a topic as an event, as SignalTx does, with the message's payload (JSON)
 // as the event's. route maps a message to its saga and event name (from
 // its metadata or payload); an error it returns is the handler's (wrap it
-// with core.Permanent for a message that will never map). Each message is
-// applied in one transaction: the one in its context (core.TxFromContext,
+// with core.Permanent for a message that will never map); it may address
+// the event by a correlation key instead of a saga id (EventTarget.Key,
+// as SignalByKeyTx; no saga holding it is a refusal, ErrKeyNotHeld).
+// Each message is applied in one transaction: the one in its context (core.TxFromContext,
 // as the inbox's middleware puts it there), or one of its own. It is
 // deduplicated by its event, not by the message: a redelivery (the same
 // saga and event id) applies once, and a message copied to several topics
 // applies once per saga it is routed to, whichever handlers read those
 // topics (it records no inbox mark of its own, so it shares none with the
 // reply handler). An event the saga refuses (ErrSagaEnded,
-// ErrEventNotAwaited) is recorded in its history, logged and acknowledged;
+// ErrEventNotAwaited, ErrKeyNotHeld) is recorded, logged and acknowledged;
 // an unknown saga, an invalid event or a payload jsonb cannot hold is a
 // core.Permanent error (ErrNotFound, ErrInvalidEvent). Put it behind
 // Watermill's PoisonQueue and Retry (with inbox.ShouldRetry) middleware,
@@ -352,10 +385,15 @@ func (o *Orchestrator) EventHandler(route func(msg *message.Message) (EventTarge
 		}
 		ctx := msg.Context()
 		signal := func(tx pgx.Tx) error {
-			err := SignalTx(ctx, tx, o, t.SagaID, t.Event, t.EventID, json.RawMessage(msg.Payload))
+			var err error
+			if t.Key != "" {
+				err = SignalByKeyTx(ctx, tx, o, t.Type, t.Key, t.Value, t.Event, t.EventID, json.RawMessage(msg.Payload)) // keysignal.go
+			} else {
+				err = SignalTx(ctx, tx, o, t.SagaID, t.Event, t.EventID, json.RawMessage(msg.Payload))
+			}
 			switch {
-			case errors.Is(err, ErrSagaEnded) || errors.Is(err, ErrEventNotAwaited):
-				o.logger.Info("saga: event refused", map[string]any{"saga_id": t.SagaID, "event": t.Event, "event_id": t.EventID, "error": err.Error()})
+			case isRefusal(err):
+				o.logger.Info("saga: event refused", map[string]any{"saga_id": t.SagaID, "key": t.Key, "value": t.Value, "event": t.Event, "event_id": t.EventID, "error": err.Error()})
 				return nil // its record commits
 			case errors.Is(err, ErrNotFound) || errors.Is(err, ErrInvalidEvent) || errors.Is(err, ErrInvalidID) || errors.Is(err, ErrNotRegistered):
 				return core.Permanent(err)

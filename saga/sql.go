@@ -23,6 +23,7 @@ type statements struct {
 	events                                          eventStatements // await.go
 	bulk                                            bulkStatements  // bulk.go
 	setParent, statusOf                             string          // child.go
+	attr                                            attrStatements  // attr.go
 }
 
 // Every lock the orchestrator takes on a saga's row is FOR NO KEY UPDATE
@@ -41,6 +42,7 @@ func newStatements(schema string) statements {
 	s.setParent = fmt.Sprintf(`UPDATE %s SET parent = $2 WHERE id = $1`, s.instance)
 	s.statusOf = fmt.Sprintf(`SELECT status FROM %s WHERE id = $1`, s.instance)
 	s.bulk = newBulkStatements(schema)
+	s.attr = newAttrStatements(schema)
 	return s
 }
 
@@ -211,7 +213,8 @@ func newEventStatements(schema string) eventStatements {
 	return eventStatements{
 		// A repeated event id of the same saga is a duplicate delivery:
 		// the unique constraint saga_event_once keeps the first.
-		insert: fmt.Sprintf(`INSERT INTO %s (saga_id, name, event_id, payload, state, at) VALUES ($1, $2, $3, $4, $5, $6)
+		insert: fmt.Sprintf(`INSERT INTO %s (saga_id, name, event_id, payload, state, at, key_type, key_name, key_value)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 ON CONFLICT (saga_id, event_id) DO NOTHING
 RETURNING arrived`, ev),
 		stateOf: fmt.Sprintf(`SELECT state FROM %s WHERE saga_id = $1 AND event_id = $2`, ev),

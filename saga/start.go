@@ -97,9 +97,13 @@ func StartTx[D any](ctx context.Context, tx pgx.Tx, o *Orchestrator, def *Defini
 func (o *Orchestrator) start(ctx context.Context, tx pgx.Tx, d *def, id string, raw []byte, so startOptions) (*Instance, error) {
 	ctx, span := startTransition(ctx, "start", id, "", nil) // tracing.go
 	defer span.End(nil)
+	attrs, err := o.startAttrs(ctx, tx, d, id, raw) // attr.go: ErrKeyTaken before any write
+	if err != nil {
+		return nil, err
+	}
 	now := o.clock.Now()
 	if at := so.at; at.After(now) {
-		return o.schedule(ctx, tx, d, id, raw, at, now) // schedule.go
+		return o.schedule(ctx, tx, d, id, raw, at, now, attrs) // schedule.go
 	}
 	in := &Instance{ID: id, Type: d.typ, Version: d.version, Status: StatusRunning, Phase: PhaseForward,
 		Steps: map[string]*StepState{}, Data: raw, Input: raw, Revision: 1, CreatedAt: now, UpdatedAt: now, Parent: so.parent}
@@ -130,9 +134,12 @@ func (o *Orchestrator) start(ctx context.Context, tx pgx.Tx, d *def, id string, 
 			if err := o.setParent(ctx, tx, in); err != nil { // child.go
 				return nil, err
 			}
-			if len(m.events) > 0 {
-				// In Start's transaction, the write goes with the COMMIT.
-				err := pipeline.WriteLast(ctx, tx, nil, fmt.Sprintf("saga %s: write commands", id), func(wtx pgx.Tx) error {
+			if before := o.startAttrStatement(in, attrs); len(m.events) > 0 || before != nil { // attr.go
+				// In Start's transaction, the writes go with the COMMIT.
+				err := pipeline.WriteLast(ctx, tx, before, fmt.Sprintf("saga %s: write commands", id), func(wtx pgx.Tx) error {
+					if len(m.events) == 0 {
+						return nil
+					}
 					_, err := o.writer.WriteTx(ctx, wtx, m.events...)
 					return err
 				})
@@ -156,6 +163,9 @@ func (o *Orchestrator) start(ctx context.Context, tx pgx.Tx, d *def, id string, 
 		return nil, err
 	}
 	in.Revision = 0 // as inserted; saving its first state makes it 1
+	if err := o.writeStartAttrs(ctx, tx, in, attrs); err != nil {
+		return nil, err
+	}
 	m := &machine{o: o, d: d, in: in, ctx: ctx, tx: tx, now: now, applied: true}
 	m.record("started", "", "", 0, "", "")
 	if err := m.advance(0); err != nil {

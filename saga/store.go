@@ -117,6 +117,11 @@ type Instance struct {
 	// Existing is set by Start and StartTx when the saga existed already
 	// (a repeated start); it is not stored.
 	Existing bool
+	// Attributes are the saga's keys and search attributes (Spec.Keys,
+	// Spec.Attributes) by name, as text (a number as Go formats it, a time
+	// in RFC 3339), those with a value only: read by Orchestrator.Get,
+	// nil elsewhere.
+	Attributes map[string]string
 }
 
 func (in *Instance) state(step string) *StepState {

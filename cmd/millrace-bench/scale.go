@@ -21,7 +21,7 @@ import (
 )
 
 // Sizes of the scale group: a million sagas with ten history rows each
-// (quick mode: a tenth).
+// and three keys and attributes (quick mode: a tenth).
 const (
 	scaleSagas        = 1_000_000
 	scaleSagasQuick   = 100_000
@@ -32,12 +32,15 @@ const (
 
 // benchScale is the operating-at-scale group (run with -only scale; not in
 // the default set, it takes minutes): it fills a schema with a million
-// sagas in every status and ten million history rows, then
+// sagas in every status, ten million history rows and three million keys
+// and attributes (saga_attr: a customer shared by 20 sagas, an amount, a
+// unique payment id), then
 //
 //   - times the reads an operator makes (saga listings by status and type,
-//     a page deep in the keyset, one saga's history, the console's
-//     overview and sagas pages) and captures each statement's plan with
-//     auto_explain (EXPLAIN ANALYZE, sent back as notices);
+//     a page deep in the keyset, by attribute, one saga's history, the
+//     console's overview and sagas pages, a bulk dry run by attribute) and
+//     captures each statement's plan with auto_explain (EXPLAIN ANALYZE,
+//     sent back as notices);
 //   - runs a retention pass (internal/retention, as the service runs it)
 //     with the default windows and reports pg_stat_user_tables for the two
 //     tables before and after it, and after a VACUUM, with the rate at
@@ -65,7 +68,9 @@ func (b *bench) benchScale(ctx context.Context) error {
 
 	// A saga that was stuck once and then completed, in the middle.
 	probe := fmt.Sprintf("saga-%08d", n/2+19)
-	plans, err := b.scaleReads(ctx, schema, probe)
+	// One customer's sagas (20, every status; see fillSagas).
+	customer := fmt.Sprintf("c-%06d", (n/2+19)/20)
+	plans, err := b.scaleReads(ctx, schema, probe, customer)
 	if err != nil {
 		return err
 	}
@@ -113,7 +118,10 @@ func (b *bench) benchScale(ctx context.Context) error {
 	return nil
 }
 
-// fillSagas writes n sagas and n*scaleHistoryPer history rows, in chunks.
+// fillSagas writes n sagas, n*scaleHistoryPer history rows and 3n keys and
+// attributes, in chunks. Saga i's attributes: customer c-<i/20> (text:
+// 20 sagas each, one of each kind below), amount i mod 1000 (number),
+// payment_id pi_<i> (a unique key, held while the saga runs).
 // One saga in 20 of each kind:
 //
 //	12 completed, half of them ended 10 days ago (past the 7-day window)
@@ -149,6 +157,14 @@ SELECT 'saga-' || lpad(i::text, 8, '0'), now() - interval '10 days' + j * interv
             WHEN j % 2 = 1 THEN 'command' ELSE 'reply' END,
        'reserve_credit', 'running'
   FROM generate_series($1::int, $2::int - 1) i, generate_series(0, $3 - 1) j`
+	attr := sqlident.Table(schema, "saga_attr")
+	insertAttrs := `INSERT INTO ` + attr + ` (saga_id, name, type, kind, value, num, live, created_at)
+SELECT s.id, a.name, s.type, a.kind, a.value, a.num, s.ended_at IS NULL, s.created_at
+  FROM generate_series($1::int, $2::int - 1) i
+  JOIN ` + inst + ` s ON s.id = 'saga-' || lpad(i::text, 8, '0'),
+       LATERAL (VALUES ('customer', 'text', 'c-' || lpad((i / 20)::text, 6, '0'), NULL::float8),
+                       ('amount', 'number', NULL, (i % 1000)::float8),
+                       ('payment_id', 'unique_key', 'pi_' || i, NULL)) AS a(name, kind, value, num)`
 	for from := 0; from < n; from += scaleInsertChunk {
 		to := min(from+scaleInsertChunk, n)
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -157,6 +173,9 @@ SELECT 'saga-' || lpad(i::text, 8, '0'), now() - interval '10 days' + j * interv
 			}
 			if _, err := tx.Exec(ctx, insertHistory, from, to, scaleHistoryPer); err != nil {
 				return fmt.Errorf("insert history: %w", err)
+			}
+			if _, err := tx.Exec(ctx, insertAttrs, from, to); err != nil {
+				return fmt.Errorf("insert keys and attributes: %w", err)
 			}
 			return nil
 		})
@@ -167,7 +186,7 @@ SELECT 'saga-' || lpad(i::text, 8, '0'), now() - interval '10 days' + j * interv
 			b.progress("scale: %d/%d sagas written", to, n)
 		}
 	}
-	_, err := pool.Exec(ctx, `VACUUM (ANALYZE) `+inst+`, `+hist)
+	_, err := pool.Exec(ctx, `VACUUM (ANALYZE) `+inst+`, `+hist+`, `+attr)
 	return err
 }
 
@@ -182,7 +201,7 @@ type scaleRead struct {
 // scaleReads times the operator's reads on a pool whose connections load
 // auto_explain and send every statement's EXPLAIN ANALYZE back as a
 // notice, and returns them with their plans.
-func (b *bench) scaleReads(ctx context.Context, schema, probe string) ([]scaleRead, error) {
+func (b *bench) scaleReads(ctx context.Context, schema, probe, customer string) ([]scaleRead, error) {
 	cfg, err := pgxpool.ParseConfig(b.dbURL)
 	if err != nil {
 		return nil, err
@@ -264,8 +283,17 @@ SET auto_explain.log_level = notice; SET client_min_messages = notice`)
 			}
 			return err
 		}},
+		{"list sagas by attribute customer=<one of n/20>, first page", list(saga.ListParams{Attrs: []string{"customer=" + customer}}, 1)},
+		{"list stuck sagas of one customer", list(saga.ListParams{Status: saga.StatusStuck, Attrs: []string{"customer=" + customer}}, 1)},
+		{"list sagas by unique key payment_id, one saga", list(saga.ListParams{Attrs: []string{"payment_id=pi_" + strings.TrimLeft(strings.TrimPrefix(probe, "saga-"), "0")}}, 1)},
+		{"list sagas by number range amount>=999 (0.1%), first page", list(saga.ListParams{Attrs: []string{"amount>=999"}}, 1)},
+		{"bulk dry run: stuck sagas of one customer", func(ctx context.Context) error {
+			_, err := orch.DryRun(ctx, saga.Query{Status: saga.StatusStuck, Attrs: []string{"customer=" + customer}}, 20)
+			return err
+		}},
 		{"console overview (counts and the last hour's charts)", page("/")},
 		{"console sagas page, stuck", page("/sagas?status=stuck")},
+		{"console sagas page, one customer", page("/sagas?attr=customer%3D" + customer)},
 		{"console saga page", page("/saga?id=" + probe)},
 	}
 	var out []scaleRead

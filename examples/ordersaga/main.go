@@ -7,8 +7,9 @@
 //     millrace.Service: the saga's replies, many per transaction, and the
 //     timers. After reserving
 //     credit the saga waits for the payment provider's confirmation (a
-//     wait step); the provider's webhook delivers it with saga.SignalTx,
-//     for one order in three before the saga waits for it (it is stored
+//     wait step); the provider's webhook, which knows only its own payment
+//     id, delivers it to the saga holding that id (a correlation key,
+//     saga.SignalByKeyTx), for one order in three before the saga waits for it (it is stored
 //     and consumed when the saga gets there), for one in five twice (it
 //     applies once).
 //   - payment reserves a customer's credit and releases it as compensation;

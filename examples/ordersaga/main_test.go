@@ -148,6 +148,13 @@ func TestOrderSaga(t *testing.T) {
 	// The counters are not blind: plant each kind of damage in the
 	// databases and count again.
 	c := &counter{admin: admin, n: names{cfg.Name}}
+	// The webhook found each saga by the provider's payment id, a
+	// correlation key (saga.SignalByKeyTx).
+	var keyed int64
+	err = admin.QueryRow(ctx, `SELECT count(*) FROM `+c.mtable("orders", "saga_event")+` WHERE key_name = 'payment_id' AND state = 'consumed'`).Scan(&keyed)
+	if err != nil || keyed == 0 || keyed > res.confirmations {
+		t.Errorf("payment confirmations consumed by payment id: %d of %d taken (%v)", keyed, res.confirmations, err)
+	}
 	count := func() *result {
 		t.Helper()
 		r := &result{cfg: cfg, restarted: true, duplicatesSent: 1, deliveries: res.deliveries, operatorFixed: 1}

@@ -26,6 +26,10 @@ type Order struct {
 	// Filled in from the participants' replies.
 	CreditReservation int64  `json:"credit_reservation,omitempty"`
 	Tracking          string `json:"tracking,omitempty"`
+	// PaymentID is the payment provider's id for the order's charge: its
+	// webhook knows this, not the saga id, and finds the saga by it (the
+	// saga's correlation key payment_id, saga.SignalByKeyTx).
+	PaymentID string `json:"payment_id"`
 	// From the payment provider's confirmation (the wait step).
 	PaymentRef string `json:"payment_ref,omitempty"`
 }
@@ -38,6 +42,13 @@ type Shipment struct {
 	Qty      int    `json:"qty"`
 	// From the shipping service's reply.
 	Tracking string `json:"tracking,omitempty"`
+}
+
+// paymentID is the id the payment provider gives an order's charge.
+func paymentID(order string) string {
+	h := fnv.New64a()
+	h.Write([]byte(order))
+	return fmt.Sprintf("pi_%016x", h.Sum64())
 }
 
 // PaymentConfirmed is the payment provider's webhook: the charge of an
@@ -91,8 +102,9 @@ func shippingSaga(n names) (*saga.Definition[Shipment], error) {
 
 // orderSaga defines the order saga: accept the order (local), reserve
 // credit (payment), wait for the payment provider's confirmation (a wait
-// step: its webhook, delivered with saga.SignalTx, sometimes before the
-// saga waits for it), reserve stock (inventory), approve the order (local: the
+// step: its webhook, delivered by the provider's payment id, a unique
+// correlation key, with saga.SignalByKeyTx, sometimes before the saga
+// waits for it), reserve stock (inventory), approve the order (local: the
 // pivot; the fraud check refuses a few), ship it (a child saga: shippingSaga) and mark
 // the order shipped (local). A failure before the pivot compensates in
 // reverse: stock returned, credit released, order cancelled.
@@ -111,6 +123,14 @@ func orderSaga(n names, p *plan) (*saga.Definition[Order], error) {
 	undo := saga.RetryPolicy{MaxAttempts: 4, MinBackoff: 200 * time.Millisecond, MaxBackoff: time.Second}
 	return saga.Define(saga.Spec[Order]{
 		Type: "order", Version: 1, ReplyTopic: n.replies(),
+		// The provider's payment id finds the saga (SignalByKey); an
+		// operator finds a customer's orders by their attributes
+		// (millrace saga list --attr customer=c-0001 --attr 'amount>50').
+		Keys: []saga.Key[Order]{{Name: "payment_id", Unique: true, Value: func(o Order) string { return o.PaymentID }}},
+		Attributes: []saga.Attr[Order]{
+			{Name: "customer", Text: func(o Order) string { return o.Customer }},
+			{Name: "amount", Number: func(o Order) float64 { return float64(o.Amount) }},
+		},
 		Steps: []saga.Step[Order]{
 			{
 				Name: "accept", Kind: saga.Compensatable,
@@ -265,6 +285,7 @@ func (svc *ordersService) close() {
 // the leading local step and the first command, through the outbox) in one
 // transaction.
 func (svc *ordersService) placeOrder(ctx context.Context, o Order) error {
+	o.PaymentID = paymentID(o.ID) // the provider's answer to the charge
 	err := pgx.BeginFunc(ctx, svc.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `INSERT INTO orders (id, customer, sku, qty, amount, status) VALUES ($1, $2, $3, $4, $5, 'new')`,
 			o.ID, o.Customer, o.SKU, o.Qty, o.Amount); err != nil {
@@ -280,7 +301,7 @@ func (svc *ordersService) placeOrder(ctx context.Context, o Order) error {
 	svc.webhooks.Add(1)
 	// Its own context: the provider calls whether or not more orders come.
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	go func() { defer svc.webhooks.Done(); defer cancel(); svc.webhook(wctx, o.ID) }()
+	go func() { defer svc.webhooks.Done(); defer cancel(); svc.webhook(wctx, o.PaymentID) }()
 	return nil
 }
 
@@ -288,16 +309,18 @@ func (svc *ordersService) placeOrder(ctx context.Context, o Order) error {
 const eventPaymentConfirmed = "payment.confirmed"
 
 // webhook plays the payment provider calling the orders service's webhook
-// endpoint for an order: one order in three at once (before the saga has
-// reserved credit, so before it waits: the event is stored and consumed
-// when the saga gets there), the others a little later; one in five twice
-// (the provider retries: the same event id applies once). The handler
-// delivers it with saga.SignalTx in a transaction of its own, as an HTTP
-// handler would, and answers the provider; an order whose saga has ended
-// meanwhile (it failed at payment and was compensated) is refused.
-func (svc *ordersService) webhook(ctx context.Context, order string) {
+// endpoint for a charge, which it knows by its own payment id only: one
+// order in three at once (before the saga has reserved credit, so before
+// it waits: the event is stored and consumed when the saga gets there),
+// the others a little later; one in five twice (the provider retries: the
+// same event id applies once). The handler delivers it to the saga
+// holding the payment id (saga.SignalByKeyTx) in a transaction of its
+// own, as an HTTP handler would, and answers the provider; a charge whose
+// saga has ended meanwhile (it failed at payment and was compensated) is
+// refused: no running saga holds its payment id.
+func (svc *ordersService) webhook(ctx context.Context, payment string) {
 	h := fnv.New32a()
-	h.Write([]byte(order))
+	h.Write([]byte(payment))
 	n := h.Sum32()
 	if n%3 != 0 {
 		select {
@@ -312,15 +335,16 @@ func (svc *ordersService) webhook(ctx context.Context, order string) {
 	}
 	for range times {
 		err := pgx.BeginFunc(ctx, svc.pool, func(tx pgx.Tx) error {
-			return saga.SignalTx(ctx, tx, svc.api, order, eventPaymentConfirmed, "psp-"+order, PaymentConfirmed{Ref: "ch_" + order})
+			return saga.SignalByKeyTx(ctx, tx, svc.api, "order", "payment_id", payment, eventPaymentConfirmed, "psp-"+payment,
+				PaymentConfirmed{Ref: "ch_" + payment})
 		})
 		switch {
 		case err == nil:
 			svc.confirmations.Add(1)
-		case errors.Is(err, saga.ErrSagaEnded):
+		case errors.Is(err, saga.ErrKeyNotHeld) || errors.Is(err, saga.ErrSagaEnded):
 			svc.lateConfirmations.Add(1)
 		case ctx.Err() == nil:
-			svc.log.say("payment webhook for %s: %v", order, err)
+			svc.log.say("payment webhook for %s: %v", payment, err)
 		}
 	}
 }

@@ -406,7 +406,7 @@ func (r *result) print(w io.Writer) {
 	row("payment", fmt.Sprintf("credit reserved %d times, released %d times", e.reserved, e.released))
 	row("inventory", fmt.Sprintf("stock taken %d times, returned %d times", e.taken, e.returned))
 	row("shipping", fmt.Sprintf("%d shipments booked by %d shipping child sagas (carrier failures retried: %d)", e.shipments, e.children, r.carrierFailures))
-	row("webhooks", fmt.Sprintf("%d payment confirmations taken (%d before their saga waited for them, at payment_confirmed), %d refused: the saga had ended",
+	row("webhooks", fmt.Sprintf("%d payment confirmations taken (%d before their saga waited for them, at payment_confirmed), %d refused: the saga had ended (no running saga held the payment id)",
 		r.confirmations, r.earlyConfirmations, r.lateConfirmations))
 	row("messages", fmt.Sprintf("%d outbox events, %d deliveries (%d duplicates injected), %d inbox marks, %d lost",
 		r.lost.eventsTotal(), r.deliveries, r.duplicatesSent, r.marks, r.lost.total()))

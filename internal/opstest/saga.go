@@ -18,6 +18,19 @@ import (
 type Order struct {
 	ID       string `json:"id"`
 	Reserved bool   `json:"reserved"`
+	// Customer and Amount are the search attributes of the refund, ship
+	// and pay sagas; PaymentID is the pay sagas' unique correlation key,
+	// Paid what their event said.
+	Customer  string  `json:"customer,omitempty"`
+	Amount    float64 `json:"amount,omitempty"`
+	PaymentID string  `json:"payment_id,omitempty"`
+	Paid      string  `json:"paid,omitempty"`
+}
+
+// attrs are the test sagas' search attributes: customer and amount.
+var attrs = []saga.Attr[Order]{
+	{Name: "customer", Text: func(o Order) string { return o.Customer }},
+	{Name: "amount", Number: func(o Order) float64 { return o.Amount }},
 }
 
 // Sagas holds the test saga definitions, registered with an Orchestrator
@@ -31,6 +44,9 @@ type Order struct {
 //   - "ship" sagas wait on a participant: step reserve (remote,
 //     compensatable, a command to topic "opstest.stock") has been sent and
 //     nobody replies; step ship (local, the pivot) follows.
+//   - "pay" sagas wait for event "payment.confirmed" (step paid, a wait),
+//     then step ship (local, the pivot) sets Paid from its payload's
+//     "ref"; their PaymentID is a unique correlation key (payment_id).
 //   - "book" sagas end compensated around a parallel group: steps
 //     reserve_stock and reserve_credit (local, compensatable, parallel
 //     group "reserve") succeed, step charge (local, the pivot) fails for
@@ -41,6 +57,7 @@ type Sagas struct {
 	Refund *saga.Definition[Order]
 	Ship   *saga.Definition[Order]
 	Book   *saga.Definition[Order]
+	Pay    *saga.Definition[Order]
 	// Fix, once set, makes the refund sagas' compensation succeed.
 	Fix atomic.Bool
 }
@@ -67,6 +84,7 @@ func NewSagas(t testing.TB, db *pgtest.DB) *Sagas {
 			{Name: "charge", Kind: saga.Pivot,
 				Local: func(context.Context, pgx.Tx, *Order) error { return saga.Fail("card declined") }},
 		},
+		Attributes: attrs,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -79,10 +97,12 @@ func NewSagas(t testing.TB, db *pgtest.DB) *Sagas {
 			{Name: "ship", Kind: saga.Pivot,
 				Local: func(context.Context, pgx.Tx, *Order) error { return nil }},
 		},
+		Attributes: attrs,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	s.Pay = pay(t)
 	ok := func(context.Context, pgx.Tx, *Order) error { return nil }
 	s.Book, err = saga.Define(saga.Spec[Order]{
 		Type: "book", Version: 1,
@@ -98,10 +118,45 @@ func NewSagas(t testing.TB, db *pgtest.DB) *Sagas {
 		t.Fatal(err)
 	}
 	s.O = NewOrchestrator(t, db)
-	if err := s.O.Register(s.Refund, s.Ship, s.Book); err != nil {
+	if err := s.O.Register(s.Refund, s.Ship, s.Book, s.Pay); err != nil {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// pay defines the "pay" sagas (see Sagas).
+func pay(t testing.TB) *saga.Definition[Order] {
+	t.Helper()
+	type payment struct {
+		Ref string `json:"ref"`
+	}
+	def, err := saga.Define(saga.Spec[Order]{
+		Type: "pay", Version: 1,
+		Steps: []saga.Step[Order]{
+			{Name: "paid", Kind: saga.Compensatable, Await: &saga.Await[Order]{Event: "payment.confirmed",
+				OnEvent: saga.EventFunc(func(o *Order, p payment) error { o.Paid = p.Ref; return nil })}},
+			{Name: "ship", Kind: saga.Pivot, Local: func(context.Context, pgx.Tx, *Order) error { return nil }},
+		},
+		Keys:       []saga.Key[Order]{{Name: "payment_id", Unique: true, Value: func(o Order) string { return o.PaymentID }}},
+		Attributes: attrs,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return def
+}
+
+// WaitingPay starts a pay saga with o, which waits for its payment.
+func (s *Sagas) WaitingPay(t testing.TB, o Order) *saga.Instance {
+	t.Helper()
+	in, err := saga.Start(context.Background(), s.O, s.Pay, o.ID, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.Status != saga.StatusRunning || in.Step != "paid" {
+		t.Fatalf("pay saga %s: %s at %q, want running at paid", o.ID, in.Status, in.Step)
+	}
+	return in
 }
 
 // NewOrchestrator returns an Orchestrator on db's schema with no
@@ -119,7 +174,14 @@ func NewOrchestrator(t testing.TB, db *pgtest.DB) *saga.Orchestrator {
 // step reserve.
 func (s *Sagas) StuckRefund(t testing.TB, id string) *saga.Instance {
 	t.Helper()
-	in, err := saga.Start(context.Background(), s.O, s.Refund, id, Order{ID: id})
+	return s.StuckRefundOf(t, Order{ID: id})
+}
+
+// StuckRefundOf is StuckRefund with the saga's data (o.ID its id).
+func (s *Sagas) StuckRefundOf(t testing.TB, o Order) *saga.Instance {
+	t.Helper()
+	id := o.ID
+	in, err := saga.Start(context.Background(), s.O, s.Refund, id, o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,7 +23,8 @@ const (
 // AddEvents subscribes the orchestrator's EventHandler (the one running,
 // across restarts) to topic: each message there delivers an event to a
 // saga, as in a service. route maps a message to its
-// saga and event; nil reads the headers SendEvent writes. Their deliveries
+// saga (or a correlation key: saga.EventTarget's Type, Key and Value) and
+// event; nil reads the headers SendEvent writes. Their deliveries
 // are Signal events, which faults can duplicate, delay (an event that
 // comes late, after its wait timed out or the saga ended), reorder, or
 // crash the orchestrator on.

@@ -19,29 +19,31 @@ import (
 // confirmation or decline (10 minutes, then compensate), approve (local
 // pivot), ship (retriable).
 var paidDef = func() *saga.Definition[order] {
-	payload := func(o order) (any, error) { return line{Order: o.ID, Amount: o.Amount}, nil }
-	def, err := saga.Define(saga.Spec[order]{
-		Type: "paid-order", Version: 1,
-		Steps: []saga.Step[order]{
-			{Name: "credit", Kind: saga.Compensatable, Timeout: 30 * time.Second,
-				Action:       &saga.Command[order]{Topic: "credit", Payload: payload},
-				Compensation: &saga.Command[order]{}},
-			{Name: "paid", Kind: saga.Compensatable, Await: &saga.Await[order]{
-				Any: []string{"payment.confirmed", "payment.declined"}, Timeout: 10 * time.Minute, OnTimeout: saga.TimeoutCompensate,
-				On: map[string]func(*order, json.RawMessage) error{
-					"payment.declined": func(*order, json.RawMessage) error { return saga.Fail("declined") },
-				}}},
-			{Name: "approve", Kind: saga.Pivot,
-				Local: func(_ context.Context, _ pgx.Tx, o *order) error { o.Approved = true; return nil }},
-			{Name: "ship", Kind: saga.Retriable, Timeout: time.Hour, Retry: saga.RetryPolicy{MaxAttempts: 10},
-				Action: &saga.Command[order]{Topic: "ship", Payload: payload}},
-		},
-	})
+	def, err := saga.Define(saga.Spec[order]{Type: "paid-order", Version: 1, Steps: paidSteps()})
 	if err != nil {
 		panic(err)
 	}
 	return def
 }()
+
+// paidSteps are paidDef's steps.
+func paidSteps() []saga.Step[order] {
+	payload := func(o order) (any, error) { return line{Order: o.ID, Amount: o.Amount}, nil }
+	return []saga.Step[order]{
+		{Name: "credit", Kind: saga.Compensatable, Timeout: 30 * time.Second,
+			Action:       &saga.Command[order]{Topic: "credit", Payload: payload},
+			Compensation: &saga.Command[order]{}},
+		{Name: "paid", Kind: saga.Compensatable, Await: &saga.Await[order]{
+			Any: []string{"payment.confirmed", "payment.declined"}, Timeout: 10 * time.Minute, OnTimeout: saga.TimeoutCompensate,
+			On: map[string]func(*order, json.RawMessage) error{
+				"payment.declined": func(*order, json.RawMessage) error { return saga.Fail("declined") },
+			}}},
+		{Name: "approve", Kind: saga.Pivot,
+			Local: func(_ context.Context, _ pgx.Tx, o *order) error { o.Approved = true; return nil }},
+		{Name: "ship", Kind: saga.Retriable, Timeout: time.Hour, Retry: saga.RetryPolicy{MaxAttempts: 10},
+			Action: &saga.Command[order]{Topic: "ship", Payload: payload}},
+	}
+}
 
 // paidScenario: p1's confirmation is sent at once (it arrives before the
 // saga waits for it), and again by a retrying provider (same id); p2 gets

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -19,6 +20,7 @@ import (
 // action applies to every saga they select (saga.Orchestrator.Bulk).
 type bulkFlags struct {
 	typ, status, step, errMatch, by string
+	attrs                           []string
 	older, idle                     time.Duration
 	limit                           int
 	dryRun                          bool
@@ -31,6 +33,7 @@ func addBulkFlags(cmd *cobra.Command) *bulkFlags {
 	f.StringVar(&b.status, "status", "", "bulk: sagas in this status (e.g. stuck)")
 	f.StringVar(&b.step, "step", "", "bulk: sagas whose current step is this one")
 	f.StringVar(&b.errMatch, "error", "", "bulk: sagas whose last error matches this SQL LIKE pattern (e.g. '%refund hold%')")
+	f.StringArrayVar(&b.attrs, "attr", nil, "bulk: sagas whose key or search attribute matches (repeatable): name=value, or name>value, >=, <, <= on a number or time (e.g. customer=ada, 'amount>100')")
 	f.DurationVar(&b.older, "older-than", 0, "bulk: sagas started longer ago than this (e.g. 1h)")
 	f.DurationVar(&b.idle, "idle-for", 0, "bulk: sagas unchanged for longer than this (e.g. 30m)")
 	f.IntVar(&b.limit, "limit", 0, "bulk: at most this many sagas, the newest (default all)")
@@ -40,7 +43,7 @@ func addBulkFlags(cmd *cobra.Command) *bulkFlags {
 }
 
 func (b *bulkFlags) set(cmd *cobra.Command) bool {
-	for _, name := range []string{"type", "status", "step", "error", "older-than", "idle-for", "limit", "dry-run", "by"} {
+	for _, name := range []string{"type", "status", "step", "error", "attr", "older-than", "idle-for", "limit", "dry-run", "by"} {
 		if cmd.Flags().Changed(name) {
 			return true
 		}
@@ -56,9 +59,9 @@ func (b *bulkFlags) query() (saga.Query, error) {
 	if b.older < 0 || b.idle < 0 || b.limit < 0 {
 		return saga.Query{}, usagef("--older-than, --idle-for and --limit must not be negative")
 	}
-	q := saga.Query{Type: b.typ, Status: st, Step: b.step, Error: b.errMatch, Limit: b.limit}
-	if q.Type == "" && q.Status == "" && q.Step == "" && q.Error == "" {
-		return q, usagef("give a saga id, or select sagas with --type, --status, --step or --error")
+	q := saga.Query{Type: b.typ, Status: st, Step: b.step, Error: b.errMatch, Attrs: b.attrs, Limit: b.limit}
+	if q.Type == "" && q.Status == "" && q.Step == "" && q.Error == "" && len(q.Attrs) == 0 {
+		return q, usagef("give a saga id, or select sagas with --type, --status, --step, --error or --attr")
 	}
 	now := time.Now()
 	if b.older > 0 {
@@ -112,6 +115,9 @@ func (a *app) sagaBulk(cmd *cobra.Command, action saga.Action, b *bulkFlags, w *
 	}
 	if b.dryRun {
 		d, err := p.DryRun(ctx, q, 20)
+		if errors.Is(err, saga.ErrInvalidQuery) {
+			return usageError{err} // a filter it cannot read
+		}
 		if err != nil {
 			return a.explainMissingTables(ctx, err)
 		}
@@ -125,6 +131,9 @@ func (a *app) sagaBulk(cmd *cobra.Command, action saga.Action, b *bulkFlags, w *
 		})
 	}
 	op, err := p.Bulk(ctx, action, q, by)
+	if errors.Is(err, saga.ErrInvalidQuery) {
+		return usageError{err}
+	}
 	if err != nil {
 		return a.explainMissingTables(ctx, err)
 	}

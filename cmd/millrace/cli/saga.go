@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -14,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/millrace/millrace/console"
+	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/saga"
 )
 
@@ -26,7 +29,8 @@ func (a *app) sagaCmd() *cobra.Command {
 			"definition (its Go code). The stock binary has none: it records an operator request, checked against\n" +
 			"the saga's state, that the service's running orchestrator applies on its next timer pass. A millrace\n" +
 			"built with the definitions (package cmd/millrace/cli, Config.Sagas) acts at once (docs/operating.md).\n" +
-			"Listing, showing and withdrawing a pending request (saga withdraw) need no definition.",
+			"Listing, showing and withdrawing a pending request (saga withdraw) need no definition; saga signal sends an\n" +
+			"event to a waiting saga (by id or by correlation key), stored for the orchestrator when this binary has no definition.",
 	})
 	cmd.AddCommand(a.sagaListCmd(), a.sagaShowCmd(),
 		a.sagaActionCmd(saga.ActionRetry, "Retry the current step's action (or compensation) now, with a fresh retry budget",
@@ -41,7 +45,7 @@ func (a *app) sagaCmd() *cobra.Command {
 			(*saga.Orchestrator).Pause),
 		a.sagaActionCmd(saga.ActionResume, "Resume a paused saga: its timeout and deadline pushed by the paused time, held replies applied in order",
 			(*saga.Orchestrator).Resume),
-		a.sagaWithdrawCmd(), a.sagaBulkCmd())
+		a.sagaWithdrawCmd(), a.sagaBulkCmd(), a.sagaSignalCmd())
 	return cmd
 }
 
@@ -148,6 +152,8 @@ type sagaJSON struct {
 	Request *saga.Request `json:"request"`
 	// Parent is the saga whose child step started this one, "" if none.
 	Parent string `json:"parent,omitempty"`
+	// Attributes are its keys and search attributes (show only).
+	Attributes map[string]string `json:"attributes,omitempty"`
 }
 
 // toJSON is in as --json prints it, its data and input as show lets them
@@ -162,7 +168,7 @@ func (a *app) toJSON(in *saga.Instance) sagaJSON {
 		ID: in.ID, Type: in.Type, Version: in.Version, Status: in.Status, Phase: in.Phase, Step: in.Step,
 		Steps: steps, Data: orNull(a.showJSON(res, in.Data)), Input: orNull(a.showJSON(res, in.Input)), Revision: in.Revision, Attempts: in.Attempts,
 		LastError: in.LastError, CreatedAt: in.CreatedAt, UpdatedAt: in.UpdatedAt, EndedAt: in.EndedAt,
-		NextWakeupAt: in.NextWakeupAt, DeadlineAt: in.DeadlineAt, Request: in.Request, Parent: in.Parent,
+		NextWakeupAt: in.NextWakeupAt, DeadlineAt: in.DeadlineAt, Request: in.Request, Parent: in.Parent, Attributes: in.Attributes,
 	}
 }
 
@@ -213,13 +219,17 @@ func parseStatus(s string) (saga.Status, error) {
 
 func (a *app) sagaListCmd() *cobra.Command {
 	var typ, status, cursor, step, errMatch string
+	var attrs []string
 	var older time.Duration
 	var limit int
 	cmd := &cobra.Command{
 		Use:   "list",
-		Short: "List sagas newest first, by type, status, step, last error and age, a page at a time",
-		Long: "List sagas newest first, filtered by --type, --status, --step, --error and --older-than, a page at a time:\n" +
-			"the next page's --cursor is printed after the table (\"next\" with --json).",
+		Short: "List sagas newest first, by type, status, step, last error, age and attributes, a page at a time",
+		Long: "List sagas newest first, filtered by --type, --status, --step, --error, --older-than and --attr, a page at a time:\n" +
+			"the next page's --cursor is printed after the table (\"next\" with --json). --attr filters by the keys and\n" +
+			"search attributes the saga's definition declares (Spec.Keys, Spec.Attributes), repeatable, all must match:\n" +
+			"name=value (a key, a text, or a number or time equal to it), or name>value, >=, <, <= on a number or a time\n" +
+			"(RFC 3339 or 2006-01-02): --attr customer=ada --attr 'amount>100'.",
 		Args: args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			st, err := parseStatus(status)
@@ -236,13 +246,16 @@ func (a *app) sagaListCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			p := saga.ListParams{Type: typ, Status: st, Step: step, Error: errMatch, Cursor: cursor, Limit: limit}
+			p := saga.ListParams{Type: typ, Status: st, Step: step, Error: errMatch, Attrs: attrs, Cursor: cursor, Limit: limit}
 			if older > 0 {
 				p.CreatedBefore = time.Now().Add(-older)
 			}
 			res, err := o.List(cmd.Context(), p)
 			if errors.Is(err, saga.ErrInvalidCursor) {
 				return usageError{fmt.Errorf("--cursor: %w", err)}
+			}
+			if errors.Is(err, core.ErrInvalidListParams) {
+				return usageError{fmt.Errorf("--attr: %w", err)}
 			}
 			if err != nil {
 				return err
@@ -268,6 +281,7 @@ func (a *app) sagaListCmd() *cobra.Command {
 	f.StringVar(&typ, "type", "", "only sagas of this type")
 	f.StringVar(&step, "step", "", "only sagas whose current step is this one")
 	f.StringVar(&errMatch, "error", "", "only sagas whose last error matches this SQL LIKE pattern (e.g. '%refund hold%')")
+	f.StringArrayVar(&attrs, "attr", nil, "only sagas whose key or search attribute matches (repeatable): name=value, or name>value, >=, <, <= on a number or time (e.g. customer=ada, 'amount>100')")
 	f.StringVar(&status, "status", "", "only sagas in this status: running, compensating, stuck, completed, compensated, paused, scheduled")
 	f.DurationVar(&older, "older-than", 0, "only sagas started longer ago than this (e.g. 1h)")
 	f.StringVar(&cursor, "cursor", "", "continue a listing where the previous page ended")
@@ -359,6 +373,13 @@ func printSaga(w io.Writer, in *saga.Instance, data json.RawMessage, hist []saga
 		}
 		fmt.Fprintf(w, "\npending operator request: %s by %s at %s (%s), waiting for the orchestrator\n",
 			r.Action, by, r.RequestedAt.UTC().Format(time.RFC3339), oneLine(r.Reason))
+	}
+	if len(in.Attributes) > 0 {
+		names := slices.Sorted(maps.Keys(in.Attributes))
+		for i, n := range names {
+			names[i] = n + "=" + in.Attributes[n]
+		}
+		fmt.Fprintf(w, "\nkeys and attributes: %s\n", strings.Join(names, " "))
 	}
 	fmt.Fprintf(w, "\ndata: %s\n\n", data)
 	// Steps in the order they were first sent (the state is keyed by name;

@@ -584,3 +584,71 @@ func TestSagaPauseResume(t *testing.T) {
 	}
 	assertOperator(t, s, "ship-2", "resume", "dave", "done")
 }
+
+// saga list --attr filters by the sagas' search attributes; a filter it
+// cannot read is a usage error. The bulk selection takes the same.
+func TestSagaListByAttributes(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	s := opstest.NewSagas(t, db)
+	s.StuckRefundOf(t, opstest.Order{ID: "ada-1", Customer: "ada", Amount: 120})
+	s.StuckRefundOf(t, opstest.Order{ID: "ada-2", Customer: "ada", Amount: 50})
+	s.StuckRefundOf(t, opstest.Order{ID: "bob-1", Customer: "bob", Amount: 300})
+	var l sagaList
+	okJSON(t, db, &l, "saga", "list", "--attr", "customer=ada", "--attr", "amount>100")
+	if len(l.Sagas) != 1 || l.Sagas[0].ID != "ada-1" {
+		t.Fatalf("saga list --attr customer=ada --attr amount>100: %+v", l.Sagas)
+	}
+	fails(t, db, exitUsage, `--attr: .*"amount>abc"`, "saga", "list", "--attr", "amount>abc")
+	var show sagaShow
+	okJSON(t, db, &show, "saga", "show", "ada-1")
+	if a := show.Saga.Attributes; a["customer"] != "ada" || a["amount"] != "120" {
+		t.Fatalf("saga show's attributes %v", a)
+	}
+	if out := ok(t, db, "saga", "show", "ada-1"); !strings.Contains(out, "keys and attributes: amount=120 customer=ada") {
+		t.Fatalf("saga show lacks the attributes:\n%s", out)
+	}
+	var dry bulkDryRunJSON
+	okJSON(t, db, &dry, "saga", "retry", "--status", "stuck", "--attr", "customer=ada", "--dry-run")
+	if dry.Count != 2 {
+		t.Fatalf("dry run of Ada's stuck sagas: %d, want 2", dry.Count)
+	}
+	fails(t, db, exitUsage, `customer<ada`, "saga", "retry", "--attr", "customer<ada", "--dry-run")
+}
+
+// saga signal sends an event by saga id or by key: the stock binary (no
+// definitions) stores it for the service's orchestrator, which applies it;
+// a signal to an ended saga, or by a key nobody holds, is refused.
+func TestSagaSignal(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	s := opstest.NewSagas(t, db)
+	s.WaitingPay(t, opstest.Order{ID: "pay-1", PaymentID: "pi-1"})
+	s.WaitingPay(t, opstest.Order{ID: "pay-2", PaymentID: "pi-2"})
+	var out signalJSON
+	okJSON(t, db, &out, "saga", "signal", "pay-1", "payment.confirmed", "--payload", `{"ref":"phone"}`, "--event-id", "e-1", "--reason", "webhook lost", "--operator", "alice")
+	if out.EventID != "e-1" || out.Saga == nil || out.Saga.ID != "pay-1" {
+		t.Fatalf("saga signal: %+v", out)
+	}
+	okJSON(t, db, &out, "saga", "signal", "payment.confirmed", "--key", "payment_id=pi-2", "--type", "pay", "--payload", `{"ref":"key"}`, "--reason", "webhook lost", "--operator", "alice")
+	if out.EventID == "" || out.Key != "payment_id" || out.Value != "pi-2" {
+		t.Fatalf("saga signal by key: %+v", out)
+	}
+	if _, err := s.O.RunDue(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for id, ref := range map[string]string{"pay-1": "phone", "pay-2": "key"} {
+		in := s.Get(t, id)
+		var o opstest.Order
+		if err := json.Unmarshal(in.Data, &o); err != nil {
+			t.Fatal(err)
+		}
+		if in.Status != saga.StatusCompleted || o.Paid != ref {
+			t.Fatalf("%s: %s, paid %q; want completed, %q", id, in.Status, o.Paid, ref)
+		}
+	}
+	fails(t, db, 1, `has ended`, "saga", "signal", "pay-1", "payment.confirmed", "--event-id", "e-2", "--reason", "again", "--operator", "alice")
+	fails(t, db, 1, `no running saga`, "saga", "signal", "payment.confirmed", "--key", "payment_id=pi-9", "--type", "pay", "--reason", "x", "--operator", "alice")
+	fails(t, db, exitUsage, `--payload`, "saga", "signal", "pay-1", "payment.confirmed", "--payload", "{", "--reason", "x")
+	fails(t, db, exitUsage, `--key`, "saga", "signal", "pay-1", "payment.confirmed", "--key", "payment_id=pi-2", "--type", "pay", "--reason", "x", "--operator", "alice")
+}
