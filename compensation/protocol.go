@@ -23,7 +23,7 @@ var errUnsupportedProtocol = errors.New("unsupported saga_protocol")
 // names a saga protocol version this participant does not speak.
 func checkProtocol(md map[string]string) error {
 	v := md[core.MetadataSagaProtocol]
-	if core.SupportedSagaProtocol(v) {
+	if v == "" || v == core.SagaProtocolVersion { // absent: version 1, from before the header
 		return nil
 	}
 	return fmt.Errorf("%w %q: this participant speaks version %s", errUnsupportedProtocol, v, core.SagaProtocolVersion)

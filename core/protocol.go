@@ -61,12 +61,9 @@ const (
 
 // SagaProtocolVersion is the saga protocol version this module speaks,
 // the value of MetadataSagaProtocol on the commands and replies it sends.
+// A command or reply without the header (from before it existed) is of
+// version 1; one of any other version is refused.
 const SagaProtocolVersion = "1"
-
-// SupportedSagaProtocol reports whether v, the MetadataSagaProtocol of a
-// command or reply, is a version this module understands: "1", or empty
-// (a message from before the header existed).
-func SupportedSagaProtocol(v string) bool { return v == "" || v == SagaProtocolVersion }
 
 // Operations of a saga command.
 const (

@@ -26,8 +26,8 @@ const Lanes = 128
 // the relay returns the failed event to the pending set.
 const MaxKeyBytes = 1024
 
-// Lane returns the lane of a partition key: FNV-1a of the key modulo Lanes.
-func Lane(partitionKey string) int16 {
+// lane returns the lane of a partition key: FNV-1a of the key modulo Lanes.
+func lane(partitionKey string) int16 {
 	h := fnv.New32a()
 	h.Write([]byte(partitionKey))
 	return int16(h.Sum32() % Lanes)

@@ -233,7 +233,7 @@ func (r *eventRow) set(e Event, index int, validateTopic func(string) error) err
 		return err
 	}
 	*r = eventRow{id: id, idText: e.ID, aggType: e.AggregateType, aggID: e.AggregateID, eventType: e.EventType,
-		topic: e.Topic, key: e.PartitionKey, lane: Lane(e.PartitionKey), headers: noHeaders}
+		topic: e.Topic, key: e.PartitionKey, lane: lane(e.PartitionKey), headers: noHeaders}
 	if e.Binary {
 		r.binary = e.Payload
 		if r.binary == nil {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/audit"
+	"github.com/millrace/millrace/internal/sagahook"
 )
 
 // Get returns one saga with its data and per-step state. It returns an
@@ -237,7 +238,7 @@ func (o *Orchestrator) operate(ctx context.Context, id string, by Actor, action 
 		if err != nil {
 			return err
 		}
-		return o.callHook(ctx, HookBeforeCommit, id)
+		return o.callHook(ctx, sagahook.BeforeCommit, id)
 	})
 	if err != nil {
 		return nil, err
@@ -245,7 +246,7 @@ func (o *Orchestrator) operate(ctx context.Context, id string, by Actor, action 
 	for _, f := range after {
 		f()
 	}
-	return in, o.callHook(ctx, HookAfterCommit, id)
+	return in, o.callHook(ctx, sagahook.AfterCommit, id)
 }
 
 // operateIn carries out an operator action in tx, and records it in the
@@ -262,7 +263,7 @@ func (o *Orchestrator) operateIn(ctx context.Context, tx pgx.Tx, id string, by A
 		return nil, nil, err
 	}
 	before := state(in)
-	if err := o.callHook(ctx, HookLoaded, id); err != nil {
+	if err := o.callHook(ctx, sagahook.Loaded, id); err != nil {
 		return nil, nil, err
 	}
 	d := o.definition(in.Type, in.Version)

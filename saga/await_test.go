@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/millrace/core"
+	"github.com/millrace/millrace/internal/sagahook"
 	"github.com/millrace/millrace/saga"
 )
 
@@ -259,10 +260,10 @@ func TestAwaitEventSignalledWhileTheOrchestratorEntersTheWait(t *testing.T) {
 		signalled bool
 		inHook    error
 	)
-	hook := func(ctx context.Context, p saga.HookPoint, id string) error {
+	hook := func(ctx context.Context, p sagahook.Point, id string) error {
 		mu.Lock()
 		defer mu.Unlock()
-		if p != saga.HookBeforeCommit || id != "p-5" || !armed || signalled {
+		if p != sagahook.BeforeCommit || id != "p-5" || !armed || signalled {
 			return nil
 		}
 		signalled = true

@@ -14,6 +14,7 @@ import (
 	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/internal/fetch"
 	"github.com/millrace/millrace/internal/pipeline"
+	"github.com/millrace/millrace/internal/sagahook"
 	"github.com/millrace/millrace/internal/tracing"
 	"github.com/millrace/millrace/outbox"
 )
@@ -125,7 +126,7 @@ func (o *Orchestrator) HandleReplies(ctx context.Context, msgs []*message.Messag
 	}
 	if o.hook != nil {
 		for _, id := range ids {
-			if err := o.callHook(ctx, HookAfterCommit, id); err != nil {
+			if err := o.callHook(ctx, sagahook.AfterCommit, id); err != nil {
 				return res, err
 			}
 		}
@@ -160,7 +161,7 @@ func (o *Orchestrator) handleRepliesTx(ctx context.Context, tx pgx.Tx, msgs []*m
 			continue
 		}
 		if m.d == nil { // the saga's first reply of the batch
-			if err := o.callHook(ctx, HookLoaded, m.in.ID); err != nil {
+			if err := o.callHook(ctx, sagahook.Loaded, m.in.ID); err != nil {
 				return nil, nil, nil, err
 			}
 			order = append(order, m)
@@ -184,7 +185,7 @@ func (o *Orchestrator) handleRepliesTx(ctx context.Context, tx pgx.Tx, msgs []*m
 	var after []func()
 	var ids []string
 	for _, m := range order {
-		if err := o.callHook(ctx, HookBeforeCommit, m.in.ID); err != nil {
+		if err := o.callHook(ctx, sagahook.BeforeCommit, m.in.ID); err != nil {
 			return nil, nil, nil, err
 		}
 		after = append(after, m.after...)

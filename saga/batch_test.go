@@ -13,6 +13,7 @@ import (
 
 	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/kafkatest"
+	"github.com/millrace/millrace/internal/sagahook"
 	"github.com/millrace/millrace/kafka"
 	"github.com/millrace/millrace/saga"
 )
@@ -157,8 +158,8 @@ func (listSubscriber) Close() error { return nil }
 // one reply per transaction, and only the failing one is nacked.
 func TestRunBatchedAppliesTheGoodRepliesOfAFailedBatch(t *testing.T) {
 	t.Parallel()
-	hook := func(ctx context.Context, p saga.HookPoint, id string) error {
-		if id == "bad" && p == saga.HookLoaded {
+	hook := func(ctx context.Context, p sagahook.Point, id string) error {
+		if id == "bad" && p == sagahook.Loaded {
 			return errors.New("injected")
 		}
 		return nil

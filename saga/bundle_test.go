@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/millrace/millrace/internal/pgtest"
+	"github.com/millrace/millrace/internal/sagahook"
 	"github.com/millrace/millrace/internal/sqlident"
 	"github.com/millrace/millrace/outbox"
 	"github.com/millrace/millrace/saga"
@@ -37,15 +38,15 @@ type testBundle struct {
 	o      *saga.Orchestrator
 	pubsub *gochannel.GoChannel
 	router *message.Router
-	clock  saga.Clock
+	clock  interface{ Now() time.Time }
 	tbl    func(string) string
 	// replyTopic is where participants reply (from the registered definition).
 	replyTopic string
 }
 
 type bundleOptions struct {
-	clock   saga.Clock
-	hook    saga.Hook
+	clock   interface{ Now() time.Time }
+	hook    sagahook.Func
 	poll    time.Duration
 	metrics *prometheus.Registry
 	// noProgressAfter is Config.NoProgressAfter.

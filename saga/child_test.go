@@ -15,6 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millrace/millrace/core"
+	"github.com/millrace/millrace/internal/sagahook"
 	"github.com/millrace/millrace/saga"
 )
 
@@ -82,14 +83,14 @@ type childDriver struct {
 	child *saga.Definition[parcel]
 
 	mu    sync.Mutex
-	crash func(p saga.HookPoint, id string) bool
+	crash func(p sagahook.Point, id string) bool
 }
 
 func setupChildDriver(t *testing.T, tweak func(*saga.Step[parcel])) *childDriver {
 	t.Helper()
 	cd := &childDriver{}
 	clock := newManualClock()
-	hook := func(_ context.Context, p saga.HookPoint, id string) error {
+	hook := func(_ context.Context, p sagahook.Point, id string) error {
 		cd.mu.Lock()
 		defer cd.mu.Unlock()
 		if cd.crash != nil && cd.crash(p, id) {
@@ -107,7 +108,7 @@ func setupChildDriver(t *testing.T, tweak func(*saga.Step[parcel])) *childDriver
 	return cd
 }
 
-func (d *childDriver) arm(crash func(p saga.HookPoint, id string) bool) {
+func (d *childDriver) arm(crash func(p sagahook.Point, id string) bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.crash = crash
@@ -301,7 +302,7 @@ func TestParentCrashingBetweenChildStartAndItsEndStartsOneChild(t *testing.T) {
 	}
 	credit := replyMsg("p", d.last("p"), core.OutcomeSuccess, "", "")
 	credit.Metadata[core.MetadataSagaType] = "trip"
-	d.arm(func(p saga.HookPoint, id string) bool { return p == saga.HookBeforeCommit && id == "p" })
+	d.arm(func(p sagahook.Point, id string) bool { return p == sagahook.BeforeCommit && id == "p" })
 	if err := d.handler(credit); err == nil {
 		t.Fatal("the crash did not fail the reply")
 	}
@@ -313,7 +314,7 @@ func TestParentCrashingBetweenChildStartAndItsEndStartsOneChild(t *testing.T) {
 	d.deliver(credit) // and again: a duplicate
 	d.ok(child1)
 	d.ok(child1)
-	d.arm(func(p saga.HookPoint, id string) bool { return p == saga.HookBeforeCommit && id == "p" })
+	d.arm(func(p sagahook.Point, id string) bool { return p == sagahook.BeforeCommit && id == "p" })
 	d.clock.Advance(0)
 	if _, err := d.o.RunDue(context.Background()); err == nil {
 		t.Fatal("the crash did not fail the timer pass")
@@ -493,7 +494,7 @@ func TestChildParkedByItsTimerParksTheParent(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.ok("p")
-	d.arm(func(p saga.HookPoint, id string) bool { return p == saga.HookLoaded && id == child1 })
+	d.arm(func(p sagahook.Point, id string) bool { return p == sagahook.Loaded && id == child1 })
 	for range 10 { // pack's timeout, then the failing timer's backoffs
 		d.clock.Advance(time.Minute)
 		_, _ = d.o.RunDue(context.Background())

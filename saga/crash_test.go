@@ -17,6 +17,7 @@ import (
 	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/internal/kafkatest"
 	"github.com/millrace/millrace/internal/pgtest"
+	"github.com/millrace/millrace/internal/sagahook"
 	"github.com/millrace/millrace/internal/sqlident"
 	"github.com/millrace/millrace/kafka"
 	"github.com/millrace/millrace/saga"
@@ -42,7 +43,7 @@ func TestHelperOrchestratorChild(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	hook := func(ctx context.Context, p saga.HookPoint, id string) error {
+	hook := func(ctx context.Context, p sagahook.Point, id string) error {
 		if seed != 0 && rng.IntN(40) == 0 {
 			fmt.Printf("killing myself at %s of %s\n", p, id)
 			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)

@@ -546,7 +546,7 @@
 // docs/tables.md lists every column a user can
 // query.
 // Config.Clock replaces the real time (for tests that skip time) and
-// Config.Hook is called at each persistence boundary (HookLoaded,
-// HookBeforeCommit, HookAfterCommit), for harnesses that inject crashes;
+// Config.Hook is called at each persistence boundary (the row loaded,
+// before the commit, after it), for the sagatest harness to inject crashes;
 // unset, both cost nothing.
 package saga

@@ -499,7 +499,7 @@ func parseReply(md map[string]string, payload []byte) (reply, error) {
 	if err := checkName(r.sagaID); err != nil {
 		return bad("%s %q: %v", core.MetadataSagaID, r.sagaID, err)
 	}
-	if v := md[core.MetadataSagaProtocol]; !core.SupportedSagaProtocol(v) {
+	if v := md[core.MetadataSagaProtocol]; v != "" && v != core.SagaProtocolVersion { // absent: version 1
 		return bad("saga %s: %s %q is not supported (this orchestrator speaks version %s)",
 			r.sagaID, core.MetadataSagaProtocol, v, core.SagaProtocolVersion)
 	}

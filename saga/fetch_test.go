@@ -13,6 +13,7 @@ import (
 
 	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/internal/kafkatest"
+	"github.com/millrace/millrace/internal/sagahook"
 	"github.com/millrace/millrace/kafka"
 	"github.com/millrace/millrace/saga"
 )
@@ -47,9 +48,9 @@ func TestRunBatchedTakesWholeFetches(t *testing.T) {
 	replyTopic := kafkatest.Topic()
 	kafkatest.CreateTopic(t, brokers, replyTopic, 4, nil)
 	var fails atomic.Int32
-	hook := func(ctx context.Context, p saga.HookPoint, id string) error {
+	hook := func(ctx context.Context, p sagahook.Point, id string) error {
 		// The first batch holding f-77 fails, and so does f-77 alone once.
-		if id == "f-77" && p == saga.HookLoaded && fails.Add(1) <= 2 {
+		if id == "f-77" && p == sagahook.Loaded && fails.Add(1) <= 2 {
 			return errors.New("injected")
 		}
 		return nil

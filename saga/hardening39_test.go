@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/millrace/core"
+	"github.com/millrace/millrace/internal/sagahook"
 	"github.com/millrace/millrace/saga"
 )
 
@@ -452,8 +453,8 @@ func TestMigrateRefusesAChangeOfKind(t *testing.T) {
 func TestTimerPanicParksTheSaga(t *testing.T) {
 	t.Parallel()
 	var armed atomic.Bool
-	hook := func(ctx context.Context, p saga.HookPoint, id string) error {
-		if armed.Load() && p == saga.HookLoaded && (id == "panics" || id == "request-panics") {
+	hook := func(ctx context.Context, p sagahook.Point, id string) error {
+		if armed.Load() && p == sagahook.Loaded && (id == "panics" || id == "request-panics") {
 			panic("a bug")
 		}
 		return nil
@@ -923,8 +924,8 @@ func TestTimerAfterFiledEventsSavesTheTimeout(t *testing.T) {
 	t.Parallel()
 	var failOnce atomic.Bool
 	failOnce.Store(true)
-	hook := func(ctx context.Context, p saga.HookPoint, id string) error {
-		if p == saga.HookLoaded && id == "filed" && failOnce.CompareAndSwap(true, false) {
+	hook := func(ctx context.Context, p sagahook.Point, id string) error {
+		if p == sagahook.Loaded && id == "filed" && failOnce.CompareAndSwap(true, false) {
 			return errors.New("injected")
 		}
 		return nil

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/millrace/internal/audit"
+	"github.com/millrace/millrace/internal/sagahook"
 )
 
 // Action is an operator action on a saga.
@@ -452,7 +453,7 @@ func (o *Orchestrator) applyRequests(ctx context.Context) (int, error) {
 			if !settled {
 				continue
 			}
-			if err := o.callHook(ctx, HookBeforeCommit, in.ID); err != nil {
+			if err := o.callHook(ctx, sagahook.BeforeCommit, in.ID); err != nil {
 				return err
 			}
 			applied = append(applied, done{in.ID, after})
@@ -467,7 +468,7 @@ func (o *Orchestrator) applyRequests(ctx context.Context) (int, error) {
 		for _, f := range a.after {
 			f()
 		}
-		if err := o.callHook(ctx, HookAfterCommit, a.id); err != nil {
+		if err := o.callHook(ctx, sagahook.AfterCommit, a.id); err != nil {
 			hookErr = errors.Join(hookErr, err)
 		}
 	}

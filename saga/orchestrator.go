@@ -15,56 +15,14 @@ import (
 	"github.com/millrace/millrace/inbox"
 	"github.com/millrace/millrace/internal/audit"
 	"github.com/millrace/millrace/internal/logging"
+	"github.com/millrace/millrace/internal/sagahook"
 	"github.com/millrace/millrace/internal/sqlident"
 	"github.com/millrace/millrace/outbox"
 )
 
-// Clock tells the orchestrator the time. Timeouts, backoff and deadlines
-// are computed from it, never from the database's clock, so a test can
-// drive them with a clock of its own.
-type Clock interface {
-	Now() time.Time
-}
-
 type realClock struct{}
 
 func (realClock) Now() time.Time { return time.Now() }
-
-// HookPoint names a persistence boundary of the orchestrator, where a Hook
-// is called.
-type HookPoint int
-
-const (
-	// HookLoaded: a saga row is read and locked in the transaction, and
-	// (for a reply) the reply decoded; nothing is written yet. Between
-	// reading a reply and writing the next command.
-	HookLoaded HookPoint = iota + 1
-	// HookBeforeCommit: the saga's new state, history and commands are
-	// written in the transaction, which is about to commit.
-	HookBeforeCommit
-	// HookAfterCommit: the transaction committed.
-	HookAfterCommit
-)
-
-func (p HookPoint) String() string {
-	switch p {
-	case HookLoaded:
-		return "loaded"
-	case HookBeforeCommit:
-		return "before-commit"
-	case HookAfterCommit:
-		return "after-commit"
-	}
-	return fmt.Sprintf("HookPoint(%d)", int(p))
-}
-
-// Hook is called at each HookPoint with the saga's id. An error returned
-// before the commit rolls the transaction back (as a crash there would; in
-// a timer pass, that saga's part of it, as for any technical failure of
-// its timer: see Config.MaxTimerFailures); an error after the commit is
-// returned to the caller (a reply is then redelivered and deduplicated).
-// Test harnesses use it to inject crashes.
-type Hook func(ctx context.Context, point HookPoint, sagaID string) error
 
 // Config configures an Orchestrator.
 type Config struct {
@@ -76,8 +34,11 @@ type Config struct {
 	// Consumer is the inbox consumer name the reply handler deduplicates
 	// under. Defaults to "millrace-saga".
 	Consumer string
-	// Clock is the time source for timers. Defaults to the real time.
-	Clock Clock
+	// Clock tells the orchestrator the time. Timeouts, backoff and
+	// deadlines are computed from it, never from the database's clock, so
+	// a test can drive them with a clock of its own (sagatest.Clock).
+	// Defaults to the real time.
+	Clock interface{ Now() time.Time }
 	// PollInterval is how often Run looks for due timers. Defaults to 1s.
 	PollInterval time.Duration
 	// ClaimBatch is the most due sagas one timer transaction claims.
@@ -93,9 +54,10 @@ type Config struct {
 	// history, so it survives restarts. An operator request that fails so
 	// often is dropped, recorded as "operator_refused". Defaults to 5.
 	MaxTimerFailures int
-	// Hook, when set, is called at each persistence boundary. Defaults to
-	// none (and costs nothing).
-	Hook Hook
+	// Hook, when set, is called at each persistence boundary: the
+	// sagatest harness sets it to inject crashes there (its type is
+	// internal; a service leaves it unset, and it costs nothing).
+	Hook sagahook.Func
 	// Metrics, when set, registers the orchestrator's Prometheus collector
 	// with it: the series listed in the package documentation ("Metrics").
 	// Orchestrators sharing a Registerer share the collector; wrap it with
@@ -121,12 +83,12 @@ type Orchestrator struct {
 	schema string
 	writer *outbox.Writer
 	dedup  *inbox.Deduplicator
-	clock  Clock
+	clock  interface{ Now() time.Time }
 	poll   time.Duration
 	batch  int
 	// maxFailures is Config.MaxTimerFailures.
 	maxFailures int
-	hook        Hook
+	hook        sagahook.Func
 	metrics     *metrics
 	logger      watermill.LoggerAdapter
 	sql         statements
@@ -294,7 +256,7 @@ func (o *Orchestrator) ReplyTopics() []string {
 	return out
 }
 
-func (o *Orchestrator) callHook(ctx context.Context, p HookPoint, id string) error {
+func (o *Orchestrator) callHook(ctx context.Context, p sagahook.Point, id string) error {
 	if o.hook == nil {
 		return nil
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/millrace/core"
+	"github.com/millrace/millrace/internal/sagahook"
 )
 
 // Errors of Signal, SignalTx and EventHandler.
@@ -245,7 +246,7 @@ func (o *Orchestrator) signal(ctx context.Context, tx pgx.Tx, sagaID, event, eve
 		ev := storedEvent{arrived: arrived, name: event, id: eventID, at: now}
 		return nil, o.writeHistory(ctx, tx, []historyRow{eventHistory(sagaID, now, string(status), ev, eventHeld, "", why)})
 	}
-	if err := o.callHook(ctx, HookLoaded, sagaID); err != nil {
+	if err := o.callHook(ctx, sagahook.Loaded, sagaID); err != nil {
 		return nil, err
 	}
 	m := &machine{o: o, d: d, in: in, ctx: ctx, tx: tx, now: now}
@@ -255,7 +256,7 @@ func (o *Orchestrator) signal(ctx context.Context, tx pgx.Tx, sagaID, event, eve
 	if err := m.save(); err != nil {
 		return nil, err
 	}
-	return m.after, o.callHook(ctx, HookBeforeCommit, sagaID)
+	return m.after, o.callHook(ctx, sagahook.BeforeCommit, sagaID)
 }
 
 // applyEvents applies the events a signaller stored without applying them
@@ -329,7 +330,7 @@ func (o *Orchestrator) applyEvents(ctx context.Context) (int, error) {
 // returned as a panicked error (timer.go).
 func (m *machine) applyNewEvents() (err error) {
 	defer recoverPanic(&err)
-	if err := m.o.callHook(m.ctx, HookLoaded, m.in.ID); err != nil {
+	if err := m.o.callHook(m.ctx, sagahook.Loaded, m.in.ID); err != nil {
 		return err
 	}
 	if err := m.onNewEvents(); err != nil {
@@ -338,7 +339,7 @@ func (m *machine) applyNewEvents() (err error) {
 	if err := m.save(); err != nil {
 		return err
 	}
-	return m.o.callHook(m.ctx, HookBeforeCommit, m.in.ID)
+	return m.o.callHook(m.ctx, sagahook.BeforeCommit, m.in.ID)
 }
 
 // EventTarget is where a message delivers its event: the saga, the event's

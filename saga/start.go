@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/millrace/internal/pipeline"
+	"github.com/millrace/millrace/internal/sagahook"
 )
 
 // Errors of Start and of the operator API.
@@ -43,12 +44,12 @@ func Start[D any](ctx context.Context, o *Orchestrator, def *Definition[D], id s
 		if err != nil {
 			return err
 		}
-		return o.callHook(ctx, HookBeforeCommit, in.ID)
+		return o.callHook(ctx, sagahook.BeforeCommit, in.ID)
 	})
 	if err != nil {
 		return nil, err
 	}
-	if err := o.callHook(ctx, HookAfterCommit, in.ID); err != nil {
+	if err := o.callHook(ctx, sagahook.AfterCommit, in.ID); err != nil {
 		return in, err
 	}
 	return in, nil

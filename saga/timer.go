@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/millrace/internal/backoff"
+	"github.com/millrace/millrace/internal/sagahook"
 )
 
 // Run fires the sagas' timers until ctx ends: every PollInterval it claims
@@ -157,7 +158,7 @@ func (o *Orchestrator) RunDue(ctx context.Context) (int, error) {
 		for _, f := range w.after {
 			f()
 		}
-		if err := o.callHook(ctx, HookAfterCommit, w.id); err != nil {
+		if err := o.callHook(ctx, sagahook.AfterCommit, w.id); err != nil {
 			hookErr = errors.Join(hookErr, err)
 		}
 	}
@@ -209,7 +210,7 @@ func recoverPanic(err *error) {
 // panicked error.
 func (o *Orchestrator) wake(ctx context.Context, tx pgx.Tx, in *Instance, now time.Time) (_ []func(), err error) {
 	defer recoverPanic(&err)
-	if err := o.callHook(ctx, HookLoaded, in.ID); err != nil {
+	if err := o.callHook(ctx, sagahook.Loaded, in.ID); err != nil {
 		return nil, err
 	}
 	d := o.definition(in.Type, in.Version)
@@ -246,7 +247,7 @@ func (o *Orchestrator) wake(ctx context.Context, tx pgx.Tx, in *Instance, now ti
 		}
 		after = m.after
 	}
-	if err := o.callHook(ctx, HookBeforeCommit, in.ID); err != nil {
+	if err := o.callHook(ctx, sagahook.BeforeCommit, in.ID); err != nil {
 		return nil, err
 	}
 	return after, nil

@@ -8,14 +8,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/millrace/millrace/internal/sagahook"
 	"github.com/millrace/millrace/saga"
 )
 
-// failingFor returns a Hook that fails at HookLoaded for saga id while
+// failingFor returns a Hook that fails at sagahook.Loaded for saga id while
 // *on is set, and counts the failures.
-func failingFor(id string, on *atomic.Bool, count *atomic.Int32) saga.Hook {
-	return func(ctx context.Context, p saga.HookPoint, sagaID string) error {
-		if sagaID == id && p == saga.HookLoaded && on.Load() {
+func failingFor(id string, on *atomic.Bool, count *atomic.Int32) sagahook.Func {
+	return func(ctx context.Context, p sagahook.Point, sagaID string) error {
+		if sagaID == id && p == sagahook.Loaded && on.Load() {
 			count.Add(1)
 			return errors.New("injected failure")
 		}

@@ -9,7 +9,7 @@ import (
 // Config.Start says otherwise: fixed, so that runs repeat exactly.
 var defaultStart = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
-// Clock is a saga.Clock that moves only when told to. The harness moves it
+// Clock is a saga.Config.Clock that moves only when told to. The harness moves it
 // to the next due timer whenever nothing else can happen, so a one-hour
 // timeout costs no wall-clock time. It is safe for concurrent use.
 type Clock struct {

@@ -103,8 +103,8 @@
 //     with a technical error after its function ran, so its transaction
 //     rolls back; then it succeeds.
 //   - Crash (CrashAt): the orchestrator fails at a hook point
-//     (saga.HookLoaded: reply read, nothing written; HookBeforeCommit;
-//     HookAfterCommit) while it handles a reply or fires a timer. The
+//     (CrashLoaded: reply read, nothing written; CrashBeforeCommit;
+//     CrashAfterCommit) while it handles a reply or fires a timer. The
 //     harness starts a new orchestrator, as a new process would, and
 //     redelivers the unacknowledged reply.
 //   - Pause (PauseFor): an operator pauses the event's saga just before

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/millrace/millrace/saga"
+	"github.com/millrace/millrace/internal/sagahook"
 )
 
 // Scenario sets up one run on a fresh harness: it registers definitions
@@ -210,7 +210,7 @@ func (x *explorer) enumerate() ([]exploreJob, *Failure, error) {
 				continue
 			}
 			if kind == Crash {
-				for p := saga.HookLoaded; p <= saga.HookAfterCommit; p++ {
+				for p := sagahook.Loaded; p <= sagahook.AfterCommit; p++ {
 					jobs = append(jobs, exploreJob{plan: Script(CrashAt(p, ev))})
 				}
 				continue

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/millrace/millrace/saga"
+	"github.com/millrace/millrace/internal/sagahook"
 )
 
 // EventKind says what the harness is about to do.
@@ -139,10 +139,24 @@ type Fault struct {
 	// many timer firings a Delay fault holds its message (a Pause fault its
 	// saga) for. Defaults to 1.
 	Times int
-	// Point is where a Crash fault crashes the orchestrator. Defaults to
-	// saga.HookBeforeCommit.
-	Point saga.HookPoint
+	// Point is where a Crash fault crashes the orchestrator:
+	// CrashLoaded, CrashBeforeCommit or CrashAfterCommit (1, 2, 3).
+	// Defaults to CrashBeforeCommit.
+	Point sagahook.Point
 }
+
+// The points of the orchestrator's transaction where a Crash fault
+// (CrashAt) crashes it.
+const (
+	// CrashLoaded: the saga row is read and locked in the transaction
+	// (for a reply, the reply decoded); nothing is written yet.
+	CrashLoaded = sagahook.Loaded
+	// CrashBeforeCommit: the saga's new state, history and commands are
+	// written in the transaction, which is about to commit.
+	CrashBeforeCommit = sagahook.BeforeCommit
+	// CrashAfterCommit: the transaction committed.
+	CrashAfterCommit = sagahook.AfterCommit
+)
 
 // On returns a fault of kind k at the events at names.
 func (k FaultKind) On(at Event) Fault { return Fault{Kind: k, At: at} }
@@ -155,8 +169,9 @@ func DelayFor(n int, at Event) Fault { return Fault{Kind: Delay, At: at, Times: 
 // times at the events at names, then succeeds.
 func FailTimes(n int, at Event) Fault { return Fault{Kind: Error, At: at, Times: n} }
 
-// CrashAt returns a Crash fault at point for the events at names.
-func CrashAt(point saga.HookPoint, at Event) Fault { return Fault{Kind: Crash, At: at, Point: point} }
+// CrashAt returns a Crash fault at point (CrashLoaded, CrashBeforeCommit
+// or CrashAfterCommit) for the events at names.
+func CrashAt(point sagahook.Point, at Event) Fault { return Fault{Kind: Crash, At: at, Point: point} }
 
 func (f Fault) String() string {
 	s := fmt.Sprintf("%s at %s", f.Kind, f.At)
@@ -173,9 +188,9 @@ func (f Fault) String() string {
 	return s
 }
 
-func (f Fault) point() saga.HookPoint {
+func (f Fault) point() sagahook.Point {
 	if f.Point == 0 {
-		return saga.HookBeforeCommit
+		return sagahook.BeforeCommit
 	}
 	return f.Point
 }
@@ -284,7 +299,7 @@ func (p *randomPlanner) fault(ev Event, allowed []FaultKind) (Fault, bool) {
 	case Error, Delay:
 		f.Times = 1 + p.rng.IntN(p.opts.MaxTimes)
 	case Crash:
-		f.Point = saga.HookPoint(1 + p.rng.IntN(3))
+		f.Point = sagahook.Point(1 + p.rng.IntN(3))
 	}
 	p.n++
 	return f, true

@@ -18,6 +18,7 @@ import (
 	"github.com/millrace/millrace/compensation"
 	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
+	"github.com/millrace/millrace/internal/sagahook"
 	"github.com/millrace/millrace/internal/sqlident"
 	"github.com/millrace/millrace/outbox"
 	"github.com/millrace/millrace/saga"
@@ -82,7 +83,6 @@ type H struct {
 	fired    []Fault
 	trace    []string
 	poisoned []string
-	unrouted []string
 	restarts int
 	events   int
 	crash    *armed
@@ -107,7 +107,7 @@ type entry struct {
 
 // armed is a crash waiting for its hook point.
 type armed struct {
-	point saga.HookPoint
+	point sagahook.Point
 	saga  string
 	fired bool
 }
@@ -256,7 +256,7 @@ func (h *H) AddHandler(name, topic string, mw message.HandlerMiddleware, fn mess
 }
 
 // hook is the orchestrator's Hook: it crashes where a Crash fault is armed.
-func (h *H) hook(_ context.Context, p saga.HookPoint, sagaID string) error {
+func (h *H) hook(_ context.Context, p sagahook.Point, sagaID string) error {
 	if c := h.crash; c != nil && !c.fired && c.point == p && (c.saga == "" || c.saga == sagaID) {
 		c.fired = true
 		return errCrash
@@ -269,7 +269,7 @@ func (h *H) restart() error {
 	cfg := h.cfg.Saga
 	cfg.Schema, cfg.Writer, cfg.Clock, cfg.Hook = h.env.db.Schema, h.env.writer, h.clock, h.hook
 	if user := h.cfg.Saga.Hook; user != nil {
-		cfg.Hook = func(ctx context.Context, p saga.HookPoint, id string) error {
+		cfg.Hook = func(ctx context.Context, p sagahook.Point, id string) error {
 			if err := h.hook(ctx, p, id); err != nil {
 				return err
 			}
@@ -467,8 +467,7 @@ func (h *H) collect() error {
 	for _, p := range got {
 		subs := h.subs[p.topic]
 		if len(subs) == 0 {
-			h.unrouted = append(h.unrouted, p.topic)
-			continue
+			continue // an event the user's code wrote for another service
 		}
 		for _, s := range subs {
 			h.queue = append(h.queue, &entry{sub: s, topic: p.topic, msg: p.msg})
@@ -771,7 +770,3 @@ func (h *H) Get(id string) (*saga.Instance, error) { return h.o.Get(h.ctx, id) }
 
 // History returns a saga's history.
 func (h *H) History(id string) ([]saga.HistoryEntry, error) { return h.o.History(h.ctx, id) }
-
-// Unrouted returns the topics of messages no subscriber took, one per
-// message (events the user's code wrote for other services).
-func (h *H) Unrouted() []string { return slices.Clone(h.unrouted) }

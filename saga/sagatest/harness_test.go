@@ -73,10 +73,10 @@ func TestEachFaultRecovers(t *testing.T) {
 		{"duplicate reply", sagatest.Duplicate.On(creditReply), ""},
 		{"reorder", sagatest.Reorder.On(stockCmd), ""},
 		{"participant error ×3", sagatest.FailTimes(3, stockCmd), ""},
-		{"crash after load", sagatest.CrashAt(saga.HookLoaded, creditReply), ""},
-		{"crash before commit", sagatest.CrashAt(saga.HookBeforeCommit, creditReply), ""},
-		{"crash after commit", sagatest.CrashAt(saga.HookAfterCommit, creditReply), ""},
-		{"crash in a timer", sagatest.CrashAt(saga.HookBeforeCommit, sagatest.Event{Kind: sagatest.Timer, Saga: "o1"}), "timeout"},
+		{"crash after load", sagatest.CrashAt(sagatest.CrashLoaded, creditReply), ""},
+		{"crash before commit", sagatest.CrashAt(sagatest.CrashBeforeCommit, creditReply), ""},
+		{"crash after commit", sagatest.CrashAt(sagatest.CrashAfterCommit, creditReply), ""},
+		{"crash in a timer", sagatest.CrashAt(sagatest.CrashBeforeCommit, sagatest.Event{Kind: sagatest.Timer, Saga: "o1"}), "timeout"},
 	} {
 		for _, batched := range []bool{false, true} {
 			name := tc.name
@@ -287,7 +287,7 @@ func TestUserTestIsFast(t *testing.T) {
 	h := setup(t, 1,
 		sagatest.Drop.On(sagatest.Event{Kind: sagatest.Reply, Step: "stock"}),
 		sagatest.Duplicate.On(sagatest.Event{Kind: sagatest.Command, Step: "ship"}),
-		sagatest.CrashAt(saga.HookBeforeCommit, sagatest.Event{Kind: sagatest.Reply, Step: "credit"}))
+		sagatest.CrashAt(sagatest.CrashBeforeCommit, sagatest.Event{Kind: sagatest.Reply, Step: "credit"}))
 	setupTook := time.Since(start)
 	r := h.Run(t)
 	if got := status(t, h, "o1"); got != saga.StatusCompleted || len(r.Faults) != 3 {
