@@ -1,8 +1,7 @@
 package compensation
 
 import (
-	"errors"
-
+	"github.com/millrace/millrace/internal/promreg"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -32,17 +31,7 @@ type metrics struct {
 // registerMetrics registers the participants' collector with reg, or
 // returns the one another participant registered there before.
 func registerMetrics(reg prometheus.Registerer) (*metrics, error) {
-	m := newMetrics()
-	if err := reg.Register(m); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(*metrics); ok {
-				return existing, nil
-			}
-		}
-		return nil, err
-	}
-	return m, nil
+	return promreg.Register(reg, newMetrics())
 }
 
 // newMetrics returns the participants' collector.

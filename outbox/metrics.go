@@ -2,9 +2,9 @@ package outbox
 
 import (
 	"context"
-	"errors"
 	"time"
 
+	"github.com/millrace/millrace/internal/promreg"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -49,17 +49,7 @@ type metrics struct {
 // admin feeds, with reg, or returns the one another relay registered
 // there before.
 func registerMetrics(reg prometheus.Registerer, admin *Admin) (*metrics, error) {
-	m := newMetrics(admin)
-	if err := reg.Register(m); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(*metrics); ok {
-				return existing, nil
-			}
-		}
-		return nil, err
-	}
-	return m, nil
+	return promreg.Register(reg, newMetrics(admin))
 }
 
 // newMetrics returns the outbox's collector; admin, when not nil, feeds the

@@ -2,10 +2,10 @@ package saga
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
+	"github.com/millrace/millrace/internal/promreg"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -96,16 +96,7 @@ func newMetrics() *metrics {
 func registerMetrics(reg prometheus.Registerer, o *Orchestrator, threshold time.Duration) (*metrics, error) {
 	m := newMetrics()
 	m.gauges = &gaugeReader{o: o, threshold: threshold}
-	if err := reg.Register(m); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(*metrics); ok {
-				return existing, nil
-			}
-		}
-		return nil, err
-	}
-	return m, nil
+	return promreg.Register(reg, m)
 }
 
 func (m *metrics) counters() []prometheus.Collector {
