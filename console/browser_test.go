@@ -103,7 +103,7 @@ func TestBrowser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := "Requeue outbox event " + ids[0] + "?"; question != want {
+	if want := "Requeue outbox event " + ids[0] + ", its copy on topic orders?"; question != want {
 		t.Errorf("confirm page asks %q, want %q", question, want)
 	}
 	if got := deadLetters(); len(got) != 3 {

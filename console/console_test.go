@@ -18,6 +18,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/google/uuid"
 	"github.com/millrace/millrace/console"
 	"github.com/millrace/millrace/core"
 	"github.com/millrace/millrace/inbox"
@@ -253,7 +254,7 @@ func TestOutboxDeadPages(t *testing.T) {
 
 	r := b.get("/outbox/dead")
 	contains(t, "first page", r.body, orders[0], orders[1], opstest.Refusal,
-		`href="/outbox/dead/requeue?id=`+orders[0]+`"`, `href="/outbox/dead/discard?id=`+orders[0]+`"`,
+		`href="/outbox/dead/requeue?id=`+orders[0]+`&topic=orders"`, `href="/outbox/dead/discard?id=`+orders[0]+`&topic=orders"`,
 		fmt.Sprintf(`id="next" href="/outbox/dead?topic=&key=&after=%d"`, list[1].ID))
 	if strings.Contains(r.body, orders[2]) {
 		t.Errorf("first page of 2 shows the third dead letter")
@@ -568,5 +569,41 @@ func TestCSRFKey(t *testing.T) {
 	}
 	if code := post(replica, ids[1]); code != http.StatusSeeOther {
 		t.Errorf("token from a replica with the same key: %d, want 303", code)
+	}
+}
+
+// An event written to two topics whose copies were both dead-lettered: the
+// page's buttons name the copy's topic, and acting on one copy leaves the
+// other dead (it once discarded both: the action went by event id alone).
+func TestOutboxActionOnOneCopyOfAFanOut(t *testing.T) {
+	t.Parallel()
+	b := setup(t, console.Config{})
+	w, err := outbox.NewWriter(b.db.Pool, outbox.WriterConfig{Schema: b.db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := uuid.NewString()
+	if _, err := w.Write(context.Background(),
+		outbox.Event{ID: id, Topic: "orders", PartitionKey: "k", Payload: []byte(`{}`)},
+		outbox.Event{ID: id, Topic: "audit", PartitionKey: "k", Payload: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	opstest.Relay(t, b.db, opstest.Refuse{}, func(s outbox.Stats) bool { return s.Dead >= 2 })
+
+	contains(t, "dead letters page", b.get("/outbox/dead").body,
+		`href="/outbox/dead/discard?id=`+id+`&topic=orders"`, `href="/outbox/dead/discard?id=`+id+`&topic=audit"`)
+	token := b.confirm("/outbox/dead/discard?id=" + id + "&topic=orders")
+	contains(t, "confirm page", b.get("/outbox/dead/discard?id="+id+"&topic=orders").body,
+		"Discard outbox event "+id+", its copy on topic orders?", `name="topic" value="orders"`)
+	r := b.post("/outbox/dead/discard", url.Values{"reason": {"fixed"}, "csrf_token": {token}, "id": {id}, "topic": {"orders"}})
+	if r.status != http.StatusSeeOther || r.location != "/outbox/dead?kind=outbox&done=discard&n=1" {
+		t.Fatalf("POST discard of the orders copy: %d to %q\n%s", r.status, r.location, r.body)
+	}
+	list, err := b.admin.List(context.Background(), core.ListParams{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 1 || list[0].EventID != id || list[0].Topic != "audit" {
+		t.Fatalf("dead letters after discarding the orders copy: %+v; want the audit copy alone", list)
 	}
 }

@@ -510,6 +510,10 @@ type confirmData struct {
 	Action   string // requeue, discard
 	Consumer string // inbox only
 	EventID  string
+	// Topic is the outbox copy's topic: an event written to several
+	// topics has a dead letter per copy, and the page's buttons act on
+	// the one shown. Empty (a hand-made URL): every copy of the id.
+	Topic    string
 	Question string
 	Effect   string
 	Post     string // form action, under the prefix
@@ -538,6 +542,9 @@ func (c *Console) target(w http.ResponseWriter, r *http.Request, kind string) (c
 		return d, false
 	}
 	d.EventID = id.String()
+	if kind == "outbox" {
+		d.Topic = r.FormValue("topic")
+	}
 	if kind == "inbox" {
 		d.Consumer = r.FormValue("consumer")
 		if d.Consumer == "" {
@@ -562,6 +569,9 @@ func (c *Console) confirm(w http.ResponseWriter, r *http.Request, kind string) {
 	verb := strings.ToUpper(d.Action[:1]) + d.Action[1:]
 	if kind == "outbox" {
 		d.Question = fmt.Sprintf("%s outbox event %s?", verb, d.EventID)
+		if d.Topic != "" {
+			d.Question = fmt.Sprintf("%s outbox event %s, its copy on topic %s?", verb, d.EventID, d.Topic)
+		}
 		d.Cancel = c.cfg.Prefix + "/outbox/dead"
 	} else {
 		d.Question = fmt.Sprintf("%s the message %s of consumer %s?", verb, d.EventID, d.Consumer)
@@ -584,11 +594,23 @@ func (c *Console) outboxAct(w http.ResponseWriter, r *http.Request) (string, boo
 	}
 	ctx, cancel := reqCtx(r)
 	defer cancel()
-	act := c.outbox.Requeue
-	if d.Action == "discard" {
-		act = c.outbox.Discard
+	var n int
+	var err error
+	if d.Topic != "" {
+		// The copy shown: its event id and topic, as the bulk actions
+		// select rows.
+		act := c.outbox.RequeueMatching
+		if d.Action == "discard" {
+			act = c.outbox.DiscardMatching
+		}
+		n, err = act(ctx, core.DeadLetterQuery{EventID: d.EventID, Topic: d.Topic}, actor(r, reason))
+	} else {
+		act := c.outbox.Requeue
+		if d.Action == "discard" {
+			act = c.outbox.Discard
+		}
+		n, err = act(ctx, actor(r, reason), d.EventID)
 	}
-	n, err := act(ctx, actor(r, reason), d.EventID)
 	return c.acted(w, r, d, n, err, "/outbox/dead?")
 }
 
