@@ -71,23 +71,23 @@ func SignalByKeyTx(ctx context.Context, tx pgx.Tx, o *Orchestrator, sagaType, ke
 	if err != nil {
 		return fmt.Errorf("saga %s %s = %q: %w", sagaType, keyName, value, err)
 	}
-	_, err = o.signalByKey(ctx, tx, via{typ: sagaType, name: keyName, value: value}, event, eventID, raw)
+	_, _, err = o.signalByKey(ctx, tx, via{typ: sagaType, name: keyName, value: value}, event, eventID, raw)
 	return err
 }
 
 // signalByKey is SignalByKeyTx after its checks. It returns the sagas
 // that held the key.
-func (o *Orchestrator) signalByKey(ctx context.Context, tx pgx.Tx, v via, event, eventID string, raw []byte) ([]string, error) {
+func (o *Orchestrator) signalByKey(ctx context.Context, tx pgx.Tx, v via, event, eventID string, raw []byte) (ids []string, refused map[string]error, err error) {
 	rows, err := tx.Query(ctx, o.sql.attr.holders, v.typ, v.name, v.value)
 	if err != nil {
-		return nil, fmt.Errorf("saga: find the sagas holding %s %s = %q: %w", v.typ, v.name, v.value, o.tablesError(err))
+		return nil, nil, fmt.Errorf("saga: find the sagas holding %s %s = %q: %w", v.typ, v.name, v.value, o.tablesError(err))
 	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	ids, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return nil, fmt.Errorf("saga: find the sagas holding %s %s = %q: %w", v.typ, v.name, v.value, err)
+		return nil, nil, fmt.Errorf("saga: find the sagas holding %s %s = %q: %w", v.typ, v.name, v.value, err)
 	}
 	if len(ids) == 0 {
-		return nil, o.keyNotHeld(ctx, tx, v, event, eventID, raw)
+		return nil, nil, o.keyNotHeld(ctx, tx, v, event, eventID, raw)
 	}
 	var refusals []error
 	for _, id := range ids {
@@ -95,14 +95,18 @@ func (o *Orchestrator) signalByKey(ctx context.Context, tx pgx.Tx, v via, event,
 		switch {
 		case isRefusal(err) || errors.Is(err, ErrNotFound): // ended, or removed, since it was found
 			refusals = append(refusals, err)
+			if refused == nil {
+				refused = map[string]error{}
+			}
+			refused[id] = err
 		case err != nil:
-			return ids, err
+			return ids, refused, err
 		}
 	}
 	if len(refusals) == len(ids) {
-		return ids, errors.Join(refusals...)
+		return ids, refused, errors.Join(refusals...)
 	}
-	return ids, nil
+	return ids, refused, nil
 }
 
 // keyNotHeld stores an event sent by key that no running saga holds as

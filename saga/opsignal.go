@@ -3,6 +3,7 @@ package saga
 import (
 	"context"
 	"fmt"
+	"maps"
 
 	"github.com/jackc/pgx/v5"
 
@@ -71,6 +72,7 @@ func (o *Orchestrator) signalAs(ctx context.Context, tx pgx.Tx, t EventTarget, p
 	types := map[string]string{}
 	var ids []string
 	var sent error
+	var refused map[string]error // by key: the sagas that refused it, when others took it
 	if t.Key == "" {
 		in, err := o.lock(ctx, tx, t.SagaID)
 		if err != nil {
@@ -87,12 +89,12 @@ func (o *Orchestrator) signalAs(ctx context.Context, tx pgx.Tx, t EventTarget, p
 				return nil, fmt.Errorf("%w: signal by key: saga type, key name and value: %q: %v", ErrInvalidEvent, f, err)
 			}
 		}
-		ids, sent = o.signalByKey(ctx, tx, v, t.Event, eventID, raw) // keysignal.go
+		ids, refused, sent = o.signalByKey(ctx, tx, v, t.Event, eventID, raw) // keysignal.go
 	}
 	if sent != nil && !isRefusal(sent) {
 		return nil, sent
 	}
-	entries, hist := o.signalRecords(t, eventID, ids, types, by, sent)
+	entries, hist := o.signalRecords(t, eventID, ids, types, by, sent, refused)
 	if err := o.writeHistory(ctx, tx, hist); err != nil {
 		return nil, err
 	}
@@ -108,8 +110,9 @@ func (o *Orchestrator) signalAs(ctx context.Context, tx pgx.Tx, t EventTarget, p
 
 // signalRecords are an operator's event's history lines (one per saga it
 // reached) and audit entries (one per saga, or one for the key no saga
-// held), done or refused by sent.
-func (o *Orchestrator) signalRecords(t EventTarget, eventID string, ids []string, types map[string]string, by Actor, sent error) ([]audit.Entry, []historyRow) {
+// held), done or refused by sent; a saga in refused (by key, when another
+// took the event) is audited as refused with its own refusal.
+func (o *Orchestrator) signalRecords(t EventTarget, eventID string, ids []string, types map[string]string, by Actor, sent error, refused map[string]error) ([]audit.Entry, []historyRow) {
 	outcome := audit.Done
 	detail := map[string]string{"event": t.Event, "event_id": eventID}
 	if t.Key != "" {
@@ -126,8 +129,13 @@ func (o *Orchestrator) signalRecords(t EventTarget, eventID string, ids []string
 		if typ == "" {
 			typ = t.Type
 		}
-		entries = append(entries, audit.Entry{Actor: by, Action: "saga." + actionSignal, Outcome: outcome, Kind: audit.KindSaga,
-			Scope: typ, Target: id, Detail: detail})
+		out, det := outcome, detail
+		if err, ok := refused[id]; ok && sent == nil {
+			out, det = audit.Refused, maps.Clone(detail)
+			det["error"] = err.Error()
+		}
+		entries = append(entries, audit.Entry{Actor: by, Action: "saga." + actionSignal, Outcome: out, Kind: audit.KindSaga,
+			Scope: typ, Target: id, Detail: det})
 		hist = append(hist, historyRow{sagaID: id, at: now, event: "operator", actor: by.Operator, reason: by.Reason,
 			detail: operatorDetail(actionSignal, by)})
 	}

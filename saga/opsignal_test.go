@@ -3,6 +3,7 @@ package saga_test
 import (
 	"context"
 	"errors"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -121,5 +122,40 @@ func TestOperatorSignalWithoutTheDefinitionIsAppliedByTheService(t *testing.T) {
 	}
 	if got := signalAudit(t, d); !slices.Equal(got, []string{"op-3:done"}) {
 		t.Fatalf("audit %q", got)
+	}
+}
+
+// An operator's event by a shared key that one saga takes and another
+// refuses (its version waits for no such event) is audited per saga: done
+// for the one, refused with its own reason for the other. (Both were
+// audited as done.)
+func TestOperatorSignalByKeyAuditsEachSagaByItsOwnOutcome(t *testing.T) {
+	t.Parallel()
+	def := mustDefine(t, checkoutSpec())
+	spec2 := checkoutSpec()
+	spec2.Version, spec2.Steps = 2, []saga.Step[checkout]{spec2.Steps[0], spec2.Steps[2]} // no wait for the payment
+	def2 := mustDefine(t, spec2)
+	d := setupDriver(t, func(*testBundle) []saga.Registrable { return []saga.Registrable{def, def2} })
+	ctx := context.Background()
+	by := saga.Actor{Operator: "alice", Reason: "the PSP's webhook was lost"}
+	startCheckout(t, d, def, checkout{ID: "v1-1", PaymentID: "pi-v1-1", Batch: "b-9"})
+	d.reply("v1-1", d.last("v1-1"), core.OutcomeSuccess) // waiting for the payment
+	startCheckout(t, d, def2, checkout{ID: "v2-1", PaymentID: "pi-v2-1", Batch: "b-9"})
+	byKey := saga.EventTarget{Type: "order", Key: "batch", Value: "b-9", Event: "payment.confirmed", EventID: "batch-9-paid"}
+	if err := d.o.Signal(ctx, byKey, confirmation{Ref: "phone"}, by); err != nil {
+		t.Fatalf("signal by the shared key: %v (one saga took it)", err)
+	}
+	if in := d.get("v1-1"); in.Status != saga.StatusCompleted {
+		t.Fatalf("v1-1 is %s at %s", in.Status, in.Step)
+	}
+	got := map[string]string{}
+	for _, r := range auditOf(t, d.db, audit.Filter{Action: "saga.signal"}) {
+		got[r.Target] = r.Outcome
+		if r.Target == "v2-1" && !strings.Contains(string(r.Detail), "no step of order v2 waits for it") {
+			t.Errorf("v2-1's refusal does not say why: %s", r.Detail)
+		}
+	}
+	if want := map[string]string{"v1-1": "done", "v2-1": "refused"}; !maps.Equal(got, want) {
+		t.Fatalf("audit outcomes %v, want %v", got, want)
 	}
 }
