@@ -158,7 +158,9 @@ func (c *SubscriberConfig) validate() error {
 // Subscriber is a Watermill message.Subscriber for Kafka consumer groups on
 // franz-go. Each Subscribe or SubscribeBatch call joins the group as a
 // member of its own, consuming one topic with cooperative-sticky
-// rebalancing. Offsets are committed only for messages acknowledged in
+// rebalancing; it joins once every broker knows the topic (creating it
+// where the cluster creates topics on first use), so a topic just created
+// is not balanced to no one by a leader whose broker has not heard of it. Offsets are committed only for messages acknowledged in
 // order: per partition, the committed offset never passes a message that
 // was nacked or not yet acked. A nacked message is delivered again, and
 // with it every message after it in its partition.
@@ -333,8 +335,9 @@ func (s *Subscriber) start(ctx context.Context, topic string, maxRecs int,
 		reset = kgo.NewOffset().AtEnd()
 	}
 	opts := append(s.clientOpts(),
+		// No topic yet: run adds it once every broker knows it
+		// (awaitTopic).
 		kgo.ConsumerGroup(s.cfg.ConsumerGroup),
-		kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(reset),
 		kgo.Balancers(kgo.CooperativeStickyBalancer()),
 		kgo.DisableAutoCommit(),
@@ -370,6 +373,9 @@ func (s *Subscriber) start(ctx context.Context, topic string, maxRecs int,
 // run polls and hands the records to their partitions until the
 // subscription ends, then stops the partitions, commits and leaves.
 func (sub *subscription) run() {
+	if sub.awaitTopic() {
+		sub.client.AddConsumeTopics(sub.topic)
+	}
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -410,6 +416,98 @@ func (sub *subscription) run() {
 	sub.commit(ctx, parts)
 	cancel()
 	sub.client.Close() // leaves the group
+}
+
+// awaitTopic waits until every broker that answers knows the topic
+// (asking for it creates it where the cluster creates topics on first
+// use), so that the member joins the group only then. It returns false
+// when the subscription ends first. The subscriptions of a Subscriber are
+// members of one group, each with its own topic, so the group's leader
+// asks some broker for the partitions of topics other members consume; if
+// that broker has not heard of a new topic yet, the leader assigns it to
+// no member and does not balance again until the group's membership
+// changes: a member that joined as soon as its own broker knew the topic
+// waited for partitions that never came (a three-node cluster, a
+// Service's reply and command topics, both new). A topic that does not
+// exist yet is waited for, as a member of it would wait, and said so
+// after a while.
+func (sub *subscription) awaitTopic() bool {
+	start := time.Now()
+	said := false
+	for wait := 20 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		missing, err := sub.brokersMissingTopic()
+		if err == nil && len(missing) == 0 {
+			if said {
+				sub.s.logger.Info("Kafka topic known to every broker, joining the consumer group",
+					watermill.LogFields{"topic": sub.topic, "consumer_group": sub.s.cfg.ConsumerGroup})
+			}
+			return true
+		}
+		if !said && time.Since(start) > 10*time.Second {
+			said = true
+			if err == nil {
+				err = fmt.Errorf("brokers %v do not know it yet", missing)
+			}
+			sub.s.logger.Error("Kafka topic not known to every broker yet: the subscription waits for it before joining the consumer group", err,
+				watermill.LogFields{"topic": sub.topic, "consumer_group": sub.s.cfg.ConsumerGroup})
+		}
+		select {
+		case <-sub.ctx.Done():
+			return false
+		case <-time.After(wait):
+		}
+	}
+}
+
+// brokersMissingTopic asks the cluster for the topic (allowing its
+// creation) and then each of its brokers for it, and returns the brokers
+// that answer without it (an error, or no partitions). A broker that
+// does not answer is left out: it learns the topic when it comes back,
+// before it answers anyone.
+func (sub *subscription) brokersMissingTopic() ([]int32, error) {
+	ctx, cancel := context.WithTimeout(sub.ctx, 10*time.Second)
+	defer cancel()
+	req := kmsg.NewPtrMetadataRequest()
+	rt := kmsg.NewMetadataRequestTopic()
+	rt.Topic = kmsg.StringPtr(sub.topic)
+	req.Topics = append(req.Topics, rt)
+	req.AllowAutoTopicCreation = true
+	resp, err := req.RequestWith(ctx, sub.client)
+	if err != nil {
+		return nil, err
+	}
+	if err := topicIn(resp, sub.topic); err != nil {
+		return nil, err
+	}
+	req.AllowAutoTopicCreation = false
+	var missing []int32
+	for _, b := range resp.Brokers {
+		one, err := req.RequestWith(ctx, sub.client.Broker(int(b.NodeID)))
+		if err != nil {
+			continue
+		}
+		if topicIn(one, sub.topic) != nil {
+			missing = append(missing, b.NodeID)
+		}
+	}
+	return missing, nil
+}
+
+// topicIn says whether a metadata response has topic with partitions.
+func topicIn(resp *kmsg.MetadataResponse, topic string) error {
+	for _, t := range resp.Topics {
+		if t.Topic == nil || *t.Topic != topic {
+			continue
+		}
+		if err := kerr.ErrorForCode(t.ErrorCode); err != nil {
+			return err
+		}
+		if len(t.Partitions) == 0 {
+			return errors.New("no partitions")
+		}
+		return nil
+	}
+	return errors.New("not in the metadata")
 }
 
 func (sub *subscription) route(id int32, recs []*kgo.Record) {
