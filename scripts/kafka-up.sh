@@ -18,8 +18,8 @@
 # - Heap per node: $MILLRACE_KAFKA_HEAP (default 768m: the tests create a few
 #   thousand partitions in a run).
 # - When no node of the cluster is running (a new machine, or after
-#   kafka-down.sh or a reboot), its data and logs are wiped and the storage
-#   formatted afresh: it is a test cluster, and the topics of earlier runs
+#   kafka-down.sh or a reboot), or the running cluster does not serve within
+#   a minute, its data and logs are wiped and the storage formatted afresh: it is a test cluster, and the topics of earlier runs
 #   would only slow the start and fill the heap. A node that is missing
 #   while others run (a test killed it) is started again on its data.
 #
@@ -63,9 +63,14 @@ all=1
 for n in "${nodes[@]}"; do alive "$n" && answers "$(port_of "$n")" || all=0; done
 if [ "$all" = 1 ]; then
 	say "reusing the running cluster in $dir"
-	kafkactl wait -timeout 60s >&2
-	echo "KAFKA_BROKERS=$(brokers)"
-	exit 0
+	if kafkactl wait -timeout 60s >&2; then
+		echo "KAFKA_BROKERS=$(brokers)"
+		exit 0
+	fi
+	# Running but not serving (a node wedged, or the heap full of the
+	# topics of many earlier runs): it is a test cluster, start afresh.
+	say "the running cluster is not healthy: stopping it and starting afresh"
+	"$root/scripts/kafka-down.sh" --purge
 fi
 # Ports taken by something that is not ours: refuse rather than guess.
 for n in "${nodes[@]}"; do
