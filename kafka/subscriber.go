@@ -160,9 +160,10 @@ func (c *SubscriberConfig) validate() error {
 // member of its own, consuming one topic with cooperative-sticky
 // rebalancing; it joins once every broker knows the topic (creating it
 // where the cluster creates topics on first use), so a topic just created
-// is not balanced to no one by a leader whose broker has not heard of it. Offsets are committed only for messages acknowledged in
-// order: per partition, the committed offset never passes a message that
-// was nacked or not yet acked. A nacked message is delivered again, and
+// is not balanced to no one by a leader whose broker has not heard of it.
+// Offsets are committed only for messages acknowledged in order: per
+// partition, the committed offset never passes a message that was nacked
+// or not yet acked. A nacked message is delivered again, and
 // with it every message after it in its partition.
 //
 // Subscribe delivers one message per partition at a time (the next one
